@@ -1,0 +1,57 @@
+//! Build tasks for the uascale workspace.
+//!
+//! `cargo xtask codegen [--check] [--schema DIR]` regenerates
+//! `crates/types/src/generated/` from the OPC Foundation schema files
+//! (default `../shared/opcua-schema`, or `$UASCALE_SCHEMA_DIR`). With
+//! `--check` it writes nothing and fails when a committed file differs from
+//! what the schema gives.
+
+mod bsd;
+mod codegen;
+mod csv;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+fn usage() -> ExitCode {
+    eprintln!("usage: cargo xtask codegen [--check] [--schema DIR]");
+    ExitCode::from(2)
+}
+
+fn workspace_root() -> PathBuf {
+    // xtask/ sits directly under the workspace root.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    match args.next().as_deref() {
+        Some("codegen") => {}
+        _ => return usage(),
+    }
+    let root = workspace_root();
+    let mut check = false;
+    let mut schema = std::env::var_os("UASCALE_SCHEMA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("../shared/opcua-schema"));
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--check" => check = true,
+            "--schema" => match args.next() {
+                Some(d) => schema = PathBuf::from(d),
+                None => return usage(),
+            },
+            _ => return usage(),
+        }
+    }
+    match codegen::run(&schema, &root, check) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask codegen: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
