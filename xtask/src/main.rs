@@ -5,8 +5,11 @@
 //! (default `../shared/opcua-schema`, or `$UASCALE_SCHEMA_DIR`). With
 //! `--check` it writes nothing and fails when a committed file differs from
 //! what the schema gives.
+//!
+//! `cargo xtask ci` runs everything CI checks (see `ci.rs`).
 
 mod bsd;
+mod ci;
 mod codegen;
 mod csv;
 
@@ -14,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 fn usage() -> ExitCode {
-    eprintln!("usage: cargo xtask codegen [--check] [--schema DIR]");
+    eprintln!("usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask ci");
     ExitCode::from(2)
 }
 
@@ -26,17 +29,31 @@ fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// The schema folder: `$UASCALE_SCHEMA_DIR`, else `../shared/opcua-schema`.
+fn schema_dir(root: &Path) -> PathBuf {
+    std::env::var_os("UASCALE_SCHEMA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("../shared/opcua-schema"))
+}
+
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
+    let root = workspace_root();
     match args.next().as_deref() {
         Some("codegen") => {}
+        Some("ci") => {
+            return match ci::ci(&root) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("xtask ci: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         _ => return usage(),
     }
-    let root = workspace_root();
     let mut check = false;
-    let mut schema = std::env::var_os("UASCALE_SCHEMA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("../shared/opcua-schema"));
+    let mut schema = schema_dir(&root);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--check" => check = true,

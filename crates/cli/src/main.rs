@@ -61,6 +61,13 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        ["serve", ..] => {
+            eprintln!(
+                "uascale serve: the OPC UA server is not in this build yet; it lands with \
+                 issue 3 (transport, secure channel, sessions, core services)"
+            );
+            ExitCode::FAILURE
+        }
         ["-h" | "--help" | "help"] => {
             println!("{USAGE}");
             ExitCode::SUCCESS

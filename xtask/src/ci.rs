@@ -1,0 +1,165 @@
+//! `cargo xtask ci`: everything CI checks, in one command that works on a
+//! fresh machine with the Rust toolchain and Python 3.
+//!
+//! Steps, cheapest first: rustfmt, clippy, codegen --check, the Python peers
+//! in a venv under `target/venv` and the asyncua vectors check, each fuzz
+//! target for a bounded time, then the whole test suite last (so that the
+//! test runner's summary closes the output).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// Seconds each fuzz target runs in CI (override: `UASCALE_FUZZ_SECONDS`).
+const FUZZ_SECONDS: u64 = 20;
+const FUZZ_TARGETS: &[&str] = &["decode_message", "nodeid_parse"];
+
+struct Step {
+    name: &'static str,
+    started: Instant,
+}
+
+impl Step {
+    fn new(name: &'static str) -> Self {
+        eprintln!("\n==> {name}");
+        Step {
+            name,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Step {
+    fn drop(&mut self) {
+        eprintln!(
+            "<== {} ({:.1}s)",
+            self.name,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let shown = format!("{cmd:?}");
+    let status = cmd.status().map_err(|e| format!("{shown}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{shown} failed with {status}"))
+    }
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+/// Creates `target/venv` with the pinned Python peers (idempotent).
+pub fn python_venv(root: &Path) -> Result<PathBuf, String> {
+    let venv = root.join("target/venv");
+    let python = venv.join("bin/python");
+    let reqs = root.join("tests/requirements.txt");
+    let stamp = venv.join(".uascale-requirements");
+    let wanted = std::fs::read_to_string(&reqs).map_err(|e| format!("{}: {e}", reqs.display()))?;
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) && python.exists() {
+        return Ok(python);
+    }
+    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(&reqs))?;
+    std::fs::write(&stamp, wanted).map_err(|e| format!("{}: {e}", stamp.display()))?;
+    Ok(python)
+}
+
+fn fuzz(root: &Path) -> Result<(), String> {
+    let tools = root.join("target/tools");
+    let cargo_fuzz = tools.join("bin/cargo-fuzz");
+    if !cargo_fuzz.exists() {
+        run(cargo()
+            .args([
+                "install",
+                "cargo-fuzz",
+                "--locked",
+                "--version",
+                "0.13.2",
+                "--root",
+            ])
+            .arg(&tools))?;
+    }
+    let secs = std::env::var("UASCALE_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(FUZZ_SECONDS);
+    for target in FUZZ_TARGETS {
+        let corpus = root.join("target/fuzz-corpus").join(target);
+        std::fs::create_dir_all(&corpus).map_err(|e| format!("{}: {e}", corpus.display()))?;
+        // cargo-fuzz needs nightly flags (sanitizer coverage); the machine has
+        // one stable toolchain, which accepts them with RUSTC_BOOTSTRAP.
+        run(Command::new(&cargo_fuzz)
+            .current_dir(root)
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env("CARGO_TARGET_DIR", root.join("target/fuzz"))
+            .args(["fuzz", "run", "--sanitizer", "none", target])
+            .arg(&corpus)
+            .arg(root.join("fuzz/seeds").join(target))
+            .args([
+                "--",
+                &format!("-max_total_time={secs}"),
+                "-rss_limit_mb=2048",
+                "-print_final_stats=1",
+            ]))?;
+    }
+    Ok(())
+}
+
+/// Runs every CI step; stops at the first failure.
+pub fn ci(root: &Path) -> Result<(), String> {
+    {
+        let _s = Step::new("rustfmt");
+        run(cargo()
+            .current_dir(root)
+            .args(["fmt", "--all", "--", "--check"]))?;
+    }
+    {
+        let _s = Step::new("clippy");
+        run(cargo().current_dir(root).args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ]))?;
+    }
+    {
+        let _s = Step::new("codegen --check");
+        crate::codegen::run(&crate::schema_dir(root), root, true)?;
+    }
+    {
+        let _s = Step::new("asyncua byte vectors");
+        let python = python_venv(root)?;
+        run(Command::new(python)
+            .current_dir(root)
+            .arg("tests/vectors/gen_asyncua.py")
+            .arg("--check"))?;
+    }
+    {
+        let _s = Step::new("fuzz");
+        fuzz(root)?;
+    }
+    {
+        let _s = Step::new("tests");
+        run(cargo()
+            .current_dir(root)
+            .args(["test", "--workspace", "--all-features"]))?;
+    }
+    Ok(())
+}
