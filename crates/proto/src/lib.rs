@@ -5,13 +5,18 @@
 //! Owns: protocol state fed with bytes and time. Must not: open sockets, read
 //! the clock or spawn tasks; callers pass `Instant`s in.
 //!
-//! Status (issue 3, in progress): the connection protocol ([`tcp`]) and
-//! message reassembly with the shared incomplete-message budget
-//! ([`reassembly`]) are here; the secure channel state machine is next.
+//! Status (issue 3, in progress): the connection protocol ([`tcp`]), secure
+//! conversation chunking ([`chunk`]), reassembly under the shared
+//! incomplete-message budget ([`reassembly`]) and the server connection state
+//! machine ([`channel`]) for SecurityPolicy None; signing/encryption come with
+//! the crypto policies (issue 4), the client side with issue 6.
 #![forbid(unsafe_code)]
 
+pub mod channel;
+pub mod chunk;
 pub mod error;
 pub mod reassembly;
 pub mod tcp;
 
+pub use channel::{ChannelConfig, Event, Now, PendingConnection, ServerConnection};
 pub use error::ChannelError;

@@ -200,6 +200,11 @@ impl Assembler {
         }
     }
 
+    /// Replaces the limits (after HEL/ACK negotiation).
+    pub fn set_limits(&mut self, limits: AssemblyLimits) {
+        self.limits = limits;
+    }
+
     /// Feeds the decrypted body of one chunk. `activated` says whether the
     /// channel has an activated session (it decides the budget share). On an
     /// error the message is dropped; the caller closes the channel with the
@@ -326,6 +331,8 @@ impl Assembler {
 }
 
 #[cfg(test)]
+// Tests take one real instant as the origin of their simulated time.
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
 

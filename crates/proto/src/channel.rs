@@ -1,0 +1,646 @@
+//! The server side of one connection: UACP handshake, then the secure
+//! channel (Part 6 §6.7, §7.1), as a state machine fed with bytes and time.
+//!
+//! ```text
+//!   TCP accept ──> PendingConnection ──refuse(status)──> ERR, close
+//!                        │ accept()
+//!                        v
+//!                  ExpectHello ──HEL──> (ACK) ──> ExpectOpenSecureChannel
+//!                                                     │ OPN Issue
+//!                                                     v
+//!         OPN Renew (new token; old one accepted ─> Open ──MSG──> Event::Request
+//!         until the new one is used or expires)       │ CLO / error / token expiry
+//!                                                     v
+//!                                                 Closed(status)
+//! ```
+//!
+//! Every protocol violation ends in an ERR message with the matching status
+//! and [`Event::Closed`]; other connections are untouched because nothing is
+//! shared but the reassembly budget.
+//!
+//! Security: SecurityPolicy None only so far. Any other policy URI is refused
+//! with `BadSecurityPolicyRejected` until the crypto policies land (issue 4);
+//! they plug in at the OPN handling and the chunk writer.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uascale_types::{
+    decode_message, encode_message, ByteString, ChannelSecurityToken, CloseSecureChannelRequest,
+    DateTime, DecodeLimits, MessageSecurityMode, OpenSecureChannelRequest,
+    OpenSecureChannelResponse, Reader, ResponseHeader, SecurityTokenRequestType, StatusCode,
+    UaString,
+};
+
+use crate::chunk::{
+    write_chunks, AsymmetricHeader, Chunk, SecurityHeader, SendLimits, SequenceNumbers,
+    POLICY_NONE_URI,
+};
+use crate::error::ChannelError;
+use crate::reassembly::{Assembled, Assembler, AssemblyLimits, ReassemblyBudget};
+use crate::tcp::{
+    ErrorMessage, Hello, MessageHeader, MessageType, Negotiated, TransportLimits, HEADER_LEN,
+};
+
+/// The time a step runs at: a monotonic instant for deadlines and the UTC
+/// time for timestamps on the wire. The caller reads both clocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Monotonic time.
+    pub instant: Instant,
+    /// Wall-clock time.
+    pub utc: DateTime,
+}
+
+/// Configuration of the server side of connections.
+#[derive(Debug, Clone)]
+pub struct ChannelConfig {
+    /// Buffer and message limits offered in the Acknowledge.
+    pub transport: TransportLimits,
+    /// Time from accept to Hello, and from Acknowledge to OpenSecureChannel.
+    /// Default 10 s: long enough for a slow client, short enough that idle
+    /// sockets do not pile up during a storm.
+    pub handshake_timeout: Duration,
+    /// Bounds for the revised token lifetime. Default 10 s ..= 1 h.
+    pub min_token_lifetime: Duration,
+    /// See `min_token_lifetime`.
+    pub max_token_lifetime: Duration,
+    /// Reassembly deadline and in-progress limit (sizes come from `transport`).
+    pub assembly: AssemblyLimits,
+    /// Decode limits for request bodies.
+    pub decode: DecodeLimits,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            transport: TransportLimits::default(),
+            handshake_timeout: Duration::from_secs(10),
+            min_token_lifetime: Duration::from_secs(10),
+            max_token_lifetime: Duration::from_secs(3600),
+            assembly: AssemblyLimits::default(),
+            decode: DecodeLimits::default(),
+        }
+    }
+}
+
+/// What the connection tells its driver.
+#[derive(Debug, PartialEq)]
+pub enum Event {
+    /// The secure channel is open.
+    Opened {
+        /// Its id.
+        channel_id: u32,
+    },
+    /// A token was renewed.
+    Renewed {
+        /// The new token's id.
+        token_id: u32,
+    },
+    /// A complete service request: the encoding id and body, undecoded.
+    Request {
+        /// The request id to answer with.
+        request_id: u32,
+        /// The message (encoding NodeId + body).
+        body: Vec<u8>,
+    },
+    /// The connection is over; flush the transmit buffer, then close.
+    Closed {
+        /// Good for a CloseSecureChannel, else why.
+        status: StatusCode,
+    },
+}
+
+/// A TCP connection that admission has not decided on yet: nothing has been
+/// read from it and no work has been spent.
+#[derive(Debug)]
+pub struct PendingConnection {
+    _private: (),
+}
+
+impl PendingConnection {
+    /// A new connection from the listener.
+    pub fn new() -> Self {
+        PendingConnection { _private: () }
+    }
+
+    /// Admits it: the connection now expects a Hello.
+    pub fn accept(
+        self,
+        now: Now,
+        channel_id: u32,
+        config: Arc<ChannelConfig>,
+        budget: Arc<ReassemblyBudget>,
+    ) -> ServerConnection {
+        ServerConnection {
+            state: State::ExpectHello,
+            deadline: Some(now.instant + config.handshake_timeout),
+            channel_id,
+            assembler: Assembler::new(config.assembly, budget),
+            config,
+            negotiated: None,
+            out: Vec::new(),
+            events: VecDeque::new(),
+            activated: false,
+        }
+    }
+
+    /// Refuses it with an ERR message (e.g. `BadTcpServerTooBusy` with
+    /// `RetryAfterMs=N` in the reason); returns the bytes to send before
+    /// closing.
+    pub fn refuse(self, status: StatusCode, reason: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        ErrorMessage {
+            error: status,
+            reason: UaString::from(reason),
+        }
+        .encode_message(&mut out);
+        out
+    }
+}
+
+impl Default for PendingConnection {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Token {
+    id: u32,
+    expires: Instant,
+}
+
+#[derive(Debug)]
+struct Open {
+    current: Token,
+    previous: Option<Token>,
+    last_received: u32,
+    send_seq: SequenceNumbers,
+}
+
+/// Where a connection is; each state is named after what it waits for.
+#[derive(Debug)]
+enum State {
+    ExpectHello,
+    ExpectOpenSecureChannel,
+    Open(Open),
+    Closed(StatusCode),
+}
+
+/// The server side of one connection.
+#[derive(Debug)]
+pub struct ServerConnection {
+    state: State,
+    deadline: Option<Instant>,
+    channel_id: u32,
+    config: Arc<ChannelConfig>,
+    negotiated: Option<Negotiated>,
+    assembler: Assembler,
+    out: Vec<u8>,
+    events: VecDeque<Event>,
+    activated: bool,
+}
+
+fn peer(status: StatusCode, what: &'static str) -> ChannelError {
+    ChannelError::Peer { status, what }
+}
+
+impl ServerConnection {
+    /// The secure channel id.
+    pub fn channel_id(&self) -> u32 {
+        self.channel_id
+    }
+
+    /// The status it closed with, once closed.
+    pub fn close_status(&self) -> Option<StatusCode> {
+        match self.state {
+            State::Closed(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// True once closed.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closed(_))
+    }
+
+    /// Marks that the channel now carries an activated session (it may then
+    /// use the whole reassembly budget).
+    pub fn set_session_activated(&mut self, activated: bool) {
+        self.activated = activated;
+    }
+
+    /// Feeds received bytes. Complete messages are consumed from the front
+    /// of `input`; a partial message stays there for the next call.
+    ///
+    /// On a protocol error the connection queues an ERR, moves to Closed,
+    /// emits [`Event::Closed`] and returns the error (for logging).
+    pub fn handle_input(&mut self, now: Now, input: &mut Vec<u8>) -> Result<(), ChannelError> {
+        let mut consumed = 0;
+        let result = loop {
+            if self.is_closed() {
+                break Ok(());
+            }
+            let max = self
+                .negotiated
+                .map_or(self.config.transport.receive_buffer_size, |n| {
+                    n.receive_buffer_size
+                });
+            let rest = input.get(consumed..).unwrap_or(&[]);
+            let header = match MessageHeader::parse(rest, max) {
+                Ok(Some(h)) => h,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            };
+            let size = header.message_size as usize;
+            let Some(msg) = rest.get(..size) else {
+                break Ok(());
+            };
+            let msg = msg.to_vec();
+            consumed += size;
+            if let Err(e) = self.handle_message(now, &header, &msg) {
+                break Err(e);
+            }
+        };
+        input.drain(..consumed.min(input.len()));
+        if let Err(e) = &result {
+            self.fail(e);
+        }
+        result
+    }
+
+    fn fail(&mut self, e: &ChannelError) {
+        if self.is_closed() {
+            return;
+        }
+        let status = e.status_code();
+        ErrorMessage {
+            error: status,
+            reason: UaString::new(e.to_string()),
+        }
+        .encode_message(&mut self.out);
+        self.close(status);
+    }
+
+    fn close(&mut self, status: StatusCode) {
+        self.state = State::Closed(status);
+        self.deadline = None;
+        self.events.push_back(Event::Closed { status });
+    }
+
+    fn handle_message(
+        &mut self,
+        now: Now,
+        header: &MessageHeader,
+        msg: &[u8],
+    ) -> Result<(), ChannelError> {
+        match (&self.state, header.message_type) {
+            (State::ExpectHello, MessageType::Hello) => {
+                let hello = Hello::decode_body(msg.get(HEADER_LEN..).unwrap_or(&[]))?;
+                let (ack, negotiated) = self.config.transport.negotiate(&hello)?;
+                ack.encode_message(&mut self.out);
+                let mut limits = self.config.assembly;
+                limits.max_message_size = (negotiated.recv_max_message_size != 0)
+                    .then_some(negotiated.recv_max_message_size as usize);
+                limits.max_chunk_count = (negotiated.recv_max_chunk_count != 0)
+                    .then_some(negotiated.recv_max_chunk_count);
+                self.assembler.set_limits(limits);
+                self.negotiated = Some(negotiated);
+                self.state = State::ExpectOpenSecureChannel;
+                self.deadline = Some(now.instant + self.config.handshake_timeout);
+                Ok(())
+            }
+            (State::ExpectHello, _) => {
+                Err(peer(StatusCode::BadTcpMessageTypeInvalid, "expected Hello"))
+            }
+            (_, MessageType::Hello) => {
+                Err(peer(StatusCode::BadTcpMessageTypeInvalid, "second Hello"))
+            }
+            (_, MessageType::Acknowledge | MessageType::ReverseHello | MessageType::Error) => {
+                Err(peer(
+                    StatusCode::BadTcpMessageTypeInvalid,
+                    "client sent a server message",
+                ))
+            }
+            (_, MessageType::OpenSecureChannel) => self.handle_open(now, header, msg),
+            (State::ExpectOpenSecureChannel, _) => Err(peer(
+                StatusCode::BadTcpMessageTypeInvalid,
+                "expected OpenSecureChannel",
+            )),
+            (State::Open(_), MessageType::Message | MessageType::CloseSecureChannel) => {
+                self.handle_symmetric(now, header, msg)
+            }
+            (State::Closed(_), _) => Ok(()),
+        }
+    }
+
+    fn handle_open(
+        &mut self,
+        now: Now,
+        header: &MessageHeader,
+        msg: &[u8],
+    ) -> Result<(), ChannelError> {
+        let chunk = Chunk::parse(header, msg)?;
+        let SecurityHeader::Asymmetric(asym) = &chunk.security else {
+            return Err(peer(
+                StatusCode::BadTcpMessageTypeInvalid,
+                "OPN without asymmetric header",
+            ));
+        };
+        if asym.policy_uri.as_str() != Some(POLICY_NONE_URI) {
+            return Err(peer(
+                StatusCode::BadSecurityPolicyRejected,
+                "security policy not supported by this endpoint",
+            ));
+        }
+        let limits = &self.config.decode;
+        let mut r = Reader::new(chunk.body, limits).map_err(ChannelError::decode)?;
+        let decoded = decode_message(&mut r).map_err(ChannelError::decode)?;
+        let Some(req) = decoded.as_any().downcast_ref::<OpenSecureChannelRequest>() else {
+            return Err(peer(
+                StatusCode::BadTcpMessageTypeInvalid,
+                "OPN body is not an OpenSecureChannelRequest",
+            ));
+        };
+        let lifetime = Duration::from_millis(u64::from(req.requested_lifetime)).clamp(
+            self.config.min_token_lifetime,
+            self.config.max_token_lifetime,
+        );
+        let (token_id, first_seq) = match (&self.state, req.request_type) {
+            (State::ExpectOpenSecureChannel, SecurityTokenRequestType::Issue) => {
+                if chunk.channel_id != 0 && chunk.channel_id != self.channel_id {
+                    return Err(peer(
+                        StatusCode::BadSecureChannelIdInvalid,
+                        "unknown secure channel id",
+                    ));
+                }
+                if req.security_mode != MessageSecurityMode::None {
+                    return Err(peer(
+                        StatusCode::BadSecurityModeRejected,
+                        "security mode other than None on the None policy",
+                    ));
+                }
+                (1, SequenceNumbers::starting_at(1))
+            }
+            (State::Open(open), SecurityTokenRequestType::Renew) => {
+                if chunk.channel_id != self.channel_id {
+                    return Err(peer(
+                        StatusCode::BadSecureChannelIdInvalid,
+                        "renew for another channel",
+                    ));
+                }
+                if !SequenceNumbers::follows(open.last_received, chunk.sequence_number) {
+                    return Err(peer(
+                        StatusCode::BadSequenceNumberInvalid,
+                        "sequence number out of order",
+                    ));
+                }
+                (open.current.id.wrapping_add(1).max(1), open.send_seq)
+            }
+            (State::Open(_), _) => {
+                return Err(peer(
+                    StatusCode::BadSecurityChecksFailed,
+                    "Issue on an open channel",
+                ))
+            }
+            (_, _) => {
+                return Err(peer(
+                    StatusCode::BadSecurityChecksFailed,
+                    "Renew before Issue",
+                ))
+            }
+        };
+        let resp = OpenSecureChannelResponse {
+            response_header: ResponseHeader {
+                timestamp: now.utc,
+                request_handle: req.request_header.request_handle,
+                service_result: StatusCode::Good,
+                ..Default::default()
+            },
+            server_protocol_version: 0,
+            security_token: ChannelSecurityToken {
+                channel_id: self.channel_id,
+                token_id,
+                created_at: now.utc,
+                revised_lifetime: u32::try_from(lifetime.as_millis()).unwrap_or(u32::MAX),
+            },
+            server_nonce: ByteString::new(vec![]),
+        };
+        let mut body = Vec::new();
+        encode_message(&resp, &mut body);
+        let mut seq = first_seq;
+        let send_limits = self.send_limits();
+        write_chunks(
+            &mut self.out,
+            MessageType::OpenSecureChannel,
+            self.channel_id,
+            &SecurityHeader::Asymmetric(AsymmetricHeader::none()),
+            &mut seq,
+            chunk.request_id,
+            &body,
+            &send_limits,
+        )?;
+        // Part 6 §6.7.4: allow 25 % beyond the lifetime before the token dies.
+        let token = Token {
+            id: token_id,
+            expires: now.instant + lifetime + lifetime / 4,
+        };
+        match &mut self.state {
+            State::Open(open) => {
+                open.previous = Some(open.current);
+                open.current = token;
+                open.last_received = chunk.sequence_number;
+                open.send_seq = seq;
+                self.events.push_back(Event::Renewed { token_id });
+            }
+            _ => {
+                self.state = State::Open(Open {
+                    current: token,
+                    previous: None,
+                    last_received: chunk.sequence_number,
+                    send_seq: seq,
+                });
+                self.events.push_back(Event::Opened {
+                    channel_id: self.channel_id,
+                });
+            }
+        }
+        self.deadline = None;
+        Ok(())
+    }
+
+    fn handle_symmetric(
+        &mut self,
+        now: Now,
+        header: &MessageHeader,
+        msg: &[u8],
+    ) -> Result<(), ChannelError> {
+        let chunk = Chunk::parse(header, msg)?;
+        let State::Open(open) = &mut self.state else {
+            return Err(peer(
+                StatusCode::BadTcpMessageTypeInvalid,
+                "no open channel",
+            ));
+        };
+        if chunk.channel_id != self.channel_id {
+            return Err(peer(
+                StatusCode::BadSecureChannelIdInvalid,
+                "message for another channel",
+            ));
+        }
+        let SecurityHeader::Symmetric(token_id) = chunk.security else {
+            return Err(peer(
+                StatusCode::BadTcpMessageTypeInvalid,
+                "MSG without token id",
+            ));
+        };
+        if token_id == open.current.id {
+            // The client switched to the new token: the old one is gone.
+            open.previous = None;
+        } else if !open
+            .previous
+            .is_some_and(|p| p.id == token_id && p.expires > now.instant)
+        {
+            return Err(peer(
+                StatusCode::BadSecureChannelTokenUnknown,
+                "unknown or expired token",
+            ));
+        }
+        if !SequenceNumbers::follows(open.last_received, chunk.sequence_number) {
+            return Err(peer(
+                StatusCode::BadSequenceNumberInvalid,
+                "sequence number out of order",
+            ));
+        }
+        open.last_received = chunk.sequence_number;
+        if header.message_type == MessageType::CloseSecureChannel {
+            let limits = &self.config.decode;
+            let mut r = Reader::new(chunk.body, limits).map_err(ChannelError::decode)?;
+            let m = decode_message(&mut r).map_err(ChannelError::decode)?;
+            if m.as_any()
+                .downcast_ref::<CloseSecureChannelRequest>()
+                .is_none()
+            {
+                return Err(peer(
+                    StatusCode::BadTcpMessageTypeInvalid,
+                    "CLO body is not a CloseSecureChannelRequest",
+                ));
+            }
+            self.close(StatusCode::Good);
+            return Ok(());
+        }
+        match self.assembler.push(
+            now.instant,
+            chunk.request_id,
+            chunk.chunk_type,
+            chunk.body,
+            self.activated,
+        )? {
+            Assembled::Incomplete | Assembled::Aborted { .. } => {}
+            Assembled::Complete { request_id, body } => {
+                self.events.push_back(Event::Request { request_id, body });
+            }
+        }
+        Ok(())
+    }
+
+    fn send_limits(&self) -> SendLimits {
+        let n = self.negotiated;
+        SendLimits {
+            max_chunk_size: n.map_or(8192, |n| n.send_buffer_size as usize),
+            max_message_size: n.map_or(0, |n| n.send_max_message_size as usize),
+            max_chunk_count: n.map_or(0, |n| n.send_max_chunk_count as usize),
+        }
+    }
+
+    /// Sends a response to `request_id` (the message: encoding id + body).
+    ///
+    /// `BadResponseTooLarge` means nothing was sent and the channel is still
+    /// open: answer with a ServiceFault instead.
+    pub fn send_response(&mut self, request_id: u32, message: &[u8]) -> Result<(), ChannelError> {
+        let limits = self.send_limits();
+        let channel_id = self.channel_id;
+        let State::Open(open) = &mut self.state else {
+            return Err(ChannelError::Resource {
+                status: StatusCode::BadSecureChannelClosed,
+                what: "channel is not open",
+            });
+        };
+        write_chunks(
+            &mut self.out,
+            MessageType::Message,
+            channel_id,
+            &SecurityHeader::Symmetric(open.current.id),
+            &mut open.send_seq,
+            request_id,
+            message,
+            &limits,
+        )
+    }
+
+    /// Closes from the server side (shutdown, eviction) with an ERR message.
+    pub fn close_with(&mut self, status: StatusCode, reason: &str) {
+        if self.is_closed() {
+            return;
+        }
+        ErrorMessage {
+            error: status,
+            reason: UaString::from(reason),
+        }
+        .encode_message(&mut self.out);
+        self.close(status);
+    }
+
+    /// Appends the bytes to send to `buf`; false when there are none.
+    pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> bool {
+        if self.out.is_empty() {
+            return false;
+        }
+        buf.append(&mut self.out);
+        true
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`ServerConnection::handle_timeout`] must run next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let token = match &self.state {
+            State::Open(o) => Some(o.current.expires),
+            _ => None,
+        };
+        [self.deadline, token, self.assembler.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Runs the timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Now) {
+        if self.deadline.is_some_and(|d| d <= now.instant) {
+            self.close_with(StatusCode::BadTimeout, "handshake not completed in time");
+            return;
+        }
+        if let State::Open(o) = &mut self.state {
+            if o.current.expires <= now.instant {
+                self.close_with(
+                    StatusCode::BadSecureChannelTokenUnknown,
+                    "security token expired without renewal",
+                );
+                return;
+            }
+            if o.previous.is_some_and(|p| p.expires <= now.instant) {
+                o.previous = None;
+            }
+        }
+        self.assembler.handle_timeout(now.instant);
+    }
+}
+
+#[cfg(test)]
+#[path = "channel_tests.rs"]
+mod tests;

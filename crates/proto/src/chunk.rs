@@ -1,0 +1,440 @@
+//! Secure conversation chunks (Part 6 §6.7.2): the header after the UACP
+//! header (secure channel id, then the asymmetric or symmetric security
+//! header, then the sequence header), and splitting an outgoing message into
+//! chunks.
+//!
+//! This module handles SecurityPolicy None framing; signing and encryption
+//! plug in at [`write_chunks`] and at the receive path when the crypto
+//! policies land (issue 4).
+
+use uascale_types::{
+    BinaryDecode, BinaryEncode, ByteString, DecodeLimits, Reader, StatusCode, UaString,
+};
+
+use crate::error::ChannelError;
+use crate::tcp::{finish_message, ChunkType, MessageHeader, MessageType, HEADER_LEN};
+
+/// The SecurityPolicyUri of SecurityPolicy None.
+pub const POLICY_NONE_URI: &str = "http://opcfoundation.org/UA/SecurityPolicy#None";
+/// Largest SecurityPolicyUri accepted (Part 6 §6.7.2.3: 255 bytes).
+pub const MAX_POLICY_URI: usize = 255;
+/// Largest certificate (chain) accepted in an asymmetric header.
+pub const MAX_CERTIFICATE: usize = 32 * 1024;
+
+/// Bytes of the symmetric chunk header: UACP header, channel id, token id,
+/// sequence number, request id.
+pub const SYMMETRIC_OVERHEAD: usize = HEADER_LEN + 4 + 4 + 8;
+
+/// The asymmetric algorithm security header of OPN chunks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AsymmetricHeader {
+    /// The SecurityPolicyUri.
+    pub policy_uri: UaString,
+    /// The sender's certificate (chain); null for None.
+    pub sender_certificate: ByteString,
+    /// SHA-1 thumbprint of the receiver's certificate; null for None.
+    pub receiver_thumbprint: ByteString,
+}
+
+impl AsymmetricHeader {
+    /// The header of SecurityPolicy None.
+    pub fn none() -> Self {
+        AsymmetricHeader {
+            policy_uri: UaString::from(POLICY_NONE_URI),
+            sender_certificate: ByteString::null(),
+            receiver_thumbprint: ByteString::null(),
+        }
+    }
+
+    fn encode(&self, w: &mut Vec<u8>) {
+        self.policy_uri.encode(w);
+        self.sender_certificate.encode(w);
+        self.receiver_thumbprint.encode(w);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, ChannelError> {
+        let policy_uri = UaString::decode(r).map_err(|_| ChannelError::Peer {
+            status: StatusCode::BadSecurityPolicyRejected,
+            what: "SecurityPolicyUri missing or longer than 255 bytes",
+        })?;
+        let sender_certificate = ByteString::decode(r).map_err(|_| ChannelError::Peer {
+            status: StatusCode::BadCertificateInvalid,
+            what: "sender certificate missing or too large",
+        })?;
+        let receiver_thumbprint = ByteString::decode(r).map_err(ChannelError::decode)?;
+        Ok(AsymmetricHeader {
+            policy_uri,
+            sender_certificate,
+            receiver_thumbprint,
+        })
+    }
+}
+
+/// The security header of one chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecurityHeader {
+    /// OPN chunks.
+    Asymmetric(AsymmetricHeader),
+    /// MSG and CLO chunks: the token id.
+    Symmetric(u32),
+}
+
+/// One received secure conversation chunk, split into its parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk<'a> {
+    /// MSG, OPN or CLO.
+    pub message_type: MessageType,
+    /// F, C or A.
+    pub chunk_type: ChunkType,
+    /// The secure channel id (0 in the first OPN).
+    pub channel_id: u32,
+    /// The security header.
+    pub security: SecurityHeader,
+    /// The sequence number.
+    pub sequence_number: u32,
+    /// The request id.
+    pub request_id: u32,
+    /// The body part of this chunk.
+    pub body: &'a [u8],
+}
+
+fn header_limits() -> DecodeLimits {
+    DecodeLimits {
+        max_string_length: MAX_POLICY_URI,
+        max_byte_string_length: MAX_CERTIFICATE,
+        ..DecodeLimits::default()
+    }
+}
+
+impl<'a> Chunk<'a> {
+    /// Parses a whole chunk (`bytes` spans exactly `header.message_size`).
+    pub fn parse(header: &MessageHeader, bytes: &'a [u8]) -> Result<Self, ChannelError> {
+        let limits = header_limits();
+        let rest = bytes.get(HEADER_LEN..).unwrap_or(&[]);
+        let mut r = Reader::new(rest, &limits).map_err(ChannelError::decode)?;
+        let truncated = |_| ChannelError::Peer {
+            status: StatusCode::BadTcpMessageTooLarge,
+            what: "chunk shorter than its headers",
+        };
+        let channel_id = u32::decode(&mut r).map_err(truncated)?;
+        let security = match header.message_type {
+            MessageType::OpenSecureChannel => {
+                SecurityHeader::Asymmetric(AsymmetricHeader::decode(&mut r)?)
+            }
+            MessageType::Message | MessageType::CloseSecureChannel => {
+                SecurityHeader::Symmetric(u32::decode(&mut r).map_err(truncated)?)
+            }
+            _ => {
+                return Err(ChannelError::Peer {
+                    status: StatusCode::BadTcpMessageTypeInvalid,
+                    what: "not a secure conversation message",
+                })
+            }
+        };
+        let sequence_number = u32::decode(&mut r).map_err(truncated)?;
+        let request_id = u32::decode(&mut r).map_err(truncated)?;
+        let at = HEADER_LEN + r.position();
+        Ok(Chunk {
+            message_type: header.message_type,
+            chunk_type: header.chunk_type,
+            channel_id,
+            security,
+            sequence_number,
+            request_id,
+            body: bytes.get(at..).unwrap_or(&[]),
+        })
+    }
+}
+
+/// Sequence numbers of one direction (Part 6 §6.7.2.4): they increase by one
+/// and wrap after `u32::MAX - 1024` to a value below 1024.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceNumbers {
+    next: u32,
+}
+
+/// The last sequence number before a wrap.
+const WRAP_AT: u32 = u32::MAX - 1024;
+
+impl SequenceNumbers {
+    /// Starting at `first`.
+    pub const fn starting_at(first: u32) -> Self {
+        SequenceNumbers { next: first }
+    }
+
+    /// Takes the next number to send.
+    pub fn take(&mut self) -> u32 {
+        let n = self.next;
+        self.next = if n >= WRAP_AT { 1 } else { n + 1 };
+        n
+    }
+
+    /// Checks a received number against the expected one: `received` must
+    /// follow `last`, or be below 1024 right after a wrap.
+    pub fn follows(last: u32, received: u32) -> bool {
+        if last >= WRAP_AT {
+            received < 1024
+        } else {
+            received == last.wrapping_add(1)
+        }
+    }
+}
+
+/// Limits on one outgoing message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendLimits {
+    /// Largest chunk (the peer's receive buffer).
+    pub max_chunk_size: usize,
+    /// Largest message body; 0 = no limit.
+    pub max_message_size: usize,
+    /// Most chunks; 0 = no limit.
+    pub max_chunk_count: usize,
+}
+
+/// Splits `body` into chunks of `message_type` and appends them to `out`.
+///
+/// Fails with `BadResponseTooLarge` (nothing written) when the body exceeds
+/// the peer's message size or chunk count; the caller then answers with a
+/// ServiceFault instead.
+#[allow(clippy::too_many_arguments)]
+pub fn write_chunks(
+    out: &mut Vec<u8>,
+    message_type: MessageType,
+    channel_id: u32,
+    security: &SecurityHeader,
+    seq: &mut SequenceNumbers,
+    request_id: u32,
+    body: &[u8],
+    limits: &SendLimits,
+) -> Result<(), ChannelError> {
+    let mut header = Vec::with_capacity(64);
+    match security {
+        SecurityHeader::Asymmetric(a) => a.encode(&mut header),
+        SecurityHeader::Symmetric(token) => token.encode(&mut header),
+    }
+    let overhead = HEADER_LEN + 4 + header.len() + 8;
+    let room = limits.max_chunk_size.saturating_sub(overhead);
+    if room == 0 {
+        return Err(ChannelError::Resource {
+            status: StatusCode::BadTcpInternalError,
+            what: "chunk size leaves no room for a body",
+        });
+    }
+    let chunks = body.len().div_ceil(room).max(1);
+    let too_large = (limits.max_message_size != 0 && body.len() > limits.max_message_size)
+        || (limits.max_chunk_count != 0 && chunks > limits.max_chunk_count)
+        || (message_type != MessageType::Message && chunks > 1);
+    if too_large {
+        return Err(ChannelError::Resource {
+            status: StatusCode::BadResponseTooLarge,
+            what: "message exceeds the peer's limits",
+        });
+    }
+    out.reserve(body.len() + chunks * overhead);
+    let mut parts = body.chunks(room).peekable();
+    if body.is_empty() {
+        write_one(
+            out,
+            message_type,
+            ChunkType::Final,
+            channel_id,
+            &header,
+            seq.take(),
+            request_id,
+            &[],
+        );
+    }
+    while let Some(part) = parts.next() {
+        let ct = if parts.peek().is_some() {
+            ChunkType::Intermediate
+        } else {
+            ChunkType::Final
+        };
+        write_one(
+            out,
+            message_type,
+            ct,
+            channel_id,
+            &header,
+            seq.take(),
+            request_id,
+            part,
+        );
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_one(
+    out: &mut Vec<u8>,
+    message_type: MessageType,
+    chunk_type: ChunkType,
+    channel_id: u32,
+    security: &[u8],
+    sequence_number: u32,
+    request_id: u32,
+    part: &[u8],
+) {
+    let start = out.len();
+    MessageHeader::write_start(out, message_type, chunk_type);
+    channel_id.encode(out);
+    out.extend_from_slice(security);
+    sequence_number.encode(out);
+    request_id.encode(out);
+    out.extend_from_slice(part);
+    finish_message(out, start);
+}
+
+/// Writes an abort chunk (`MSGA`) carrying an Error body (Part 6 §6.7.3).
+pub fn write_abort(
+    out: &mut Vec<u8>,
+    channel_id: u32,
+    token_id: u32,
+    seq: &mut SequenceNumbers,
+    request_id: u32,
+    status: StatusCode,
+    reason: &str,
+) {
+    let mut body = Vec::new();
+    status.encode(&mut body);
+    UaString::from(reason).encode(&mut body);
+    let start = out.len();
+    MessageHeader::write_start(out, MessageType::Message, ChunkType::Abort);
+    channel_id.encode(out);
+    token_id.encode(out);
+    seq.take().encode(out);
+    request_id.encode(out);
+    out.extend_from_slice(&body);
+    finish_message(out, start);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(bytes: &[u8]) -> Vec<Chunk<'_>> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let h = MessageHeader::parse(&bytes[at..], u32::MAX)
+                .unwrap()
+                .unwrap();
+            let end = at + h.message_size as usize;
+            out.push(Chunk::parse(&h, &bytes[at..end]).unwrap());
+            at = end;
+        }
+        out
+    }
+
+    #[test]
+    fn splits_into_chunks_that_fit() {
+        let body: Vec<u8> = (0..100u8).collect();
+        let mut out = Vec::new();
+        let mut seq = SequenceNumbers::starting_at(5);
+        let limits = SendLimits {
+            max_chunk_size: SYMMETRIC_OVERHEAD + 30,
+            max_message_size: 0,
+            max_chunk_count: 0,
+        };
+        write_chunks(
+            &mut out,
+            MessageType::Message,
+            9,
+            &SecurityHeader::Symmetric(3),
+            &mut seq,
+            77,
+            &body,
+            &limits,
+        )
+        .unwrap();
+        let chunks = parse_all(&out);
+        assert_eq!(chunks.len(), 4);
+        assert!(chunks[..3]
+            .iter()
+            .all(|c| c.chunk_type == ChunkType::Intermediate));
+        assert_eq!(chunks[3].chunk_type, ChunkType::Final);
+        assert_eq!(
+            chunks.iter().map(|c| c.sequence_number).collect::<Vec<_>>(),
+            [5, 6, 7, 8]
+        );
+        assert!(chunks
+            .iter()
+            .all(|c| c.request_id == 77 && c.channel_id == 9));
+        assert_eq!(chunks[0].security, SecurityHeader::Symmetric(3));
+        let joined: Vec<u8> = chunks.iter().flat_map(|c| c.body.iter().copied()).collect();
+        assert_eq!(joined, body);
+    }
+
+    #[test]
+    fn refuses_what_the_peer_cannot_take() {
+        let mut out = Vec::new();
+        let mut seq = SequenceNumbers::starting_at(1);
+        let limits = SendLimits {
+            max_chunk_size: SYMMETRIC_OVERHEAD + 10,
+            max_message_size: 0,
+            max_chunk_count: 2,
+        };
+        let e = write_chunks(
+            &mut out,
+            MessageType::Message,
+            1,
+            &SecurityHeader::Symmetric(1),
+            &mut seq,
+            1,
+            &[0; 21],
+            &limits,
+        )
+        .unwrap_err();
+        assert_eq!(e.status_code(), StatusCode::BadResponseTooLarge);
+        assert!(out.is_empty());
+        assert_eq!(seq.take(), 1, "no sequence number spent");
+    }
+
+    #[test]
+    fn opn_header_round_trip() {
+        let mut out = Vec::new();
+        let mut seq = SequenceNumbers::starting_at(1);
+        let limits = SendLimits {
+            max_chunk_size: 8192,
+            max_message_size: 0,
+            max_chunk_count: 0,
+        };
+        let sec = SecurityHeader::Asymmetric(AsymmetricHeader::none());
+        write_chunks(
+            &mut out,
+            MessageType::OpenSecureChannel,
+            0,
+            &sec,
+            &mut seq,
+            1,
+            b"body",
+            &limits,
+        )
+        .unwrap();
+        let c = &parse_all(&out)[0];
+        assert_eq!(c.security, sec);
+        assert_eq!(c.body, b"body");
+    }
+
+    #[test]
+    fn sequence_numbers_wrap_below_1024() {
+        let mut s = SequenceNumbers::starting_at(WRAP_AT);
+        assert_eq!(s.take(), WRAP_AT);
+        assert_eq!(s.take(), 1);
+        assert!(SequenceNumbers::follows(WRAP_AT, 0));
+        assert!(SequenceNumbers::follows(WRAP_AT, 1023));
+        assert!(!SequenceNumbers::follows(WRAP_AT, 1024));
+        assert!(SequenceNumbers::follows(41, 42));
+        assert!(!SequenceNumbers::follows(41, 41), "replay");
+        assert!(!SequenceNumbers::follows(41, 43), "gap");
+    }
+
+    #[test]
+    fn truncated_chunk_is_an_error() {
+        let h = MessageHeader::parse(b"MSGF\x0c\0\0\0", u32::MAX)
+            .unwrap()
+            .unwrap();
+        let e = Chunk::parse(&h, b"MSGF\x0c\0\0\0\x01\0\0\0").unwrap_err();
+        assert_eq!(e.status_code(), StatusCode::BadTcpMessageTooLarge);
+    }
+}
