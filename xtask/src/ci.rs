@@ -12,7 +12,12 @@ use std::time::Instant;
 
 /// Seconds each fuzz target runs in CI (override: `UASCALE_FUZZ_SECONDS`).
 const FUZZ_SECONDS: u64 = 20;
-const FUZZ_TARGETS: &[&str] = &["decode_message", "nodeid_parse"];
+const FUZZ_TARGETS: &[&str] = &[
+    "decode_message",
+    "nodeid_parse",
+    "chunk_reassembly",
+    "server_channel",
+];
 
 struct Step {
     name: &'static str,

@@ -584,3 +584,31 @@ fn too_many_chunks_and_budget_exhaustion() {
     assert_eq!(small.used(), 0);
     let _ = ChunkType::Final;
 }
+
+/// Writes a seed for the `server_channel` fuzz target: a whole session of a
+/// well-behaved client (HEL, OPN, a chunked request, CLO), prefixed with the
+/// split byte. Run with `UASCALE_WRITE_FUZZ_SEED=1`.
+#[test]
+fn fuzz_seed_for_server_channel() {
+    let mut c = TestClient::new();
+    let mut seed = vec![0xffu8];
+    seed.extend(c.hello());
+    seed.extend(c.open(SecurityTokenRequestType::Issue, 0, POLICY_NONE_URI));
+    c.token = 1;
+    c.chunk_size = SYMMETRIC_OVERHEAD + 200;
+    seed.extend(c.request(2, &read_request(20)));
+    seed.extend(c.close());
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../fuzz/seeds/server_channel/session"
+    );
+    if std::env::var_os("UASCALE_WRITE_FUZZ_SEED").is_some() {
+        std::fs::write(path, &seed).unwrap();
+    }
+    // The committed seed is what this client sends.
+    assert_eq!(
+        std::fs::read(path).unwrap(),
+        seed,
+        "regenerate with UASCALE_WRITE_FUZZ_SEED=1"
+    );
+}
