@@ -1,14 +1,20 @@
 //! The `uascale` command.
 //!
-//! Today it carries the codec tool `uascale decode`; `serve`, the client
-//! commands and `bench` arrive with their issues.
+//! `uascale serve` runs the server (so far: opc.tcp with SecurityPolicy None
+//! and the Discovery services); `uascale decode` prints a binary message.
+//! The client commands and `bench` arrive with their issues.
 
 use std::process::ExitCode;
 
+use uascale_server::{Server, ServerConfig};
 use uascale_types::{decode_message, DecodeLimits, Reader};
 
-const USAGE: &str = "usage: uascale decode <HEX | @FILE>
+const USAGE: &str = "usage: uascale serve [--host NAME] [--port N] [--bind ADDR]
+       uascale decode <HEX | @FILE>
 
+  serve    run the OPC UA server on opc.tcp://NAME:N (default
+           opc.tcp://localhost:4840, bound to 0.0.0.0); log level from
+           RUST_LOG (default info); Ctrl-C shuts down
   decode   decode one binary OPC UA service message (the NodeId of its
            encoding followed by the body, as in a MSG chunk) and print it;
            HEX may contain spaces, @FILE reads raw bytes from a file";
@@ -43,6 +49,79 @@ fn decode(arg: &str) -> Result<String, String> {
     Ok(out)
 }
 
+fn serve_config(args: &[&str]) -> Result<ServerConfig, String> {
+    let mut config = ServerConfig::default();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .copied()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match *flag {
+            "--host" => config.host_name = value("--host")?.to_owned(),
+            "--port" => {
+                let v = value("--port")?;
+                let port: u16 = v
+                    .parse()
+                    .map_err(|_| format!("--port {v:?} is not a port number"))?;
+                config.bind.set_port(port);
+            }
+            "--bind" => {
+                let v = value("--bind")?;
+                let ip: std::net::IpAddr = v
+                    .parse()
+                    .map_err(|_| format!("--bind {v:?} is not an IP address"))?;
+                config.bind.set_ip(ip);
+            }
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    Ok(config)
+}
+
+fn serve(config: ServerConfig) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("uascale serve: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        tracing::info!(?config, "effective configuration");
+        let server = match Server::bind(config) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("uascale serve: cannot listen: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let addr = server
+            .local_addr()
+            .map_or_else(|_| "?".into(), |a| a.to_string());
+        tracing::info!(url = %server.endpoint_url(), %addr, "listening");
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
+        };
+        match server.run(shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("uascale serve: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args
@@ -61,13 +140,13 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        ["serve", ..] => {
-            eprintln!(
-                "uascale serve: the OPC UA server is not in this build yet; it lands with \
-                 issue 3 (transport, secure channel, sessions, core services)"
-            );
-            ExitCode::FAILURE
-        }
+        ["serve", rest @ ..] => match serve_config(rest) {
+            Ok(config) => serve(config),
+            Err(e) => {
+                eprintln!("uascale serve: {e}\n\n{USAGE}");
+                ExitCode::from(2)
+            }
+        },
         ["-h" | "--help" | "help"] => {
             println!("{USAGE}");
             ExitCode::SUCCESS

@@ -1,6 +1,18 @@
-//! `uascale-server`: address space, services, sessions, subscriptions,
-//! admission control and the request queue.
+//! `uascale-server`: the OPC UA server - address space, services, sessions,
+//! subscriptions, admission control and the request queue.
 //!
-//! Owns: server behaviour. Must not: use tokio outside its `net/` module.
+//! Owns: server behaviour. Must not: use tokio outside its `net/` module; the
+//! protocol state lives in `uascale-proto` and is only driven from here.
 //!
-//! Status: arrives with issue 3; placeholder in the workspace layout.
+//! Status (issue 3, in progress): the opc.tcp listener and connection driver
+//! ([`net`]) run the sans-IO secure channel (SecurityPolicy None) and answer
+//! the Discovery service set ([`services::discovery`]); every other service
+//! is answered with a ServiceFault `BadServiceUnsupported` until it lands.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod net;
+pub mod services;
+
+pub use config::ServerConfig;
+pub use net::Server;

@@ -1,0 +1,121 @@
+//! Interoperability: start `uascale serve` on a free loopback port and drive
+//! it with real OPC UA clients nobody here wrote (Python asyncua, and o6 -
+//! open62541's client). The peers live in `target/venv`, which `cargo xtask
+//! ci` creates from `tests/requirements.txt`.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn python() -> PathBuf {
+    let p = root().join("target/venv/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo xtask ci` (or `python3 -m venv target/venv && \
+         target/venv/bin/pip install -r tests/requirements.txt`) first",
+        p.display()
+    );
+    p
+}
+
+/// A running `uascale serve`, stopped with Ctrl-C (SIGINT) on drop.
+struct Serve {
+    child: Child,
+    port: u16,
+}
+
+impl Serve {
+    fn start() -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_uascale"))
+            .args([
+                "serve",
+                "--bind",
+                "127.0.0.1",
+                "--host",
+                "localhost",
+                "--port",
+                "0",
+            ])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start uascale serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[serve] {line}");
+                if let Some(at) = line.find("addr=127.0.0.1:") {
+                    let port: String = line[at + 15..]
+                        .chars()
+                        .take_while(char::is_ascii_digit)
+                        .collect();
+                    let _ = tx.send(port.parse::<u16>().unwrap_or(0));
+                }
+            }
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("server printed its address");
+        Serve { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("opc.tcp://localhost:{}", self.port)
+    }
+
+    /// Sends SIGINT and waits for a clean exit.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-INT", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "server did not stop on SIGINT");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run_peer(script: &str, url: &str) -> String {
+    let out = Command::new(python())
+        .arg(root().join("tests/interop").join(script))
+        .arg(url)
+        .output()
+        .expect("run the Python peer");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn discovery_with_asyncua_and_open62541() {
+    let server = Serve::start();
+    let url = server.url();
+    assert!(run_peer("discovery_asyncua.py", &url).contains("asyncua discovery ok"));
+    assert!(run_peer("discovery_o6.py", &url).contains("o6 discovery ok"));
+    // Serving many clients one after another leaves the server healthy.
+    assert!(run_peer("discovery_asyncua.py", &url).contains("asyncua discovery ok"));
+    let status = server.stop();
+    assert!(status.success(), "Ctrl-C shutdown exits cleanly: {status}");
+}

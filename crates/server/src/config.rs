@@ -1,0 +1,55 @@
+//! Server configuration: plain structs with documented defaults.
+
+use std::net::SocketAddr;
+
+use uascale_proto::ChannelConfig;
+
+/// What the server is and where it listens.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to bind. Default `0.0.0.0:4840`, the IANA port for opc.tcp.
+    pub bind: SocketAddr,
+    /// Host name published in endpoint URLs. Default `localhost`.
+    pub host_name: String,
+    /// The server's ApplicationUri. Default `urn:uascale:server`.
+    pub application_uri: String,
+    /// ProductUri. Default `urn:uascale`.
+    pub product_uri: String,
+    /// ApplicationName. Default `uascale`.
+    pub application_name: String,
+    /// Pending accepts the kernel keeps (SCALABILITY.md §2 `listen_backlog`).
+    /// Default 512: tokio's 128 is too small for connect bursts; the kernel
+    /// caps it at `somaxconn` (4096 here).
+    pub listen_backlog: u32,
+    /// Protocol limits and timers of every connection.
+    pub channel: ChannelConfig,
+    /// Bytes of incomplete chunked messages kept across all connections.
+    /// Default 64 MiB.
+    pub reassembly_budget: usize,
+    /// Percent of that budget channels without an activated session may use.
+    /// Default 50.
+    pub reassembly_unactivated_percent: u8,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            bind: SocketAddr::from(([0, 0, 0, 0], 4840)),
+            host_name: "localhost".into(),
+            application_uri: "urn:uascale:server".into(),
+            product_uri: "urn:uascale".into(),
+            application_name: "uascale".into(),
+            listen_backlog: 512,
+            channel: ChannelConfig::default(),
+            reassembly_budget: 64 << 20,
+            reassembly_unactivated_percent: 50,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The endpoint URL clients connect to.
+    pub fn endpoint_url(&self) -> String {
+        format!("opc.tcp://{}:{}", self.host_name, self.bind.port())
+    }
+}

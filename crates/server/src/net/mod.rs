@@ -1,0 +1,205 @@
+//! The tokio shell around the sans-IO protocol core: the opc.tcp listener
+//! and one task per connection that feeds bytes and time into a
+//! [`ServerConnection`] and writes out what it yields.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use uascale_proto::reassembly::ReassemblyBudget;
+use uascale_proto::{Event, Now, PendingConnection, ServerConnection};
+use uascale_types::{encode_message, DateTime, StatusCode};
+
+use crate::config::ServerConfig;
+use crate::services::{dispatch, peek_request_handle, service_fault, ServiceContext};
+
+fn now() -> Now {
+    Now {
+        instant: Instant::now(),
+        utc: DateTime::from_system_time(SystemTime::now()),
+    }
+}
+
+struct Shared {
+    config: ServerConfig,
+    channel_config: Arc<uascale_proto::ChannelConfig>,
+    budget: Arc<ReassemblyBudget>,
+    next_channel_id: AtomicU32,
+}
+
+/// A bound, not yet running server.
+pub struct Server {
+    shared: Arc<Shared>,
+    listener: TcpListener,
+}
+
+impl Server {
+    /// Binds the listener with the configured backlog.
+    pub fn bind(mut config: ServerConfig) -> io::Result<Self> {
+        let addr = config.bind;
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(i32::try_from(config.listen_backlog).unwrap_or(i32::MAX))?;
+        let listener = TcpListener::from_std(socket.into())?;
+        // With port 0 the kernel chose: publish the port actually bound.
+        config.bind = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            channel_config: Arc::new(config.channel.clone()),
+            budget: ReassemblyBudget::new(
+                config.reassembly_budget,
+                config.reassembly_unactivated_percent,
+            ),
+            next_channel_id: AtomicU32::new(1),
+            config,
+        });
+        Ok(Server { shared, listener })
+    }
+
+    /// The endpoint URL clients use (with the port actually bound).
+    pub fn endpoint_url(&self) -> String {
+        self.shared.config.endpoint_url()
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes, then closes every connection with
+    /// `BadShutdown` and waits (at most 5 s) for them to flush.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let id = self.shared.next_channel_id.fetch_add(1, Ordering::Relaxed).max(1);
+                        tasks.spawn(serve(stream, peer, id, Arc::clone(&self.shared), stop_rx.clone()));
+                    }
+                    Err(e) if is_resource_exhaustion(&e) => {
+                        // EMFILE and friends: shed by not accepting for a moment
+                        // instead of spinning on an accept that keeps failing.
+                        tracing::warn!(error = %e, "accept failed; pausing 100 ms");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "accept failed"),
+                },
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+        let _ = stop_tx.send(true);
+        let drain = async { while tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(5), drain)
+            .await
+            .is_err()
+        {
+            tasks.abort_all();
+        }
+        Ok(())
+    }
+}
+
+fn is_resource_exhaustion(e: &io::Error) -> bool {
+    // EMFILE 24, ENFILE 23, ENOBUFS 105, ENOMEM 12 on Linux.
+    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
+}
+
+async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: u32,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    // Admission will decide here, before any work (SCALABILITY.md §2).
+    let mut conn = PendingConnection::new().accept(
+        now(),
+        id,
+        Arc::clone(&shared.channel_config),
+        Arc::clone(&shared.budget),
+    );
+    tracing::debug!(%peer, channel = id, "connection accepted");
+    let (mut rd, mut wr) = stream.into_split();
+    let mut input = Vec::with_capacity(16 * 1024);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out = Vec::with_capacity(16 * 1024);
+    loop {
+        let due = conn.poll_timeout();
+        tokio::select! {
+            read = rd.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    input.extend_from_slice(buf.get(..n).unwrap_or(&[]));
+                    if let Err(e) = conn.handle_input(now(), &mut input) {
+                        tracing::debug!(%peer, channel = id, error = %e, "closing connection");
+                    }
+                }
+            },
+            () = sleep_until(due) => conn.handle_timeout(now()),
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    conn.close_with(StatusCode::BadShutdown, "server shutting down");
+                }
+            }
+        }
+        handle_events(&mut conn, &shared);
+        out.clear();
+        if conn.poll_transmit(&mut out) && wr.write_all(&out).await.is_err() {
+            break;
+        }
+        if conn.is_closed() {
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+    tracing::debug!(%peer, channel = id, status = ?conn.close_status(), "connection closed");
+}
+
+async fn sleep_until(due: Option<Instant>) {
+    match due {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn handle_events(conn: &mut ServerConnection, shared: &Shared) {
+    while let Some(event) = conn.poll_event() {
+        let Event::Request { request_id, body } = event else {
+            continue;
+        };
+        let ctx = ServiceContext {
+            config: &shared.config,
+            now: DateTime::from_system_time(SystemTime::now()),
+        };
+        let limits = &shared.channel_config.decode;
+        let response = dispatch(&ctx, &body, limits);
+        if let Err(e) = conn.send_response(request_id, &response) {
+            if e.status_code() == StatusCode::BadResponseTooLarge {
+                let fault = service_fault(
+                    ctx.now,
+                    peek_request_handle(&body, limits),
+                    StatusCode::BadResponseTooLarge,
+                );
+                let mut small = Vec::new();
+                encode_message(&fault, &mut small);
+                let _ = conn.send_response(request_id, &small);
+            }
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Discovery service set (Part 4 §5.4): GetEndpoints and FindServers.
+
+use uascale_types::{
+    ApplicationDescription, ApplicationType, EndpointDescription, FindServersRequest,
+    FindServersResponse, GetEndpointsRequest, GetEndpointsResponse, LocalizedText,
+    MessageSecurityMode, UaString, UserTokenPolicy, UserTokenType,
+};
+
+use super::ServiceContext;
+
+/// The transport profile of opc.tcp with UA Secure Conversation and the
+/// binary encoding.
+pub const TRANSPORT_PROFILE_UATCP: &str =
+    "http://opcfoundation.org/UA-Profile/Transport/uatcp-uasc-uabinary";
+
+/// This server's ApplicationDescription.
+pub fn application_description(ctx: &ServiceContext<'_>) -> ApplicationDescription {
+    let c = ctx.config;
+    ApplicationDescription {
+        application_uri: UaString::from(c.application_uri.as_str()),
+        product_uri: UaString::from(c.product_uri.as_str()),
+        application_name: LocalizedText::new("en", c.application_name.as_str()),
+        application_type: ApplicationType::Server,
+        gateway_server_uri: UaString::null(),
+        discovery_profile_uri: UaString::null(),
+        discovery_urls: Some(vec![UaString::from(c.endpoint_url())]),
+    }
+}
+
+/// The endpoints this server offers: opc.tcp with SecurityPolicy None (the
+/// RSA policies are added with issue 4).
+pub fn endpoints(ctx: &ServiceContext<'_>) -> Vec<EndpointDescription> {
+    vec![EndpointDescription {
+        endpoint_url: UaString::from(ctx.config.endpoint_url()),
+        server: application_description(ctx),
+        server_certificate: uascale_types::ByteString::null(),
+        security_mode: MessageSecurityMode::None,
+        security_policy_uri: UaString::from(uascale_proto::chunk::POLICY_NONE_URI),
+        user_identity_tokens: Some(vec![UserTokenPolicy {
+            policy_id: UaString::from("anonymous"),
+            token_type: UserTokenType::Anonymous,
+            issued_token_type: UaString::null(),
+            issuer_endpoint_url: UaString::null(),
+            security_policy_uri: UaString::null(),
+        }]),
+        transport_profile_uri: UaString::from(TRANSPORT_PROFILE_UATCP),
+        security_level: 0,
+    }]
+}
+
+/// GetEndpoints: every endpoint, filtered by `profileUris` when given.
+pub fn get_endpoints(ctx: &ServiceContext<'_>, req: &GetEndpointsRequest) -> GetEndpointsResponse {
+    let wanted = req.profile_uris.as_deref().unwrap_or(&[]);
+    let endpoints = endpoints(ctx)
+        .into_iter()
+        .filter(|e| wanted.is_empty() || wanted.contains(&e.transport_profile_uri))
+        .collect();
+    GetEndpointsResponse {
+        response_header: ctx.response_header(&req.request_header),
+        endpoints: Some(endpoints),
+    }
+}
+
+/// FindServers: this server, unless `serverUris` names only others.
+pub fn find_servers(ctx: &ServiceContext<'_>, req: &FindServersRequest) -> FindServersResponse {
+    let wanted = req.server_uris.as_deref().unwrap_or(&[]);
+    let me = application_description(ctx);
+    let servers = if wanted.is_empty() || wanted.contains(&me.application_uri) {
+        vec![me]
+    } else {
+        vec![]
+    };
+    FindServersResponse {
+        response_header: ctx.response_header(&req.request_header),
+        servers: Some(servers),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ServerConfig;
+    use uascale_types::{DateTime, RequestHeader};
+
+    #[test]
+    fn filters() {
+        let config = ServerConfig::default();
+        let ctx = ServiceContext {
+            config: &config,
+            now: DateTime::from_ticks(1),
+        };
+        let mut req = GetEndpointsRequest {
+            request_header: RequestHeader {
+                request_handle: 3,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let r = get_endpoints(&ctx, &req);
+        assert_eq!(r.response_header.request_handle, 3);
+        assert_eq!(r.endpoints.as_ref().unwrap().len(), 1);
+        assert_eq!(
+            r.endpoints.unwrap()[0].endpoint_url,
+            "opc.tcp://localhost:4840"
+        );
+        req.profile_uris = Some(vec![UaString::from(
+            "http://opcfoundation.org/UA-Profile/Transport/https-uabinary",
+        )]);
+        assert_eq!(get_endpoints(&ctx, &req).endpoints, Some(vec![]));
+        let mut fs = FindServersRequest::default();
+        assert_eq!(find_servers(&ctx, &fs).servers.unwrap().len(), 1);
+        fs.server_uris = Some(vec![UaString::from("urn:other")]);
+        assert_eq!(find_servers(&ctx, &fs).servers, Some(vec![]));
+    }
+}

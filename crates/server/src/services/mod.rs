@@ -1,0 +1,168 @@
+//! The services, one module per Part 4 service set, and the dispatcher that
+//! turns a decoded request into a response message.
+
+pub mod discovery;
+
+use uascale_types::{
+    decode_message, encode_message, BinaryDecode, DateTime, DecodeLimits, DynStructure, NodeId,
+    Reader, RequestHeader, ResponseHeader, ServiceFault, StatusCode,
+};
+
+use crate::config::ServerConfig;
+
+/// What a service handler sees of the server.
+#[derive(Debug)]
+pub struct ServiceContext<'a> {
+    /// The configuration.
+    pub config: &'a ServerConfig,
+    /// The time the request is handled at.
+    pub now: DateTime,
+}
+
+impl ServiceContext<'_> {
+    /// A Good response header for a request.
+    pub fn response_header(&self, req: &RequestHeader) -> ResponseHeader {
+        ResponseHeader {
+            timestamp: self.now,
+            request_handle: req.request_handle,
+            service_result: StatusCode::Good,
+            ..Default::default()
+        }
+    }
+}
+
+/// A ServiceFault answering `request_handle` with `status`.
+pub fn service_fault(now: DateTime, request_handle: u32, status: StatusCode) -> ServiceFault {
+    ServiceFault {
+        response_header: ResponseHeader {
+            timestamp: now,
+            request_handle,
+            service_result: status,
+            ..Default::default()
+        },
+    }
+}
+
+/// Reads the RequestHeader that starts every request body, without decoding
+/// the rest (for faults on requests we do not decode).
+pub(crate) fn peek_request_handle(message: &[u8], limits: &DecodeLimits) -> u32 {
+    let Ok(mut r) = Reader::new(message, limits) else {
+        return 0;
+    };
+    if NodeId::decode(&mut r).is_err() {
+        return 0;
+    }
+    RequestHeader::decode(&mut r).map_or(0, |h| h.request_handle)
+}
+
+/// Handles one request message (encoding id + body) and returns the
+/// response message to send.
+pub fn dispatch(ctx: &ServiceContext<'_>, message: &[u8], limits: &DecodeLimits) -> Vec<u8> {
+    let response: Box<dyn DynStructure> = match Reader::new(message, limits).and_then(|mut r| {
+        let m = decode_message(&mut r)?;
+        r.finish()?;
+        Ok(m)
+    }) {
+        Err(e) => {
+            tracing::debug!(error = %e, "request did not decode");
+            let status = match e.kind() {
+                uascale_types::DecodeErrorKind::UnknownEncodingId(_) => {
+                    StatusCode::BadServiceUnsupported
+                }
+                _ => e.status_code(),
+            };
+            Box::new(service_fault(
+                ctx.now,
+                peek_request_handle(message, limits),
+                status,
+            ))
+        }
+        Ok(req) => route(ctx, req.as_ref()).unwrap_or_else(|| {
+            Box::new(service_fault(
+                ctx.now,
+                peek_request_handle(message, limits),
+                StatusCode::BadServiceUnsupported,
+            ))
+        }),
+    };
+    let mut out = Vec::with_capacity(256);
+    encode_message(response.as_ref(), &mut out);
+    out
+}
+
+/// The handler for a request type, if this server implements it.
+fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Box<dyn DynStructure>> {
+    let any = req.as_any();
+    if let Some(r) = any.downcast_ref::<uascale_types::GetEndpointsRequest>() {
+        return Some(Box::new(discovery::get_endpoints(ctx, r)));
+    }
+    if let Some(r) = any.downcast_ref::<uascale_types::FindServersRequest>() {
+        return Some(Box::new(discovery::find_servers(ctx, r)));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uascale_types::{ReadRequest, Structure};
+
+    fn ctx(config: &ServerConfig) -> ServiceContext<'_> {
+        ServiceContext {
+            config,
+            now: DateTime::from_ticks(1),
+        }
+    }
+
+    fn fault_of(bytes: &[u8]) -> ServiceFault {
+        let limits = DecodeLimits::default();
+        let m = decode_message(&mut Reader::new(bytes, &limits).unwrap()).unwrap();
+        m.as_any()
+            .downcast_ref::<ServiceFault>()
+            .cloned()
+            .expect("a ServiceFault")
+    }
+
+    #[test]
+    fn unimplemented_service_gets_a_fault_with_the_handle() {
+        let config = ServerConfig::default();
+        let mut msg = Vec::new();
+        let req = ReadRequest {
+            request_header: RequestHeader {
+                request_handle: 77,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        encode_message(&req, &mut msg);
+        let f = fault_of(&dispatch(&ctx(&config), &msg, &DecodeLimits::default()));
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadServiceUnsupported
+        );
+        assert_eq!(f.response_header.request_handle, 77);
+    }
+
+    #[test]
+    fn undecodable_and_unknown_requests_get_faults() {
+        let config = ServerConfig::default();
+        let limits = DecodeLimits::default();
+        let mut msg = Vec::new();
+        uascale_types::BinaryEncode::encode(
+            &NodeId::ns0(ReadRequest::BINARY_ENCODING_ID),
+            &mut msg,
+        );
+        msg.push(1);
+        let f = fault_of(&dispatch(&ctx(&config), &msg, &limits));
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadDecodingError
+        );
+        let unknown = uascale_types::BinaryEncode::to_bytes(&NodeId::numeric(3, 9));
+        let f = fault_of(&dispatch(&ctx(&config), &unknown, &limits));
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadServiceUnsupported
+        );
+    }
+}
