@@ -109,11 +109,12 @@ fn run_peer(script: &str, url: &str) -> String {
 }
 
 #[test]
-fn discovery_with_asyncua_and_open62541() {
+fn discovery_and_sessions_with_asyncua_and_open62541() {
     let server = Serve::start();
     let url = server.url();
     assert!(run_peer("discovery_asyncua.py", &url).contains("asyncua discovery ok"));
     assert!(run_peer("discovery_o6.py", &url).contains("o6 discovery ok"));
+    assert!(run_peer("session_asyncua.py", &url).contains("asyncua session ok"));
     // Serving many clients one after another leaves the server healthy.
     assert!(run_peer("discovery_asyncua.py", &url).contains("asyncua discovery ok"));
     let status = server.stop();

@@ -29,6 +29,13 @@ pub struct ServerConfig {
     /// Percent of that budget channels without an activated session may use.
     /// Default 50.
     pub reassembly_unactivated_percent: u8,
+    /// Most open sessions (`max_session_count`); over it CreateSession
+    /// answers `BadTooManySessions`. Default 20,000: about what one process
+    /// can hold connections for here (20,000 open files).
+    pub max_session_count: usize,
+    /// A session not activated this long after CreateSession is closed
+    /// (SCALABILITY.md "no orphans"). Default 10 s.
+    pub activation_deadline: std::time::Duration,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +50,8 @@ impl Default for ServerConfig {
             channel: ChannelConfig::default(),
             reassembly_budget: 64 << 20,
             reassembly_unactivated_percent: 50,
+            max_session_count: 20_000,
+            activation_deadline: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -6,13 +6,16 @@
 //!
 //! Status (issue 3, in progress): the opc.tcp listener and connection driver
 //! ([`net`]) run the sans-IO secure channel (SecurityPolicy None) and answer
-//! the Discovery service set ([`services::discovery`]); every other service
-//! is answered with a ServiceFault `BadServiceUnsupported` until it lands.
+//! the Discovery service set ([`services::discovery`]) and the Session
+//! service set ([`services::session`], anonymous identity); every other
+//! service is answered with a ServiceFault - the session's own error, else
+//! `BadServiceUnsupported` - until it lands.
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod net;
 pub mod services;
+pub mod session;
 
 pub use config::ServerConfig;
 pub use net::Server;

@@ -27,6 +27,7 @@ fn now() -> Now {
 }
 
 struct Shared {
+    sessions: crate::session::SessionTable,
     config: ServerConfig,
     channel_config: Arc<uascale_proto::ChannelConfig>,
     budget: Arc<ReassemblyBudget>,
@@ -62,6 +63,7 @@ impl Server {
                 config.reassembly_unactivated_percent,
             ),
             next_channel_id: AtomicU32::new(1),
+            sessions: crate::session::SessionTable::new(config.max_session_count),
             config,
         });
         Ok(Server { shared, listener })
@@ -82,6 +84,7 @@ impl Server {
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared)));
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -102,6 +105,7 @@ impl Server {
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             }
         }
+        reaper.abort();
         let _ = stop_tx.send(true);
         let drain = async { while tasks.join_next().await.is_some() {} };
         if tokio::time::timeout(Duration::from_secs(5), drain)
@@ -111,6 +115,22 @@ impl Server {
             tasks.abort_all();
         }
         Ok(())
+    }
+}
+
+/// Closes sessions past their timeout or activation deadline. It sleeps
+/// until the earliest deadline (at most 1 s, so new sessions are seen).
+async fn reap_sessions(shared: Arc<Shared>) {
+    loop {
+        let now = Instant::now();
+        let next = shared
+            .sessions
+            .next_deadline()
+            .unwrap_or(now + Duration::from_secs(1));
+        tokio::time::sleep_until(next.min(now + Duration::from_secs(1)).into()).await;
+        for id in shared.sessions.expire(Instant::now()) {
+            tracing::info!(session = %id, "session timed out");
+        }
     }
 }
 
@@ -185,7 +205,10 @@ fn handle_events(conn: &mut ServerConnection, shared: &Shared) {
         };
         let ctx = ServiceContext {
             config: &shared.config,
+            sessions: &shared.sessions,
+            channel_id: conn.channel_id(),
             now: DateTime::from_system_time(SystemTime::now()),
+            instant: Instant::now(),
         };
         let limits = &shared.channel_config.decode;
         let response = dispatch(&ctx, &body, limits);

@@ -85,9 +85,15 @@ mod tests {
     #[test]
     fn filters() {
         let config = ServerConfig::default();
+        let sessions = crate::session::SessionTable::new(1);
         let ctx = ServiceContext {
             config: &config,
+            sessions: &sessions,
+            channel_id: 1,
             now: DateTime::from_ticks(1),
+            // The origin of the test's time.
+            #[allow(clippy::disallowed_methods)]
+            instant: std::time::Instant::now(),
         };
         let mut req = GetEndpointsRequest {
             request_header: RequestHeader {

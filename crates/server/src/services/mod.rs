@@ -2,6 +2,7 @@
 //! turns a decoded request into a response message.
 
 pub mod discovery;
+pub mod session;
 
 use uascale_types::{
     decode_message, encode_message, BinaryDecode, DateTime, DecodeLimits, DynStructure, NodeId,
@@ -9,14 +10,21 @@ use uascale_types::{
 };
 
 use crate::config::ServerConfig;
+use crate::session::SessionTable;
 
 /// What a service handler sees of the server.
 #[derive(Debug)]
 pub struct ServiceContext<'a> {
     /// The configuration.
     pub config: &'a ServerConfig,
-    /// The time the request is handled at.
+    /// The sessions.
+    pub sessions: &'a SessionTable,
+    /// The secure channel the request came on.
+    pub channel_id: u32,
+    /// The time the request is handled at (wall clock, for timestamps).
     pub now: DateTime,
+    /// The same moment on the monotonic clock (for deadlines).
+    pub instant: std::time::Instant,
 }
 
 impl ServiceContext<'_> {
@@ -78,10 +86,14 @@ pub fn dispatch(ctx: &ServiceContext<'_>, message: &[u8], limits: &DecodeLimits)
             ))
         }
         Ok(req) => route(ctx, req.as_ref()).unwrap_or_else(|| {
+            // Not implemented yet: a bad session still gets its own code.
+            let status = check_session(ctx, message, limits)
+                .err()
+                .unwrap_or(StatusCode::BadServiceUnsupported);
             Box::new(service_fault(
                 ctx.now,
                 peek_request_handle(message, limits),
-                StatusCode::BadServiceUnsupported,
+                status,
             ))
         }),
     };
@@ -90,16 +102,73 @@ pub fn dispatch(ctx: &ServiceContext<'_>, message: &[u8], limits: &DecodeLimits)
     out
 }
 
-/// The handler for a request type, if this server implements it.
+fn boxed<T: DynStructure>(
+    ctx: &ServiceContext<'_>,
+    handle: u32,
+    r: Result<T, StatusCode>,
+) -> Box<dyn DynStructure> {
+    match r {
+        Ok(v) => Box::new(v),
+        Err(status) => Box::new(service_fault(ctx.now, handle, status)),
+    }
+}
+
+/// The handler for a request type; `None` for services this server does
+/// not implement (yet). Requests other than discovery and session
+/// establishment need an activated session of this channel.
 fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Box<dyn DynStructure>> {
+    use uascale_types as t;
     let any = req.as_any();
-    if let Some(r) = any.downcast_ref::<uascale_types::GetEndpointsRequest>() {
+    if let Some(r) = any.downcast_ref::<t::GetEndpointsRequest>() {
         return Some(Box::new(discovery::get_endpoints(ctx, r)));
     }
-    if let Some(r) = any.downcast_ref::<uascale_types::FindServersRequest>() {
+    if let Some(r) = any.downcast_ref::<t::FindServersRequest>() {
         return Some(Box::new(discovery::find_servers(ctx, r)));
     }
+    if let Some(r) = any.downcast_ref::<t::CreateSessionRequest>() {
+        return Some(boxed(
+            ctx,
+            r.request_header.request_handle,
+            session::create_session(ctx, r),
+        ));
+    }
+    if let Some(r) = any.downcast_ref::<t::ActivateSessionRequest>() {
+        return Some(boxed(
+            ctx,
+            r.request_header.request_handle,
+            session::activate_session(ctx, r),
+        ));
+    }
+    if let Some(r) = any.downcast_ref::<t::CloseSessionRequest>() {
+        return Some(boxed(
+            ctx,
+            r.request_header.request_handle,
+            session::close_session(ctx, r),
+        ));
+    }
     None
+}
+
+/// The session check every other service starts with.
+fn check_session(
+    ctx: &ServiceContext<'_>,
+    message: &[u8],
+    limits: &DecodeLimits,
+) -> Result<(), StatusCode> {
+    let Ok(mut r) = Reader::new(message, limits) else {
+        return Err(StatusCode::BadDecodingError);
+    };
+    NodeId::decode(&mut r).map_err(|_| StatusCode::BadDecodingError)?;
+    let header = RequestHeader::decode(&mut r).map_err(|e| e.status_code())?;
+    ctx.sessions
+        .with(
+            &header.authentication_token,
+            Some(ctx.channel_id),
+            true,
+            ctx.instant,
+            |_| (),
+        )
+        .map_err(|e| e.status_code())
 }
 
 #[cfg(test)]
@@ -107,10 +176,15 @@ mod tests {
     use super::*;
     use uascale_types::{ReadRequest, Structure};
 
-    fn ctx(config: &ServerConfig) -> ServiceContext<'_> {
+    fn ctx<'a>(config: &'a ServerConfig, sessions: &'a SessionTable) -> ServiceContext<'a> {
         ServiceContext {
             config,
+            sessions,
+            channel_id: 1,
             now: DateTime::from_ticks(1),
+            // The origin of the test's time.
+            #[allow(clippy::disallowed_methods)]
+            instant: std::time::Instant::now(),
         }
     }
 
@@ -135,10 +209,16 @@ mod tests {
             ..Default::default()
         };
         encode_message(&req, &mut msg);
-        let f = fault_of(&dispatch(&ctx(&config), &msg, &DecodeLimits::default()));
+        let sessions = SessionTable::new(10);
+        let f = fault_of(&dispatch(
+            &ctx(&config, &sessions),
+            &msg,
+            &DecodeLimits::default(),
+        ));
         assert_eq!(
             f.response_header.service_result,
-            StatusCode::BadServiceUnsupported
+            StatusCode::BadSessionIdInvalid,
+            "no session"
         );
         assert_eq!(f.response_header.request_handle, 77);
     }
@@ -146,6 +226,7 @@ mod tests {
     #[test]
     fn undecodable_and_unknown_requests_get_faults() {
         let config = ServerConfig::default();
+        let sessions = SessionTable::new(10);
         let limits = DecodeLimits::default();
         let mut msg = Vec::new();
         uascale_types::BinaryEncode::encode(
@@ -153,13 +234,13 @@ mod tests {
             &mut msg,
         );
         msg.push(1);
-        let f = fault_of(&dispatch(&ctx(&config), &msg, &limits));
+        let f = fault_of(&dispatch(&ctx(&config, &sessions), &msg, &limits));
         assert_eq!(
             f.response_header.service_result,
             StatusCode::BadDecodingError
         );
         let unknown = uascale_types::BinaryEncode::to_bytes(&NodeId::numeric(3, 9));
-        let f = fault_of(&dispatch(&ctx(&config), &unknown, &limits));
+        let f = fault_of(&dispatch(&ctx(&config, &sessions), &unknown, &limits));
         assert_eq!(
             f.response_header.service_result,
             StatusCode::BadServiceUnsupported

@@ -1,0 +1,350 @@
+//! The session table: sharded by authentication token so that creating,
+//! activating and looking up sessions never takes one global lock, and
+//! nothing in establishment scans all sessions (SCALABILITY.md §1-2).
+//!
+//! Expiry is event-driven: a min-heap of deadlines per shard, re-checked
+//! lazily, so an idle server with 10,000 sessions does no per-session work
+//! per tick.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use uascale_types::{NodeId, StatusCode, UaString};
+
+const SHARDS: usize = 64;
+
+/// One session's state (kept small: it is multiplied by the session count).
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The public SessionId.
+    pub session_id: NodeId,
+    /// The secure channel the session is bound to.
+    pub channel_id: u32,
+    /// Revised timeout: closed when no request arrives for this long.
+    pub timeout: Duration,
+    /// When it times out (or, before activation, when the activation
+    /// deadline passes).
+    pub deadline: Instant,
+    /// True after a successful ActivateSession.
+    pub activated: bool,
+    /// The client's session name.
+    pub name: UaString,
+    /// Locale ids from ActivateSession.
+    pub locale_ids: Vec<UaString>,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    sessions: HashMap<NodeId, Session>,
+    deadlines: BinaryHeap<Reverse<(Instant, u64, NodeIdKey)>>,
+}
+
+/// Heap entries own a copy of the token; order does not depend on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeIdKey(NodeId);
+
+impl PartialOrd for NodeIdKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for NodeIdKey {
+    fn cmp(&self, _other: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+/// Why a session lookup failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionError {
+    /// No session with that token (`BadSessionIdInvalid`).
+    Unknown,
+    /// Created but not activated (`BadSessionNotActivated`).
+    NotActivated,
+    /// Bound to another secure channel (`BadSecureChannelIdInvalid`).
+    OtherChannel,
+    /// The server holds `max_session_count` sessions (`BadTooManySessions`).
+    TooMany,
+}
+
+impl SessionError {
+    /// The StatusCode for the ServiceFault.
+    pub fn status_code(self) -> StatusCode {
+        match self {
+            SessionError::Unknown => StatusCode::BadSessionIdInvalid,
+            SessionError::NotActivated => StatusCode::BadSessionNotActivated,
+            SessionError::OtherChannel => StatusCode::BadSecureChannelIdInvalid,
+            SessionError::TooMany => StatusCode::BadTooManySessions,
+        }
+    }
+}
+
+/// Every session of the server.
+#[derive(Debug)]
+pub struct SessionTable {
+    shards: Vec<Mutex<Shard>>,
+    count: AtomicUsize,
+    max: usize,
+    seq: AtomicUsize,
+    expired: AtomicUsize,
+}
+
+fn shard_of(token: &NodeId) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    token.hash(&mut h);
+    (h.finish() as usize) % SHARDS
+}
+
+impl SessionTable {
+    /// A table holding at most `max` sessions.
+    pub fn new(max: usize) -> Self {
+        SessionTable {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            count: AtomicUsize::new(0),
+            max,
+            seq: AtomicUsize::new(0),
+            expired: AtomicUsize::new(0),
+        }
+    }
+
+    fn shard(&self, token: &NodeId) -> std::sync::MutexGuard<'_, Shard> {
+        // A panic while holding a shard lock cannot leave a session half
+        // written (every update is one insert or field store), so a
+        // poisoned lock is still usable.
+        match self.shards[shard_of(token)].lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Sessions open now.
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sessions closed by timeout or missed activation so far.
+    pub fn expired_count(&self) -> usize {
+        self.expired.load(Ordering::Relaxed)
+    }
+
+    /// Adds a session under `token`, unless the table is full.
+    pub fn insert(&self, token: NodeId, session: Session) -> Result<(), SessionError> {
+        if self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(SessionError::TooMany);
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) as u64;
+        let mut shard = self.shard(&token);
+        shard
+            .deadlines
+            .push(Reverse((session.deadline, seq, NodeIdKey(token.clone()))));
+        if shard.sessions.insert(token, session).is_some() {
+            // Tokens are random; a duplicate replaces, so the count must not grow.
+            self.count.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the session of `token` if it is bound to `channel_id`
+    /// (or on any channel when `channel_id` is `None`) and, when
+    /// `need_activated`, activated. Touching it moves its deadline.
+    pub fn with<R>(
+        &self,
+        token: &NodeId,
+        channel_id: Option<u32>,
+        need_activated: bool,
+        now: Instant,
+        f: impl FnOnce(&mut Session) -> R,
+    ) -> Result<R, SessionError> {
+        let mut shard = self.shard(token);
+        let s = shard.sessions.get_mut(token).ok_or(SessionError::Unknown)?;
+        if channel_id.is_some_and(|c| c != s.channel_id) {
+            return Err(SessionError::OtherChannel);
+        }
+        if need_activated && !s.activated {
+            return Err(SessionError::NotActivated);
+        }
+        if s.activated {
+            s.deadline = now + s.timeout;
+        }
+        Ok(f(s))
+    }
+
+    /// Removes the session of `token`.
+    pub fn remove(&self, token: &NodeId) -> Option<Session> {
+        let s = self.shard(token).sessions.remove(token);
+        if s.is_some() {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+        }
+        s
+    }
+
+    /// Closes every session whose deadline has passed; returns their ids.
+    /// Each shard pops only due heap entries, so the cost is proportional
+    /// to what is due, not to the session count.
+    pub fn expire(&self, now: Instant) -> Vec<NodeId> {
+        let mut gone = Vec::new();
+        for shard in &self.shards {
+            let mut shard = match shard.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            while let Some(Reverse((due, _, _))) = shard.deadlines.peek() {
+                if *due > now {
+                    break;
+                }
+                let Some(Reverse((_, _, NodeIdKey(token)))) = shard.deadlines.pop() else {
+                    break;
+                };
+                let deadline = shard.sessions.get(&token).map(|s| s.deadline);
+                match deadline {
+                    None => {}
+                    Some(d) if d <= now => {
+                        if let Some(s) = shard.sessions.remove(&token) {
+                            self.count.fetch_sub(1, Ordering::AcqRel);
+                            self.expired.fetch_add(1, Ordering::Relaxed);
+                            gone.push(s.session_id);
+                        }
+                    }
+                    Some(d) => {
+                        let seq = self.seq.fetch_add(1, Ordering::Relaxed) as u64;
+                        shard.deadlines.push(Reverse((d, seq, NodeIdKey(token))));
+                    }
+                }
+            }
+        }
+        gone
+    }
+
+    /// The earliest deadline in the table, if any (for the reaper's sleep).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.shards
+            .iter()
+            .filter_map(|s| {
+                let g = match s.lock() {
+                    Ok(g) => g,
+                    Err(p) => p.into_inner(),
+                };
+                g.deadlines.peek().map(|Reverse((d, _, _))| *d)
+            })
+            .min()
+    }
+}
+
+#[cfg(test)]
+// Tests take one real instant as the origin of their simulated time.
+#[allow(clippy::disallowed_methods)]
+mod tests {
+    use super::*;
+
+    fn session(now: Instant, deadline: Duration) -> Session {
+        Session {
+            session_id: NodeId::ns0(1),
+            channel_id: 7,
+            timeout: Duration::from_secs(30),
+            deadline: now + deadline,
+            activated: false,
+            name: UaString::null(),
+            locale_ids: vec![],
+        }
+    }
+
+    #[test]
+    fn lookup_rules() {
+        let t = Instant::now();
+        let table = SessionTable::new(10);
+        let token = NodeId::opaque(0, vec![1; 32]);
+        table
+            .insert(token.clone(), session(t, Duration::from_secs(5)))
+            .unwrap();
+        assert_eq!(
+            table.with(&token, Some(7), true, t, |_| ()),
+            Err(SessionError::NotActivated)
+        );
+        assert_eq!(
+            table.with(&token, Some(8), false, t, |_| ()),
+            Err(SessionError::OtherChannel)
+        );
+        table
+            .with(&token, Some(7), false, t, |s| s.activated = true)
+            .unwrap();
+        assert!(table.with(&token, Some(7), true, t, |_| ()).is_ok());
+        assert_eq!(
+            table.with(&NodeId::opaque(0, vec![2; 32]), None, false, t, |_| ()),
+            Err(SessionError::Unknown)
+        );
+        assert!(table.remove(&token).is_some());
+        assert!(table.is_empty());
+    }
+
+    #[test]
+    fn max_session_count() {
+        let t = Instant::now();
+        let table = SessionTable::new(2);
+        for i in 0..2u8 {
+            table
+                .insert(
+                    NodeId::opaque(0, vec![i]),
+                    session(t, Duration::from_secs(5)),
+                )
+                .unwrap();
+        }
+        assert_eq!(
+            table.insert(
+                NodeId::opaque(0, vec![9]),
+                session(t, Duration::from_secs(5))
+            ),
+            Err(SessionError::TooMany)
+        );
+        assert_eq!(
+            SessionError::TooMany.status_code(),
+            StatusCode::BadTooManySessions
+        );
+    }
+
+    #[test]
+    fn expiry_is_lazy_and_respects_activity() {
+        let t = Instant::now();
+        let table = SessionTable::new(100);
+        let a = NodeId::opaque(0, vec![1]);
+        let b = NodeId::opaque(0, vec![2]);
+        table
+            .insert(a.clone(), session(t, Duration::from_secs(5)))
+            .unwrap();
+        table
+            .insert(b.clone(), session(t, Duration::from_secs(5)))
+            .unwrap();
+        // b is activated and used at t+4: its deadline moves to t+34.
+        table
+            .with(&b, None, false, t + Duration::from_secs(4), |s| {
+                s.activated = true;
+            })
+            .unwrap();
+        table
+            .with(&b, None, true, t + Duration::from_secs(4), |_| ())
+            .unwrap();
+        assert!(table.expire(t + Duration::from_secs(4)).is_empty());
+        // a missed its activation deadline; b is still alive.
+        assert_eq!(table.expire(t + Duration::from_secs(5)).len(), 1);
+        assert_eq!(table.len(), 1);
+        assert_eq!(table.next_deadline(), Some(t + Duration::from_secs(34)));
+        assert_eq!(table.expire(t + Duration::from_secs(34)).len(), 1);
+        assert_eq!(table.expired_count(), 2);
+        assert!(table.is_empty());
+    }
+}

@@ -1,0 +1,42 @@
+"""Session establishment against a uascale server with Python asyncua.
+
+usage: session_asyncua.py URL
+CreateSession + ActivateSession (anonymous) through asyncua's own connect(),
+a service the server does not implement yet answered with a ServiceFault,
+a forged authentication token refused with BadSessionIdInvalid, and
+CloseSession through disconnect().
+"""
+import asyncio
+import sys
+
+from asyncua import Client, ua
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", file=sys.stderr)
+        sys.exit(1)
+
+
+async def main(url):
+    client = Client(url, timeout=10)
+    await client.connect()
+    try:
+        await client.nodes.namespace_array.read_value()
+        check(False, "Read is not implemented yet and must fault")
+    except ua.UaStatusCodeError as e:
+        check(e.code == ua.StatusCodes.BadServiceUnsupported, f"Read fault {e}")
+    # The same request with a token the server never issued.
+    real = client.uaclient.protocol.authentication_token
+    client.uaclient.protocol.authentication_token = ua.NodeId(b"forged-token-forged-token-forged", 0, ua.NodeIdType.ByteString)
+    try:
+        await client.nodes.namespace_array.read_value()
+        check(False, "a forged token must be refused")
+    except ua.UaStatusCodeError as e:
+        check(e.code == ua.StatusCodes.BadSessionIdInvalid, f"forged token fault {e}")
+    client.uaclient.protocol.authentication_token = real
+    await client.disconnect()
+    print("asyncua session ok")
+
+
+asyncio.run(main(sys.argv[1]))
