@@ -2,9 +2,9 @@
 
 usage: session_asyncua.py URL
 CreateSession + ActivateSession (anonymous) through asyncua's own connect(),
-a service the server does not implement yet answered with a ServiceFault,
-a forged authentication token refused with BadSessionIdInvalid, and
-CloseSession through disconnect().
+a Read on the session, a forged authentication token refused with
+BadSessionIdInvalid, a service not implemented yet answered with
+BadServiceUnsupported, and CloseSession through disconnect().
 """
 import asyncio
 import sys
@@ -21,11 +21,13 @@ def check(cond, what):
 async def main(url):
     client = Client(url, timeout=10)
     await client.connect()
+    ns = await client.nodes.namespace_array.read_value()
+    check(ns == ["http://opcfoundation.org/UA/", "urn:uascale:server"], f"NamespaceArray {ns}")
     try:
-        await client.nodes.namespace_array.read_value()
-        check(False, "Read is not implemented yet and must fault")
+        await client.create_subscription(500, None)
+        check(False, "subscriptions are not implemented yet and must fault")
     except ua.UaStatusCodeError as e:
-        check(e.code == ua.StatusCodes.BadServiceUnsupported, f"Read fault {e}")
+        check(e.code == ua.StatusCodes.BadServiceUnsupported, f"CreateSubscription fault {e}")
     # The same request with a token the server never issued.
     real = client.uaclient.protocol.authentication_token
     client.uaclient.protocol.authentication_token = ua.NodeId(b"forged-token-forged-token-forged", 0, ua.NodeIdType.ByteString)

@@ -12,6 +12,7 @@ mod bsd;
 mod ci;
 mod codegen;
 mod csv;
+mod nodeset;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

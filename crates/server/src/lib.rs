@@ -12,8 +12,11 @@
 //! `BadServiceUnsupported` - until it lands.
 #![forbid(unsafe_code)]
 
+pub mod address_space;
 pub mod config;
 pub mod net;
+pub mod numeric_range;
+pub mod server_object;
 pub mod services;
 pub mod session;
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use uascale_types::{NodeId, StatusCode, UaString};
+use uascale_types::{ByteString, NodeId, ReferenceDescription, StatusCode, UaString};
 
 const SHARDS: usize = 64;
 
@@ -34,6 +34,9 @@ pub struct Session {
     pub name: UaString,
     /// Locale ids from ActivateSession.
     pub locale_ids: Vec<UaString>,
+    /// Browse continuation points: id, the references still to return, and
+    /// the page size the client asked for.
+    pub continuation_points: Vec<(ByteString, Vec<ReferenceDescription>, usize)>,
 }
 
 #[derive(Debug, Default)]
@@ -261,6 +264,7 @@ mod tests {
             activated: false,
             name: UaString::null(),
             locale_ids: vec![],
+            continuation_points: vec![],
         }
     }
 

@@ -28,6 +28,8 @@ fn now() -> Now {
 
 struct Shared {
     sessions: crate::session::SessionTable,
+    address_space: crate::address_space::AddressSpace,
+    start_time: DateTime,
     config: ServerConfig,
     channel_config: Arc<uascale_proto::ChannelConfig>,
     budget: Arc<ReassemblyBudget>,
@@ -64,6 +66,13 @@ impl Server {
             ),
             next_channel_id: AtomicU32::new(1),
             sessions: crate::session::SessionTable::new(config.max_session_count),
+            address_space: crate::address_space::AddressSpace::ns0().map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("namespace-0 table: {e}"),
+                )
+            })?,
+            start_time: DateTime::from_system_time(SystemTime::now()),
             config,
         });
         Ok(Server { shared, listener })
@@ -209,6 +218,8 @@ fn handle_events(conn: &mut ServerConnection, shared: &Shared) {
             channel_id: conn.channel_id(),
             now: DateTime::from_system_time(SystemTime::now()),
             instant: Instant::now(),
+            address_space: &shared.address_space,
+            start_time: shared.start_time,
         };
         let limits = &shared.channel_config.decode;
         let response = dispatch(&ctx, &body, limits);

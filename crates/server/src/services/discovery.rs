@@ -86,6 +86,7 @@ mod tests {
     fn filters() {
         let config = ServerConfig::default();
         let sessions = crate::session::SessionTable::new(1);
+        let space = crate::address_space::AddressSpace::default();
         let ctx = ServiceContext {
             config: &config,
             sessions: &sessions,
@@ -94,6 +95,8 @@ mod tests {
             // The origin of the test's time.
             #[allow(clippy::disallowed_methods)]
             instant: std::time::Instant::now(),
+            address_space: &space,
+            start_time: DateTime::from_ticks(1),
         };
         let mut req = GetEndpointsRequest {
             request_header: RequestHeader {

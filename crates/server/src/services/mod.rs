@@ -1,8 +1,10 @@
 //! The services, one module per Part 4 service set, and the dispatcher that
 //! turns a decoded request into a response message.
 
+pub mod attribute;
 pub mod discovery;
 pub mod session;
+pub mod view;
 
 use uascale_types::{
     decode_message, encode_message, BinaryDecode, DateTime, DecodeLimits, DynStructure, NodeId,
@@ -25,6 +27,10 @@ pub struct ServiceContext<'a> {
     pub now: DateTime,
     /// The same moment on the monotonic clock (for deadlines).
     pub instant: std::time::Instant,
+    /// The nodes.
+    pub address_space: &'a crate::address_space::AddressSpace,
+    /// When the server started.
+    pub start_time: DateTime,
 }
 
 impl ServiceContext<'_> {
@@ -146,6 +152,27 @@ fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Box<dyn Dyn
             session::close_session(ctx, r),
         ));
     }
+    macro_rules! with_session {
+        ($($req:ty => $handler:path),* $(,)?) => {$(
+            if let Some(r) = any.downcast_ref::<$req>() {
+                let h = &r.request_header;
+                let result = ctx
+                    .sessions
+                    .with(&h.authentication_token, Some(ctx.channel_id), true, ctx.instant, |_| ())
+                    .map_err(|e| e.status_code())
+                    .and_then(|()| $handler(ctx, r));
+                return Some(boxed(ctx, h.request_handle, result));
+            }
+        )*};
+    }
+    with_session!(
+        t::ReadRequest => attribute::read,
+        t::BrowseRequest => view::browse,
+        t::BrowseNextRequest => view::browse_next,
+        t::TranslateBrowsePathsToNodeIdsRequest => view::translate,
+        t::RegisterNodesRequest => view::register_nodes,
+        t::UnregisterNodesRequest => view::unregister_nodes,
+    );
     None
 }
 
@@ -185,7 +212,15 @@ mod tests {
             // The origin of the test's time.
             #[allow(clippy::disallowed_methods)]
             instant: std::time::Instant::now(),
+            address_space: space(),
+            start_time: DateTime::from_ticks(1),
         }
+    }
+
+    fn space() -> &'static crate::address_space::AddressSpace {
+        static S: std::sync::OnceLock<crate::address_space::AddressSpace> =
+            std::sync::OnceLock::new();
+        S.get_or_init(crate::address_space::AddressSpace::default)
     }
 
     fn fault_of(bytes: &[u8]) -> ServiceFault {

@@ -48,6 +48,7 @@ pub fn create_session(
         activated: false,
         name: req.session_name.clone(),
         locale_ids: Vec::new(),
+        continuation_points: Vec::new(),
     };
     ctx.sessions
         .insert(token.clone(), session)
@@ -152,6 +153,7 @@ mod tests {
         config: ServerConfig,
         sessions: SessionTable,
         t0: Instant,
+        space: crate::address_space::AddressSpace,
     }
 
     impl Fixture {
@@ -160,6 +162,7 @@ mod tests {
                 config: ServerConfig::default(),
                 sessions: SessionTable::new(max),
                 t0: Instant::now(),
+                space: crate::address_space::AddressSpace::default(),
             }
         }
         fn ctx(&self, channel_id: u32) -> ServiceContext<'_> {
@@ -169,6 +172,8 @@ mod tests {
                 channel_id,
                 now: DateTime::from_ticks(1),
                 instant: self.t0,
+                address_space: &self.space,
+                start_time: DateTime::from_ticks(1),
             }
         }
     }

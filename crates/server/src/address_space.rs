@@ -1,0 +1,297 @@
+//! The address space: namespace 0, decoded at start from the compact table
+//! `cargo xtask codegen` builds out of `Opc.Ua.NodeSet2.Services.xml`
+//! (`generated/ns0.bin`, format in `xtask/src/nodeset.rs`).
+//!
+//! The table is decoded once per process and shared; references are made
+//! two-way at load so that Browse can follow both directions.
+
+use std::collections::{HashMap, HashSet};
+
+use uascale_types::{
+    BinaryDecode, DecodeError, DecodeErrorKind, DecodeLimits, LocalizedText, NodeClass, NodeId,
+    QualifiedName, Reader, Variant,
+};
+
+static NS0_TABLE: &[u8] = include_bytes!("generated/ns0.bin");
+
+/// One reference of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Reference {
+    /// The ReferenceType.
+    pub reference_type: NodeId,
+    /// Direction as seen from the node holding it.
+    pub is_forward: bool,
+    /// The other end.
+    pub target: NodeId,
+}
+
+/// A node and its attributes.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// NodeClass.
+    pub node_class: NodeClass,
+    /// NodeId.
+    pub node_id: NodeId,
+    /// BrowseName.
+    pub browse_name: QualifiedName,
+    /// DisplayName.
+    pub display_name: LocalizedText,
+    /// Description.
+    pub description: LocalizedText,
+    /// WriteMask.
+    pub write_mask: u32,
+    /// IsAbstract (types).
+    pub is_abstract: bool,
+    /// Symmetric (ReferenceTypes).
+    pub symmetric: bool,
+    /// Historizing (Variables).
+    pub historizing: bool,
+    /// Executable (Methods).
+    pub executable: bool,
+    /// ContainsNoLoops (Views).
+    pub contains_no_loops: bool,
+    /// EventNotifier (Objects, Views).
+    pub event_notifier: u8,
+    /// InverseName (ReferenceTypes).
+    pub inverse_name: LocalizedText,
+    /// Value (Variables, VariableTypes); Empty when none.
+    pub value: Variant,
+    /// DataType.
+    pub data_type: NodeId,
+    /// ValueRank.
+    pub value_rank: i32,
+    /// ArrayDimensions.
+    pub array_dimensions: Option<Vec<u32>>,
+    /// AccessLevel.
+    pub access_level: u8,
+    /// MinimumSamplingInterval in ms.
+    pub minimum_sampling_interval: f64,
+    /// References, both directions.
+    pub references: Vec<Reference>,
+}
+
+/// The nodes of a server.
+#[derive(Debug, Default)]
+pub struct AddressSpace {
+    nodes: HashMap<NodeId, Node>,
+}
+
+fn bad(what: &'static str) -> DecodeError {
+    DecodeError::new(DecodeErrorKind::InvalidValue(what))
+}
+
+fn decode_node(r: &mut Reader<'_>) -> Result<Node, DecodeError> {
+    let node_class = NodeClass(i32::from(u8::decode(r)?));
+    let node_id = NodeId::decode(r)?;
+    let browse_name = QualifiedName::decode(r)?;
+    let display_name = LocalizedText::decode(r)?;
+    let description = LocalizedText::decode(r)?;
+    let write_mask = u32::decode(r)?;
+    let flags = u8::decode(r)?;
+    let event_notifier = u8::decode(r)?;
+    let inverse_name = LocalizedText::decode(r)?;
+    let value = Variant::decode(r)?;
+    let data_type = NodeId::decode(r)?;
+    let value_rank = i32::decode(r)?;
+    let array_dimensions = Option::<Vec<u32>>::decode(r)?;
+    let access_level = u8::decode(r)?;
+    let minimum_sampling_interval = f64::decode(r)?;
+    let n = u32::decode(r)?;
+    let mut references = Vec::with_capacity(n.min(1024) as usize);
+    for _ in 0..n {
+        references.push(Reference {
+            reference_type: NodeId::decode(r)?,
+            is_forward: bool::decode(r)?,
+            target: NodeId::decode(r)?,
+        });
+    }
+    Ok(Node {
+        node_class,
+        node_id,
+        browse_name,
+        display_name,
+        description,
+        write_mask,
+        is_abstract: flags & 1 != 0,
+        symmetric: flags & 2 != 0,
+        historizing: flags & 4 != 0,
+        executable: flags & 8 != 0,
+        contains_no_loops: flags & 16 != 0,
+        event_notifier,
+        inverse_name,
+        value,
+        data_type,
+        value_rank,
+        array_dimensions,
+        access_level,
+        minimum_sampling_interval,
+        references,
+    })
+}
+
+impl AddressSpace {
+    /// Decodes a table in the `xtask/src/nodeset.rs` format.
+    pub fn from_table(table: &[u8]) -> Result<Self, DecodeError> {
+        let limits = DecodeLimits {
+            max_message_size: table.len(),
+            ..DecodeLimits::default()
+        };
+        let mut r = Reader::new(table, &limits)?;
+        if r.take(7)? != b"UASNS0\x01" {
+            return Err(bad("not a uascale namespace table (version 1)"));
+        }
+        let count = u32::decode(&mut r)?;
+        let mut nodes = HashMap::with_capacity(count as usize);
+        for _ in 0..count {
+            let n = decode_node(&mut r)?;
+            nodes.insert(n.node_id.clone(), n);
+        }
+        r.finish()?;
+        let mut space = AddressSpace { nodes };
+        space.add_inverse_references();
+        Ok(space)
+    }
+
+    /// Namespace 0 as built into this binary (about 5,600 nodes).
+    pub fn ns0() -> Result<Self, DecodeError> {
+        AddressSpace::from_table(NS0_TABLE)
+    }
+
+    fn add_inverse_references(&mut self) {
+        let mut missing: Vec<(NodeId, Reference)> = Vec::new();
+        let existing: HashSet<(NodeId, Reference)> = self
+            .nodes
+            .values()
+            .flat_map(|n| n.references.iter().map(|r| (n.node_id.clone(), r.clone())))
+            .collect();
+        for (src, r) in &existing {
+            let inverse = Reference {
+                reference_type: r.reference_type.clone(),
+                is_forward: !r.is_forward,
+                target: src.clone(),
+            };
+            if self.nodes.contains_key(&r.target)
+                && !existing.contains(&(r.target.clone(), inverse.clone()))
+            {
+                missing.push((r.target.clone(), inverse));
+            }
+        }
+        for (node, r) in missing {
+            if let Some(n) = self.nodes.get_mut(&node) {
+                if !n.references.contains(&r) {
+                    n.references.push(r);
+                }
+            }
+        }
+    }
+
+    /// The node with this id.
+    pub fn get(&self, id: &NodeId) -> Option<&Node> {
+        self.nodes.get(id)
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// True when `ty` is `base` or one of its subtypes (HasSubtype, i=45).
+    pub fn is_subtype_of(&self, ty: &NodeId, base: &NodeId) -> bool {
+        let mut cur = ty.clone();
+        // The type hierarchy is a tree; the bound only guards a bad nodeset.
+        for _ in 0..64 {
+            if &cur == base {
+                return true;
+            }
+            let Some(n) = self.get(&cur) else {
+                return false;
+            };
+            match n
+                .references
+                .iter()
+                .find(|r| !r.is_forward && r.reference_type == NodeId::ns0(45))
+            {
+                Some(r) => cur = r.target.clone(),
+                None => return false,
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uascale_types::ids;
+
+    fn ns0() -> &'static AddressSpace {
+        static NS0: std::sync::OnceLock<AddressSpace> = std::sync::OnceLock::new();
+        NS0.get_or_init(|| AddressSpace::ns0().unwrap())
+    }
+
+    #[test]
+    fn namespace_zero_loads() {
+        let s = ns0();
+        assert!(s.len() > 5000, "{} nodes", s.len());
+        let server = s.get(&NodeId::ns0(ids::object::Server)).unwrap();
+        assert_eq!(server.node_class, NodeClass::Object);
+        assert_eq!(server.browse_name, QualifiedName::new(0, "Server"));
+        // Organizes from the Objects folder, made two-way.
+        let objects = s.get(&NodeId::ns0(ids::object::ObjectsFolder)).unwrap();
+        assert!(objects
+            .references
+            .iter()
+            .any(|r| r.is_forward && r.target == server.node_id));
+        assert!(server
+            .references
+            .iter()
+            .any(|r| !r.is_forward && r.target == objects.node_id));
+        let ns = s
+            .get(&NodeId::ns0(ids::variable::Server_NamespaceArray))
+            .unwrap();
+        assert_eq!(ns.value_rank, 1);
+        assert_eq!(ns.data_type, NodeId::ns0(12));
+    }
+
+    #[test]
+    fn xml_values_became_typed_extension_objects() {
+        let s = ns0();
+        // Server.GetMonitoredItems InputArguments: one Argument "SubscriptionId".
+        let input = s
+            .get(&NodeId::ns0(
+                ids::variable::Server_GetMonitoredItems_InputArguments,
+            ))
+            .unwrap();
+        let Variant::Array(a) = &input.value else {
+            panic!("{:?}", input.value)
+        };
+        let uascale_types::ArrayValues::ExtensionObject(items) = a.values() else {
+            panic!()
+        };
+        let arg = items[0].downcast_ref::<uascale_types::Argument>().unwrap();
+        assert_eq!(arg.name, "SubscriptionId");
+        assert_eq!(arg.data_type, NodeId::ns0(7));
+        assert_eq!(arg.value_rank, -1);
+    }
+
+    #[test]
+    fn subtypes() {
+        let s = ns0();
+        // HasComponent (47) is Aggregates (44) is HierarchicalReferences (33).
+        assert!(s.is_subtype_of(&NodeId::ns0(47), &NodeId::ns0(33)));
+        assert!(!s.is_subtype_of(&NodeId::ns0(40), &NodeId::ns0(33)));
+    }
+
+    #[test]
+    fn bad_tables_are_errors() {
+        assert!(AddressSpace::from_table(b"nope").is_err());
+        let mut t = NS0_TABLE.to_vec();
+        t.truncate(t.len() / 2);
+        assert!(AddressSpace::from_table(&t).is_err());
+    }
+}

@@ -1,0 +1,70 @@
+//! The live values of the Server object (Part 5 §6.3.1): NamespaceArray,
+//! ServerArray, ServerStatus and its children, ServiceLevel, Auditing, and
+//! the operation limits this server enforces.
+
+use uascale_types::{
+    ids::variable as v, BuildInfo, DateTime, ExtensionObject, LocalizedText, NodeId, ServerState,
+    ServerStatusDataType, UaString, Variant,
+};
+
+use crate::services::ServiceContext;
+
+/// The product's build information.
+pub fn build_info(start: DateTime) -> BuildInfo {
+    BuildInfo {
+        product_uri: UaString::from("urn:uascale"),
+        manufacturer_name: UaString::from("uascale developers"),
+        product_name: UaString::from("uascale"),
+        software_version: UaString::from(env!("CARGO_PKG_VERSION")),
+        build_number: UaString::from(env!("CARGO_PKG_VERSION")),
+        build_date: start,
+    }
+}
+
+/// The value of a Server-object variable that the server computes, or
+/// `None` for nodes whose value is the address space's.
+pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
+    let n = id.as_ns0()?;
+    let status = || ServerStatusDataType {
+        start_time: ctx.start_time,
+        current_time: ctx.now,
+        state: ServerState::Running,
+        build_info: build_info(ctx.start_time),
+        seconds_till_shutdown: 0,
+        shutdown_reason: LocalizedText::default(),
+    };
+    Some(match n {
+        v::Server_NamespaceArray => Variant::from(vec![
+            UaString::from("http://opcfoundation.org/UA/"),
+            UaString::from(ctx.config.application_uri.as_str()),
+        ]),
+        v::Server_ServerArray => {
+            Variant::from(vec![UaString::from(ctx.config.application_uri.as_str())])
+        }
+        v::Server_ServerStatus => Variant::from(ExtensionObject::new(status())),
+        v::Server_ServerStatus_StartTime => Variant::DateTime(ctx.start_time),
+        v::Server_ServerStatus_CurrentTime => Variant::DateTime(ctx.now),
+        v::Server_ServerStatus_State => Variant::Int32(ServerState::Running.0),
+        v::Server_ServerStatus_BuildInfo => {
+            Variant::from(ExtensionObject::new(build_info(ctx.start_time)))
+        }
+        v::Server_ServerStatus_BuildInfo_ProductUri => Variant::from("urn:uascale"),
+        v::Server_ServerStatus_BuildInfo_ManufacturerName => Variant::from("uascale developers"),
+        v::Server_ServerStatus_BuildInfo_ProductName => Variant::from("uascale"),
+        v::Server_ServerStatus_BuildInfo_SoftwareVersion
+        | v::Server_ServerStatus_BuildInfo_BuildNumber => Variant::from(env!("CARGO_PKG_VERSION")),
+        v::Server_ServerStatus_BuildInfo_BuildDate => Variant::DateTime(ctx.start_time),
+        v::Server_ServerStatus_SecondsTillShutdown => Variant::UInt32(0),
+        v::Server_ServerStatus_ShutdownReason => Variant::from(LocalizedText::default()),
+        // Full service until load-based ServiceLevel lands (SCALABILITY.md §2).
+        v::Server_ServiceLevel => Variant::Byte(255),
+        v::Server_Auditing => Variant::Boolean(false),
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {
+            Variant::UInt32(crate::services::attribute::MAX_NODES_PER_READ as u32)
+        }
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerBrowse => {
+            Variant::UInt32(crate::services::view::MAX_NODES_PER_BROWSE as u32)
+        }
+        _ => return None,
+    })
+}

@@ -1,0 +1,167 @@
+//! Attribute service set (Part 4 §5.10): Read.
+
+use uascale_types::{
+    AttributeId, DataValue, LocalizedText, NodeClass, NodeId, QualifiedName, ReadRequest,
+    ReadResponse, ReadValueId, StatusCode, TimestampsToReturn, UaString, Variant,
+};
+
+use super::ServiceContext;
+use crate::address_space::Node;
+use crate::numeric_range::NumericRange;
+
+/// Most nodes in one Read (published as OperationLimits.MaxNodesPerRead).
+pub const MAX_NODES_PER_READ: usize = 10_000;
+
+/// Read: every requested attribute, with the timestamps asked for.
+pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse, StatusCode> {
+    if req.max_age < 0.0 || req.max_age.is_nan() {
+        return Err(StatusCode::BadMaxAgeInvalid);
+    }
+    if !(0..=3).contains(&req.timestamps_to_return.0) {
+        return Err(StatusCode::BadTimestampsToReturnInvalid);
+    }
+    let nodes = req.nodes_to_read.as_deref().unwrap_or(&[]);
+    if nodes.is_empty() {
+        return Err(StatusCode::BadNothingToDo);
+    }
+    if nodes.len() > MAX_NODES_PER_READ {
+        return Err(StatusCode::BadTooManyOperations);
+    }
+    let results = nodes
+        .iter()
+        .map(|r| read_one(ctx, r, req.timestamps_to_return))
+        .collect();
+    Ok(ReadResponse {
+        response_header: ctx.response_header(&req.request_header),
+        results: Some(results),
+        diagnostic_infos: Some(vec![]),
+    })
+}
+
+fn read_one(ctx: &ServiceContext<'_>, r: &ReadValueId, ts: TimestampsToReturn) -> DataValue {
+    let mut dv = match read_attribute(ctx, r) {
+        Ok(v) => DataValue {
+            value: Some(v),
+            ..Default::default()
+        },
+        Err(status) => return DataValue::status(status),
+    };
+    if r.attribute_id == AttributeId::Value as u32 {
+        if matches!(ts, TimestampsToReturn::Source | TimestampsToReturn::Both) {
+            dv.source_timestamp = Some(ctx.now);
+        }
+        if matches!(ts, TimestampsToReturn::Server | TimestampsToReturn::Both) {
+            dv.server_timestamp = Some(ctx.now);
+        }
+    }
+    dv
+}
+
+/// The DisplayName / Description in the session's locale when we have it;
+/// namespace 0 carries one locale, so this returns it as is.
+fn text(t: &LocalizedText) -> Variant {
+    Variant::from(t.clone())
+}
+
+fn read_attribute(ctx: &ServiceContext<'_>, r: &ReadValueId) -> Result<Variant, StatusCode> {
+    let node = ctx
+        .address_space
+        .get(&r.node_id)
+        .ok_or(StatusCode::BadNodeIdUnknown)?;
+    let attr = AttributeId::from_u32(r.attribute_id).ok_or(StatusCode::BadAttributeIdInvalid)?;
+    if attr != AttributeId::Value {
+        if !r.data_encoding.is_null() {
+            return Err(StatusCode::BadDataEncodingInvalid);
+        }
+        if !r.index_range.is_null_or_empty() {
+            return Err(StatusCode::BadIndexRangeNoData);
+        }
+    }
+    let class = node.node_class;
+    let is_type = matches!(
+        class,
+        NodeClass::ObjectType
+            | NodeClass::VariableType
+            | NodeClass::ReferenceType
+            | NodeClass::DataType
+    );
+    let is_var = class == NodeClass::Variable;
+    let has_value = is_var || class == NodeClass::VariableType;
+    Ok(match attr {
+        AttributeId::NodeId => Variant::from(node.node_id.clone()),
+        AttributeId::NodeClass => Variant::Int32(class.0),
+        AttributeId::BrowseName => Variant::from(node.browse_name.clone()),
+        AttributeId::DisplayName => text(&node.display_name),
+        AttributeId::Description => text(&node.description),
+        AttributeId::WriteMask => Variant::UInt32(node.write_mask),
+        // No user can write attributes other than those the node allows.
+        AttributeId::UserWriteMask => Variant::UInt32(node.write_mask),
+        AttributeId::IsAbstract if is_type => Variant::Boolean(node.is_abstract),
+        AttributeId::Symmetric if class == NodeClass::ReferenceType => {
+            Variant::Boolean(node.symmetric)
+        }
+        AttributeId::InverseName if class == NodeClass::ReferenceType => text(&node.inverse_name),
+        AttributeId::ContainsNoLoops if class == NodeClass::View => {
+            Variant::Boolean(node.contains_no_loops)
+        }
+        AttributeId::EventNotifier if matches!(class, NodeClass::Object | NodeClass::View) => {
+            Variant::Byte(node.event_notifier)
+        }
+        AttributeId::Value if has_value => value(ctx, node, r)?,
+        AttributeId::DataType if has_value => Variant::from(node.data_type.clone()),
+        AttributeId::ValueRank if has_value => Variant::Int32(node.value_rank),
+        AttributeId::ArrayDimensions if has_value => match &node.array_dimensions {
+            Some(d) => Variant::from(d.clone()),
+            None => Variant::Empty,
+        },
+        AttributeId::AccessLevel | AttributeId::UserAccessLevel if is_var => {
+            Variant::Byte(node.access_level)
+        }
+        AttributeId::AccessLevelEx if is_var => Variant::UInt32(u32::from(node.access_level)),
+        AttributeId::MinimumSamplingInterval if is_var => {
+            Variant::Double(node.minimum_sampling_interval)
+        }
+        AttributeId::Historizing if is_var => Variant::Boolean(node.historizing),
+        AttributeId::Executable | AttributeId::UserExecutable if class == NodeClass::Method => {
+            Variant::Boolean(node.executable)
+        }
+        _ => return Err(StatusCode::BadAttributeIdInvalid),
+    })
+}
+
+fn value(ctx: &ServiceContext<'_>, node: &Node, r: &ReadValueId) -> Result<Variant, StatusCode> {
+    if node.node_class == NodeClass::Variable && node.access_level & 1 == 0 {
+        return Err(StatusCode::BadNotReadable);
+    }
+    let enc = &r.data_encoding;
+    if !enc.is_null() && *enc != QualifiedName::new(0, "Default Binary") {
+        return Err(if enc.namespace_index == 0 && enc.name == "Default XML" {
+            StatusCode::BadDataEncodingUnsupported
+        } else {
+            StatusCode::BadDataEncodingInvalid
+        });
+    }
+    let v =
+        crate::server_object::live_value(ctx, &node.node_id).unwrap_or_else(|| node.value.clone());
+    match r.index_range.as_str() {
+        None | Some("") => Ok(v),
+        Some(text) => {
+            let range: NumericRange = text.parse().map_err(|_| StatusCode::BadIndexRangeInvalid)?;
+            range.apply(&v)
+        }
+    }
+}
+
+/// A short helper for tests and other services: read one Value.
+pub fn read_value(ctx: &ServiceContext<'_>, node: &NodeId) -> DataValue {
+    read_one(
+        ctx,
+        &ReadValueId {
+            node_id: node.clone(),
+            attribute_id: AttributeId::Value as u32,
+            index_range: UaString::null(),
+            data_encoding: QualifiedName::default(),
+        },
+        TimestampsToReturn::Neither,
+    )
+}

@@ -1,0 +1,322 @@
+//! View service set (Part 4 §5.9): Browse, BrowseNext,
+//! TranslateBrowsePathsToNodeIds, RegisterNodes, UnregisterNodes.
+
+use uascale_types::{
+    BrowseDescription, BrowseDirection, BrowseNextRequest, BrowseNextResponse, BrowsePathResult,
+    BrowsePathTarget, BrowseRequest, BrowseResponse, BrowseResult, ByteString, ExpandedNodeId,
+    NodeClass, NodeId, ReferenceDescription, RegisterNodesRequest, RegisterNodesResponse,
+    StatusCode, TranslateBrowsePathsToNodeIdsRequest, TranslateBrowsePathsToNodeIdsResponse,
+    UnregisterNodesRequest, UnregisterNodesResponse,
+};
+
+use super::ServiceContext;
+use crate::address_space::AddressSpace;
+use crate::session::SessionError;
+
+/// Most nodes per Browse / BrowseNext / Translate / Register call.
+pub const MAX_NODES_PER_BROWSE: usize = 1_000;
+/// Most references returned for one node when the client sets no limit.
+pub const MAX_REFERENCES_PER_NODE: usize = 1_000;
+/// Continuation points one session may hold (MaxBrowseContinuationPoints).
+pub const MAX_CONTINUATION_POINTS: usize = 10;
+
+const HAS_TYPE_DEFINITION: u32 = 40;
+
+fn check_count(n: usize) -> Result<(), StatusCode> {
+    if n == 0 {
+        Err(StatusCode::BadNothingToDo)
+    } else if n > MAX_NODES_PER_BROWSE {
+        Err(StatusCode::BadTooManyOperations)
+    } else {
+        Ok(())
+    }
+}
+
+fn references(
+    space: &AddressSpace,
+    d: &BrowseDescription,
+) -> Result<Vec<ReferenceDescription>, StatusCode> {
+    let node = space.get(&d.node_id).ok_or(StatusCode::BadNodeIdUnknown)?;
+    if !(0..=2).contains(&d.browse_direction.0) {
+        return Err(StatusCode::BadBrowseDirectionInvalid);
+    }
+    if !d.reference_type_id.is_null()
+        && space.get(&d.reference_type_id).map(|n| n.node_class) != Some(NodeClass::ReferenceType)
+    {
+        return Err(StatusCode::BadReferenceTypeIdInvalid);
+    }
+    let mask = d.result_mask;
+    let mut out = Vec::new();
+    for r in &node.references {
+        let dir_ok = match d.browse_direction {
+            BrowseDirection::Forward => r.is_forward,
+            BrowseDirection::Inverse => !r.is_forward,
+            _ => true,
+        };
+        let type_ok = d.reference_type_id.is_null()
+            || r.reference_type == d.reference_type_id
+            || (d.include_subtypes && space.is_subtype_of(&r.reference_type, &d.reference_type_id));
+        if !dir_ok || !type_ok {
+            continue;
+        }
+        let target = space.get(&r.target);
+        let class = target.map_or(NodeClass::Unspecified, |t| t.node_class);
+        if d.node_class_mask != 0 && (d.node_class_mask & class.0 as u32) == 0 {
+            continue;
+        }
+        let type_definition = target
+            .filter(|t| matches!(t.node_class, NodeClass::Object | NodeClass::Variable))
+            .and_then(|t| {
+                t.references
+                    .iter()
+                    .find(|x| x.is_forward && x.reference_type == NodeId::ns0(HAS_TYPE_DEFINITION))
+            })
+            .map(|x| ExpandedNodeId::local(x.target.clone()))
+            .unwrap_or_default();
+        out.push(ReferenceDescription {
+            reference_type_id: if mask & 1 != 0 {
+                r.reference_type.clone()
+            } else {
+                NodeId::NULL
+            },
+            is_forward: mask & 2 != 0 && r.is_forward,
+            node_id: ExpandedNodeId::local(r.target.clone()),
+            browse_name: if mask & 8 != 0 {
+                target.map(|t| t.browse_name.clone()).unwrap_or_default()
+            } else {
+                Default::default()
+            },
+            display_name: if mask & 16 != 0 {
+                target.map(|t| t.display_name.clone()).unwrap_or_default()
+            } else {
+                Default::default()
+            },
+            node_class: if mask & 4 != 0 {
+                class
+            } else {
+                NodeClass::Unspecified
+            },
+            type_definition: if mask & 32 != 0 {
+                type_definition
+            } else {
+                Default::default()
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// Splits `refs` at `max`, parking the rest under a new continuation point
+/// of the session.
+fn page(
+    ctx: &ServiceContext<'_>,
+    token: &NodeId,
+    mut refs: Vec<ReferenceDescription>,
+    max: usize,
+) -> Result<BrowseResult, SessionError> {
+    if refs.len() <= max {
+        return Ok(BrowseResult {
+            status_code: StatusCode::Good,
+            continuation_point: ByteString::null(),
+            references: Some(refs),
+        });
+    }
+    let rest = refs.split_off(max);
+    let id = uascale_types::Guid::from_bytes(getrandom_16())
+        .as_bytes()
+        .to_vec();
+    let cp = ByteString::new(id);
+    ctx.sessions
+        .with(token, Some(ctx.channel_id), true, ctx.instant, |s| {
+            if s.continuation_points.len() >= MAX_CONTINUATION_POINTS {
+                return BrowseResult {
+                    status_code: StatusCode::BadNoContinuationPoints,
+                    continuation_point: ByteString::null(),
+                    references: None,
+                };
+            }
+            s.continuation_points.push((cp.clone(), rest, max));
+            BrowseResult {
+                status_code: StatusCode::Good,
+                continuation_point: cp,
+                references: Some(refs),
+            }
+        })
+}
+
+fn getrandom_16() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    // A failed read leaves zeros; continuation points only need to be
+    // unique within the session, which the lookup checks anyway.
+    let _ = getrandom::getrandom(&mut b);
+    b
+}
+
+/// Browse.
+pub fn browse(ctx: &ServiceContext<'_>, req: &BrowseRequest) -> Result<BrowseResponse, StatusCode> {
+    let nodes = req.nodes_to_browse.as_deref().unwrap_or(&[]);
+    check_count(nodes.len())?;
+    if !req.view.view_id.is_null() {
+        return Err(StatusCode::BadViewIdUnknown);
+    }
+    let max = match req.requested_max_references_per_node {
+        0 => MAX_REFERENCES_PER_NODE,
+        n => (n as usize).min(MAX_REFERENCES_PER_NODE),
+    };
+    let token = &req.request_header.authentication_token;
+    let mut results = Vec::with_capacity(nodes.len());
+    for d in nodes {
+        results.push(match references(ctx.address_space, d) {
+            Ok(refs) => page(ctx, token, refs, max).map_err(|e| e.status_code())?,
+            Err(status) => BrowseResult {
+                status_code: status,
+                continuation_point: ByteString::null(),
+                references: None,
+            },
+        });
+    }
+    Ok(BrowseResponse {
+        response_header: ctx.response_header(&req.request_header),
+        results: Some(results),
+        diagnostic_infos: Some(vec![]),
+    })
+}
+
+/// BrowseNext: the next page of each continuation point, or their release.
+pub fn browse_next(
+    ctx: &ServiceContext<'_>,
+    req: &BrowseNextRequest,
+) -> Result<BrowseNextResponse, StatusCode> {
+    let cps = req.continuation_points.as_deref().unwrap_or(&[]);
+    check_count(cps.len())?;
+    let token = &req.request_header.authentication_token;
+    let mut results = Vec::with_capacity(cps.len());
+    for cp in cps {
+        let taken = ctx
+            .sessions
+            .with(token, Some(ctx.channel_id), true, ctx.instant, |s| {
+                let i = s
+                    .continuation_points
+                    .iter()
+                    .position(|(id, _, _)| id == cp)?;
+                Some(s.continuation_points.swap_remove(i))
+            })
+            .map_err(|e| e.status_code())?;
+        results.push(match taken {
+            None => BrowseResult {
+                status_code: StatusCode::BadContinuationPointInvalid,
+                continuation_point: ByteString::null(),
+                references: None,
+            },
+            Some(_) if req.release_continuation_points => BrowseResult {
+                status_code: StatusCode::Good,
+                continuation_point: ByteString::null(),
+                references: None,
+            },
+            Some((_, refs, max)) => page(ctx, token, refs, max).map_err(|e| e.status_code())?,
+        });
+    }
+    Ok(BrowseNextResponse {
+        response_header: ctx.response_header(&req.request_header),
+        results: Some(results),
+        diagnostic_infos: Some(vec![]),
+    })
+}
+
+/// TranslateBrowsePathsToNodeIds.
+pub fn translate(
+    ctx: &ServiceContext<'_>,
+    req: &TranslateBrowsePathsToNodeIdsRequest,
+) -> Result<TranslateBrowsePathsToNodeIdsResponse, StatusCode> {
+    let paths = req.browse_paths.as_deref().unwrap_or(&[]);
+    check_count(paths.len())?;
+    let space = ctx.address_space;
+    let results = paths
+        .iter()
+        .map(|p| {
+            let fail = |status| BrowsePathResult {
+                status_code: status,
+                targets: Some(vec![]),
+            };
+            let elements = p.relative_path.elements.as_deref().unwrap_or(&[]);
+            if elements.is_empty() {
+                return fail(StatusCode::BadNothingToDo);
+            }
+            if space.get(&p.starting_node).is_none() {
+                return fail(StatusCode::BadNodeIdUnknown);
+            }
+            let mut current = vec![p.starting_node.clone()];
+            for e in elements {
+                if e.target_name.name.is_null_or_empty() {
+                    return fail(StatusCode::BadBrowseNameInvalid);
+                }
+                let mut next = Vec::new();
+                for id in &current {
+                    let Some(node) = space.get(id) else { continue };
+                    for r in &node.references {
+                        let type_ok = e.reference_type_id.is_null()
+                            || r.reference_type == e.reference_type_id
+                            || (e.include_subtypes
+                                && space.is_subtype_of(&r.reference_type, &e.reference_type_id));
+                        let name_ok = space
+                            .get(&r.target)
+                            .is_some_and(|t| t.browse_name == e.target_name);
+                        if r.is_forward != e.is_inverse
+                            && type_ok
+                            && name_ok
+                            && !next.contains(&r.target)
+                        {
+                            next.push(r.target.clone());
+                        }
+                    }
+                }
+                if next.is_empty() {
+                    return fail(StatusCode::BadNoMatch);
+                }
+                current = next;
+            }
+            BrowsePathResult {
+                status_code: StatusCode::Good,
+                targets: Some(
+                    current
+                        .into_iter()
+                        .map(|id| BrowsePathTarget {
+                            target_id: ExpandedNodeId::local(id),
+                            remaining_path_index: u32::MAX,
+                        })
+                        .collect(),
+                ),
+            }
+        })
+        .collect();
+    Ok(TranslateBrowsePathsToNodeIdsResponse {
+        response_header: ctx.response_header(&req.request_header),
+        results: Some(results),
+        diagnostic_infos: Some(vec![]),
+    })
+}
+
+/// RegisterNodes: the NodeIds are already the fastest handle this server
+/// has, so they are returned as they are (Part 4 allows that).
+pub fn register_nodes(
+    ctx: &ServiceContext<'_>,
+    req: &RegisterNodesRequest,
+) -> Result<RegisterNodesResponse, StatusCode> {
+    let nodes = req.nodes_to_register.as_deref().unwrap_or(&[]);
+    check_count(nodes.len())?;
+    Ok(RegisterNodesResponse {
+        response_header: ctx.response_header(&req.request_header),
+        registered_node_ids: Some(nodes.to_vec()),
+    })
+}
+
+/// UnregisterNodes: nothing is held per registration.
+pub fn unregister_nodes(
+    ctx: &ServiceContext<'_>,
+    req: &UnregisterNodesRequest,
+) -> Result<UnregisterNodesResponse, StatusCode> {
+    check_count(req.nodes_to_unregister.as_deref().unwrap_or(&[]).len())?;
+    Ok(UnregisterNodesResponse {
+        response_header: ctx.response_header(&req.request_header),
+    })
+}
