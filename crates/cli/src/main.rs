@@ -9,12 +9,14 @@ use std::process::ExitCode;
 use uascale_server::{Server, ServerConfig};
 use uascale_types::{decode_message, DecodeLimits, Reader};
 
-const USAGE: &str = "usage: uascale serve [--host NAME] [--port N] [--bind ADDR]
+const USAGE: &str =
+    "usage: uascale serve [--host NAME] [--port N] [--bind ADDR] [--nodes N] [--rate-ms MS]
        uascale decode <HEX | @FILE>
 
   serve    run the OPC UA server on opc.tcp://NAME:N (default
            opc.tcp://localhost:4840, bound to 0.0.0.0); log level from
-           RUST_LOG (default info); Ctrl-C shuts down
+           RUST_LOG (default info); Ctrl-C shuts down; --nodes N adds N
+           changing load-test nodes, --rate-ms how often demo values change
   decode   decode one binary OPC UA service message (the NodeId of its
            encoding followed by the body, as in a MSG chunk) and print it;
            HEX may contain spaces, @FILE reads raw bytes from a file";
@@ -66,6 +68,21 @@ fn serve_config(args: &[&str]) -> Result<ServerConfig, String> {
                     .parse()
                     .map_err(|_| format!("--port {v:?} is not a port number"))?;
                 config.bind.set_port(port);
+            }
+            "--nodes" => {
+                let v = value("--nodes")?;
+                config.demo_nodes = v
+                    .parse()
+                    .map_err(|_| format!("--nodes {v:?} is not a count"))?;
+            }
+            "--rate-ms" => {
+                let v = value("--rate-ms")?;
+                let ms: u64 = v
+                    .parse()
+                    .ok()
+                    .filter(|m| *m > 0)
+                    .ok_or_else(|| format!("--rate-ms {v:?} is not a positive number"))?;
+                config.demo_rate = std::time::Duration::from_millis(ms);
             }
             "--bind" => {
                 let v = value("--bind")?;

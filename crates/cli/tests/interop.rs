@@ -40,6 +40,10 @@ impl Serve {
                 "localhost",
                 "--port",
                 "0",
+                "--rate-ms",
+                "100",
+                "--nodes",
+                "50",
             ])
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
@@ -116,6 +120,7 @@ fn discovery_and_sessions_with_asyncua_and_open62541() {
     assert!(run_peer("discovery_o6.py", &url).contains("o6 discovery ok"));
     assert!(run_peer("session_asyncua.py", &url).contains("asyncua session ok"));
     assert!(run_peer("address_space_asyncua.py", &url).contains("asyncua address space ok"));
+    assert!(run_peer("demo_asyncua.py", &url).contains("asyncua demo ok"));
     // Serving many clients one after another leaves the server healthy.
     assert!(run_peer("discovery_asyncua.py", &url).contains("asyncua discovery ok"));
     let status = server.stop();

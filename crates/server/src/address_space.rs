@@ -70,6 +70,45 @@ pub struct Node {
     pub references: Vec<Reference>,
 }
 
+impl Node {
+    /// A node with the attribute defaults of the NodeSet schema.
+    pub fn new(node_class: NodeClass, node_id: NodeId, browse_name: QualifiedName) -> Self {
+        let display_name = LocalizedText::text(browse_name.name.as_str_or_empty());
+        Node {
+            node_class,
+            node_id,
+            browse_name,
+            display_name,
+            description: LocalizedText::default(),
+            write_mask: 0,
+            is_abstract: false,
+            symmetric: false,
+            historizing: false,
+            executable: node_class == NodeClass::Method,
+            contains_no_loops: false,
+            event_notifier: 0,
+            inverse_name: LocalizedText::default(),
+            value: Variant::Empty,
+            data_type: NodeId::ns0(24),
+            value_rank: -1,
+            array_dimensions: None,
+            access_level: 1,
+            minimum_sampling_interval: 0.0,
+            references: Vec::new(),
+        }
+    }
+
+    /// Adds a reference (builder style).
+    pub fn with_reference(mut self, reference_type: u32, is_forward: bool, target: NodeId) -> Self {
+        self.references.push(Reference {
+            reference_type: NodeId::ns0(reference_type),
+            is_forward,
+            target,
+        });
+        self
+    }
+}
+
 /// The nodes of a server.
 #[derive(Debug, Default)]
 pub struct AddressSpace {
@@ -183,6 +222,43 @@ impl AddressSpace {
                 }
             }
         }
+    }
+
+    /// Adds a node with its references, and the inverse of each reference
+    /// on the nodes they point to (which must exist already or be added
+    /// later with their own references).
+    pub fn insert(&mut self, node: Node) {
+        for r in &node.references {
+            if let Some(t) = self.nodes.get_mut(&r.target) {
+                let inverse = Reference {
+                    reference_type: r.reference_type.clone(),
+                    is_forward: !r.is_forward,
+                    target: node.node_id.clone(),
+                };
+                if !t.references.contains(&inverse) {
+                    t.references.push(inverse);
+                }
+            }
+        }
+        self.nodes.insert(node.node_id.clone(), node);
+    }
+
+    /// The built-in type (1..=25) a DataType is, or derives from; `None`
+    /// for structures and abstract numeric types.
+    pub fn builtin_base(&self, data_type: &NodeId) -> Option<u32> {
+        let mut cur = data_type.clone();
+        for _ in 0..64 {
+            if let Some(n) = cur.as_ns0().filter(|n| (1..=25).contains(n)) {
+                return Some(n);
+            }
+            let node = self.get(&cur)?;
+            let parent = node
+                .references
+                .iter()
+                .find(|r| !r.is_forward && r.reference_type == NodeId::ns0(45))?;
+            cur = parent.target.clone();
+        }
+        None
     }
 
     /// The node with this id.

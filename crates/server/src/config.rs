@@ -36,6 +36,11 @@ pub struct ServerConfig {
     /// A session not activated this long after CreateSession is closed
     /// (SCALABILITY.md "no orphans"). Default 10 s.
     pub activation_deadline: std::time::Duration,
+    /// Changing demo nodes under `Demo.Load` (`uascale serve --nodes N`).
+    /// Default 0.
+    pub demo_nodes: usize,
+    /// How often the demo's dynamic values change. Default 1 s.
+    pub demo_rate: std::time::Duration,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +57,8 @@ impl Default for ServerConfig {
             reassembly_unactivated_percent: 50,
             max_session_count: 20_000,
             activation_deadline: std::time::Duration::from_secs(10),
+            demo_nodes: 0,
+            demo_rate: std::time::Duration::from_secs(1),
         }
     }
 }

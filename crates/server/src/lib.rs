@@ -14,6 +14,7 @@
 
 pub mod address_space;
 pub mod config;
+pub mod demo;
 pub mod net;
 pub mod numeric_range;
 pub mod server_object;

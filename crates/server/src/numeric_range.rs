@@ -184,3 +184,92 @@ mod tests {
         );
     }
 }
+
+impl NumericRange {
+    /// `current` with the elements this range selects replaced by `new`
+    /// (an array of exactly that many elements, of the same type).
+    pub fn write(&self, current: &Variant, new: &Variant) -> Result<Variant, StatusCode> {
+        let [b] = self.0.as_slice() else {
+            return Err(StatusCode::BadIndexRangeInvalid);
+        };
+        let (Variant::Array(cur), Variant::Array(upd)) = (current, new) else {
+            return Err(StatusCode::BadIndexRangeNoData);
+        };
+        let low = b.low as usize;
+        let count = (b.high - b.low) as usize + 1;
+        if low + count > cur.values().len() {
+            return Err(StatusCode::BadIndexRangeNoData);
+        }
+        if upd.values().len() != count {
+            return Err(StatusCode::BadIndexRangeInvalid);
+        }
+        macro_rules! arm {
+            ($($name:ident),*) => {
+                match (cur.values(), upd.values()) {
+                    $((ArrayValues::$name(c), ArrayValues::$name(u)) => {
+                        let mut c = c.clone();
+                        c[low..low + count].clone_from_slice(u);
+                        ArrayValues::$name(c)
+                    })*
+                    _ => return Err(StatusCode::BadTypeMismatch),
+                }
+            };
+        }
+        let values = arm!(
+            Boolean,
+            SByte,
+            Byte,
+            Int16,
+            UInt16,
+            Int32,
+            UInt32,
+            Int64,
+            UInt64,
+            Float,
+            Double,
+            String,
+            DateTime,
+            Guid,
+            ByteString,
+            XmlElement,
+            NodeId,
+            ExpandedNodeId,
+            StatusCode,
+            QualifiedName,
+            LocalizedText,
+            ExtensionObject,
+            DataValue,
+            Variant,
+            DiagnosticInfo
+        );
+        Ok(Variant::from(Array::new(values)))
+    }
+}
+
+#[cfg(test)]
+mod write_tests {
+    use super::*;
+
+    #[test]
+    fn write_a_range() {
+        let cur = Variant::from(vec![1i32, 2, 3, 4]);
+        let r: NumericRange = "1:2".parse().unwrap();
+        assert_eq!(
+            r.write(&cur, &Variant::from(vec![9i32, 8])),
+            Ok(Variant::from(vec![1i32, 9, 8, 4]))
+        );
+        assert_eq!(
+            r.write(&cur, &Variant::from(vec![9i32])),
+            Err(StatusCode::BadIndexRangeInvalid)
+        );
+        assert_eq!(
+            r.write(&cur, &Variant::from(vec![9.0f64, 8.0])),
+            Err(StatusCode::BadTypeMismatch)
+        );
+        let r: NumericRange = "3:5".parse().unwrap();
+        assert_eq!(
+            r.write(&cur, &Variant::from(vec![0i32, 0, 0])),
+            Err(StatusCode::BadIndexRangeNoData)
+        );
+    }
+}

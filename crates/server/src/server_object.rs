@@ -37,6 +37,7 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         v::Server_NamespaceArray => Variant::from(vec![
             UaString::from("http://opcfoundation.org/UA/"),
             UaString::from(ctx.config.application_uri.as_str()),
+            UaString::from(crate::demo::DEMO_NAMESPACE),
         ]),
         v::Server_ServerArray => {
             Variant::from(vec![UaString::from(ctx.config.application_uri.as_str())])
@@ -61,6 +62,19 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         v::Server_Auditing => Variant::Boolean(false),
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {
             Variant::UInt32(crate::services::attribute::MAX_NODES_PER_READ as u32)
+        }
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerWrite => {
+            Variant::UInt32(crate::services::attribute::MAX_NODES_PER_WRITE as u32)
+        }
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerMethodCall => {
+            Variant::UInt32(crate::services::method::MAX_METHODS_PER_CALL as u32)
+        }
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerTranslateBrowsePathsToNodeIds
+        | v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRegisterNodes => {
+            Variant::UInt32(crate::services::view::MAX_NODES_PER_BROWSE as u32)
+        }
+        v::Server_ServerCapabilities_MaxBrowseContinuationPoints => {
+            Variant::UInt16(crate::services::view::MAX_CONTINUATION_POINTS as u16)
         }
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerBrowse => {
             Variant::UInt32(crate::services::view::MAX_NODES_PER_BROWSE as u32)

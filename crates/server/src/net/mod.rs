@@ -30,6 +30,8 @@ struct Shared {
     sessions: crate::session::SessionTable,
     address_space: crate::address_space::AddressSpace,
     start_time: DateTime,
+    values: crate::demo::ValueStore,
+    dynamic: crate::demo::Dynamic,
     config: ServerConfig,
     channel_config: Arc<uascale_proto::ChannelConfig>,
     budget: Arc<ReassemblyBudget>,
@@ -56,6 +58,13 @@ impl Server {
         socket.bind(&addr.into())?;
         socket.listen(i32::try_from(config.listen_backlog).unwrap_or(i32::MAX))?;
         let listener = TcpListener::from_std(socket.into())?;
+        let mut address_space = crate::address_space::AddressSpace::ns0().map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("namespace-0 table: {e}"),
+            )
+        })?;
+        let (values, dynamic) = crate::demo::build(&mut address_space, config.demo_nodes);
         // With port 0 the kernel chose: publish the port actually bound.
         config.bind = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -66,12 +75,9 @@ impl Server {
             ),
             next_channel_id: AtomicU32::new(1),
             sessions: crate::session::SessionTable::new(config.max_session_count),
-            address_space: crate::address_space::AddressSpace::ns0().map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("namespace-0 table: {e}"),
-                )
-            })?,
+            address_space,
+            values,
+            dynamic,
             start_time: DateTime::from_system_time(SystemTime::now()),
             config,
         });
@@ -94,6 +100,7 @@ impl Server {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared)));
+        let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared)));
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -115,6 +122,7 @@ impl Server {
             }
         }
         reaper.abort();
+        ticker.abort();
         let _ = stop_tx.send(true);
         let drain = async { while tasks.join_next().await.is_some() {} };
         if tokio::time::timeout(Duration::from_secs(5), drain)
@@ -140,6 +148,17 @@ async fn reap_sessions(shared: Arc<Shared>) {
         for id in shared.sessions.expire(Instant::now()) {
             tracing::info!(session = %id, "session timed out");
         }
+    }
+}
+
+/// Changes the demo's dynamic values every `demo_rate`.
+async fn tick_demo(shared: Arc<Shared>) {
+    let mut interval = tokio::time::interval(shared.config.demo_rate.max(Duration::from_millis(1)));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    for n in 0u64.. {
+        interval.tick().await;
+        crate::demo::tick(&shared.values, &shared.dynamic, n, &mut seed);
     }
 }
 
@@ -220,6 +239,7 @@ fn handle_events(conn: &mut ServerConnection, shared: &Shared) {
             instant: Instant::now(),
             address_space: &shared.address_space,
             start_time: shared.start_time,
+            values: &shared.values,
         };
         let limits = &shared.channel_config.decode;
         let response = dispatch(&ctx, &body, limits);

@@ -141,8 +141,9 @@ fn value(ctx: &ServiceContext<'_>, node: &Node, r: &ReadValueId) -> Result<Varia
             StatusCode::BadDataEncodingInvalid
         });
     }
-    let v =
-        crate::server_object::live_value(ctx, &node.node_id).unwrap_or_else(|| node.value.clone());
+    let v = crate::server_object::live_value(ctx, &node.node_id)
+        .or_else(|| ctx.values.get(&node.node_id))
+        .unwrap_or_else(|| node.value.clone());
     match r.index_range.as_str() {
         None | Some("") => Ok(v),
         Some(text) => {
@@ -164,4 +165,101 @@ pub fn read_value(ctx: &ServiceContext<'_>, node: &NodeId) -> DataValue {
         },
         TimestampsToReturn::Neither,
     )
+}
+
+/// Write: Values of variables that allow it, with type and index-range
+/// checks; other attributes are not writable on any node of this server.
+pub fn write(
+    ctx: &ServiceContext<'_>,
+    req: &uascale_types::WriteRequest,
+) -> Result<uascale_types::WriteResponse, StatusCode> {
+    let nodes = req.nodes_to_write.as_deref().unwrap_or(&[]);
+    if nodes.is_empty() {
+        return Err(StatusCode::BadNothingToDo);
+    }
+    if nodes.len() > MAX_NODES_PER_WRITE {
+        return Err(StatusCode::BadTooManyOperations);
+    }
+    let results = nodes
+        .iter()
+        .map(|w| write_one(ctx, w).err().unwrap_or(StatusCode::Good))
+        .collect();
+    Ok(uascale_types::WriteResponse {
+        response_header: ctx.response_header(&req.request_header),
+        results: Some(results),
+        diagnostic_infos: Some(vec![]),
+    })
+}
+
+/// Most nodes in one Write (OperationLimits.MaxNodesPerWrite).
+pub const MAX_NODES_PER_WRITE: usize = 10_000;
+
+fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<(), StatusCode> {
+    let node = ctx
+        .address_space
+        .get(&w.node_id)
+        .ok_or(StatusCode::BadNodeIdUnknown)?;
+    let attr = AttributeId::from_u32(w.attribute_id).ok_or(StatusCode::BadAttributeIdInvalid)?;
+    if attr != AttributeId::Value {
+        // WriteMask is 0 on every node this server holds.
+        return Err(StatusCode::BadNotWritable);
+    }
+    if node.node_class != NodeClass::Variable {
+        return Err(StatusCode::BadAttributeIdInvalid);
+    }
+    if node.access_level & 2 == 0 {
+        return Err(StatusCode::BadNotWritable);
+    }
+    let dv = &w.value;
+    // Writing a status or timestamps is not supported; an explicit Good
+    // status (which several clients always send) is the same as none.
+    if dv.status.is_some_and(|s| s != StatusCode::Good)
+        || dv.source_timestamp.is_some()
+        || dv.server_timestamp.is_some()
+    {
+        return Err(StatusCode::BadWriteNotSupported);
+    }
+    let value = dv.value.clone().unwrap_or_default();
+    check_type(ctx, node, &value, w.index_range.is_null_or_empty())?;
+    let new = match w.index_range.as_str() {
+        None | Some("") => value,
+        Some(text) => {
+            let range: NumericRange = text.parse().map_err(|_| StatusCode::BadIndexRangeInvalid)?;
+            let current = ctx
+                .values
+                .get(&node.node_id)
+                .unwrap_or_else(|| node.value.clone());
+            range.write(&current, &value)?
+        }
+    };
+    if ctx.values.set(&node.node_id, new) {
+        Ok(())
+    } else {
+        Err(StatusCode::BadNotWritable)
+    }
+}
+
+/// The value must be of the variable's DataType (or a subtype's built-in
+/// type) and match its ValueRank (scalar vs array).
+fn check_type(
+    ctx: &ServiceContext<'_>,
+    node: &Node,
+    v: &Variant,
+    whole: bool,
+) -> Result<(), StatusCode> {
+    let Some(t) = v.type_id() else {
+        return Err(StatusCode::BadTypeMismatch);
+    };
+    if let Some(base) = ctx.address_space.builtin_base(&node.data_type) {
+        // BaseDataType (24) takes anything.
+        if base != 24 && base != u32::from(t.id()) {
+            return Err(StatusCode::BadTypeMismatch);
+        }
+    }
+    // A partial write always carries an array (of the range's length).
+    let scalar_rank = node.value_rank == -1;
+    if whole && scalar_rank == v.is_array() {
+        return Err(StatusCode::BadTypeMismatch);
+    }
+    Ok(())
 }

@@ -87,6 +87,7 @@ mod tests {
         let config = ServerConfig::default();
         let sessions = crate::session::SessionTable::new(1);
         let space = crate::address_space::AddressSpace::default();
+        let values = crate::demo::ValueStore::default();
         let ctx = ServiceContext {
             config: &config,
             sessions: &sessions,
@@ -97,6 +98,7 @@ mod tests {
             instant: std::time::Instant::now(),
             address_space: &space,
             start_time: DateTime::from_ticks(1),
+            values: &values,
         };
         let mut req = GetEndpointsRequest {
             request_header: RequestHeader {

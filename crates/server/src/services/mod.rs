@@ -3,6 +3,7 @@
 
 pub mod attribute;
 pub mod discovery;
+pub mod method;
 pub mod session;
 pub mod view;
 
@@ -31,6 +32,8 @@ pub struct ServiceContext<'a> {
     pub address_space: &'a crate::address_space::AddressSpace,
     /// When the server started.
     pub start_time: DateTime,
+    /// Values that change at run time.
+    pub values: &'a crate::demo::ValueStore,
 }
 
 impl ServiceContext<'_> {
@@ -167,6 +170,8 @@ fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Box<dyn Dyn
     }
     with_session!(
         t::ReadRequest => attribute::read,
+        t::WriteRequest => attribute::write,
+        t::CallRequest => method::call,
         t::BrowseRequest => view::browse,
         t::BrowseNextRequest => view::browse_next,
         t::TranslateBrowsePathsToNodeIdsRequest => view::translate,
@@ -214,7 +219,13 @@ mod tests {
             instant: std::time::Instant::now(),
             address_space: space(),
             start_time: DateTime::from_ticks(1),
+            values: values(),
         }
+    }
+
+    fn values() -> &'static crate::demo::ValueStore {
+        static V: std::sync::OnceLock<crate::demo::ValueStore> = std::sync::OnceLock::new();
+        V.get_or_init(crate::demo::ValueStore::default)
     }
 
     fn space() -> &'static crate::address_space::AddressSpace {

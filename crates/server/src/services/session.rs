@@ -154,6 +154,7 @@ mod tests {
         sessions: SessionTable,
         t0: Instant,
         space: crate::address_space::AddressSpace,
+        values: crate::demo::ValueStore,
     }
 
     impl Fixture {
@@ -163,6 +164,7 @@ mod tests {
                 sessions: SessionTable::new(max),
                 t0: Instant::now(),
                 space: crate::address_space::AddressSpace::default(),
+                values: crate::demo::ValueStore::default(),
             }
         }
         fn ctx(&self, channel_id: u32) -> ServiceContext<'_> {
@@ -174,6 +176,7 @@ mod tests {
                 instant: self.t0,
                 address_space: &self.space,
                 start_time: DateTime::from_ticks(1),
+                values: &self.values,
             }
         }
     }

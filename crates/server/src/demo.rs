@@ -1,0 +1,337 @@
+//! The demo namespace of `uascale serve` (`urn:uascale:demo`, index 2), in
+//! the spirit of the PLC simulation servers clients are tested against:
+//!
+//! - `Demo.Static.Scalar.<Type>` and `Demo.Static.Array.<Type>`: one
+//!   read/write variable of every built-in type;
+//! - `Demo.Dynamic.{Counter,Random,Sine,Step}`: values the server changes
+//!   every `rate`;
+//! - `Demo.Methods.Add(a: Double, b: Double) -> Double`;
+//! - `Demo.Load.Node<i>` for `i < nodes`: changing Doubles for load tests.
+//!
+//! NodeIds are strings: `ns=2;s=Demo.Static.Scalar.Double`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use uascale_types::{
+    Argument, ByteString, DateTime, ExpandedNodeId, ExtensionObject, Guid, LocalizedText,
+    NodeClass, NodeId, QualifiedName, StatusCode, UaString, Variant, VariantType, XmlElement,
+};
+
+use crate::address_space::{AddressSpace, Node};
+
+/// The demo namespace URI.
+pub const DEMO_NAMESPACE: &str = "urn:uascale:demo";
+/// Its index in the NamespaceArray.
+pub const NS: u16 = 2;
+
+const ORGANIZES: u32 = 35;
+const HAS_COMPONENT: u32 = 47;
+const HAS_PROPERTY: u32 = 46;
+const HAS_TYPE_DEFINITION: u32 = 40;
+const FOLDER_TYPE: u32 = 61;
+const BASE_DATA_VARIABLE_TYPE: u32 = 63;
+const PROPERTY_TYPE: u32 = 68;
+
+/// Values that change at run time, by node: the keys are fixed at start, so
+/// the map itself needs no lock; each value has its own.
+#[derive(Debug, Default)]
+pub struct ValueStore {
+    values: HashMap<NodeId, Mutex<Variant>>,
+}
+
+impl ValueStore {
+    /// The current value of a node held here.
+    pub fn get(&self, id: &NodeId) -> Option<Variant> {
+        let m = self.values.get(id)?;
+        Some(match m.lock() {
+            Ok(v) => v.clone(),
+            Err(p) => p.into_inner().clone(),
+        })
+    }
+
+    /// Replaces a value; false when the node is not held here.
+    pub fn set(&self, id: &NodeId, v: Variant) -> bool {
+        let Some(m) = self.values.get(id) else {
+            return false;
+        };
+        match m.lock() {
+            Ok(mut g) => *g = v,
+            Err(p) => *p.into_inner() = v,
+        }
+        true
+    }
+
+    fn hold(&mut self, id: NodeId, v: Variant) {
+        self.values.insert(id, Mutex::new(v));
+    }
+}
+
+fn id(path: &str) -> NodeId {
+    NodeId::string(NS, path)
+}
+
+fn folder(path: &str, name: &str, parent: NodeId, parent_ref: u32) -> Node {
+    Node::new(NodeClass::Object, id(path), QualifiedName::new(NS, name))
+        .with_reference(parent_ref, false, parent)
+        .with_reference(HAS_TYPE_DEFINITION, true, NodeId::ns0(FOLDER_TYPE))
+}
+
+fn variable(
+    path: &str,
+    name: &str,
+    parent: &str,
+    data_type: u32,
+    value_rank: i32,
+    writable: bool,
+) -> Node {
+    let mut n = Node::new(NodeClass::Variable, id(path), QualifiedName::new(NS, name))
+        .with_reference(ORGANIZES, false, id(parent))
+        .with_reference(
+            HAS_TYPE_DEFINITION,
+            true,
+            NodeId::ns0(BASE_DATA_VARIABLE_TYPE),
+        );
+    n.data_type = NodeId::ns0(data_type);
+    n.value_rank = value_rank;
+    if value_rank == 1 {
+        n.array_dimensions = Some(vec![0]);
+    }
+    n.access_level = if writable { 3 } else { 1 };
+    n
+}
+
+/// A sample value of every built-in type a demo variable holds.
+fn sample(t: VariantType) -> Variant {
+    use VariantType as T;
+    match t {
+        T::Boolean => Variant::Boolean(true),
+        T::SByte => Variant::SByte(-8),
+        T::Byte => Variant::Byte(8),
+        T::Int16 => Variant::Int16(-16),
+        T::UInt16 => Variant::UInt16(16),
+        T::Int32 => Variant::Int32(-32),
+        T::UInt32 => Variant::UInt32(32),
+        T::Int64 => Variant::Int64(-64),
+        T::UInt64 => Variant::UInt64(64),
+        T::Float => Variant::Float(1.5),
+        T::Double => Variant::Double(2.5),
+        T::String => Variant::from("uascale"),
+        T::DateTime => Variant::DateTime(DateTime::from_ticks(133_590_384_000_000_000)),
+        T::Guid => Variant::Guid(Guid::from_fields(
+            0x72962b91,
+            0xfa75,
+            0x4ae6,
+            [0x8d, 0x28, 0xb4, 0x04, 0xdc, 0x7d, 0xaf, 0x63],
+        )),
+        T::ByteString => Variant::ByteString(ByteString::new(vec![1, 2, 3])),
+        T::XmlElement => Variant::XmlElement(XmlElement(UaString::from("<a/>"))),
+        T::NodeId => Variant::from(NodeId::string(NS, "Demo")),
+        T::ExpandedNodeId => Variant::from(ExpandedNodeId::local(NodeId::ns0(85))),
+        T::StatusCode => Variant::StatusCode(StatusCode::Good),
+        T::QualifiedName => Variant::from(QualifiedName::new(NS, "Demo")),
+        T::LocalizedText => Variant::from(LocalizedText::new("en", "Demo")),
+        _ => Variant::Empty,
+    }
+}
+
+fn array_of(v: Variant) -> Variant {
+    use uascale_types::ArrayValues as A;
+    macro_rules! three {
+        ($($name:ident),*) => {
+            match v {
+                $(Variant::$name(x) => A::$name(vec![x.clone(), x.clone(), x]),)*
+                Variant::NodeId(x) => A::NodeId(vec![(*x).clone(), (*x).clone(), *x]),
+                Variant::ExpandedNodeId(x) => A::ExpandedNodeId(vec![(*x).clone(), (*x).clone(), *x]),
+                Variant::QualifiedName(x) => A::QualifiedName(vec![(*x).clone(), (*x).clone(), *x]),
+                Variant::LocalizedText(x) => A::LocalizedText(vec![(*x).clone(), (*x).clone(), *x]),
+                _ => return Variant::Empty,
+            }
+        };
+    }
+    let a = three!(
+        Boolean, SByte, Byte, Int16, UInt16, Int32, UInt32, Int64, UInt64, Float, Double, String,
+        DateTime, Guid, ByteString, XmlElement, StatusCode
+    );
+    Variant::from(uascale_types::Array::new(a))
+}
+
+const SCALAR_TYPES: &[VariantType] = &[
+    VariantType::Boolean,
+    VariantType::SByte,
+    VariantType::Byte,
+    VariantType::Int16,
+    VariantType::UInt16,
+    VariantType::Int32,
+    VariantType::UInt32,
+    VariantType::Int64,
+    VariantType::UInt64,
+    VariantType::Float,
+    VariantType::Double,
+    VariantType::String,
+    VariantType::DateTime,
+    VariantType::Guid,
+    VariantType::ByteString,
+    VariantType::XmlElement,
+    VariantType::NodeId,
+    VariantType::ExpandedNodeId,
+    VariantType::StatusCode,
+    VariantType::QualifiedName,
+    VariantType::LocalizedText,
+];
+
+/// The NodeId of the Add method and its object.
+pub fn add_method() -> (NodeId, NodeId) {
+    (id("Demo.Methods"), id("Demo.Methods.Add"))
+}
+
+fn argument(name: &str, data_type: u32) -> ExtensionObject {
+    ExtensionObject::new(Argument {
+        name: UaString::from(name),
+        data_type: NodeId::ns0(data_type),
+        value_rank: -1,
+        array_dimensions: Some(vec![]),
+        description: LocalizedText::default(),
+    })
+}
+
+fn property(path: &str, name: &str, parent: NodeId, value: Variant) -> Node {
+    let mut n = Node::new(NodeClass::Variable, id(path), QualifiedName::new(0, name))
+        .with_reference(HAS_PROPERTY, false, parent)
+        .with_reference(HAS_TYPE_DEFINITION, true, NodeId::ns0(PROPERTY_TYPE));
+    n.data_type = NodeId::ns0(296);
+    n.value_rank = 1;
+    n.array_dimensions = Some(vec![0]);
+    n.value = value;
+    n
+}
+
+/// The dynamic nodes a ticker updates.
+#[derive(Debug, Clone)]
+pub struct Dynamic {
+    /// Counter, Random, Sine, Step, then the load nodes.
+    pub nodes: Vec<NodeId>,
+}
+
+/// Adds the demo namespace to `space`; returns the value store and the
+/// dynamic nodes.
+pub fn build(space: &mut AddressSpace, load_nodes: usize) -> (ValueStore, Dynamic) {
+    let mut values = ValueStore::default();
+    space.insert(folder("Demo", "Demo", NodeId::ns0(85), ORGANIZES));
+    space.insert(folder("Demo.Static", "Static", id("Demo"), ORGANIZES));
+    space.insert(folder(
+        "Demo.Static.Scalar",
+        "Scalar",
+        id("Demo.Static"),
+        ORGANIZES,
+    ));
+    space.insert(folder(
+        "Demo.Static.Array",
+        "Array",
+        id("Demo.Static"),
+        ORGANIZES,
+    ));
+    for &t in SCALAR_TYPES {
+        let name = format!("{t:?}");
+        let path = format!("Demo.Static.Scalar.{name}");
+        space.insert(variable(
+            &path,
+            &name,
+            "Demo.Static.Scalar",
+            u32::from(t.id()),
+            -1,
+            true,
+        ));
+        values.hold(id(&path), sample(t));
+        let path = format!("Demo.Static.Array.{name}");
+        space.insert(variable(
+            &path,
+            &name,
+            "Demo.Static.Array",
+            u32::from(t.id()),
+            1,
+            true,
+        ));
+        values.hold(id(&path), array_of(sample(t)));
+    }
+    space.insert(folder("Demo.Dynamic", "Dynamic", id("Demo"), ORGANIZES));
+    let mut dynamic = Vec::new();
+    for (name, dt, v) in [
+        ("Counter", 7u32, Variant::UInt32(0)),
+        ("Random", 11, Variant::Double(0.0)),
+        ("Sine", 11, Variant::Double(0.0)),
+        ("Step", 6, Variant::Int32(0)),
+    ] {
+        let path = format!("Demo.Dynamic.{name}");
+        space.insert(variable(&path, name, "Demo.Dynamic", dt, -1, false));
+        values.hold(id(&path), v);
+        dynamic.push(id(&path));
+    }
+    space.insert(folder("Demo.Methods", "Methods", id("Demo"), ORGANIZES));
+    let (object, method) = add_method();
+    space.insert(
+        Node::new(
+            NodeClass::Method,
+            method.clone(),
+            QualifiedName::new(NS, "Add"),
+        )
+        .with_reference(HAS_COMPONENT, false, object),
+    );
+    space.insert(property(
+        "Demo.Methods.Add.InputArguments",
+        "InputArguments",
+        method.clone(),
+        Variant::from(vec![argument("a", 11), argument("b", 11)]),
+    ));
+    space.insert(property(
+        "Demo.Methods.Add.OutputArguments",
+        "OutputArguments",
+        method,
+        Variant::from(vec![argument("sum", 11)]),
+    ));
+    if load_nodes > 0 {
+        space.insert(folder("Demo.Load", "Load", id("Demo"), ORGANIZES));
+        for i in 0..load_nodes {
+            let path = format!("Demo.Load.Node{i}");
+            space.insert(variable(
+                &path,
+                &format!("Node{i}"),
+                "Demo.Load",
+                11,
+                -1,
+                false,
+            ));
+            values.hold(id(&path), Variant::Double(0.0));
+            dynamic.push(id(&path));
+        }
+    }
+    (values, Dynamic { nodes: dynamic })
+}
+
+/// The values of the dynamic nodes at tick `n` (`seed` varies Random).
+pub fn tick(values: &ValueStore, dynamic: &Dynamic, n: u64, seed: &mut u64) {
+    for (i, node) in dynamic.nodes.iter().enumerate() {
+        let v = match i {
+            0 => Variant::UInt32(n as u32),
+            1 => {
+                // xorshift: deterministic, good enough for a demo signal.
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                Variant::Double((*seed % 1_000_000) as f64 / 10_000.0)
+            }
+            2 => Variant::Double((n as f64 * std::f64::consts::PI / 30.0).sin()),
+            3 => Variant::Int32((n % 10) as i32),
+            _ => Variant::Double(n as f64 + i as f64 / 1000.0),
+        };
+        values.set(node, v);
+    }
+}
+
+/// The Add method: `a + b`, both Doubles (types were checked by Call).
+pub fn call_add(inputs: &[Variant]) -> Result<Vec<Variant>, StatusCode> {
+    match inputs {
+        [Variant::Double(a), Variant::Double(b)] => Ok(vec![Variant::Double(a + b)]),
+        _ => Err(StatusCode::BadInvalidArgument),
+    }
+}
