@@ -4,19 +4,23 @@
 //! and the Discovery services); `uascale decode` prints a binary message.
 //! The client commands and `bench` arrive with their issues.
 
+mod config;
+
 use std::process::ExitCode;
 
 use uascale_server::{Server, ServerConfig};
 use uascale_types::{decode_message, DecodeLimits, Reader};
 
-const USAGE: &str =
-    "usage: uascale serve [--host NAME] [--port N] [--bind ADDR] [--nodes N] [--rate-ms MS]
+const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--host NAME] [--port N]
+                     [--bind ADDR] [--nodes N] [--rate-ms MS]
        uascale decode <HEX | @FILE>
 
   serve    run the OPC UA server on opc.tcp://NAME:N (default
            opc.tcp://localhost:4840, bound to 0.0.0.0); log level from
            RUST_LOG (default info); Ctrl-C shuts down; --nodes N adds N
-           changing load-test nodes, --rate-ms how often demo values change
+           changing load-test nodes, --rate-ms how often demo values change;
+           --config reads a TOML file (keys as --print-config shows them),
+           flags override it
   decode   decode one binary OPC UA service message (the NodeId of its
            encoding followed by the body, as in a MSG chunk) and print it;
            HEX may contain spaces, @FILE reads raw bytes from a file";
@@ -51,9 +55,20 @@ fn decode(arg: &str) -> Result<String, String> {
     Ok(out)
 }
 
-fn serve_config(args: &[&str]) -> Result<ServerConfig, String> {
+/// The configuration from defaults, then `--config FILE`, then the other
+/// flags; and whether to print it instead of serving.
+fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
     let mut config = ServerConfig::default();
+    let mut print = false;
     let mut it = args.iter();
+    // The file first, so that flags override it wherever they stand.
+    if let Some(pos) = args.iter().position(|a| *a == "--config") {
+        let path = args.get(pos + 1).ok_or("--config needs a file")?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        config::FileConfig::parse(&text)
+            .and_then(|f| f.apply(&mut config))
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
     while let Some(flag) = it.next() {
         let mut value = |name: &str| {
             it.next()
@@ -91,10 +106,14 @@ fn serve_config(args: &[&str]) -> Result<ServerConfig, String> {
                     .map_err(|_| format!("--bind {v:?} is not an IP address"))?;
                 config.bind.set_ip(ip);
             }
+            "--config" => {
+                value("--config")?;
+            }
+            "--print-config" => print = true,
             other => return Err(format!("unknown option {other:?}")),
         }
     }
-    Ok(config)
+    Ok((config, print))
 }
 
 fn serve(config: ServerConfig) -> ExitCode {
@@ -158,9 +177,13 @@ fn main() -> ExitCode {
             }
         },
         ["serve", rest @ ..] => match serve_config(rest) {
-            Ok(config) => serve(config),
+            Ok((config, true)) => {
+                print!("{}", config::FileConfig::effective(&config).to_toml());
+                ExitCode::SUCCESS
+            }
+            Ok((config, false)) => serve(config),
             Err(e) => {
-                eprintln!("uascale serve: {e}\n\n{USAGE}");
+                eprintln!("uascale serve: {e}\n(uascale --help for usage)");
                 ExitCode::from(2)
             }
         },

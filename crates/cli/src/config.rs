@@ -1,0 +1,301 @@
+//! The TOML configuration file of `uascale serve` (`--config FILE`) and
+//! `--print-config`. Every key is optional; what is absent keeps the
+//! default documented on `ServerConfig`. Unknown keys are errors that name
+//! the key.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use uascale_server::ServerConfig;
+
+/// `[server]`
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// IP address to bind.
+    pub bind: Option<IpAddr>,
+    /// TCP port.
+    pub port: Option<u16>,
+    /// Host name in endpoint URLs.
+    pub host_name: Option<String>,
+    /// ApplicationUri.
+    pub application_uri: Option<String>,
+    /// ProductUri.
+    pub product_uri: Option<String>,
+    /// ApplicationName.
+    pub application_name: Option<String>,
+    /// Most open sessions.
+    pub max_session_count: Option<usize>,
+    /// Time to activate a created session, ms.
+    pub activation_deadline_ms: Option<u64>,
+}
+
+/// `[limits]`
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Kernel listen backlog.
+    pub listen_backlog: Option<u32>,
+    /// Largest chunk received, bytes (>= 8192).
+    pub receive_buffer_size: Option<u32>,
+    /// Largest chunk sent, bytes (>= 8192).
+    pub send_buffer_size: Option<u32>,
+    /// Largest request message, bytes; 0 = no limit.
+    pub max_message_size: Option<u32>,
+    /// Most chunks per request; 0 = no limit.
+    pub max_chunk_count: Option<u32>,
+    /// Time for HEL and OPN after accept, ms.
+    pub handshake_timeout_ms: Option<u64>,
+    /// Lower bound of the revised token lifetime, ms.
+    pub min_token_lifetime_ms: Option<u64>,
+    /// Upper bound of the revised token lifetime, ms.
+    pub max_token_lifetime_ms: Option<u64>,
+    /// Bytes of incomplete chunked messages kept across connections.
+    pub reassembly_budget: Option<usize>,
+    /// Percent of that budget channels without a session may use.
+    pub reassembly_unactivated_percent: Option<u8>,
+    /// Time from a message's first chunk to its last, ms.
+    pub assembly_deadline_ms: Option<u64>,
+    /// Largest String in a request, bytes.
+    pub max_string_length: Option<usize>,
+    /// Largest ByteString in a request, bytes.
+    pub max_byte_string_length: Option<usize>,
+    /// Most elements of an array in a request.
+    pub max_array_length: Option<usize>,
+}
+
+/// `[demo]`
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DemoSection {
+    /// Changing load-test nodes.
+    pub nodes: Option<usize>,
+    /// Period of the demo's changing values, ms.
+    pub rate_ms: Option<u64>,
+}
+
+/// The whole file.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `[server]`
+    #[serde(default)]
+    pub server: ServerSection,
+    /// `[limits]`
+    #[serde(default)]
+    pub limits: LimitsSection,
+    /// `[demo]`
+    #[serde(default)]
+    pub demo: DemoSection,
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+fn positive(name: &str, v: u64) -> Result<u64, String> {
+    if v == 0 {
+        Err(format!("{name} must be greater than 0"))
+    } else {
+        Ok(v)
+    }
+}
+
+impl FileConfig {
+    /// Parses a file's text; errors name the key and line.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Applies what the file sets onto `c`, checking ranges.
+    pub fn apply(&self, c: &mut ServerConfig) -> Result<(), String> {
+        let s = &self.server;
+        if let Some(v) = s.bind {
+            c.bind = SocketAddr::new(v, c.bind.port());
+        }
+        if let Some(v) = s.port {
+            c.bind.set_port(v);
+        }
+        if let Some(v) = &s.host_name {
+            c.host_name = v.clone();
+        }
+        if let Some(v) = &s.application_uri {
+            c.application_uri = v.clone();
+        }
+        if let Some(v) = &s.product_uri {
+            c.product_uri = v.clone();
+        }
+        if let Some(v) = &s.application_name {
+            c.application_name = v.clone();
+        }
+        if let Some(v) = s.max_session_count {
+            c.max_session_count = v;
+        }
+        if let Some(v) = s.activation_deadline_ms {
+            c.activation_deadline = ms(positive("server.activation_deadline_ms", v)?);
+        }
+        let l = &self.limits;
+        if let Some(v) = l.listen_backlog {
+            c.listen_backlog = v;
+        }
+        for (name, v, field) in [
+            (
+                "limits.receive_buffer_size",
+                l.receive_buffer_size,
+                &mut c.channel.transport.receive_buffer_size,
+            ),
+            (
+                "limits.send_buffer_size",
+                l.send_buffer_size,
+                &mut c.channel.transport.send_buffer_size,
+            ),
+        ] {
+            if let Some(v) = v {
+                if v < 8192 {
+                    return Err(format!("{name} = {v}: must be at least 8192"));
+                }
+                *field = v;
+            }
+        }
+        if let Some(v) = l.max_message_size {
+            c.channel.transport.max_message_size = v;
+            c.channel.assembly.max_message_size = (v != 0).then_some(v as usize);
+            if v != 0 {
+                c.channel.decode.max_message_size = v as usize;
+            }
+        }
+        if let Some(v) = l.max_chunk_count {
+            c.channel.transport.max_chunk_count = v;
+            c.channel.assembly.max_chunk_count = (v != 0).then_some(v);
+        }
+        if let Some(v) = l.handshake_timeout_ms {
+            c.channel.handshake_timeout = ms(positive("limits.handshake_timeout_ms", v)?);
+        }
+        if let Some(v) = l.min_token_lifetime_ms {
+            c.channel.min_token_lifetime = ms(positive("limits.min_token_lifetime_ms", v)?);
+        }
+        if let Some(v) = l.max_token_lifetime_ms {
+            c.channel.max_token_lifetime = ms(positive("limits.max_token_lifetime_ms", v)?);
+        }
+        if c.channel.min_token_lifetime > c.channel.max_token_lifetime {
+            return Err(
+                "limits.min_token_lifetime_ms must not exceed limits.max_token_lifetime_ms".into(),
+            );
+        }
+        if let Some(v) = l.reassembly_budget {
+            c.reassembly_budget = v;
+        }
+        if let Some(v) = l.reassembly_unactivated_percent {
+            if v > 100 {
+                return Err(format!(
+                    "limits.reassembly_unactivated_percent = {v}: must be 0..=100"
+                ));
+            }
+            c.reassembly_unactivated_percent = v;
+        }
+        if let Some(v) = l.assembly_deadline_ms {
+            c.channel.assembly.deadline = ms(positive("limits.assembly_deadline_ms", v)?);
+        }
+        if let Some(v) = l.max_string_length {
+            c.channel.decode.max_string_length = v;
+        }
+        if let Some(v) = l.max_byte_string_length {
+            c.channel.decode.max_byte_string_length = v;
+        }
+        if let Some(v) = l.max_array_length {
+            c.channel.decode.max_array_length = v;
+        }
+        if let Some(v) = self.demo.nodes {
+            c.demo_nodes = v;
+        }
+        if let Some(v) = self.demo.rate_ms {
+            c.demo_rate = ms(positive("demo.rate_ms", v)?);
+        }
+        Ok(())
+    }
+
+    /// Every key with its effective value.
+    pub fn effective(c: &ServerConfig) -> Self {
+        let millis = |d: Duration| Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        FileConfig {
+            server: ServerSection {
+                bind: Some(c.bind.ip()),
+                port: Some(c.bind.port()),
+                host_name: Some(c.host_name.clone()),
+                application_uri: Some(c.application_uri.clone()),
+                product_uri: Some(c.product_uri.clone()),
+                application_name: Some(c.application_name.clone()),
+                max_session_count: Some(c.max_session_count),
+                activation_deadline_ms: millis(c.activation_deadline),
+            },
+            limits: LimitsSection {
+                listen_backlog: Some(c.listen_backlog),
+                receive_buffer_size: Some(c.channel.transport.receive_buffer_size),
+                send_buffer_size: Some(c.channel.transport.send_buffer_size),
+                max_message_size: Some(c.channel.transport.max_message_size),
+                max_chunk_count: Some(c.channel.transport.max_chunk_count),
+                handshake_timeout_ms: millis(c.channel.handshake_timeout),
+                min_token_lifetime_ms: millis(c.channel.min_token_lifetime),
+                max_token_lifetime_ms: millis(c.channel.max_token_lifetime),
+                reassembly_budget: Some(c.reassembly_budget),
+                reassembly_unactivated_percent: Some(c.reassembly_unactivated_percent),
+                assembly_deadline_ms: millis(c.channel.assembly.deadline),
+                max_string_length: Some(c.channel.decode.max_string_length),
+                max_byte_string_length: Some(c.channel.decode.max_byte_string_length),
+                max_array_length: Some(c.channel.decode.max_array_length),
+            },
+            demo: DemoSection {
+                nodes: Some(c.demo_nodes),
+                rate_ms: millis(c.demo_rate),
+            },
+        }
+    }
+
+    /// As TOML text.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_and_mistyped_keys_are_named() {
+        let e = FileConfig::parse("[server]\nprot = 1\n").unwrap_err();
+        assert!(e.contains("prot"), "{e}");
+        let e = FileConfig::parse("[limits]\nmax_message_size = \"big\"\n").unwrap_err();
+        assert!(e.contains("max_message_size"), "{e}");
+        let e = FileConfig::parse("[nope]\n").unwrap_err();
+        assert!(e.contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn ranges_are_checked_with_the_key() {
+        let mut c = ServerConfig::default();
+        let f = FileConfig::parse("[limits]\nreceive_buffer_size = 100\n").unwrap();
+        assert!(f
+            .apply(&mut c)
+            .unwrap_err()
+            .contains("limits.receive_buffer_size"));
+        let f = FileConfig::parse("[demo]\nrate_ms = 0\n").unwrap();
+        assert!(f.apply(&mut c).unwrap_err().contains("demo.rate_ms"));
+    }
+
+    #[test]
+    fn printed_config_round_trips() {
+        let mut c = ServerConfig::default();
+        FileConfig::parse("[server]\nport = 4999\n[demo]\nnodes = 7\n")
+            .unwrap()
+            .apply(&mut c)
+            .unwrap();
+        let text = FileConfig::effective(&c).to_toml();
+        let mut again = ServerConfig::default();
+        FileConfig::parse(&text).unwrap().apply(&mut again).unwrap();
+        assert_eq!(again.bind.port(), 4999);
+        assert_eq!(again.demo_nodes, 7);
+        assert_eq!(FileConfig::effective(&again).to_toml(), text);
+    }
+}
