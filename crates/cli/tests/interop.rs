@@ -121,6 +121,7 @@ fn discovery_and_sessions_with_asyncua_and_open62541() {
     assert!(run_peer("session_asyncua.py", &url).contains("asyncua session ok"));
     assert!(run_peer("address_space_asyncua.py", &url).contains("asyncua address space ok"));
     assert!(run_peer("demo_asyncua.py", &url).contains("asyncua demo ok"));
+    assert!(run_peer("limits_asyncua.py", &url).contains("asyncua limits ok"));
     // Serving many clients one after another leaves the server healthy.
     assert!(run_peer("discovery_asyncua.py", &url).contains("asyncua discovery ok"));
     let status = server.stop();

@@ -263,3 +263,49 @@ fn check_type(
     }
     Ok(())
 }
+
+/// HistoryRead: no node of this server keeps history yet, so every node
+/// answers `BadHistoryOperationUnsupported` (unknown ones
+/// `BadNodeIdUnknown`), after the request itself is checked.
+pub fn history_read(
+    ctx: &ServiceContext<'_>,
+    req: &uascale_types::HistoryReadRequest,
+) -> Result<uascale_types::HistoryReadResponse, StatusCode> {
+    use uascale_types as t;
+    let nodes = req.nodes_to_read.as_deref().unwrap_or(&[]);
+    if nodes.is_empty() {
+        return Err(StatusCode::BadNothingToDo);
+    }
+    if nodes.len() > MAX_NODES_PER_READ {
+        return Err(StatusCode::BadTooManyOperations);
+    }
+    if !(0..=3).contains(&req.timestamps_to_return.0) {
+        return Err(StatusCode::BadTimestampsToReturnInvalid);
+    }
+    let d = &req.history_read_details;
+    let known = d.downcast_ref::<t::ReadRawModifiedDetails>().is_some()
+        || d.downcast_ref::<t::ReadEventDetails>().is_some()
+        || d.downcast_ref::<t::ReadProcessedDetails>().is_some()
+        || d.downcast_ref::<t::ReadAtTimeDetails>().is_some()
+        || d.downcast_ref::<t::ReadAnnotationDataDetails>().is_some();
+    if !known {
+        return Err(StatusCode::BadHistoryOperationInvalid);
+    }
+    let results = nodes
+        .iter()
+        .map(|n| t::HistoryReadResult {
+            status_code: if ctx.address_space.get(&n.node_id).is_some() {
+                StatusCode::BadHistoryOperationUnsupported
+            } else {
+                StatusCode::BadNodeIdUnknown
+            },
+            continuation_point: uascale_types::ByteString::null(),
+            history_data: uascale_types::ExtensionObject::null(),
+        })
+        .collect();
+    Ok(t::HistoryReadResponse {
+        response_header: ctx.response_header(&req.request_header),
+        results: Some(results),
+        diagnostic_infos: Some(vec![]),
+    })
+}

@@ -171,6 +171,7 @@ fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Box<dyn Dyn
     with_session!(
         t::ReadRequest => attribute::read,
         t::WriteRequest => attribute::write,
+        t::HistoryReadRequest => attribute::history_read,
         t::CallRequest => method::call,
         t::BrowseRequest => view::browse,
         t::BrowseNextRequest => view::browse_next,
