@@ -184,16 +184,17 @@ async fn serve(
     );
     tracing::debug!(%peer, channel = id, "connection accepted");
     let (mut rd, mut wr) = stream.into_split();
-    let mut input = Vec::with_capacity(16 * 1024);
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut out = Vec::with_capacity(16 * 1024);
+    // Buffers start empty and grow with the traffic: an idle session costs
+    // no buffer memory, a busy one keeps what it needs.
+    let mut input: Vec<u8> = Vec::new();
+    let mut out: Vec<u8> = Vec::new();
+    let mut room = 4096;
     loop {
         let due = conn.poll_timeout();
         tokio::select! {
-            read = rd.read(&mut buf) => match read {
+            read = read_more(&mut rd, &mut input, &mut room) => match read {
                 Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    input.extend_from_slice(buf.get(..n).unwrap_or(&[]));
+                Ok(_) => {
                     if let Err(e) = conn.handle_input(now(), &mut input) {
                         tracing::debug!(%peer, channel = id, error = %e, "closing connection");
                     }
@@ -217,6 +218,24 @@ async fn serve(
     }
     let _ = wr.shutdown().await;
     tracing::debug!(%peer, channel = id, status = ?conn.close_status(), "connection closed");
+}
+
+/// Reads what the socket has into the spare capacity of `input`: at least
+/// 4 KiB, doubled (up to 64 KiB) each time a read filled all the room there
+/// was, so a busy pipelined connection reads in big syscalls while an idle
+/// one holds little memory.
+async fn read_more(
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    input: &mut Vec<u8>,
+    room: &mut usize,
+) -> io::Result<usize> {
+    input.reserve(*room);
+    let spare = input.capacity() - input.len();
+    let n = rd.read_buf(input).await?;
+    if n == spare {
+        *room = (*room * 2).min(64 * 1024);
+    }
+    Ok(n)
 }
 
 async fn sleep_until(due: Option<Instant>) {
