@@ -176,6 +176,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        ["serve", "-h" | "--help"] => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
         ["serve", rest @ ..] => match serve_config(rest) {
             Ok((config, true)) => {
                 print!("{}", config::FileConfig::effective(&config).to_toml());

@@ -10,8 +10,7 @@
 //!
 //! NodeIds are strings: `ns=2;s=Demo.Static.Scalar.Double`.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::Arc;
 
 use uascale_types::{
     Argument, ByteString, DateTime, ExpandedNodeId, ExtensionObject, Guid, LocalizedText,
@@ -19,6 +18,7 @@ use uascale_types::{
 };
 
 use crate::address_space::{AddressSpace, Node};
+use crate::node_manager::InMemoryNodeManager;
 
 /// The demo namespace URI.
 pub const DEMO_NAMESPACE: &str = "urn:uascale:demo";
@@ -32,40 +32,6 @@ const HAS_TYPE_DEFINITION: u32 = 40;
 const FOLDER_TYPE: u32 = 61;
 const BASE_DATA_VARIABLE_TYPE: u32 = 63;
 const PROPERTY_TYPE: u32 = 68;
-
-/// Values that change at run time, by node: the keys are fixed at start, so
-/// the map itself needs no lock; each value has its own.
-#[derive(Debug, Default)]
-pub struct ValueStore {
-    values: HashMap<NodeId, Mutex<Variant>>,
-}
-
-impl ValueStore {
-    /// The current value of a node held here.
-    pub fn get(&self, id: &NodeId) -> Option<Variant> {
-        let m = self.values.get(id)?;
-        Some(match m.lock() {
-            Ok(v) => v.clone(),
-            Err(p) => p.into_inner().clone(),
-        })
-    }
-
-    /// Replaces a value; false when the node is not held here.
-    pub fn set(&self, id: &NodeId, v: Variant) -> bool {
-        let Some(m) = self.values.get(id) else {
-            return false;
-        };
-        match m.lock() {
-            Ok(mut g) => *g = v,
-            Err(p) => *p.into_inner() = v,
-        }
-        true
-    }
-
-    fn hold(&mut self, id: NodeId, v: Variant) {
-        self.values.insert(id, Mutex::new(v));
-    }
-}
 
 fn id(path: &str) -> NodeId {
     NodeId::string(NS, path)
@@ -213,10 +179,10 @@ pub struct Dynamic {
     pub nodes: Vec<NodeId>,
 }
 
-/// Adds the demo namespace to `space`; returns the value store and the
-/// dynamic nodes.
-pub fn build(space: &mut AddressSpace, load_nodes: usize) -> (ValueStore, Dynamic) {
-    let mut values = ValueStore::default();
+/// Adds the demo namespace to `space`; returns its node manager (values
+/// and the Add method) and the dynamic nodes.
+pub fn build(space: &mut AddressSpace, load_nodes: usize) -> (Arc<InMemoryNodeManager>, Dynamic) {
+    let mut values = InMemoryNodeManager::new(DEMO_NAMESPACE);
     space.insert(folder("Demo", "Demo", NodeId::ns0(85), ORGANIZES));
     space.insert(folder("Demo.Static", "Static", id("Demo"), ORGANIZES));
     space.insert(folder(
@@ -305,11 +271,12 @@ pub fn build(space: &mut AddressSpace, load_nodes: usize) -> (ValueStore, Dynami
             dynamic.push(id(&path));
         }
     }
-    (values, Dynamic { nodes: dynamic })
+    values.method(add_method().1, Box::new(call_add));
+    (Arc::new(values), Dynamic { nodes: dynamic })
 }
 
 /// The values of the dynamic nodes at tick `n` (`seed` varies Random).
-pub fn tick(values: &ValueStore, dynamic: &Dynamic, n: u64, seed: &mut u64) {
+pub fn tick(values: &InMemoryNodeManager, dynamic: &Dynamic, n: u64, seed: &mut u64) {
     for (i, node) in dynamic.nodes.iter().enumerate() {
         let v = match i {
             0 => Variant::UInt32(n as u32),

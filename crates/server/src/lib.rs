@@ -16,6 +16,7 @@ pub mod address_space;
 pub mod config;
 pub mod demo;
 pub mod net;
+pub mod node_manager;
 pub mod numeric_range;
 pub mod server_object;
 pub mod services;

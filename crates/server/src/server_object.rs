@@ -34,11 +34,9 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         shutdown_reason: LocalizedText::default(),
     };
     Some(match n {
-        v::Server_NamespaceArray => Variant::from(vec![
-            UaString::from("http://opcfoundation.org/UA/"),
-            UaString::from(ctx.config.application_uri.as_str()),
-            UaString::from(crate::demo::DEMO_NAMESPACE),
-        ]),
+        v::Server_NamespaceArray => {
+            Variant::from(ctx.managers.namespace_array(&ctx.config.application_uri))
+        }
         v::Server_ServerArray => {
             Variant::from(vec![UaString::from(ctx.config.application_uri.as_str())])
         }

@@ -30,7 +30,8 @@ struct Shared {
     sessions: crate::session::SessionTable,
     address_space: crate::address_space::AddressSpace,
     start_time: DateTime,
-    values: crate::demo::ValueStore,
+    managers: crate::node_manager::NodeManagers,
+    demo: Arc<crate::node_manager::InMemoryNodeManager>,
     dynamic: crate::demo::Dynamic,
     config: ServerConfig,
     channel_config: Arc<uascale_proto::ChannelConfig>,
@@ -45,8 +46,21 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds the listener with the configured backlog.
-    pub fn bind(mut config: ServerConfig) -> io::Result<Self> {
+    /// Binds the listener with the configured backlog; the server has
+    /// namespace 0 and the demo namespace.
+    pub fn bind(config: ServerConfig) -> io::Result<Self> {
+        Self::bind_with(config, |_, _| {})
+    }
+
+    /// Like [`Server::bind`], then lets `setup` add nodes and register node
+    /// managers for further namespaces (index 3 and up; 2 is the demo's).
+    pub fn bind_with(
+        mut config: ServerConfig,
+        setup: impl FnOnce(
+            &mut crate::address_space::AddressSpace,
+            &mut crate::node_manager::NodeManagers,
+        ),
+    ) -> io::Result<Self> {
         let addr = config.bind;
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -64,7 +78,13 @@ impl Server {
                 format!("namespace-0 table: {e}"),
             )
         })?;
-        let (values, dynamic) = crate::demo::build(&mut address_space, config.demo_nodes);
+        let (demo, dynamic) = crate::demo::build(&mut address_space, config.demo_nodes);
+        let mut managers = crate::node_manager::NodeManagers::default();
+        managers.register(
+            crate::demo::NS,
+            Arc::clone(&demo) as Arc<dyn crate::node_manager::NodeManager>,
+        );
+        setup(&mut address_space, &mut managers);
         // With port 0 the kernel chose: publish the port actually bound.
         config.bind = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -76,7 +96,8 @@ impl Server {
             next_channel_id: AtomicU32::new(1),
             sessions: crate::session::SessionTable::new(config.max_session_count),
             address_space,
-            values,
+            managers,
+            demo,
             dynamic,
             start_time: DateTime::from_system_time(SystemTime::now()),
             config,
@@ -158,7 +179,7 @@ async fn tick_demo(shared: Arc<Shared>) {
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     for n in 0u64.. {
         interval.tick().await;
-        crate::demo::tick(&shared.values, &shared.dynamic, n, &mut seed);
+        crate::demo::tick(&shared.demo, &shared.dynamic, n, &mut seed);
     }
 }
 
@@ -258,7 +279,7 @@ fn handle_events(conn: &mut ServerConnection, shared: &Shared) {
             instant: Instant::now(),
             address_space: &shared.address_space,
             start_time: shared.start_time,
-            values: &shared.values,
+            managers: &shared.managers,
         };
         let limits = &shared.channel_config.decode;
         let response = dispatch(&ctx, &body, limits);

@@ -141,9 +141,13 @@ fn value(ctx: &ServiceContext<'_>, node: &Node, r: &ReadValueId) -> Result<Varia
             StatusCode::BadDataEncodingInvalid
         });
     }
-    let v = crate::server_object::live_value(ctx, &node.node_id)
-        .or_else(|| ctx.values.get(&node.node_id))
-        .unwrap_or_else(|| node.value.clone());
+    let v = match crate::server_object::live_value(ctx, &node.node_id) {
+        Some(v) => v,
+        None => match ctx.managers.read_value(&node.node_id) {
+            Some(r) => r?,
+            None => node.value.clone(),
+        },
+    };
     match r.index_range.as_str() {
         None | Some("") => Ok(v),
         Some(text) => {
@@ -225,18 +229,14 @@ fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<
         None | Some("") => value,
         Some(text) => {
             let range: NumericRange = text.parse().map_err(|_| StatusCode::BadIndexRangeInvalid)?;
-            let current = ctx
-                .values
-                .get(&node.node_id)
-                .unwrap_or_else(|| node.value.clone());
+            let current = match ctx.managers.read_value(&node.node_id) {
+                Some(r) => r?,
+                None => node.value.clone(),
+            };
             range.write(&current, &value)?
         }
     };
-    if ctx.values.set(&node.node_id, new) {
-        Ok(())
-    } else {
-        Err(StatusCode::BadNotWritable)
-    }
+    ctx.managers.write_value(&node.node_id, new)
 }
 
 /// The value must be of the variable's DataType (or a subtype's built-in

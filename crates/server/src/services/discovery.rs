@@ -87,7 +87,7 @@ mod tests {
         let config = ServerConfig::default();
         let sessions = crate::session::SessionTable::new(1);
         let space = crate::address_space::AddressSpace::default();
-        let values = crate::demo::ValueStore::default();
+        let managers = crate::node_manager::NodeManagers::default();
         let ctx = ServiceContext {
             config: &config,
             sessions: &sessions,
@@ -98,7 +98,7 @@ mod tests {
             instant: std::time::Instant::now(),
             address_space: &space,
             start_time: DateTime::from_ticks(1),
-            values: &values,
+            managers: &managers,
         };
         let mut req = GetEndpointsRequest {
             request_header: RequestHeader {

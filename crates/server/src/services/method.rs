@@ -118,13 +118,12 @@ fn call_one(ctx: &ServiceContext<'_>, m: &CallMethodRequest) -> CallMethodResult
             output_arguments: Some(vec![]),
         };
     }
-    let result = if m.method_id == crate::demo::add_method().1 {
-        crate::demo::call_add(given)
-    } else {
-        // Namespace-0 methods (GetMonitoredItems, ...) arrive with the
-        // services they belong to.
-        Err(StatusCode::BadNotImplemented)
-    };
+    // Methods without a handler (the namespace-0 ones such as
+    // GetMonitoredItems arrive with the services they belong to).
+    let result = ctx
+        .managers
+        .call(&m.object_id, &m.method_id, given)
+        .unwrap_or(Err(StatusCode::BadNotImplemented));
     match result {
         Ok(out) => CallMethodResult {
             status_code: StatusCode::Good,

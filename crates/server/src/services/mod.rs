@@ -32,8 +32,8 @@ pub struct ServiceContext<'a> {
     pub address_space: &'a crate::address_space::AddressSpace,
     /// When the server started.
     pub start_time: DateTime,
-    /// Values that change at run time.
-    pub values: &'a crate::demo::ValueStore,
+    /// The node managers (values and methods by namespace).
+    pub managers: &'a crate::node_manager::NodeManagers,
 }
 
 impl ServiceContext<'_> {
@@ -220,13 +220,14 @@ mod tests {
             instant: std::time::Instant::now(),
             address_space: space(),
             start_time: DateTime::from_ticks(1),
-            values: values(),
+            managers: managers(),
         }
     }
 
-    fn values() -> &'static crate::demo::ValueStore {
-        static V: std::sync::OnceLock<crate::demo::ValueStore> = std::sync::OnceLock::new();
-        V.get_or_init(crate::demo::ValueStore::default)
+    fn managers() -> &'static crate::node_manager::NodeManagers {
+        static V: std::sync::OnceLock<crate::node_manager::NodeManagers> =
+            std::sync::OnceLock::new();
+        V.get_or_init(crate::node_manager::NodeManagers::default)
     }
 
     fn space() -> &'static crate::address_space::AddressSpace {

@@ -154,7 +154,7 @@ mod tests {
         sessions: SessionTable,
         t0: Instant,
         space: crate::address_space::AddressSpace,
-        values: crate::demo::ValueStore,
+        managers: crate::node_manager::NodeManagers,
     }
 
     impl Fixture {
@@ -164,7 +164,7 @@ mod tests {
                 sessions: SessionTable::new(max),
                 t0: Instant::now(),
                 space: crate::address_space::AddressSpace::default(),
-                values: crate::demo::ValueStore::default(),
+                managers: crate::node_manager::NodeManagers::default(),
             }
         }
         fn ctx(&self, channel_id: u32) -> ServiceContext<'_> {
@@ -176,7 +176,7 @@ mod tests {
                 instant: self.t0,
                 address_space: &self.space,
                 start_time: DateTime::from_ticks(1),
-                values: &self.values,
+                managers: &self.managers,
             }
         }
     }

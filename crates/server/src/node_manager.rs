@@ -1,0 +1,383 @@
+//! The node-manager interface: user code serves the values and methods of a
+//! namespace. The nodes themselves (their attributes and references) live in
+//! the [`AddressSpace`](crate::address_space::AddressSpace), so Browse and
+//! the attribute checks work the same for every namespace; a manager owns
+//! what changes - variable values - and what runs - methods.
+//!
+//! Handlers are synchronous for now: they run on the connection's task, so
+//! they must not block. (Async handlers come with the request queue of
+//! SCALABILITY.md §3, which can park a request while its handler awaits.)
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use uascale_types::{NodeId, StatusCode, UaString, Variant};
+
+/// A method implementation: input arguments (already checked against the
+/// method's InputArguments) to output arguments.
+pub type MethodHandler = Box<dyn Fn(&[Variant]) -> Result<Vec<Variant>, StatusCode> + Send + Sync>;
+
+/// Serves the values and methods of one namespace.
+pub trait NodeManager: Send + Sync {
+    /// The namespace URI (its index is where the manager is registered).
+    fn namespace_uri(&self) -> &str;
+
+    /// The current value of a variable; `None` when this manager does not
+    /// hold it (the node's static value from the address space is used).
+    fn read_value(&self, node: &NodeId) -> Option<Result<Variant, StatusCode>>;
+
+    /// Stores a value that passed the server's access-level and type checks.
+    /// `BadNotWritable` when this manager does not hold the node.
+    fn write_value(&self, node: &NodeId, value: Variant) -> Result<(), StatusCode>;
+
+    /// Runs a method; `None` when this manager has no handler for it.
+    fn call(
+        &self,
+        object: &NodeId,
+        method: &NodeId,
+        inputs: &[Variant],
+    ) -> Option<Result<Vec<Variant>, StatusCode>>;
+}
+
+/// The managers of a server, by namespace index.
+#[derive(Default)]
+pub struct NodeManagers {
+    by_index: Vec<Option<Arc<dyn NodeManager>>>,
+}
+
+impl std::fmt::Debug for NodeManagers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(
+                self.by_index
+                    .iter()
+                    .map(|m| m.as_ref().map(|m| m.namespace_uri().to_owned())),
+            )
+            .finish()
+    }
+}
+
+impl NodeManagers {
+    /// Registers `manager` for namespace `index` (2 and up: 0 is the OPC UA
+    /// namespace, 1 the server's own), replacing any earlier one.
+    pub fn register(&mut self, index: u16, manager: Arc<dyn NodeManager>) {
+        let i = usize::from(index);
+        if self.by_index.len() <= i {
+            self.by_index.resize_with(i + 1, || None);
+        }
+        self.by_index[i] = Some(manager);
+    }
+
+    fn get(&self, ns: u16) -> Option<&Arc<dyn NodeManager>> {
+        self.by_index.get(usize::from(ns)).and_then(Option::as_ref)
+    }
+
+    /// The value of `node` from its namespace's manager, if it holds one.
+    pub fn read_value(&self, node: &NodeId) -> Option<Result<Variant, StatusCode>> {
+        self.get(node.namespace)?.read_value(node)
+    }
+
+    /// Writes through the namespace's manager.
+    pub fn write_value(&self, node: &NodeId, value: Variant) -> Result<(), StatusCode> {
+        match self.get(node.namespace) {
+            Some(m) => m.write_value(node, value),
+            None => Err(StatusCode::BadNotWritable),
+        }
+    }
+
+    /// Calls through the method's namespace's manager.
+    pub fn call(
+        &self,
+        object: &NodeId,
+        method: &NodeId,
+        inputs: &[Variant],
+    ) -> Option<Result<Vec<Variant>, StatusCode>> {
+        self.get(method.namespace)?.call(object, method, inputs)
+    }
+
+    /// The NamespaceArray: the OPC UA namespace, the server's, then each
+    /// registered manager's URI at its index (empty where none is).
+    pub fn namespace_array(&self, application_uri: &str) -> Vec<UaString> {
+        let mut v = vec![
+            UaString::from("http://opcfoundation.org/UA/"),
+            UaString::from(application_uri),
+        ];
+        for m in self.by_index.iter().skip(2) {
+            v.push(UaString::from(m.as_ref().map_or("", |m| m.namespace_uri())));
+        }
+        v
+    }
+}
+
+/// Values and methods held in memory: the manager behind the demo
+/// namespace, and a ready-made one for user code.
+pub struct InMemoryNodeManager {
+    uri: String,
+    values: HashMap<NodeId, Mutex<Variant>>,
+    methods: HashMap<NodeId, MethodHandler>,
+}
+
+impl std::fmt::Debug for InMemoryNodeManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "InMemoryNodeManager({}, {} values, {} methods)",
+            self.uri,
+            self.values.len(),
+            self.methods.len()
+        )
+    }
+}
+
+impl InMemoryNodeManager {
+    /// An empty manager for namespace `uri`.
+    pub fn new(uri: impl Into<String>) -> Self {
+        InMemoryNodeManager {
+            uri: uri.into(),
+            values: HashMap::new(),
+            methods: HashMap::new(),
+        }
+    }
+
+    /// Holds a value for `node` (before the manager is shared: the set of
+    /// nodes is fixed then, and only their values change).
+    pub fn hold(&mut self, node: NodeId, value: Variant) {
+        self.values.insert(node, Mutex::new(value));
+    }
+
+    /// Registers a method handler.
+    pub fn method(&mut self, method: NodeId, handler: MethodHandler) {
+        self.methods.insert(method, handler);
+    }
+
+    /// Sets a held value from server-side code (a simulation, a driver);
+    /// false when `node` is not held.
+    pub fn set(&self, node: &NodeId, value: Variant) -> bool {
+        let Some(m) = self.values.get(node) else {
+            return false;
+        };
+        match m.lock() {
+            Ok(mut g) => *g = value,
+            Err(p) => *p.into_inner() = value,
+        }
+        true
+    }
+
+    /// A held value.
+    pub fn get(&self, node: &NodeId) -> Option<Variant> {
+        let m = self.values.get(node)?;
+        Some(match m.lock() {
+            Ok(v) => v.clone(),
+            Err(p) => p.into_inner().clone(),
+        })
+    }
+}
+
+impl NodeManager for InMemoryNodeManager {
+    fn namespace_uri(&self) -> &str {
+        &self.uri
+    }
+
+    fn read_value(&self, node: &NodeId) -> Option<Result<Variant, StatusCode>> {
+        self.get(node).map(Ok)
+    }
+
+    fn write_value(&self, node: &NodeId, value: Variant) -> Result<(), StatusCode> {
+        if self.set(node, value) {
+            Ok(())
+        } else {
+            Err(StatusCode::BadNotWritable)
+        }
+    }
+
+    fn call(
+        &self,
+        _object: &NodeId,
+        method: &NodeId,
+        inputs: &[Variant],
+    ) -> Option<Result<Vec<Variant>, StatusCode>> {
+        self.methods.get(method).map(|h| h(inputs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_by_namespace() {
+        let mut m = InMemoryNodeManager::new("urn:test");
+        let n = NodeId::string(3, "x");
+        m.hold(n.clone(), Variant::Int32(1));
+        m.method(
+            NodeId::string(3, "m"),
+            Box::new(|i: &[Variant]| Ok(i.to_vec())),
+        );
+        let mut all = NodeManagers::default();
+        all.register(3, Arc::new(m));
+        assert_eq!(all.read_value(&n), Some(Ok(Variant::Int32(1))));
+        all.write_value(&n, Variant::Int32(2)).unwrap();
+        assert_eq!(all.read_value(&n), Some(Ok(Variant::Int32(2))));
+        assert_eq!(all.read_value(&NodeId::string(4, "x")), None);
+        assert_eq!(
+            all.write_value(&NodeId::string(3, "y"), Variant::Int32(0)),
+            Err(StatusCode::BadNotWritable)
+        );
+        let out = all.call(&NodeId::NULL, &NodeId::string(3, "m"), &[Variant::Byte(7)]);
+        assert_eq!(out, Some(Ok(vec![Variant::Byte(7)])));
+        assert_eq!(
+            all.namespace_array("urn:server"),
+            vec![
+                UaString::from("http://opcfoundation.org/UA/"),
+                UaString::from("urn:server"),
+                UaString::from(""),
+                UaString::from("urn:test")
+            ]
+        );
+    }
+}
+
+/// A user namespace served through the same Read / Write / Call paths as the
+/// built-in ones.
+#[cfg(test)]
+// Tests take one real instant as the origin of their simulated time.
+#[allow(clippy::disallowed_methods)]
+mod service_tests {
+    use super::*;
+    use crate::address_space::{AddressSpace, Node};
+    use crate::services::{attribute, method, ServiceContext};
+    use crate::session::SessionTable;
+    use crate::ServerConfig;
+    use uascale_types::{
+        Argument, AttributeId, CallMethodRequest, CallRequest, DataValue, DateTime,
+        ExtensionObject, LocalizedText, NodeClass, QualifiedName, ReadRequest, ReadValueId,
+        WriteRequest, WriteValue,
+    };
+
+    fn setup() -> (AddressSpace, NodeManagers) {
+        let mut space = AddressSpace::default();
+        let mut var = Node::new(
+            NodeClass::Variable,
+            NodeId::string(3, "Temp"),
+            QualifiedName::new(3, "Temp"),
+        );
+        var.data_type = NodeId::ns0(11);
+        var.access_level = 3;
+        space.insert(var);
+        let obj = Node::new(
+            NodeClass::Object,
+            NodeId::string(3, "Obj"),
+            QualifiedName::new(3, "Obj"),
+        );
+        space.insert(obj);
+        let m = Node::new(
+            NodeClass::Method,
+            NodeId::string(3, "Twice"),
+            QualifiedName::new(3, "Twice"),
+        )
+        .with_reference(47, false, NodeId::string(3, "Obj"));
+        space.insert(m);
+        let mut args = Node::new(
+            NodeClass::Variable,
+            NodeId::string(3, "Twice.In"),
+            QualifiedName::new(0, "InputArguments"),
+        )
+        .with_reference(46, false, NodeId::string(3, "Twice"));
+        args.value = Variant::from(vec![ExtensionObject::new(Argument {
+            name: UaString::from("x"),
+            data_type: NodeId::ns0(11),
+            value_rank: -1,
+            array_dimensions: None,
+            description: LocalizedText::default(),
+        })]);
+        space.insert(args);
+        let mut mgr = InMemoryNodeManager::new("urn:user");
+        mgr.hold(NodeId::string(3, "Temp"), Variant::Double(20.0));
+        mgr.method(
+            NodeId::string(3, "Twice"),
+            Box::new(|i: &[Variant]| match i {
+                [Variant::Double(x)] => Ok(vec![Variant::Double(x * 2.0)]),
+                _ => Err(StatusCode::BadInvalidArgument),
+            }),
+        );
+        let mut managers = NodeManagers::default();
+        managers.register(3, Arc::new(mgr));
+        (space, managers)
+    }
+
+    #[test]
+    fn read_write_call_through_a_user_manager() {
+        let (space, managers) = setup();
+        let config = ServerConfig::default();
+        let sessions = SessionTable::new(1);
+        let ctx = ServiceContext {
+            config: &config,
+            sessions: &sessions,
+            channel_id: 1,
+            now: DateTime::from_ticks(1),
+            instant: std::time::Instant::now(),
+            address_space: &space,
+            start_time: DateTime::from_ticks(1),
+            managers: &managers,
+        };
+        let read = || {
+            let r = attribute::read(
+                &ctx,
+                &ReadRequest {
+                    nodes_to_read: Some(vec![ReadValueId {
+                        node_id: NodeId::string(3, "Temp"),
+                        attribute_id: AttributeId::Value as u32,
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.results.unwrap()[0].value.clone()
+        };
+        assert_eq!(read(), Some(Variant::Double(20.0)));
+        let w = attribute::write(
+            &ctx,
+            &WriteRequest {
+                nodes_to_write: Some(vec![
+                    WriteValue {
+                        node_id: NodeId::string(3, "Temp"),
+                        attribute_id: AttributeId::Value as u32,
+                        value: DataValue::value(21.5),
+                        ..Default::default()
+                    },
+                    WriteValue {
+                        node_id: NodeId::string(3, "Temp"),
+                        attribute_id: AttributeId::Value as u32,
+                        value: DataValue::value("warm"),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            w.results,
+            Some(vec![StatusCode::Good, StatusCode::BadTypeMismatch])
+        );
+        assert_eq!(read(), Some(Variant::Double(21.5)));
+        let c = method::call(
+            &ctx,
+            &CallRequest {
+                methods_to_call: Some(vec![CallMethodRequest {
+                    object_id: NodeId::string(3, "Obj"),
+                    method_id: NodeId::string(3, "Twice"),
+                    input_arguments: Some(vec![Variant::Double(4.0)]),
+                }]),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let r = &c.results.unwrap()[0];
+        assert_eq!(r.status_code, StatusCode::Good);
+        assert_eq!(r.output_arguments, Some(vec![Variant::Double(8.0)]));
+        let ns = managers.namespace_array("urn:s");
+        assert_eq!(ns[3], "urn:user");
+    }
+}
