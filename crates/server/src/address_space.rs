@@ -5,7 +5,9 @@
 //! The table is decoded once per process and shared; references are made
 //! two-way at load so that Browse can follow both directions.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+
+use crate::fxhash::FxHashMap;
 
 use uascale_types::{
     BinaryDecode, DecodeError, DecodeErrorKind, DecodeLimits, LocalizedText, NodeClass, NodeId,
@@ -112,7 +114,7 @@ impl Node {
 /// The nodes of a server.
 #[derive(Debug, Default)]
 pub struct AddressSpace {
-    nodes: HashMap<NodeId, Node>,
+    nodes: FxHashMap<NodeId, Node>,
 }
 
 fn bad(what: &'static str) -> DecodeError {
@@ -180,7 +182,7 @@ impl AddressSpace {
             return Err(bad("not a uascale namespace table (version 1)"));
         }
         let count = u32::decode(&mut r)?;
-        let mut nodes = HashMap::with_capacity(count as usize);
+        let mut nodes = FxHashMap::with_capacity_and_hasher(count as usize, Default::default());
         for _ in 0..count {
             let n = decode_node(&mut r)?;
             nodes.insert(n.node_id.clone(), n);

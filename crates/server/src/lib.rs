@@ -15,6 +15,7 @@
 pub mod address_space;
 pub mod config;
 pub mod demo;
+pub mod fxhash;
 pub mod net;
 pub mod node_manager;
 pub mod numeric_range;

@@ -8,7 +8,7 @@
 //! they must not block. (Async handlers come with the request queue of
 //! SCALABILITY.md §3, which can park a request while its handler awaits.)
 
-use std::collections::HashMap;
+use crate::fxhash::FxHashMap;
 use std::sync::{Arc, Mutex};
 
 use uascale_types::{NodeId, StatusCode, UaString, Variant};
@@ -113,8 +113,8 @@ impl NodeManagers {
 /// namespace, and a ready-made one for user code.
 pub struct InMemoryNodeManager {
     uri: String,
-    values: HashMap<NodeId, Mutex<Variant>>,
-    methods: HashMap<NodeId, MethodHandler>,
+    values: FxHashMap<NodeId, Mutex<Variant>>,
+    methods: FxHashMap<NodeId, MethodHandler>,
 }
 
 impl std::fmt::Debug for InMemoryNodeManager {
@@ -134,8 +134,8 @@ impl InMemoryNodeManager {
     pub fn new(uri: impl Into<String>) -> Self {
         InMemoryNodeManager {
             uri: uri.into(),
-            values: HashMap::new(),
-            methods: HashMap::new(),
+            values: FxHashMap::default(),
+            methods: FxHashMap::default(),
         }
     }
 
