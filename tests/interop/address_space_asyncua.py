@@ -8,21 +8,9 @@ import datetime
 import sys
 
 from asyncua import Client, ua
+from common import check, expect_status
 
 
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", file=sys.stderr)
-        sys.exit(1)
-
-
-async def expect_status(coro, code, what):
-    try:
-        await coro
-    except ua.UaStatusCodeError as e:
-        check(e.code == code, f"{what}: got {e}")
-        return
-    check(False, f"{what}: no error")
 
 
 async def main(url):

@@ -10,6 +10,7 @@ import sys
 import uuid
 
 from asyncua import Client, ua
+from common import check, expect_status
 
 TYPES = {
     "Boolean": (False, ua.VariantType.Boolean),
@@ -36,11 +37,6 @@ TYPES = {
 }
 
 
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", file=sys.stderr)
-        sys.exit(1)
-
 
 def same(a, b):
     if isinstance(a, datetime.datetime):
@@ -49,14 +45,6 @@ def same(a, b):
         return a.value == b.value
     return a == b
 
-
-async def expect_status(coro, code, what):
-    try:
-        await coro
-    except ua.UaStatusCodeError as e:
-        check(e.code == code, f"{what}: got {e}")
-        return
-    check(False, f"{what}: no error")
 
 
 async def main(url):

@@ -7,15 +7,11 @@ import asyncio
 import sys
 
 from asyncua import Client, ua
+from common import check
 
 NONE_URI = "http://opcfoundation.org/UA/SecurityPolicy#None"
 UATCP = "http://opcfoundation.org/UA-Profile/Transport/uatcp-uasc-uabinary"
 
-
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", file=sys.stderr)
-        sys.exit(1)
 
 
 async def main(url):

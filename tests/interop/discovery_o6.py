@@ -5,14 +5,10 @@ usage: discovery_o6.py URL
 import sys
 
 import o6
+from common import check
 
 NONE_URI = "http://opcfoundation.org/UA/SecurityPolicy#None"
 
-
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", file=sys.stderr)
-        sys.exit(1)
 
 
 url = sys.argv[1]

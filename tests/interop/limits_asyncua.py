@@ -9,12 +9,8 @@ import asyncio
 import sys
 
 from asyncua import Client, ua
+from common import check
 
-
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", file=sys.stderr)
-        sys.exit(1)
 
 
 async def main(url):

@@ -272,16 +272,7 @@ impl ServerConnection {
     }
 
     fn fail(&mut self, e: &ChannelError) {
-        if self.is_closed() {
-            return;
-        }
-        let status = e.status_code();
-        ErrorMessage {
-            error: status,
-            reason: UaString::new(e.to_string()),
-        }
-        .encode_message(&mut self.out);
-        self.close(status);
+        self.close_with(e.status_code(), &e.to_string());
     }
 
     fn close(&mut self, status: StatusCode) {

@@ -180,17 +180,10 @@ fn events(s: &mut ServerConnection) -> Vec<Event> {
 
 /// Splits the server's output into (header, whole message) pairs.
 fn messages(bytes: &[u8]) -> Vec<(MessageHeader, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at < bytes.len() {
-        let h = MessageHeader::parse(&bytes[at..], u32::MAX)
-            .unwrap()
-            .unwrap();
-        let end = at + h.message_size as usize;
-        out.push((h, bytes[at..end].to_vec()));
-        at = end;
-    }
-    out
+    crate::tcp::split_messages(bytes)
+        .into_iter()
+        .map(|(h, m)| (h, m.to_vec()))
+        .collect()
 }
 
 fn expect_error(bytes: &[u8], status: StatusCode) {

@@ -313,17 +313,10 @@ mod tests {
     use super::*;
 
     fn parse_all(bytes: &[u8]) -> Vec<Chunk<'_>> {
-        let mut out = Vec::new();
-        let mut at = 0;
-        while at < bytes.len() {
-            let h = MessageHeader::parse(&bytes[at..], u32::MAX)
-                .unwrap()
-                .unwrap();
-            let end = at + h.message_size as usize;
-            out.push(Chunk::parse(&h, &bytes[at..end]).unwrap());
-            at = end;
-        }
-        out
+        crate::tcp::split_messages(bytes)
+            .into_iter()
+            .map(|(h, m)| Chunk::parse(&h, m).unwrap())
+            .collect()
     }
 
     #[test]

@@ -447,6 +447,22 @@ impl TransportLimits {
     }
 }
 
+/// Splits well-formed output into its messages (for tests of this crate).
+#[cfg(test)]
+pub(crate) fn split_messages(bytes: &[u8]) -> Vec<(MessageHeader, &[u8])> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let h = MessageHeader::parse(&bytes[at..], u32::MAX)
+            .unwrap()
+            .unwrap();
+        let end = at + h.message_size as usize;
+        out.push((h, &bytes[at..end]));
+        at = end;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

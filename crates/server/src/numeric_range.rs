@@ -2,7 +2,7 @@
 
 use std::str::FromStr;
 
-use uascale_types::{Array, ArrayValues, ByteString, StatusCode, UaString, Variant};
+use uascale_types::{Array, ByteString, StatusCode, UaString, Variant};
 
 /// One dimension's inclusive bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,41 +95,11 @@ impl NumericRange {
                 slice(bs.as_bytes().ok_or(none)?, b).ok_or(none)?,
             )),
             Variant::Array(a) if a.dimensions().is_none_or(|d| d.len() <= 1) => {
-                macro_rules! arm {
-                    ($($name:ident),*) => {
-                        match a.values() {
-                            $(ArrayValues::$name(x) => ArrayValues::$name(slice(x, b).ok_or(none)?),)*
-                        }
-                    };
-                }
-                let values = arm!(
-                    Boolean,
-                    SByte,
-                    Byte,
-                    Int16,
-                    UInt16,
-                    Int32,
-                    UInt32,
-                    Int64,
-                    UInt64,
-                    Float,
-                    Double,
-                    String,
-                    DateTime,
-                    Guid,
-                    ByteString,
-                    XmlElement,
-                    NodeId,
-                    ExpandedNodeId,
-                    StatusCode,
-                    QualifiedName,
-                    LocalizedText,
-                    ExtensionObject,
-                    DataValue,
-                    Variant,
-                    DiagnosticInfo
-                );
-                Variant::from(Array::new(values))
+                Variant::from(Array::new(
+                    a.values()
+                        .sub_range(b.low as usize, b.high as usize)
+                        .ok_or(none)?,
+                ))
             }
             Variant::Array(_) => return Err(StatusCode::BadIndexRangeInvalid),
             _ => return Err(none),
@@ -203,45 +173,10 @@ impl NumericRange {
         if upd.values().len() != count {
             return Err(StatusCode::BadIndexRangeInvalid);
         }
-        macro_rules! arm {
-            ($($name:ident),*) => {
-                match (cur.values(), upd.values()) {
-                    $((ArrayValues::$name(c), ArrayValues::$name(u)) => {
-                        let mut c = c.clone();
-                        c[low..low + count].clone_from_slice(u);
-                        ArrayValues::$name(c)
-                    })*
-                    _ => return Err(StatusCode::BadTypeMismatch),
-                }
-            };
+        let mut values = cur.values().clone();
+        if !values.replace_range(low, upd.values()) {
+            return Err(StatusCode::BadTypeMismatch);
         }
-        let values = arm!(
-            Boolean,
-            SByte,
-            Byte,
-            Int16,
-            UInt16,
-            Int32,
-            UInt32,
-            Int64,
-            UInt64,
-            Float,
-            Double,
-            String,
-            DateTime,
-            Guid,
-            ByteString,
-            XmlElement,
-            NodeId,
-            ExpandedNodeId,
-            StatusCode,
-            QualifiedName,
-            LocalizedText,
-            ExtensionObject,
-            DataValue,
-            Variant,
-            DiagnosticInfo
-        );
         Ok(Variant::from(Array::new(values)))
     }
 }

@@ -161,6 +161,35 @@ macro_rules! array_values {
                 }
             }
 
+            /// Elements `low..=high` (`high` clipped to the end); `None`
+            /// when `low` is past the end.
+            pub fn sub_range(&self, low: usize, high: usize) -> Option<ArrayValues> {
+                fn take<T: Clone>(v: &[T], low: usize, high: usize) -> Option<Vec<T>> {
+                    let last = v.len().checked_sub(1)?;
+                    (low <= last).then(|| v[low..=high.min(last)].to_vec())
+                }
+                Some(match self {
+                    $(ArrayValues::$name(v) => ArrayValues::$name(take(v, low, high)?),)*
+                })
+            }
+
+            /// Replaces the elements from `low` on with `with`, which must
+            /// be of the same type and fit; false (unchanged) otherwise.
+            pub fn replace_range(&mut self, low: usize, with: &ArrayValues) -> bool {
+                match (self, with) {
+                    $((ArrayValues::$name(v), ArrayValues::$name(w)) => {
+                        match v.get_mut(low..low.saturating_add(w.len())) {
+                            Some(dst) => {
+                                dst.clone_from_slice(w);
+                                true
+                            }
+                            None => false,
+                        }
+                    })*
+                    _ => false,
+                }
+            }
+
             fn encode_elements(&self, w: &mut Vec<u8>) {
                 match self {
                     $(ArrayValues::$name(v) => {
@@ -688,6 +717,20 @@ mod tests {
             }
         ));
         assert!(e.path().starts_with("[0][0][0]"));
+    }
+
+    #[test]
+    fn sub_and_replace_ranges() {
+        let a = ArrayValues::Int32(vec![1, 2, 3, 4]);
+        assert_eq!(a.sub_range(1, 2), Some(ArrayValues::Int32(vec![2, 3])));
+        assert_eq!(a.sub_range(3, 9), Some(ArrayValues::Int32(vec![4])));
+        assert_eq!(a.sub_range(4, 4), None);
+        let mut b = a.clone();
+        assert!(b.replace_range(2, &ArrayValues::Int32(vec![9, 8])));
+        assert_eq!(b, ArrayValues::Int32(vec![1, 2, 9, 8]));
+        assert!(!b.replace_range(3, &ArrayValues::Int32(vec![0, 0])));
+        assert!(!b.replace_range(0, &ArrayValues::Double(vec![0.0])));
+        assert_eq!(b, ArrayValues::Int32(vec![1, 2, 9, 8]));
     }
 
     #[test]
