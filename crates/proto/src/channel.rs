@@ -207,6 +207,18 @@ fn peer(status: StatusCode, what: &'static str) -> ChannelError {
     ChannelError::Peer { status, what }
 }
 
+/// Replayed, skipped or reordered sequence numbers end the channel.
+fn check_sequence(last: u32, received: u32) -> Result<(), ChannelError> {
+    if SequenceNumbers::follows(last, received) {
+        Ok(())
+    } else {
+        Err(peer(
+            StatusCode::BadSequenceNumberInvalid,
+            "sequence number out of order",
+        ))
+    }
+}
+
 impl ServerConnection {
     /// The secure channel id.
     pub fn channel_id(&self) -> u32 {
@@ -382,12 +394,7 @@ impl ServerConnection {
                         "renew for another channel",
                     ));
                 }
-                if !SequenceNumbers::follows(open.last_received, chunk.sequence_number) {
-                    return Err(peer(
-                        StatusCode::BadSequenceNumberInvalid,
-                        "sequence number out of order",
-                    ));
-                }
+                check_sequence(open.last_received, chunk.sequence_number)?;
                 (open.current.id.wrapping_add(1).max(1), open.send_seq)
             }
             (State::Open(_), _) => {
@@ -499,12 +506,7 @@ impl ServerConnection {
                 "unknown or expired token",
             ));
         }
-        if !SequenceNumbers::follows(open.last_received, chunk.sequence_number) {
-            return Err(peer(
-                StatusCode::BadSequenceNumberInvalid,
-                "sequence number out of order",
-            ));
-        }
+        check_sequence(open.last_received, chunk.sequence_number)?;
         open.last_received = chunk.sequence_number;
         if header.message_type == MessageType::CloseSecureChannel {
             let limits = &self.config.decode;
