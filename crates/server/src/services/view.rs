@@ -113,7 +113,7 @@ fn page(
     token: &NodeId,
     mut refs: Vec<ReferenceDescription>,
     max: usize,
-) -> Result<BrowseResult, SessionError> {
+) -> Result<BrowseResult, StatusCode> {
     if refs.len() <= max {
         return Ok(BrowseResult {
             status_code: StatusCode::Good,
@@ -122,10 +122,10 @@ fn page(
         });
     }
     let rest = refs.split_off(max);
-    let id = uascale_types::Guid::from_bytes(getrandom_16())
-        .as_bytes()
-        .to_vec();
-    let cp = ByteString::new(id);
+    // Random ids: a client cannot guess another request's continuation point.
+    let mut id = [0u8; 16];
+    getrandom::getrandom(&mut id).map_err(|_| StatusCode::BadInternalError)?;
+    let cp = ByteString::new(id.to_vec());
     ctx.sessions
         .with(token, Some(ctx.channel_id), true, ctx.instant, |s| {
             if s.continuation_points.len() >= MAX_CONTINUATION_POINTS {
@@ -142,14 +142,7 @@ fn page(
                 references: Some(refs),
             }
         })
-}
-
-fn getrandom_16() -> [u8; 16] {
-    let mut b = [0u8; 16];
-    // A failed read leaves zeros; continuation points only need to be
-    // unique within the session, which the lookup checks anyway.
-    let _ = getrandom::getrandom(&mut b);
-    b
+        .map_err(SessionError::status_code)
 }
 
 /// Browse.
@@ -167,7 +160,7 @@ pub fn browse(ctx: &ServiceContext<'_>, req: &BrowseRequest) -> Result<BrowseRes
     let mut results = Vec::with_capacity(nodes.len());
     for d in nodes {
         results.push(match references(ctx.address_space, d) {
-            Ok(refs) => page(ctx, token, refs, max).map_err(|e| e.status_code())?,
+            Ok(refs) => page(ctx, token, refs, max)?,
             Err(status) => BrowseResult {
                 status_code: status,
                 continuation_point: ByteString::null(),
@@ -213,7 +206,7 @@ pub fn browse_next(
                 continuation_point: ByteString::null(),
                 references: None,
             },
-            Some((_, refs, max)) => page(ctx, token, refs, max).map_err(|e| e.status_code())?,
+            Some((_, refs, max)) => page(ctx, token, refs, max)?,
         });
     }
     Ok(BrowseNextResponse {
