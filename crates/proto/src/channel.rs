@@ -270,9 +270,8 @@ impl ServerConnection {
             let Some(msg) = rest.get(..size) else {
                 break Ok(());
             };
-            let msg = msg.to_vec();
             consumed += size;
-            if let Err(e) = self.handle_message(now, &header, &msg) {
+            if let Err(e) = self.handle_message(now, &header, msg) {
                 break Err(e);
             }
         };

@@ -3,21 +3,21 @@
 //! the operation limits this server enforces.
 
 use uascale_types::{
-    ids::variable as v, BuildInfo, DateTime, ExtensionObject, LocalizedText, NodeId, ServerState,
+    ids::variable as v, BuildInfo, ExtensionObject, LocalizedText, NodeId, ServerState,
     ServerStatusDataType, UaString, Variant,
 };
 
 use crate::services::ServiceContext;
 
-/// The product's build information.
-pub fn build_info(start: DateTime) -> BuildInfo {
+/// The product's build information (ProductUri from the configuration).
+pub fn build_info(ctx: &ServiceContext<'_>) -> BuildInfo {
     BuildInfo {
-        product_uri: UaString::from("urn:uascale"),
+        product_uri: UaString::from(ctx.config.product_uri.as_str()),
         manufacturer_name: UaString::from("uascale developers"),
         product_name: UaString::from("uascale"),
         software_version: UaString::from(env!("CARGO_PKG_VERSION")),
         build_number: UaString::from(env!("CARGO_PKG_VERSION")),
-        build_date: start,
+        build_date: ctx.start_time,
     }
 }
 
@@ -29,7 +29,7 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         start_time: ctx.start_time,
         current_time: ctx.now,
         state: ServerState::Running,
-        build_info: build_info(ctx.start_time),
+        build_info: build_info(ctx),
         seconds_till_shutdown: 0,
         shutdown_reason: LocalizedText::default(),
     };
@@ -44,15 +44,21 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         v::Server_ServerStatus_StartTime => Variant::DateTime(ctx.start_time),
         v::Server_ServerStatus_CurrentTime => Variant::DateTime(ctx.now),
         v::Server_ServerStatus_State => Variant::Int32(ServerState::Running.0),
-        v::Server_ServerStatus_BuildInfo => {
-            Variant::from(ExtensionObject::new(build_info(ctx.start_time)))
+        v::Server_ServerStatus_BuildInfo => Variant::from(ExtensionObject::new(build_info(ctx))),
+        v::Server_ServerStatus_BuildInfo_ProductUri => Variant::String(build_info(ctx).product_uri),
+        v::Server_ServerStatus_BuildInfo_ManufacturerName => {
+            Variant::String(build_info(ctx).manufacturer_name)
         }
-        v::Server_ServerStatus_BuildInfo_ProductUri => Variant::from("urn:uascale"),
-        v::Server_ServerStatus_BuildInfo_ManufacturerName => Variant::from("uascale developers"),
-        v::Server_ServerStatus_BuildInfo_ProductName => Variant::from("uascale"),
-        v::Server_ServerStatus_BuildInfo_SoftwareVersion
-        | v::Server_ServerStatus_BuildInfo_BuildNumber => Variant::from(env!("CARGO_PKG_VERSION")),
-        v::Server_ServerStatus_BuildInfo_BuildDate => Variant::DateTime(ctx.start_time),
+        v::Server_ServerStatus_BuildInfo_ProductName => {
+            Variant::String(build_info(ctx).product_name)
+        }
+        v::Server_ServerStatus_BuildInfo_SoftwareVersion => {
+            Variant::String(build_info(ctx).software_version)
+        }
+        v::Server_ServerStatus_BuildInfo_BuildNumber => {
+            Variant::String(build_info(ctx).build_number)
+        }
+        v::Server_ServerStatus_BuildInfo_BuildDate => Variant::DateTime(build_info(ctx).build_date),
         v::Server_ServerStatus_SecondsTillShutdown => Variant::UInt32(0),
         v::Server_ServerStatus_ShutdownReason => Variant::from(LocalizedText::default()),
         // Full service until load-based ServiceLevel lands (SCALABILITY.md §2).

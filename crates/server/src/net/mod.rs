@@ -267,21 +267,22 @@ async fn sleep_until(due: Option<Instant>) {
 }
 
 fn handle_events(conn: &mut ServerConnection, shared: &Shared) {
+    // One clock reading for the requests that arrived together.
+    let ctx = ServiceContext {
+        config: &shared.config,
+        sessions: &shared.sessions,
+        channel_id: conn.channel_id(),
+        now: DateTime::from_system_time(SystemTime::now()),
+        instant: Instant::now(),
+        address_space: &shared.address_space,
+        start_time: shared.start_time,
+        managers: &shared.managers,
+    };
+    let limits = &shared.channel_config.decode;
     while let Some(event) = conn.poll_event() {
         let Event::Request { request_id, body } = event else {
             continue;
         };
-        let ctx = ServiceContext {
-            config: &shared.config,
-            sessions: &shared.sessions,
-            channel_id: conn.channel_id(),
-            now: DateTime::from_system_time(SystemTime::now()),
-            instant: Instant::now(),
-            address_space: &shared.address_space,
-            start_time: shared.start_time,
-            managers: &shared.managers,
-        };
-        let limits = &shared.channel_config.decode;
         let response = dispatch(&ctx, &body, limits);
         if let Err(e) = conn.send_response(request_id, &response) {
             if e.status_code() == StatusCode::BadResponseTooLarge {
