@@ -5,5 +5,15 @@
 //! Owns: everything cryptographic. Must not: do file IO, read clocks or open
 //! sockets; callers pass certificates, keys and time in.
 //!
-//! Status: the policies arrive with issue 4; this crate is a placeholder in the
-//! workspace layout so that dependants can be wired now.
+//! Modules:
+//! - [`error`]: [`CryptoError`], the one error type of this layer;
+//! - [`rsa`]: RSA keys (aws-lc-rs, constant time) - sign, verify, encrypt, decrypt;
+//! - [`policy`]: the security policies, symmetric keys and key derivation;
+//! - [`x509`]: certificates - parse, create, validate against trust lists.
+
+pub mod error;
+pub mod policy;
+pub mod rsa;
+pub mod x509;
+
+pub use error::CryptoError;

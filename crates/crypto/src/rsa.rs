@@ -1,0 +1,1 @@
+//! RSA keys: owned by the sec-crypto work (issue 4).
