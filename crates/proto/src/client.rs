@@ -202,6 +202,14 @@ impl ClientConnection {
         matches!(self.state, State::Closed(_))
     }
 
+    /// The status it closed with, once closed.
+    pub fn close_status(&self) -> Option<StatusCode> {
+        match self.state {
+            State::Closed(s) => Some(s),
+            _ => None,
+        }
+    }
+
     fn take_request_id(&mut self) -> u32 {
         let id = self.next_request_id;
         self.next_request_id = self.next_request_id.wrapping_add(1).max(1);
