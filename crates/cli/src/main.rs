@@ -1,10 +1,12 @@
 //! The `uascale` command.
 //!
-//! `uascale serve` runs the server (so far: opc.tcp with SecurityPolicy None
-//! and the Discovery services); `uascale decode` prints a binary message.
-//! The client commands and `bench` arrive with their issues.
+//! `uascale serve` runs the server; `endpoints`, `browse`, `read`, `write`
+//! and `call` are the client commands; `uascale decode` prints a binary
+//! message.
 
+mod client_cmd;
 mod config;
+mod values;
 
 use std::process::ExitCode;
 
@@ -176,6 +178,13 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        [cmd @ ("endpoints" | "browse" | "read" | "write" | "call"), rest @ ..] => {
+            if rest.iter().any(|a| *a == "-h" || *a == "--help") {
+                println!("{USAGE}\n{}", client_cmd::USAGE);
+                return ExitCode::SUCCESS;
+            }
+            client_cmd::run(cmd, rest)
+        }
         ["serve", "-h" | "--help"] => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -192,11 +201,11 @@ fn main() -> ExitCode {
             }
         },
         ["-h" | "--help" | "help"] => {
-            println!("{USAGE}");
+            println!("{USAGE}\n{}", client_cmd::USAGE);
             ExitCode::SUCCESS
         }
         _ => {
-            eprintln!("{USAGE}");
+            eprintln!("{USAGE}\n{}", client_cmd::USAGE);
             ExitCode::from(2)
         }
     }

@@ -108,7 +108,10 @@ async fn exercise(kind: &str) {
         .await
         .unwrap();
     assert_eq!(statuses, vec![StatusCode::Good], "{kind}");
-    let back = client.read_values(std::slice::from_ref(&temp)).await.unwrap();
+    let back = client
+        .read_values(std::slice::from_ref(&temp))
+        .await
+        .unwrap();
     assert_eq!(back[0].value, Some(Variant::Double(-3.5)), "{kind}");
 
     let refs = client

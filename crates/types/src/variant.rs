@@ -154,6 +154,13 @@ macro_rules! array_values {
                 self.len() == 0
             }
 
+            /// A copy of element `i` as a Variant; `None` past the end.
+            pub fn get(&self, i: usize) -> Option<Variant> {
+                match self {
+                    $(ArrayValues::$name(v) => v.get(i).cloned().map(Variant::from),)*
+                }
+            }
+
             /// No elements of type `t`.
             pub fn empty(t: VariantType) -> Self {
                 match t {
