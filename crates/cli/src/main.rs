@@ -4,6 +4,7 @@
 //! and `call` are the client commands; `uascale decode` prints a binary
 //! message.
 
+mod bench;
 mod client_cmd;
 mod config;
 mod values;
@@ -185,6 +186,11 @@ fn main() -> ExitCode {
             }
             client_cmd::run(cmd, rest)
         }
+        ["bench", "-h" | "--help"] => {
+            println!("{}", bench::USAGE);
+            ExitCode::SUCCESS
+        }
+        ["bench", rest @ ..] => bench::run(rest),
         ["serve", "-h" | "--help"] => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -201,11 +207,11 @@ fn main() -> ExitCode {
             }
         },
         ["-h" | "--help" | "help"] => {
-            println!("{USAGE}\n{}", client_cmd::USAGE);
+            println!("{USAGE}\n{}\n{}", client_cmd::USAGE, bench::USAGE);
             ExitCode::SUCCESS
         }
         _ => {
-            eprintln!("{USAGE}\n{}", client_cmd::USAGE);
+            eprintln!("{USAGE}\n{}\n{}", client_cmd::USAGE, bench::USAGE);
             ExitCode::from(2)
         }
     }

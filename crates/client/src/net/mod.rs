@@ -40,6 +40,10 @@ pub struct ClientOptions {
     pub channel: ClientConfig,
     /// Decode limits for responses.
     pub decode: DecodeLimits,
+    /// The local address to connect from (e.g. 127.0.0.2, to spread many
+    /// connections over more than one source address); `None` lets the OS
+    /// choose.
+    pub local_addr: Option<std::net::IpAddr>,
 }
 
 impl Default for ClientOptions {
@@ -50,6 +54,7 @@ impl Default for ClientOptions {
             session_timeout: Duration::from_secs(60),
             channel: ClientConfig::default(),
             decode: DecodeLimits::default(),
+            local_addr: None,
         }
     }
 }
@@ -115,7 +120,7 @@ impl Client {
     pub async fn connect(url: &str, options: ClientOptions) -> Result<Client, ClientError> {
         let (host, port) = parse_url(url)?;
         let deadline = options.connect_timeout;
-        let stream = tokio::time::timeout(deadline, TcpStream::connect((host.as_str(), port)))
+        let stream = tokio::time::timeout(deadline, open_tcp(&host, port, options.local_addr))
             .await
             .map_err(|_| ClientError::Timeout)?
             .map_err(|e| ClientError::Io(format!("{host}:{port}: {e}")))?;
@@ -398,6 +403,39 @@ impl Client {
     }
 }
 
+/// Connects to `host:port`, from `local` when given.
+async fn open_tcp(
+    host: &str,
+    port: u16,
+    local: Option<std::net::IpAddr>,
+) -> std::io::Result<TcpStream> {
+    let Some(local) = local else {
+        return TcpStream::connect((host, port)).await;
+    };
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        if addr.is_ipv4() != local.is_ipv4() {
+            continue;
+        }
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.bind(std::net::SocketAddr::new(local, 0))?;
+        match socket.connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            format!("no address of {host} matches the source address {local}"),
+        )
+    }))
+}
+
 /// The connection task.
 async fn drive(
     stream: TcpStream,
@@ -467,23 +505,36 @@ async fn drive(
                 Ok(_) => { let _ = conn.handle_input(now(), &mut input); }
                 Err(e) => break ClientError::Io(e.to_string()),
             },
-            cmd = commands.recv() => match cmd {
-                Some(Command::Request { message, reply }) => match conn.send_request(&message) {
-                    Ok(id) => { pending.insert(id, reply); }
-                    Err(e) => {
-                        let _ = reply.send(Err(ClientError::Channel {
-                            status: e.status_code(),
-                            reason: e.to_string(),
-                            retry_after_ms: None,
-                        }));
-                    }
-                },
-                Some(Command::Close { done }) => {
+            cmd = commands.recv() => {
+                let Some(cmd) = cmd else {
                     conn.close(now());
-                    closing = Some(done);
+                    continue;
+                };
+                // Everything queued goes out in one write.
+                let mut next = Some(cmd);
+                while let Some(cmd) = next.take() {
+                    match cmd {
+                        Command::Request { message, reply } => match conn.send_request(&message) {
+                            Ok(id) => {
+                                pending.insert(id, reply);
+                            }
+                            Err(e) => {
+                                let _ = reply.send(Err(ClientError::Channel {
+                                    status: e.status_code(),
+                                    reason: e.to_string(),
+                                    retry_after_ms: None,
+                                }));
+                            }
+                        },
+                        Command::Close { done } => {
+                            conn.close(now());
+                            closing = Some(done);
+                            break;
+                        }
+                    }
+                    next = commands.try_recv().ok();
                 }
-                None => conn.close(now()),
-            },
+            }
             () = sleep_until(due) => conn.handle_timeout(now()),
         }
     };
