@@ -3,6 +3,7 @@
 //!
 //! - `Demo.Static.Scalar.<Type>` and `Demo.Static.Array.<Type>`: one
 //!   read/write variable of every built-in type;
+//! - `Demo.Static.Matrix`: a 3 x 4 Int32 matrix (ValueRank 2);
 //! - `Demo.Dynamic.{Counter,Random,Sine,Step}`: values the server changes
 //!   every `rate`;
 //! - `Demo.Methods.Add(a: Double, b: Double) -> Double`;
@@ -220,6 +221,11 @@ pub fn build(space: &mut AddressSpace, load_nodes: usize) -> (Arc<InMemoryNodeMa
         ));
         values.hold(id(&path), array_of(sample(t)));
     }
+    // A 3 x 4 Int32 matrix (ValueRank 2) for multi-dimensional index ranges.
+    let mut matrix = variable("Demo.Static.Matrix", "Matrix", "Demo.Static", 6, 2, true);
+    matrix.array_dimensions = Some(vec![3, 4]);
+    space.insert(matrix);
+    values.hold(id("Demo.Static.Matrix"), matrix_value());
     space.insert(folder("Demo.Dynamic", "Dynamic", id("Demo"), ORGANIZES));
     let mut dynamic = Vec::new();
     for (name, dt, v) in [
@@ -273,6 +279,15 @@ pub fn build(space: &mut AddressSpace, load_nodes: usize) -> (Arc<InMemoryNodeMa
     }
     values.method(add_method().1, Box::new(call_add));
     (Arc::new(values), Dynamic { nodes: dynamic })
+}
+
+/// The initial value of `Demo.Static.Matrix`: 3 x 4 Int32, 0..=11 row by row.
+pub fn matrix_value() -> Variant {
+    let values = uascale_types::ArrayValues::Int32((0..12).collect());
+    match uascale_types::Array::with_dimensions(values, vec![3, 4]) {
+        Ok(a) => Variant::from(a),
+        Err(_) => Variant::Empty,
+    }
 }
 
 /// The values of the dynamic nodes at tick `n` (`seed` varies Random).

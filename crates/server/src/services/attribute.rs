@@ -256,9 +256,23 @@ fn check_type(
             return Err(StatusCode::BadTypeMismatch);
         }
     }
-    // A partial write always carries an array (of the range's length).
-    let scalar_rank = node.value_rank == -1;
-    if whole && scalar_rank == v.is_array() {
+    // A partial write carries the selected part; its shape is checked
+    // against the range.
+    if !whole {
+        return Ok(());
+    }
+    let dims = match v {
+        Variant::Array(a) => a.dimensions().map_or(1, |d| d.len().max(1)),
+        _ => 0,
+    };
+    let fits = match node.value_rank {
+        -3 => dims <= 1, // ScalarOrOneDimension
+        -2 => true,      // Any
+        -1 => dims == 0, // Scalar
+        0 => dims >= 1,  // OneOrMoreDimensions
+        n => usize::try_from(n).is_ok_and(|n| n == dims),
+    };
+    if !fits {
         return Err(StatusCode::BadTypeMismatch);
     }
     Ok(())
@@ -308,4 +322,178 @@ pub fn history_read(
         results: Some(results),
         diagnostic_infos: Some(vec![]),
     })
+}
+
+#[cfg(test)]
+// Tests take one real instant as the origin of their simulated time.
+#[allow(clippy::disallowed_methods)]
+mod tests {
+    use super::*;
+    use crate::address_space::AddressSpace;
+    use crate::node_manager::NodeManagers;
+    use crate::session::SessionTable;
+    use crate::ServerConfig;
+    use std::sync::Arc;
+    use uascale_types::{DateTime, WriteRequest, WriteValue};
+
+    struct World {
+        space: AddressSpace,
+        managers: NodeManagers,
+        config: ServerConfig,
+        sessions: SessionTable,
+    }
+
+    /// Namespace 0 and the demo namespace, as `uascale serve` has them.
+    fn world() -> World {
+        let mut space = AddressSpace::ns0().unwrap();
+        let (demo, _) = crate::demo::build(&mut space, 0);
+        let mut managers = NodeManagers::default();
+        managers.register(crate::demo::NS, Arc::clone(&demo) as _);
+        World {
+            space,
+            managers,
+            config: ServerConfig::default(),
+            sessions: SessionTable::new(4),
+        }
+    }
+
+    impl World {
+        fn ctx(&self) -> ServiceContext<'_> {
+            ServiceContext {
+                config: &self.config,
+                sessions: &self.sessions,
+                channel_id: 1,
+                now: DateTime::from_ticks(1),
+                instant: std::time::Instant::now(),
+                address_space: &self.space,
+                start_time: DateTime::from_ticks(1),
+                managers: &self.managers,
+            }
+        }
+
+        fn read(&self, node: &NodeId, attr: AttributeId, range: &str) -> DataValue {
+            let r = read(
+                &self.ctx(),
+                &ReadRequest {
+                    nodes_to_read: Some(vec![ReadValueId {
+                        node_id: node.clone(),
+                        attribute_id: attr as u32,
+                        index_range: if range.is_empty() {
+                            UaString::null()
+                        } else {
+                            UaString::from(range)
+                        },
+                        data_encoding: QualifiedName::default(),
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.results.unwrap().remove(0)
+        }
+
+        fn write(&self, node: &NodeId, attr: AttributeId, range: &str, v: Variant) -> StatusCode {
+            let r = write(
+                &self.ctx(),
+                &WriteRequest {
+                    nodes_to_write: Some(vec![WriteValue {
+                        node_id: node.clone(),
+                        attribute_id: attr as u32,
+                        index_range: if range.is_empty() {
+                            UaString::null()
+                        } else {
+                            UaString::from(range)
+                        },
+                        value: DataValue {
+                            value: Some(v),
+                            ..Default::default()
+                        },
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.results.unwrap()[0]
+        }
+    }
+
+    fn matrix(v: Vec<i32>, d: Vec<u32>) -> Variant {
+        Variant::from(
+            uascale_types::Array::with_dimensions(uascale_types::ArrayValues::Int32(v), d).unwrap(),
+        )
+    }
+
+    #[test]
+    fn matrix_index_ranges_through_read_and_write() {
+        let w = world();
+        let m = NodeId::string(crate::demo::NS, "Demo.Static.Matrix");
+        let dv = w.read(&m, AttributeId::Value, "1:2,0:1");
+        assert_eq!(dv.value, Some(matrix(vec![4, 5, 8, 9], vec![2, 2])));
+        assert_eq!(
+            w.read(&m, AttributeId::Value, "3,0").status,
+            Some(StatusCode::BadIndexRangeNoData)
+        );
+        assert_eq!(
+            w.read(&m, AttributeId::Value, "1").status,
+            Some(StatusCode::BadIndexRangeInvalid)
+        );
+        assert_eq!(
+            w.read(&m, AttributeId::Value, "1:x").status,
+            Some(StatusCode::BadIndexRangeInvalid)
+        );
+        assert_eq!(
+            w.write(
+                &m,
+                AttributeId::Value,
+                "0:1,2:3",
+                matrix(vec![-1, -2, -3, -4], vec![2, 2])
+            ),
+            StatusCode::Good
+        );
+        assert_eq!(
+            w.read(&m, AttributeId::Value, "0:1,2:3").value,
+            Some(matrix(vec![-1, -2, -3, -4], vec![2, 2]))
+        );
+        assert_eq!(
+            w.write(
+                &m,
+                AttributeId::Value,
+                "0:1,2:3",
+                Variant::from(vec![1i32, 2])
+            ),
+            StatusCode::BadIndexRangeDataMismatch
+        );
+        // A whole write must keep two dimensions.
+        assert_eq!(
+            w.write(&m, AttributeId::Value, "", Variant::from(vec![1i32, 2])),
+            StatusCode::BadTypeMismatch
+        );
+        assert_eq!(
+            w.write(&m, AttributeId::Value, "", matrix(vec![1, 2], vec![1, 2])),
+            StatusCode::Good
+        );
+    }
+
+    #[test]
+    fn string_scalar_index_ranges() {
+        let w = world();
+        let s = NodeId::string(crate::demo::NS, "Demo.Static.Scalar.String");
+        assert_eq!(
+            w.read(&s, AttributeId::Value, "2:4").value,
+            Some(Variant::from("sca"))
+        );
+        assert_eq!(
+            w.write(&s, AttributeId::Value, "0:1", Variant::from("UA")),
+            StatusCode::Good
+        );
+        assert_eq!(
+            w.read(&s, AttributeId::Value, "").value,
+            Some(Variant::from("UAscale"))
+        );
+        let b = NodeId::string(crate::demo::NS, "Demo.Static.Scalar.ByteString");
+        assert_eq!(
+            w.read(&b, AttributeId::Value, "1").value,
+            Some(Variant::ByteString(uascale_types::ByteString::new(vec![2])))
+        );
+    }
 }
