@@ -70,6 +70,9 @@ pub struct Node {
     pub minimum_sampling_interval: f64,
     /// References, both directions.
     pub references: Vec<Reference>,
+    /// DataTypeDefinition (DataTypes): a StructureDefinition or
+    /// EnumDefinition ExtensionObject; Empty when the type has none.
+    pub data_type_definition: Variant,
 }
 
 impl Node {
@@ -97,6 +100,7 @@ impl Node {
             access_level: 1,
             minimum_sampling_interval: 0.0,
             references: Vec::new(),
+            data_type_definition: Variant::Empty,
         }
     }
 
@@ -146,6 +150,7 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node, DecodeError> {
             target: NodeId::decode(r)?,
         });
     }
+    let data_type_definition = Variant::decode(r)?;
     Ok(Node {
         node_class,
         node_id,
@@ -167,6 +172,7 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node, DecodeError> {
         access_level,
         minimum_sampling_interval,
         references,
+        data_type_definition,
     })
 }
 
@@ -178,8 +184,8 @@ impl AddressSpace {
             ..DecodeLimits::default()
         };
         let mut r = Reader::new(table, &limits)?;
-        if r.take(7)? != b"UASNS0\x01" {
-            return Err(bad("not a uascale namespace table (version 1)"));
+        if r.take(7)? != b"UASNS0\x02" {
+            return Err(bad("not a uascale namespace table (version 2)"));
         }
         let count = u32::decode(&mut r)?;
         let mut nodes = FxHashMap::with_capacity_and_hasher(count as usize, Default::default());

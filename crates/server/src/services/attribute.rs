@@ -125,6 +125,19 @@ fn read_attribute(ctx: &ServiceContext<'_>, r: &ReadValueId) -> Result<Variant, 
         AttributeId::Executable | AttributeId::UserExecutable if class == NodeClass::Method => {
             Variant::Boolean(node.executable)
         }
+        AttributeId::DataTypeDefinition
+            if class == NodeClass::DataType && !node.data_type_definition.is_empty() =>
+        {
+            node.data_type_definition.clone()
+        }
+        // This server has no role configuration: no RoleSet, identities are
+        // not mapped to Roles, and access is governed by AccessLevel,
+        // WriteMask and Executable alone. RolePermissions,
+        // UserRolePermissions and AccessRestrictions are optional
+        // attributes (Part 3 §5.2.9-5.2.11) a server without role support
+        // does not provide, so they answer BadAttributeIdInvalid on every
+        // node (as does DataTypeDefinition on a DataType without one, such
+        // as the built-in and abstract types).
         _ => return Err(StatusCode::BadAttributeIdInvalid),
     })
 }
@@ -472,6 +485,50 @@ mod tests {
             w.write(&m, AttributeId::Value, "", matrix(vec![1, 2], vec![1, 2])),
             StatusCode::Good
         );
+    }
+
+    #[test]
+    fn data_type_definitions_of_namespace_zero() {
+        use uascale_types::{EnumDefinition, StructureDefinition, StructureType};
+        let w = world();
+        // Argument (i=296): five fields, Default Binary i=298, base Structure.
+        let dv = w.read(&NodeId::ns0(296), AttributeId::DataTypeDefinition, "");
+        let Some(Variant::ExtensionObject(eo)) = dv.value else {
+            panic!("{dv:?}")
+        };
+        let d = eo.downcast_ref::<StructureDefinition>().unwrap();
+        assert_eq!(d.default_encoding_id, NodeId::ns0(298));
+        assert_eq!(d.base_data_type, NodeId::ns0(22));
+        assert_eq!(d.structure_type, StructureType::Structure);
+        let f = d.fields.as_deref().unwrap();
+        assert_eq!(f.len(), 5);
+        assert_eq!(f[3].name, "ArrayDimensions");
+        assert_eq!(
+            (f[3].data_type.clone(), f[3].value_rank),
+            (NodeId::ns0(7), 1)
+        );
+        // NodeClass (i=257) is an enumeration: Object = 1 ... View = 128.
+        let dv = w.read(&NodeId::ns0(257), AttributeId::DataTypeDefinition, "");
+        let Some(Variant::ExtensionObject(eo)) = dv.value else {
+            panic!("{dv:?}")
+        };
+        let e = eo.downcast_ref::<EnumDefinition>().unwrap();
+        let f = e.fields.as_deref().unwrap();
+        assert!(f.iter().any(|f| f.name == "View" && f.value == 128));
+        // Built-in types have none; neither does a non-DataType node.
+        for (id, attr) in [
+            (NodeId::ns0(6), AttributeId::DataTypeDefinition),
+            (NodeId::ns0(85), AttributeId::DataTypeDefinition),
+            (NodeId::ns0(85), AttributeId::RolePermissions),
+            (NodeId::ns0(85), AttributeId::UserRolePermissions),
+            (NodeId::ns0(85), AttributeId::AccessRestrictions),
+        ] {
+            assert_eq!(
+                w.read(&id, attr, "").status,
+                Some(StatusCode::BadAttributeIdInvalid),
+                "{id} {attr:?}"
+            );
+        }
     }
 
     #[test]
