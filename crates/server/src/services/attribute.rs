@@ -6,7 +6,7 @@ use uascale_types::{
 };
 
 use super::ServiceContext;
-use crate::address_space::Node;
+use crate::address_space::{write_mask_bit, Node, SUPPORTED_WRITE_MASK};
 use crate::numeric_range::NumericRange;
 
 /// Most nodes in one Read (published as OperationLimits.MaxNodesPerRead).
@@ -27,9 +27,10 @@ pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse,
     if nodes.len() > MAX_NODES_PER_READ {
         return Err(StatusCode::BadTooManyOperations);
     }
+    let locales = Locales::new(ctx, &req.request_header.authentication_token);
     let results = nodes
         .iter()
-        .map(|r| read_one(ctx, r, req.timestamps_to_return))
+        .map(|r| read_one(ctx, r, req.timestamps_to_return, &locales))
         .collect();
     Ok(ReadResponse {
         response_header: ctx.response_header(&req.request_header),
@@ -38,8 +39,48 @@ pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse,
     })
 }
 
-fn read_one(ctx: &ServiceContext<'_>, r: &ReadValueId, ts: TimestampsToReturn) -> DataValue {
-    let mut dv = match read_attribute(ctx, r) {
+/// The session's localeIds (from ActivateSession), fetched the first time
+/// a node with translations is read - most Reads never need them.
+pub struct Locales<'c> {
+    ctx: &'c ServiceContext<'c>,
+    token: &'c NodeId,
+    ids: std::cell::OnceCell<Vec<UaString>>,
+}
+
+impl<'c> Locales<'c> {
+    /// The locales of the session `token` names.
+    pub fn new(ctx: &'c ServiceContext<'c>, token: &'c NodeId) -> Self {
+        Locales {
+            ctx,
+            token,
+            ids: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The session's locales, most preferred first (none without a session).
+    pub fn get(&self) -> &[UaString] {
+        self.ids.get_or_init(|| {
+            self.ctx
+                .sessions
+                .with(
+                    self.token,
+                    Some(self.ctx.channel_id),
+                    true,
+                    self.ctx.instant,
+                    |s| s.locale_ids.clone(),
+                )
+                .unwrap_or_default()
+        })
+    }
+}
+
+fn read_one(
+    ctx: &ServiceContext<'_>,
+    r: &ReadValueId,
+    ts: TimestampsToReturn,
+    locales: &Locales<'_>,
+) -> DataValue {
+    let mut dv = match read_attribute(ctx, r, locales) {
         Ok(v) => DataValue {
             value: Some(v),
             ..Default::default()
@@ -57,13 +98,15 @@ fn read_one(ctx: &ServiceContext<'_>, r: &ReadValueId, ts: TimestampsToReturn) -
     dv
 }
 
-/// The DisplayName / Description in the session's locale when we have it;
-/// namespace 0 carries one locale, so this returns it as is.
 fn text(t: &LocalizedText) -> Variant {
     Variant::from(t.clone())
 }
 
-fn read_attribute(ctx: &ServiceContext<'_>, r: &ReadValueId) -> Result<Variant, StatusCode> {
+fn read_attribute(
+    ctx: &ServiceContext<'_>,
+    r: &ReadValueId,
+    locales: &Locales<'_>,
+) -> Result<Variant, StatusCode> {
     let node = ctx
         .address_space
         .get(&r.node_id)
@@ -87,15 +130,32 @@ fn read_attribute(ctx: &ServiceContext<'_>, r: &ReadValueId) -> Result<Variant, 
     );
     let is_var = class == NodeClass::Variable;
     let has_value = is_var || class == NodeClass::VariableType;
+    if let Some(bit) = write_mask_bit(attr) {
+        if node.write_mask & bit != 0 {
+            if let Some(v) = ctx.address_space.written(&node.node_id, attr) {
+                return Ok(v);
+            }
+        }
+    }
+    let localized = |attr| {
+        let locales = if node.translations.is_some() {
+            locales.get()
+        } else {
+            &[]
+        };
+        Variant::from(ctx.address_space.localized(node, attr, locales))
+    };
     Ok(match attr {
         AttributeId::NodeId => Variant::from(node.node_id.clone()),
         AttributeId::NodeClass => Variant::Int32(class.0),
         AttributeId::BrowseName => Variant::from(node.browse_name.clone()),
-        AttributeId::DisplayName => text(&node.display_name),
-        AttributeId::Description => text(&node.description),
-        AttributeId::WriteMask => Variant::UInt32(node.write_mask),
-        // No user can write attributes other than those the node allows.
-        AttributeId::UserWriteMask => Variant::UInt32(node.write_mask),
+        AttributeId::DisplayName => localized(AttributeId::DisplayName),
+        AttributeId::Description => localized(AttributeId::Description),
+        // What this server lets a client write of what the node allows;
+        // without roles, every user may write the same.
+        AttributeId::WriteMask | AttributeId::UserWriteMask => {
+            Variant::UInt32(node.write_mask & SUPPORTED_WRITE_MASK)
+        }
         AttributeId::IsAbstract if is_type => Variant::Boolean(node.is_abstract),
         AttributeId::Symmetric if class == NodeClass::ReferenceType => {
             Variant::Boolean(node.symmetric)
@@ -172,6 +232,7 @@ fn value(ctx: &ServiceContext<'_>, node: &Node, r: &ReadValueId) -> Result<Varia
 
 /// A short helper for tests and other services: read one Value.
 pub fn read_value(ctx: &ServiceContext<'_>, node: &NodeId) -> DataValue {
+    let no_session = NodeId::NULL;
     read_one(
         ctx,
         &ReadValueId {
@@ -181,6 +242,7 @@ pub fn read_value(ctx: &ServiceContext<'_>, node: &NodeId) -> DataValue {
             data_encoding: QualifiedName::default(),
         },
         TimestampsToReturn::Neither,
+        &Locales::new(ctx, &no_session),
     )
 }
 
@@ -217,16 +279,6 @@ fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<
         .get(&w.node_id)
         .ok_or(StatusCode::BadNodeIdUnknown)?;
     let attr = AttributeId::from_u32(w.attribute_id).ok_or(StatusCode::BadAttributeIdInvalid)?;
-    if attr != AttributeId::Value {
-        // WriteMask is 0 on every node this server holds.
-        return Err(StatusCode::BadNotWritable);
-    }
-    if node.node_class != NodeClass::Variable {
-        return Err(StatusCode::BadAttributeIdInvalid);
-    }
-    if node.access_level & 2 == 0 {
-        return Err(StatusCode::BadNotWritable);
-    }
     let dv = &w.value;
     // Writing a status or timestamps is not supported; an explicit Good
     // status (which several clients always send) is the same as none.
@@ -235,6 +287,15 @@ fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<
         || dv.server_timestamp.is_some()
     {
         return Err(StatusCode::BadWriteNotSupported);
+    }
+    if attr != AttributeId::Value {
+        return write_attribute(ctx, node, attr, w);
+    }
+    if node.node_class != NodeClass::Variable {
+        return Err(StatusCode::BadAttributeIdInvalid);
+    }
+    if node.access_level & 2 == 0 {
+        return Err(StatusCode::BadNotWritable);
     }
     let value = dv.value.clone().unwrap_or_default();
     check_type(ctx, node, &value, w.index_range.is_null_or_empty())?;
@@ -250,6 +311,46 @@ fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<
         }
     };
     ctx.managers.write_value(&node.node_id, new)
+}
+
+/// Writes an attribute other than Value: allowed when the node's WriteMask
+/// has its bit (and the server supports writing it, see
+/// [`SUPPORTED_WRITE_MASK`]); the value must be of the attribute's type.
+fn write_attribute(
+    ctx: &ServiceContext<'_>,
+    node: &Node,
+    attr: AttributeId,
+    w: &uascale_types::WriteValue,
+) -> Result<(), StatusCode> {
+    let applies = match attr {
+        AttributeId::InverseName => node.node_class == NodeClass::ReferenceType,
+        AttributeId::MinimumSamplingInterval => node.node_class == NodeClass::Variable,
+        _ => true,
+    };
+    if !applies {
+        return Err(StatusCode::BadAttributeIdInvalid);
+    }
+    match write_mask_bit(attr) {
+        Some(bit) if node.write_mask & bit != 0 => {}
+        _ => return Err(StatusCode::BadNotWritable),
+    }
+    if !w.index_range.is_null_or_empty() {
+        return Err(StatusCode::BadIndexRangeNoData);
+    }
+    let v = w.value.value.clone().unwrap_or_default();
+    match (attr, &v) {
+        (AttributeId::MinimumSamplingInterval, Variant::Double(ms)) => {
+            // -1 is "indeterminate", 0 "as fast as possible".
+            if !(ms.is_finite() && *ms >= -1.0) {
+                return Err(StatusCode::BadOutOfRange);
+            }
+        }
+        (AttributeId::MinimumSamplingInterval, _) => return Err(StatusCode::BadTypeMismatch),
+        (_, Variant::LocalizedText(_)) => {}
+        _ => return Err(StatusCode::BadTypeMismatch),
+    }
+    ctx.address_space.set_written(&node.node_id, attr, v);
+    Ok(())
 }
 
 /// The value must be of the variable's DataType (or a subtype's built-in
@@ -529,6 +630,145 @@ mod tests {
                 "{id} {attr:?}"
             );
         }
+    }
+
+    #[test]
+    fn locale_selection_by_session() {
+        use crate::session::Session;
+        let w = world();
+        let t = NodeId::string(crate::demo::NS, "Demo.Static.Temperature");
+        let token = NodeId::opaque(0, vec![9; 32]);
+        let now = std::time::Instant::now();
+        let session = |locales: &[&str]| Session {
+            session_id: NodeId::ns0(1),
+            channel_id: 1,
+            timeout: std::time::Duration::from_secs(30),
+            deadline: now + std::time::Duration::from_secs(30),
+            activated: true,
+            name: UaString::null(),
+            locale_ids: locales.iter().map(|l| UaString::from(*l)).collect(),
+            continuation_points: vec![],
+        };
+        let read_as = |locales: &[&str], attr: AttributeId| {
+            w.sessions.remove(&token);
+            w.sessions.insert(token.clone(), session(locales)).unwrap();
+            let r = read(
+                &w.ctx(),
+                &ReadRequest {
+                    request_header: uascale_types::RequestHeader {
+                        authentication_token: token.clone(),
+                        ..Default::default()
+                    },
+                    nodes_to_read: Some(vec![ReadValueId {
+                        node_id: t.clone(),
+                        attribute_id: attr as u32,
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.results.unwrap().remove(0).value
+        };
+        let lt = |l: &str, s: &str| Some(Variant::from(LocalizedText::new(l, s)));
+        assert_eq!(
+            read_as(&["de-DE"], AttributeId::DisplayName),
+            lt("de", "Temperatur")
+        );
+        assert_eq!(
+            read_as(&["ja", "fr"], AttributeId::DisplayName),
+            lt("fr", "Température")
+        );
+        assert_eq!(
+            read_as(&["de"], AttributeId::Description),
+            lt("de", "Temperatur des Demo-Tanks")
+        );
+        // No match, or no locales: the default.
+        assert_eq!(
+            read_as(&["ja"], AttributeId::DisplayName),
+            lt("en", "Temperature")
+        );
+        assert_eq!(
+            read_as(&[], AttributeId::DisplayName),
+            lt("en", "Temperature")
+        );
+    }
+
+    #[test]
+    fn write_display_name_and_description_per_write_mask() {
+        let w = world();
+        let t = NodeId::string(crate::demo::NS, "Demo.Static.Temperature");
+        let lt = |l: &str, s: &str| Variant::from(LocalizedText::new(l, s));
+        assert_eq!(
+            w.read(&t, AttributeId::WriteMask, "").value,
+            Some(Variant::UInt32(0x60))
+        );
+        assert_eq!(
+            w.write(
+                &t,
+                AttributeId::DisplayName,
+                "",
+                lt("en", "Tank temperature")
+            ),
+            StatusCode::Good
+        );
+        assert_eq!(
+            w.read(&t, AttributeId::DisplayName, "").value,
+            Some(lt("en", "Tank temperature"))
+        );
+        assert_eq!(
+            w.write(&t, AttributeId::Description, "", lt("en", "d")),
+            StatusCode::Good
+        );
+        assert_eq!(
+            w.write(&t, AttributeId::DisplayName, "", Variant::from("plain")),
+            StatusCode::BadTypeMismatch
+        );
+        // Not in the WriteMask, or not writable at all.
+        assert_eq!(
+            w.write(
+                &t,
+                AttributeId::MinimumSamplingInterval,
+                "",
+                Variant::Double(5.0)
+            ),
+            StatusCode::BadNotWritable
+        );
+        assert_eq!(
+            w.write(
+                &t,
+                AttributeId::BrowseName,
+                "",
+                Variant::from(QualifiedName::new(2, "x"))
+            ),
+            StatusCode::BadNotWritable
+        );
+        let server = NodeId::ns0(2253);
+        assert_eq!(
+            w.write(&server, AttributeId::DisplayName, "", lt("en", "x")),
+            StatusCode::BadNotWritable
+        );
+        assert_eq!(
+            w.read(&server, AttributeId::DisplayName, "").value,
+            Some(Variant::from(LocalizedText::text("Server")))
+        );
+        // Browse shows the new name.
+        let b = crate::services::view::browse(
+            &w.ctx(),
+            &uascale_types::BrowseRequest {
+                nodes_to_browse: Some(vec![uascale_types::BrowseDescription {
+                    node_id: NodeId::string(crate::demo::NS, "Demo.Static"),
+                    browse_direction: uascale_types::BrowseDirection::Forward,
+                    result_mask: 63,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+        );
+        let refs = b.unwrap().results.unwrap().remove(0).references.unwrap();
+        assert!(refs
+            .iter()
+            .any(|r| r.display_name == LocalizedText::new("en", "Tank temperature")));
     }
 
     #[test]

@@ -87,7 +87,10 @@ fn references(
                 Default::default()
             },
             display_name: if mask & 16 != 0 {
-                target.map(|t| t.display_name.clone()).unwrap_or_default()
+                // Written DisplayNames show; translations in the default locale.
+                target
+                    .map(|t| space.localized(t, uascale_types::AttributeId::DisplayName, &[]))
+                    .unwrap_or_default()
             } else {
                 Default::default()
             },
