@@ -331,13 +331,45 @@ impl AddressSpace {
         self.nodes.insert(node.node_id.clone(), node);
     }
 
-    /// The built-in type (1..=25) a DataType is, or derives from; `None`
-    /// for structures and abstract numeric types.
+    /// Adds nodes that may refer to each other, and makes every reference
+    /// two-way (a reference the file gives in both directions is kept once).
+    pub fn insert_all(&mut self, nodes: Vec<Node>) {
+        let mut inverses = Vec::new();
+        for n in &nodes {
+            for r in &n.references {
+                inverses.push((
+                    r.target.clone(),
+                    Reference {
+                        reference_type: r.reference_type.clone(),
+                        is_forward: !r.is_forward,
+                        target: n.node_id.clone(),
+                    },
+                ));
+            }
+        }
+        for n in nodes {
+            self.nodes.insert(n.node_id.clone(), n);
+        }
+        for (target, r) in inverses {
+            if let Some(t) = self.nodes.get_mut(&target) {
+                if !t.references.contains(&r) {
+                    t.references.push(r);
+                }
+            }
+        }
+    }
+
+    /// The built-in type (1..=25) a DataType is, or derives from (Int32
+    /// for enumerations); `None` for types outside the hierarchy.
     pub fn builtin_base(&self, data_type: &NodeId) -> Option<u32> {
         let mut cur = data_type.clone();
         for _ in 0..64 {
             if let Some(n) = cur.as_ns0().filter(|n| (1..=25).contains(n)) {
                 return Some(n);
+            }
+            // Enumerations travel as Int32.
+            if cur == NodeId::ns0(29) {
+                return Some(6);
             }
             let node = self.get(&cur)?;
             let parent = node

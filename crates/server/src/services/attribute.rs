@@ -353,6 +353,28 @@ fn write_attribute(
     Ok(())
 }
 
+/// True when `eo`'s encoding belongs to DataType `dt` or one of its
+/// subtypes (the encoding node's inverse HasEncoding names its type); a
+/// null ExtensionObject fits any.
+fn structure_fits(
+    space: &crate::address_space::AddressSpace,
+    eo: &uascale_types::ExtensionObject,
+    dt: &NodeId,
+) -> bool {
+    if eo.is_null() {
+        return true;
+    }
+    let encoding = eo.type_id();
+    let Some(ty) = space.get(&encoding).and_then(|e| {
+        e.references
+            .iter()
+            .find(|r| !r.is_forward && r.reference_type == NodeId::ns0(38))
+    }) else {
+        return false;
+    };
+    space.is_subtype_of(&ty.target, dt)
+}
+
 /// The value must be of the variable's DataType (or a subtype's built-in
 /// type) and match its ValueRank (scalar vs array).
 fn check_type(
@@ -368,6 +390,23 @@ fn check_type(
         // BaseDataType (24) takes anything.
         if base != 24 && base != u32::from(t.id()) {
             return Err(StatusCode::BadTypeMismatch);
+        }
+        // A structure must be of the variable's DataType or a subtype.
+        if base == 22 && node.data_type != NodeId::ns0(22) {
+            let fits = |eo: &uascale_types::ExtensionObject| {
+                structure_fits(ctx.address_space, eo, &node.data_type)
+            };
+            let ok = match v {
+                Variant::ExtensionObject(eo) => fits(eo),
+                Variant::Array(a) => match a.values() {
+                    uascale_types::ArrayValues::ExtensionObject(all) => all.iter().all(fits),
+                    _ => false,
+                },
+                _ => false,
+            };
+            if !ok {
+                return Err(StatusCode::BadTypeMismatch);
+            }
         }
     }
     // A partial write carries the selected part; its shape is checked
