@@ -862,19 +862,155 @@ fn num<T: std::str::FromStr>(n: X<'_, '_>, what: &str) -> VResult<T> {
         .or_else(|_| verr(n, format!("{t:?} is not a valid {what}")))
 }
 
-impl<'s> ValueCtx<'s> {
+/// How DataType `dt` is encoded; `None` when it is not known.
+fn kind_of(space: &AddressSpace, dt: &NodeId) -> Option<Kind> {
+    if let Some(n) = dt.as_ns0().filter(|n| (1..=25).contains(n)) {
+        return Some(Kind::Builtin(n));
+    }
+    if space.is_subtype_of(dt, &NodeId::ns0(ENUMERATION)) {
+        return Some(Kind::Enum);
+    }
+    if space.is_subtype_of(dt, &NodeId::ns0(STRUCTURE)) {
+        return Some(Kind::Structure(dt.clone()));
+    }
+    space.builtin_base(dt).map(Kind::Builtin)
+}
+
+fn structure_definition(space: &AddressSpace, dt: &NodeId) -> Option<StructureDefinition> {
+    match &space.get(dt)?.data_type_definition {
+        Variant::ExtensionObject(e) => e.downcast_ref::<StructureDefinition>().cloned(),
+        _ => None,
+    }
+}
+
+/// True when `body` is exactly one binary encoding of structure `dt`,
+/// walked field by field through its StructureDefinition (nested
+/// structures, arrays, optional fields, unions) under `limits`. Written
+/// ExtensionObjects of companion types are checked with it, so what a
+/// client reads back always decodes.
+pub fn structure_body_is_valid(
+    space: &AddressSpace,
+    dt: &NodeId,
+    body: &[u8],
+    limits: &DecodeLimits,
+) -> bool {
+    let limits = DecodeLimits {
+        max_message_size: body.len().max(1),
+        ..limits.clone()
+    };
+    let Ok(mut r) = Reader::new(body, &limits) else {
+        return false;
+    };
+    skip_structure(space, dt, &mut r, 0).is_some() && r.remaining() == 0
+}
+
+fn skip_structure(
+    space: &AddressSpace,
+    dt: &NodeId,
+    r: &mut Reader<'_>,
+    depth: usize,
+) -> Option<()> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    let def = structure_definition(space, dt)?;
+    let fields = def.fields.as_deref().unwrap_or(&[]);
+    match def.structure_type {
+        StructureType::Union | StructureType::UnionWithSubtypedValues => {
+            let switch = u32::decode(r).ok()?;
+            if switch == 0 {
+                return Some(());
+            }
+            let f = fields.get(usize::try_from(switch - 1).ok()?)?;
+            skip_field(space, f, r, depth)
+        }
+        StructureType::StructureWithOptionalFields => {
+            let mask = u32::decode(r).ok()?;
+            let mut bit = 0u32;
+            for f in fields {
+                if f.is_optional {
+                    let present = bit < 32 && mask & (1 << bit) != 0;
+                    bit += 1;
+                    if !present {
+                        continue;
+                    }
+                }
+                skip_field(space, f, r, depth)?;
+            }
+            Some(())
+        }
+        _ => fields
+            .iter()
+            .try_for_each(|f| skip_field(space, f, r, depth)),
+    }
+}
+
+fn skip_field(
+    space: &AddressSpace,
+    f: &StructureField,
+    r: &mut Reader<'_>,
+    depth: usize,
+) -> Option<()> {
+    let kind = kind_of(space, &f.data_type)?;
+    if f.value_rank >= 0 {
+        let n = i32::decode(r).ok()?;
+        if n < 0 {
+            return Some(());
+        }
+        // Every element takes at least one byte.
+        if usize::try_from(n).ok()? > r.remaining() {
+            return None;
+        }
+        for _ in 0..n {
+            skip_scalar(space, &kind, r, depth)?;
+        }
+        return Some(());
+    }
+    skip_scalar(space, &kind, r, depth)
+}
+
+fn skip_scalar(space: &AddressSpace, kind: &Kind, r: &mut Reader<'_>, depth: usize) -> Option<()> {
+    fn take<T: BinaryDecode>(r: &mut Reader<'_>) -> Option<()> {
+        T::decode(r).ok().map(drop)
+    }
+    match kind {
+        Kind::Enum => take::<i32>(r),
+        Kind::Structure(dt) => skip_structure(space, dt, r, depth + 1),
+        Kind::Builtin(id) => match id {
+            1 => take::<bool>(r),
+            2 => take::<i8>(r),
+            3 => take::<u8>(r),
+            4 => take::<i16>(r),
+            5 => take::<u16>(r),
+            6 => take::<i32>(r),
+            7 => take::<u32>(r),
+            8 => take::<i64>(r),
+            9 => take::<u64>(r),
+            10 => take::<f32>(r),
+            11 => take::<f64>(r),
+            12 => take::<UaString>(r),
+            13 => take::<DateTime>(r),
+            14 => take::<Guid>(r),
+            15 => take::<ByteString>(r),
+            16 => take::<XmlElement>(r),
+            17 => take::<NodeId>(r),
+            18 => take::<ExpandedNodeId>(r),
+            19 => take::<StatusCode>(r),
+            20 => take::<QualifiedName>(r),
+            21 => take::<LocalizedText>(r),
+            22 => take::<ExtensionObject>(r),
+            23 => take::<uascale_types::DataValue>(r),
+            24 => take::<Variant>(r),
+            25 => take::<uascale_types::DiagnosticInfo>(r),
+            _ => None,
+        },
+    }
+}
+
+impl ValueCtx<'_> {
     fn kind(&self, dt: &NodeId, at: Option<X<'_, '_>>) -> VResult<Kind> {
-        if let Some(n) = dt.as_ns0().filter(|n| (1..=25).contains(n)) {
-            return Ok(Kind::Builtin(n));
-        }
-        if self.space.is_subtype_of(dt, &NodeId::ns0(ENUMERATION)) {
-            return Ok(Kind::Enum);
-        }
-        if self.space.is_subtype_of(dt, &NodeId::ns0(STRUCTURE)) {
-            return Ok(Kind::Structure(dt.clone()));
-        }
-        match self.space.builtin_base(dt) {
-            Some(b) => Ok(Kind::Builtin(b)),
+        match kind_of(self.space, dt) {
+            Some(k) => Ok(k),
             None => verr_opt(at, format!("DataType {dt} is not known")),
         }
     }
@@ -1078,14 +1214,7 @@ impl<'s> ValueCtx<'s> {
         if depth > MAX_DEPTH {
             return verr_opt(xml, "structures nested too deep");
         }
-        let Some(def) = self
-            .space
-            .get(dt)
-            .and_then(|n| match &n.data_type_definition {
-                Variant::ExtensionObject(e) => e.downcast_ref::<StructureDefinition>().cloned(),
-                _ => None,
-            })
-        else {
+        let Some(def) = structure_definition(self.space, dt) else {
             return verr_opt(xml, format!("DataType {dt} has no StructureDefinition"));
         };
         let fields = def.fields.as_deref().unwrap_or(&[]);
@@ -1484,6 +1613,16 @@ mod tests {
         1i32.encode(&mut want);
         UaString::from("calibrated 2026-11").encode(&mut want);
         assert_eq!(body, want);
+        // The encoder and the write-side check agree.
+        let limits = DecodeLimits::default();
+        assert!(structure_body_is_valid(&space, &m(3001), &body, &limits));
+        assert!(!structure_body_is_valid(&space, &m(3002), &body, &limits));
+        assert!(!structure_body_is_valid(
+            &space,
+            &m(3001),
+            &body[..body.len() - 2],
+            &limits
+        ));
         // A missing field gets its default.
         let (type_id, body) = opaque(&space.get(&m(7006)).unwrap().value);
         assert_eq!(type_id, d(5010));
@@ -1588,16 +1727,39 @@ mod tests {
                 body: ByteString::new(body),
             })
         };
+        // A MachineConfig without the optional Comment: mask, Name,
+        // Speed, Position (3 Doubles), Setpoints (null), State.
+        let mut config = Vec::new();
+        0u32.encode(&mut config);
+        UaString::from("P").encode(&mut config);
+        config.extend_from_slice(&[0; 8 * 4]);
+        (-1i32).encode(&mut config);
+        2i32.encode(&mut config);
+        assert_eq!(
+            write(m(7003), eo(m(5001), config.clone())),
+            StatusCode::Good
+        );
         // A subtype's encoding is accepted for a MachineConfig variable.
-        let ext = eo(m(5003), vec![0; 8]);
+        let mut extended = config.clone();
+        UaString::from("ada").encode(&mut extended);
+        let ext = eo(m(5003), extended);
         assert_eq!(write(m(7003), ext.clone()), StatusCode::Good);
         assert_eq!(read(m(7003), AttributeId::Value).value, Some(ext));
-        assert_eq!(write(m(7003), eo(m(5001), vec![1])), StatusCode::Good);
-        // Another structure, an unknown encoding, or no structure is not.
+        // Another structure, an unknown encoding, no structure, or a body
+        // that is not a MachineConfig is not.
+        let mut long = config.clone();
+        long.push(0);
+        let mut with_comment = config.clone();
+        with_comment[0] = 1; // says Comment is there; it is not
         for bad in [
             eo(d(5010), vec![0; 24]),
             eo(NodeId::numeric(4, 99_999), vec![]),
             Variant::Int32(1),
+            eo(m(5001), vec![1]),
+            eo(m(5001), config[..config.len() - 1].to_vec()),
+            eo(m(5001), long),
+            eo(m(5001), with_comment),
+            eo(m(5003), config.clone()),
         ] {
             assert_eq!(write(m(7003), bad), StatusCode::BadTypeMismatch);
         }

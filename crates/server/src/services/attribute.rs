@@ -354,8 +354,9 @@ fn write_attribute(
 }
 
 /// True when `eo`'s encoding belongs to DataType `dt` or one of its
-/// subtypes (the encoding node's inverse HasEncoding names its type); a
-/// null ExtensionObject fits any.
+/// subtypes (the encoding node's inverse HasEncoding names its type) and
+/// its body is a valid encoding of that type; a null ExtensionObject fits
+/// any. (XML bodies are refused: this server speaks binary.)
 fn structure_fits(
     space: &crate::address_space::AddressSpace,
     eo: &uascale_types::ExtensionObject,
@@ -372,7 +373,23 @@ fn structure_fits(
     }) else {
         return false;
     };
-    space.is_subtype_of(&ty.target, dt)
+    if !space.is_subtype_of(&ty.target, dt) {
+        return false;
+    }
+    match eo {
+        // A body of a type the codec does not know (a companion structure)
+        // is checked against the type's definition.
+        uascale_types::ExtensionObject::Opaque { body, .. } => {
+            crate::nodeset::structure_body_is_valid(
+                space,
+                &ty.target,
+                body.as_bytes().unwrap_or(&[]),
+                &uascale_types::DecodeLimits::default(),
+            )
+        }
+        uascale_types::ExtensionObject::Xml { .. } => false,
+        _ => true,
+    }
 }
 
 /// The value must be of the variable's DataType (or a subtype's built-in
