@@ -51,6 +51,9 @@ async def main(url):
         # Locale selection: de-AT falls back to the "de" translation.
         name = await machine.read_display_name()
         check(name.Text == "Maschine 1" and name.Locale == "de", f"DisplayName {name}")
+        refs = await client.nodes.objects.get_references(refs=ua.ObjectIds.Organizes)
+        shown = [r.DisplayName.Text for r in refs if r.NodeId == machine.nodeid]
+        check(shown == ["Maschine 1"], f"Browse DisplayName in de: {shown}")
         temp = client.get_node("ns=2;s=Demo.Static.Temperature")
         name = await temp.read_display_name()
         check(name.Text == "Temperatur", f"Temperature in de: {name}")
