@@ -29,6 +29,8 @@ pub struct ServerSection {
     pub max_session_count: Option<usize>,
     /// Time to activate a created session, ms.
     pub activation_deadline_ms: Option<u64>,
+    /// Companion NodeSet2 XML files loaded at start, in order.
+    pub nodesets: Option<Vec<std::path::PathBuf>>,
 }
 
 /// `[limits]`
@@ -132,6 +134,9 @@ impl FileConfig {
         if let Some(v) = s.max_session_count {
             c.max_session_count = v;
         }
+        if let Some(v) = &s.nodesets {
+            c.nodesets = v.clone();
+        }
         if let Some(v) = s.activation_deadline_ms {
             c.activation_deadline = ms(positive("server.activation_deadline_ms", v)?);
         }
@@ -228,6 +233,7 @@ impl FileConfig {
                 application_name: Some(c.application_name.clone()),
                 max_session_count: Some(c.max_session_count),
                 activation_deadline_ms: millis(c.activation_deadline),
+                nodesets: Some(c.nodesets.clone()),
             },
             limits: LimitsSection {
                 listen_backlog: Some(c.listen_backlog),
@@ -287,15 +293,21 @@ mod tests {
     #[test]
     fn printed_config_round_trips() {
         let mut c = ServerConfig::default();
-        FileConfig::parse("[server]\nport = 4999\n[demo]\nnodes = 7\n")
-            .unwrap()
-            .apply(&mut c)
-            .unwrap();
+        FileConfig::parse(
+            "[server]\nport = 4999\nnodesets = [\"a.xml\", \"b.xml\"]\n[demo]\nnodes = 7\n",
+        )
+        .unwrap()
+        .apply(&mut c)
+        .unwrap();
         let text = FileConfig::effective(&c).to_toml();
         let mut again = ServerConfig::default();
         FileConfig::parse(&text).unwrap().apply(&mut again).unwrap();
         assert_eq!(again.bind.port(), 4999);
         assert_eq!(again.demo_nodes, 7);
+        assert_eq!(
+            again.nodesets,
+            vec![std::path::PathBuf::from("a.xml"), "b.xml".into()]
+        );
         assert_eq!(FileConfig::effective(&again).to_toml(), text);
     }
 }

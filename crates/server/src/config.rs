@@ -41,6 +41,9 @@ pub struct ServerConfig {
     pub demo_nodes: usize,
     /// How often the demo's dynamic values change. Default 1 s.
     pub demo_rate: std::time::Duration,
+    /// Companion NodeSet2 XML files loaded at start, in order (`--nodeset`,
+    /// [`crate::nodeset`]). Default none.
+    pub nodesets: Vec<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -59,6 +62,7 @@ impl Default for ServerConfig {
             activation_deadline: std::time::Duration::from_secs(10),
             demo_nodes: 0,
             demo_rate: std::time::Duration::from_secs(1),
+            nodesets: Vec::new(),
         }
     }
 }

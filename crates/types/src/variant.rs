@@ -180,6 +180,35 @@ macro_rules! array_values {
                 })
             }
 
+            /// The elements at `indices`, in that order; `None` when one is
+            /// past the end.
+            pub fn gather(&self, indices: &[usize]) -> Option<ArrayValues> {
+                fn pick<T: Clone>(v: &[T], indices: &[usize]) -> Option<Vec<T>> {
+                    indices.iter().map(|&i| v.get(i).cloned()).collect()
+                }
+                Some(match self {
+                    $(ArrayValues::$name(v) => ArrayValues::$name(pick(v, indices)?),)*
+                })
+            }
+
+            /// Sets the element at `indices[k]` to `with[k]` for every k;
+            /// false (unchanged) when the types differ, the counts differ or
+            /// an index is past the end.
+            pub fn scatter(&mut self, indices: &[usize], with: &ArrayValues) -> bool {
+                match (self, with) {
+                    $((ArrayValues::$name(v), ArrayValues::$name(w)) => {
+                        if w.len() != indices.len() || indices.iter().any(|&i| i >= v.len()) {
+                            return false;
+                        }
+                        for (&i, x) in indices.iter().zip(w) {
+                            v[i] = x.clone();
+                        }
+                        true
+                    })*
+                    _ => false,
+                }
+            }
+
             /// Replaces the elements from `low` on with `with`, which must
             /// be of the same type and fit; false (unchanged) otherwise.
             pub fn replace_range(&mut self, low: usize, with: &ArrayValues) -> bool {

@@ -146,6 +146,13 @@ impl Server {
             Arc::clone(&demo) as Arc<dyn crate::node_manager::NodeManager>,
         );
         setup(&mut address_space, &mut managers);
+        crate::nodeset::load_files(
+            &config.nodesets,
+            &mut address_space,
+            &mut managers,
+            &config.application_uri,
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         // With port 0 the kernel chose: publish the port actually bound.
         config.bind = listener.local_addr()?;
         let shared = Arc::new(Shared {
