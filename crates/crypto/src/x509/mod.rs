@@ -9,6 +9,8 @@
 //! here reads files or clocks: callers pass bytes and time in.
 
 mod create;
+mod crl;
+mod validate;
 
 use std::net::IpAddr;
 use std::ops::Range;
@@ -27,6 +29,8 @@ use x509_parser::signature_algorithm::RsaSsaPssParams;
 use crate::CryptoError;
 
 pub use create::{create_self_signed, SelfSigned, SelfSignedParams};
+pub use crl::Crl;
+pub use validate::{CertificateUse, IgnoredCrl, TrustList, ValidationOptions, MAX_CHAIN_DEPTH};
 
 /// Certificates larger than this are refused before parsing (a certificate
 /// from the network is bounded by the message size anyway; this keeps a
@@ -556,6 +560,27 @@ impl Certificate {
     /// not understand (such a certificate must not be used).
     pub fn has_unknown_critical_extension(&self) -> bool {
         self.unknown_critical_extension
+    }
+
+    /// Parses a certificate chain as OPC UA sends it: DER certificates
+    /// concatenated, leaf first (Part 6 §6.2.3).
+    pub fn parse_chain(mut der: &[u8]) -> Result<Vec<Certificate>, CryptoError> {
+        let mut chain = Vec::new();
+        while !der.is_empty() {
+            if chain.len() >= validate::MAX_CHAIN_DEPTH {
+                return Err(bad_cert("certificate chain longer than 8"));
+            }
+            let (rest, _) = x509_parser::parse_x509_certificate(der)
+                .map_err(|_| bad_cert("certificate does not parse as DER X.509"))?;
+            let len = der.len() - rest.len();
+            let (one, rest) = der.split_at(len);
+            chain.push(Certificate::from_der(one)?);
+            der = rest;
+        }
+        if chain.is_empty() {
+            return Err(bad_cert("no certificate"));
+        }
+        Ok(chain)
     }
 }
 
