@@ -29,7 +29,7 @@ use x509_parser::signature_algorithm::RsaSsaPssParams;
 use crate::CryptoError;
 
 pub use create::{create_self_signed, SelfSigned, SelfSignedParams};
-pub use crl::Crl;
+pub use crl::{Crl, MAX_CRL_SIZE};
 pub use validate::{CertificateUse, IgnoredCrl, TrustList, ValidationOptions, MAX_CHAIN_DEPTH};
 
 /// Certificates larger than this are refused before parsing (a certificate
