@@ -16,6 +16,7 @@ pub mod address_space;
 pub mod config;
 pub mod demo;
 pub mod fxhash;
+pub mod identity;
 pub mod net;
 pub mod node_manager;
 pub mod numeric_range;
