@@ -4,6 +4,7 @@
 //! and the Discovery services); `uascale decode` prints a binary message.
 //! The client commands and `bench` arrive with their issues.
 
+mod cert;
 mod config;
 
 use std::process::ExitCode;
@@ -14,6 +15,8 @@ use uascale_types::{decode_message, DecodeLimits, Reader};
 const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--host NAME] [--port N]
                      [--bind ADDR] [--nodes N] [--rate-ms MS]
        uascale decode <HEX | @FILE>
+       uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
+       uascale user hash
 
   serve    run the OPC UA server on opc.tcp://NAME:N (default
            opc.tcp://localhost:4840, bound to 0.0.0.0); log level from
@@ -189,6 +192,33 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("uascale serve: {e}\n(uascale --help for usage)");
                 ExitCode::from(2)
+            }
+        },
+        ["cert", "-h" | "--help"] | ["cert"] => {
+            println!("{}", cert::USAGE);
+            ExitCode::SUCCESS
+        }
+        ["cert", rest @ ..] => match cert::run(rest) {
+            Ok(text) => {
+                print!("{text}");
+                if !text.ends_with('\n') {
+                    println!();
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("uascale cert: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        ["user", "hash"] => match cert::hash_from(&mut std::io::stdin().lock()) {
+            Ok(hash) => {
+                println!("{hash}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("uascale user hash: {e}");
+                ExitCode::FAILURE
             }
         },
         ["-h" | "--help" | "help"] => {
