@@ -3,7 +3,7 @@
 //! and abuse; no sockets, no runtime.
 
 use super::*;
-use crate::chunk::{SequenceNumbers, SYMMETRIC_OVERHEAD};
+use crate::chunk::{write_chunks, SequenceNumbers, POLICY_NONE_URI, SYMMETRIC_OVERHEAD};
 use crate::tcp::{Acknowledge, ChunkType};
 use uascale_types::{ReadRequest, ReadValueId, RequestHeader};
 
