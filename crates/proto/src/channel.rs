@@ -184,6 +184,10 @@ impl Default for PendingConnection {
     }
 }
 
+/// A secured OPN, opened: the decrypted chunk, the sender's certificate
+/// and its public key.
+type Secured = (Vec<u8>, Arc<Certificate>, Arc<RsaPublicKey>);
+
 #[derive(Debug)]
 struct Token {
     id: u32,
@@ -373,7 +377,7 @@ impl ServerConnection {
         asym: &AsymmetricHeader,
         msg: &[u8],
         head_len: usize,
-    ) -> Result<(Vec<u8>, Arc<Certificate>, Arc<RsaPublicKey>), ChannelError> {
+    ) -> Result<Secured, ChannelError> {
         let config = &self.config.security;
         let Some(identity) = &config.identity else {
             return Err(ChannelError::Resource {
@@ -412,6 +416,9 @@ impl ServerConnection {
             }
             _ => {
                 let cert = Certificate::from_der(leaf)?;
+                // Before the key is loaded: aws-lc refuses short keys with a
+                // vaguer error.
+                policy.check_key_bits(cert.key_bits())?;
                 let key = RsaPublicKey::from_spki_der(cert.subject_public_key_info_der())?;
                 policy.check_key_bits(key.bits())?;
                 let Some(validator) = &config.validator else {
@@ -823,3 +830,7 @@ impl ServerConnection {
 #[cfg(test)]
 #[path = "channel_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "channel_secure_tests.rs"]
+mod secure_tests;

@@ -166,7 +166,7 @@ impl ServerSecurity {
 
     /// True when some endpoint offers `policy` with `mode`.
     pub fn offers(&self, policy: SecurityPolicy, mode: MessageSecurityMode) -> bool {
-        self.endpoints.iter().any(|e| *e == (policy, mode))
+        self.endpoints.contains(&(policy, mode))
     }
 }
 
