@@ -13,7 +13,7 @@ use uascale_server::{Server, ServerConfig};
 use uascale_types::{decode_message, DecodeLimits, Reader};
 
 const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--host NAME] [--port N]
-                     [--bind ADDR] [--nodes N] [--rate-ms MS]
+                     [--bind ADDR] [--nodes N] [--rate-ms MS] [--pki DIR] [--security none|all]
        uascale decode <HEX | @FILE>
        uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
        uascale user hash
@@ -23,7 +23,10 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            RUST_LOG (default info); Ctrl-C shuts down; --nodes N adds N
            changing load-test nodes, --rate-ms how often demo values change;
            --config reads a TOML file (keys as --print-config shows them),
-           flags override it
+           flags override it; --pki DIR is the PKI directory (default ./pki,
+           created with a self-signed certificate on first start);
+           --security none publishes only the unsecured endpoint (no PKI),
+           all every RSA policy in Sign and SignAndEncrypt (the default)
   decode   decode one binary OPC UA service message (the NodeId of its
            encoding followed by the body, as in a MSG chunk) and print it;
            HEX may contain spaces, @FILE reads raw bytes from a file";
@@ -112,6 +115,19 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
             "--config" => {
                 value("--config")?;
             }
+            "--pki" => config.security.pki_dir = value("--pki")?.into(),
+            "--security" => match value("--security")? {
+                // Only the None endpoint: no PKI, no certificate.
+                "none" => {
+                    config.security.policies.clear();
+                    config.security.allow_security_none = true;
+                }
+                "all" => {
+                    config.security.policies =
+                        uascale_server::config::SecurityConfig::default().policies;
+                }
+                other => return Err(format!("--security {other:?}: give none or all")),
+            },
             "--print-config" => print = true,
             other => return Err(format!("unknown option {other:?}")),
         }

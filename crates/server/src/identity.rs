@@ -42,6 +42,22 @@ pub fn encryption_algorithm_uri(policy: SecurityPolicy) -> Option<&'static str> 
     })
 }
 
+/// Who activated a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserIdentity {
+    /// The Anonymous token (or none).
+    Anonymous,
+    /// A configured user, by name.
+    UserName(String),
+    /// An X509 user certificate.
+    X509 {
+        /// Its subject.
+        subject: String,
+        /// Its thumbprint.
+        thumbprint: [u8; 20],
+    },
+}
+
 /// A configured user: a name and an argon2 hash in PHC string format
 /// (`$argon2id$v=19$m=...,t=...,p=...$salt$hash`). Plain-text passwords are
 /// never accepted.

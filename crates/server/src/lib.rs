@@ -21,6 +21,7 @@ pub mod net;
 pub mod node_manager;
 pub mod numeric_range;
 pub mod pki;
+pub mod security;
 pub mod server_object;
 pub mod services;
 pub mod session;

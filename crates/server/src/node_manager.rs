@@ -319,6 +319,8 @@ mod service_tests {
             address_space: &space,
             start_time: DateTime::from_ticks(1),
             managers: &managers,
+            security: crate::services::no_security().0,
+            channel: crate::services::no_security().1,
         };
         let read = || {
             let r = attribute::read(

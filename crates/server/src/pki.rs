@@ -208,7 +208,6 @@ pub struct Pki {
     root: PathBuf,
     options: PkiOptions,
     own_certificate: Certificate,
-    own_key: Arc<RsaPrivateKey>,
     trust: RwLock<Arc<TrustList>>,
     reload: Mutex<ReloadState>,
 }
@@ -392,7 +391,7 @@ fn directory_stamp(root: &Path) -> u64 {
 
 impl Pki {
     /// Opens the PKI at `root`: creates the layout, and the own certificate
-    /// and key if neither exists. A certificate without its key (or the
+    /// and key if neither exists; returns the PKI and the own private key. A certificate without its key (or the
     /// reverse), or a certificate for another applicationUri, is an error
     /// naming the file: the operator decides, nothing is overwritten.
     pub fn open(
@@ -400,7 +399,7 @@ impl Pki {
         identity: &OwnIdentity,
         options: PkiOptions,
         now: SystemTime,
-    ) -> Result<Pki, PkiError> {
+    ) -> Result<(Pki, RsaPrivateKey), PkiError> {
         create_layout(root)?;
         let cert_path = root.join(OWN_CERT);
         let key_path = root.join(OWN_KEY);
@@ -455,17 +454,17 @@ impl Pki {
             pki = %root.display(),
             "trust list loaded"
         );
-        Ok(Pki {
+        let pki = Pki {
             root: root.to_owned(),
             options,
             own_certificate,
-            own_key: Arc::new(key),
             trust: RwLock::new(Arc::new(trust)),
             reload: Mutex::new(ReloadState {
                 last_check: Some(now),
                 stamp: directory_stamp(root),
             }),
-        })
+        };
+        Ok((pki, key))
     }
 
     /// The PKI root.
@@ -476,11 +475,6 @@ impl Pki {
     /// The server's application instance certificate.
     pub fn own_certificate(&self) -> &Certificate {
         &self.own_certificate
-    }
-
-    /// The server's private key.
-    pub fn own_key(&self) -> &Arc<RsaPrivateKey> {
-        &self.own_key
     }
 
     /// The options.
@@ -660,6 +654,20 @@ impl Pki {
         if let Err(e) = write_atomically(&path, cert.der(), false) {
             tracing::warn!(error = %e, "cannot store the rejected certificate");
         }
+    }
+}
+
+impl uascale_proto::security::CertificateValidator for Pki {
+    /// The channel's hook at OpenSecureChannel: the chain as sent, for the
+    /// channel's policy, at the current time.
+    fn validate(
+        &self,
+        _certificate: &Certificate,
+        chain: &[u8],
+        policy: SecurityPolicy,
+    ) -> Result<(), CryptoError> {
+        self.validate_client(chain, Some(policy), None, SystemTime::now())
+            .map(|_| ())
     }
 }
 

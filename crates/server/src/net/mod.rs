@@ -34,6 +34,7 @@ struct Shared {
     demo: Arc<crate::node_manager::InMemoryNodeManager>,
     dynamic: crate::demo::Dynamic,
     config: ServerConfig,
+    security: crate::security::SecurityState,
     channel_config: Arc<uascale_proto::ChannelConfig>,
     budget: Arc<ReassemblyBudget>,
     next_channel_id: AtomicU32,
@@ -87,7 +88,18 @@ impl Server {
         setup(&mut address_space, &mut managers);
         // With port 0 the kernel chose: publish the port actually bound.
         config.bind = listener.local_addr()?;
+        let security = crate::security::SecurityState::from_config(&config, SystemTime::now())
+            .map_err(|e| io::Error::other(format!("PKI: {e}")))?;
+        config.channel.security = uascale_proto::security::ServerSecurity {
+            identity: security.identity.clone(),
+            endpoints: security.endpoints.clone(),
+            validator: security
+                .pki
+                .clone()
+                .map(|p| p as Arc<dyn uascale_proto::security::CertificateValidator>),
+        };
         let shared = Arc::new(Shared {
+            security,
             channel_config: Arc::new(config.channel.clone()),
             budget: ReassemblyBudget::new(
                 config.reassembly_budget,
@@ -267,6 +279,8 @@ async fn sleep_until(due: Option<Instant>) {
 }
 
 fn handle_events(conn: &mut ServerConnection, shared: &Shared) {
+    // Arcs inside: cheap, and frees `conn` for sending.
+    let channel = conn.security().clone();
     // One clock reading for the requests that arrived together.
     let ctx = ServiceContext {
         config: &shared.config,
@@ -277,6 +291,8 @@ fn handle_events(conn: &mut ServerConnection, shared: &Shared) {
         address_space: &shared.address_space,
         start_time: shared.start_time,
         managers: &shared.managers,
+        security: &shared.security,
+        channel: &channel,
     };
     let limits = &shared.channel_config.decode;
     while let Some(event) = conn.poll_event() {

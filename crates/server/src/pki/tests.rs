@@ -48,7 +48,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn first_start_creates_layout_and_own_certificate() {
     let dir = TempDir::new("create");
-    let pki = Pki::open(&dir.0, &identity(), PkiOptions::default(), now()).unwrap();
+    let (pki, own_key) = Pki::open(&dir.0, &identity(), PkiOptions::default(), now()).unwrap();
     for sub in LAYOUT {
         assert!(dir.0.join(sub).is_dir(), "{sub}");
     }
@@ -68,11 +68,11 @@ fn first_start_creates_layout_and_own_certificate() {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
     }
-    assert_eq!(pki.own_key().bits(), 2048);
+    assert_eq!(own_key.bits(), 2048);
     drop(pki);
 
     // Second start: the same certificate.
-    let again = Pki::open(&dir.0, &identity(), PkiOptions::default(), now()).unwrap();
+    let (again, _) = Pki::open(&dir.0, &identity(), PkiOptions::default(), now()).unwrap();
     assert_eq!(again.own_certificate(), &cert);
 
     // Another applicationUri in the configuration: refused, file named.
@@ -92,7 +92,7 @@ fn first_start_creates_layout_and_own_certificate() {
 #[test]
 fn untrusted_goes_to_rejected_and_trusting_it_takes_effect_without_restart() {
     let dir = TempDir::new("reject");
-    let pki = Pki::open(&dir.0, &identity(), PkiOptions::default(), now()).unwrap();
+    let (pki, _) = Pki::open(&dir.0, &identity(), PkiOptions::default(), now()).unwrap();
     let cert = client("urn:test:client");
     let e = pki.validate(cert.der(), now()).unwrap_err();
     assert_eq!(e.status_code(), StatusCode::BadCertificateUntrusted);
@@ -145,7 +145,7 @@ fn rejected_store_is_bounded_and_trust_all_is_named() {
         max_rejected_certificates: 2,
         ..PkiOptions::default()
     };
-    let pki = Pki::open(&dir.0, &identity(), options, now()).unwrap();
+    let (pki, _) = Pki::open(&dir.0, &identity(), options, now()).unwrap();
     let certs: Vec<Certificate> = (0..4).map(|i| client(&format!("urn:c{i}"))).collect();
     for (i, c) in certs.iter().enumerate() {
         assert!(pki
@@ -167,7 +167,7 @@ fn rejected_store_is_bounded_and_trust_all_is_named() {
         trust_all_client_certificates: true,
         ..PkiOptions::default()
     };
-    let pki = Pki::open(&dir.0, &identity(), open, now()).unwrap();
+    let (pki, _) = Pki::open(&dir.0, &identity(), open, now()).unwrap();
     pki.validate(certs[0].der(), now()).unwrap();
     // ...but not for user certificates, and not expired ones.
     assert_eq!(
@@ -197,7 +197,7 @@ fn pem_files_and_bad_files_in_trusted() {
     .unwrap();
     std::fs::write(dir.0.join("trusted/certs/broken.der"), b"not a certificate").unwrap();
     std::fs::write(dir.0.join("trusted/crl/broken.crl"), b"not a CRL").unwrap();
-    let pki = Pki::open(&dir.0, &identity(), PkiOptions::default(), now()).unwrap();
+    let (pki, _) = Pki::open(&dir.0, &identity(), PkiOptions::default(), now()).unwrap();
     assert_eq!(pki.trust_list(now()).trusted_count(), 1);
     pki.validate(cert.der(), now()).unwrap();
 }

@@ -34,6 +34,24 @@ pub struct ServiceContext<'a> {
     pub start_time: DateTime,
     /// The node managers (values and methods by namespace).
     pub managers: &'a crate::node_manager::NodeManagers,
+    /// Server-wide security: PKI, own certificate and key, users.
+    pub security: &'a crate::security::SecurityState,
+    /// What the request's secure channel was opened with.
+    pub channel: &'a uascale_proto::security::ChannelSecurity,
+}
+
+/// For tests: SecurityPolicy None, no PKI.
+pub fn no_security() -> (
+    &'static crate::security::SecurityState,
+    &'static uascale_proto::security::ChannelSecurity,
+) {
+    static S: std::sync::OnceLock<crate::security::SecurityState> = std::sync::OnceLock::new();
+    static C: std::sync::OnceLock<uascale_proto::security::ChannelSecurity> =
+        std::sync::OnceLock::new();
+    (
+        S.get_or_init(crate::security::SecurityState::none_only),
+        C.get_or_init(uascale_proto::security::ChannelSecurity::none),
+    )
 }
 
 impl ServiceContext<'_> {
@@ -221,6 +239,8 @@ mod tests {
             address_space: space(),
             start_time: DateTime::from_ticks(1),
             managers: managers(),
+            security: no_security().0,
+            channel: no_security().1,
         }
     }
 
