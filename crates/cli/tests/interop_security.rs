@@ -3,8 +3,8 @@
 //! SignAndEncrypt with the Anonymous, UserName and X509 identities; and a
 //! client certificate the server does not trust, which lands in
 //! rejected/certs and works once `uascale cert trust` moves it.
-//! (o6's Python binding offers no way to configure client security, so the
-//! secured endpoints are tested with asyncua only.)
+//! o6 (open62541's client) does the same sessions (without its default
+//! subscription, which the server does not offer yet).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -59,7 +59,7 @@ impl Serve {
         let mut child = Command::new(env!("CARGO_BIN_EXE_uascale"))
             .args(["serve", "--config", config.to_str().unwrap()])
             .args(["--bind", "127.0.0.1", "--host", "localhost", "--port", "0"])
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "info,uascale_server::identity=debug")
             .env("NO_COLOR", "1")
             .stderr(Stdio::piped())
             .spawn()
@@ -182,6 +182,11 @@ fn secured_sessions_with_asyncua() {
     let peer = dir.0.join("peer");
     let peer = peer.to_str().unwrap();
     assert!(run_peer(&["security_asyncua.py", &url, peer]).contains("asyncua security ok"));
+    let server_cert = server_pki.join("own/certs/cert.der");
+    assert!(
+        run_peer(&["security_o6.py", &url, peer, server_cert.to_str().unwrap()])
+            .contains("o6 security ok")
+    );
 
     // An untrusted application certificate: refused and kept for the operator.
     let rejected = server_pki.join("rejected/certs");

@@ -181,7 +181,8 @@ impl UserDatabase {
 
 /// Decrypts a UserName token's password or an IssuedToken's data (Part 4
 /// §7.41.2.2, the legacy encrypted-secret format): RSA with `policy`'s
-/// padding, giving `length (UInt32) | secret | server nonce`. The nonce must
+/// padding, giving `length (UInt32) | secret | server nonce`, where `length`
+/// counts secret and nonce (bytes after them are ignored). The nonce must
 /// be the one the server last sent; `BadIdentityTokenInvalid` otherwise.
 pub fn decrypt_secret(
     key: &RsaPrivateKey,
@@ -190,22 +191,33 @@ pub fn decrypt_secret(
     data: &[u8],
     server_nonce: &[u8],
 ) -> Result<Vec<u8>, StatusCode> {
-    let invalid = StatusCode::BadIdentityTokenInvalid;
-    let padding = policy.asymmetric_encryption().ok_or(invalid)?;
+    let invalid = |why: &str| {
+        tracing::debug!(why, "encrypted user secret refused");
+        StatusCode::BadIdentityTokenInvalid
+    };
+    let padding = policy
+        .asymmetric_encryption()
+        .ok_or_else(|| invalid("no asymmetric encryption in the policy"))?;
     if encryption_algorithm_uri(policy) != Some(encryption_algorithm) {
-        return Err(invalid);
+        return Err(invalid("encryption algorithm is not the policy's"));
     }
     let mut plain = Vec::new();
     key.decrypt(padding, data, &mut plain)
-        .map_err(|_| invalid)?;
-    let (len, rest) = plain.split_first_chunk::<4>().ok_or(invalid)?;
-    let len = usize::try_from(u32::from_le_bytes(*len)).map_err(|_| invalid)?;
-    if len != rest.len() || rest.len() < server_nonce.len() || server_nonce.is_empty() {
-        return Err(invalid);
+        .map_err(|_| invalid("RSA decryption failed"))?;
+    let (len, rest) = plain
+        .split_first_chunk::<4>()
+        .ok_or_else(|| invalid("shorter than its length field"))?;
+    let len = usize::try_from(u32::from_le_bytes(*len)).map_err(|_| invalid("length"))?;
+    // Bytes after `length` are ignored (open62541 encrypts whole blocks).
+    let rest = rest
+        .get(..len)
+        .ok_or_else(|| invalid("length field longer than the data"))?;
+    if rest.len() < server_nonce.len() || server_nonce.is_empty() {
+        return Err(invalid("shorter than the server nonce"));
     }
     let (secret, nonce) = rest.split_at(rest.len() - server_nonce.len());
     if !constant_time_eq(nonce, server_nonce) {
-        return Err(invalid);
+        return Err(invalid("not the last server nonce"));
     }
     Ok(secret.to_vec())
 }
