@@ -577,4 +577,290 @@ mod tests {
         assert!(f.sessions.expire(f.t0 + Duration::from_secs(9)).is_empty());
         assert_eq!(f.sessions.expire(f.t0 + Duration::from_secs(10)).len(), 1);
     }
+
+    /// Sessions on a Basic256Sha256 SignAndEncrypt channel.
+    mod secured {
+        use std::sync::Arc;
+
+        use uascale_crypto::rsa::{EncryptionPadding, RsaPrivateKey};
+        use uascale_crypto::x509::{create_self_signed, Certificate, SelfSignedParams};
+        use uascale_proto::security::{ChannelSecurity, Identity};
+        use uascale_types::MessageSecurityMode;
+
+        use super::*;
+        use crate::identity::{AuthFailures, UserAccount, UserDatabase};
+        use crate::security::SecurityState;
+
+        const POLICY: SecurityPolicy = SecurityPolicy::Basic256Sha256;
+
+        fn keyed(uri: &str) -> (Certificate, RsaPrivateKey) {
+            let made = create_self_signed(&SelfSignedParams::new(
+                uri,
+                "t",
+                std::time::SystemTime::now(),
+            ))
+            .unwrap();
+            let key = RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).unwrap();
+            (made.certificate, key)
+        }
+
+        struct Secure {
+            f: Fixture,
+            security: SecurityState,
+            server_cert: Certificate,
+            client_cert: Certificate,
+            client_key: RsaPrivateKey,
+            channel: ChannelSecurity,
+        }
+
+        fn cheap_hash(password: &[u8]) -> String {
+            use argon2::password_hash::{PasswordHasher, SaltString};
+            let params = argon2::Params::new(64, 1, 1, None).unwrap();
+            let a =
+                argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+            let salt = SaltString::encode_b64(b"0123456789abcdef").unwrap();
+            a.hash_password(password, &salt).unwrap().to_string()
+        }
+
+        fn secure(max_failures: u32) -> Secure {
+            let (server_cert, server_key) = keyed("urn:test:server");
+            let (client_cert, client_key) = keyed("urn:test:client");
+            let identity = Arc::new(Identity::new(server_cert.clone(), server_key).unwrap());
+            let security = SecurityState {
+                pki: None,
+                identity: Some(identity),
+                endpoints: vec![(POLICY, MessageSecurityMode::SignAndEncrypt)],
+                allow_anonymous: true,
+                users: UserDatabase::new(vec![
+                    UserAccount::new("op", &cheap_hash(b"right")).unwrap()
+                ]),
+                failures: AuthFailures::new(max_failures),
+            };
+            let remote_key = uascale_crypto::rsa::RsaPublicKey::from_spki_der(
+                client_cert.subject_public_key_info_der(),
+            )
+            .unwrap();
+            let channel = ChannelSecurity {
+                policy: POLICY,
+                mode: MessageSecurityMode::SignAndEncrypt,
+                remote_certificate: Some(Arc::new(client_cert.clone())),
+                remote_key: Some(Arc::new(remote_key)),
+            };
+            Secure {
+                f: Fixture::new(10),
+                security,
+                server_cert,
+                client_cert,
+                client_key,
+                channel,
+            }
+        }
+
+        impl Secure {
+            fn ctx(&self, channel_id: u32) -> ServiceContext<'_> {
+                let mut ctx = self.f.ctx(channel_id);
+                ctx.security = &self.security;
+                ctx.channel = &self.channel;
+                ctx
+            }
+
+            fn create_req(&self, cert: &[u8], uri: &str, nonce: &[u8]) -> CreateSessionRequest {
+                let mut req = CreateSessionRequest {
+                    client_nonce: ByteString::new(nonce.to_vec()),
+                    client_certificate: ByteString::new(cert.to_vec()),
+                    ..Default::default()
+                };
+                req.client_description.application_uri = UaString::from(uri);
+                req
+            }
+
+            fn create(&self) -> CreateSessionResponse {
+                let req = self.create_req(self.client_cert.der(), "urn:test:client", &[9; 32]);
+                create_session(&self.ctx(1), &req).unwrap()
+            }
+
+            /// A correctly signed ActivateSession for `nonce`.
+            fn activate_req(
+                &self,
+                token: &NodeId,
+                nonce: &[u8],
+                identity: ExtensionObject,
+            ) -> ActivateSessionRequest {
+                let mut data = self.server_cert.der().to_vec();
+                data.extend_from_slice(nonce);
+                let (alg, sig) = identity::sign(&self.client_key, POLICY, &data)
+                    .unwrap()
+                    .unwrap();
+                ActivateSessionRequest {
+                    request_header: uascale_types::RequestHeader {
+                        authentication_token: token.clone(),
+                        ..Default::default()
+                    },
+                    client_signature: SignatureData {
+                        algorithm: UaString::from(alg),
+                        signature: ByteString::new(sig),
+                    },
+                    user_identity_token: identity,
+                    ..Default::default()
+                }
+            }
+
+            fn password_token(&self, password: &[u8], nonce: &[u8]) -> ExtensionObject {
+                let key = uascale_crypto::rsa::RsaPublicKey::from_spki_der(
+                    self.server_cert.subject_public_key_info_der(),
+                )
+                .unwrap();
+                let mut plain = ((password.len() + nonce.len()) as u32)
+                    .to_le_bytes()
+                    .to_vec();
+                plain.extend_from_slice(password);
+                plain.extend_from_slice(nonce);
+                let mut data = Vec::new();
+                key.encrypt(EncryptionPadding::OaepSha1, &plain, &mut data)
+                    .unwrap();
+                ExtensionObject::new(UserNameIdentityToken {
+                    policy_id: UaString::from(POLICY_USERNAME),
+                    user_name: UaString::from("op"),
+                    password: ByteString::new(data),
+                    encryption_algorithm: UaString::from(identity::RSA_OAEP_URI),
+                })
+            }
+        }
+
+        #[test]
+        fn create_checks_the_client_and_signs() {
+            let s = secure(3);
+            let r = s.create();
+            assert_eq!(r.server_certificate.as_bytes(), Some(s.server_cert.der()));
+            // serverSignature over clientCertificate + clientNonce.
+            let mut data = s.client_cert.der().to_vec();
+            data.extend_from_slice(&[9; 32]);
+            let server_key = uascale_crypto::rsa::RsaPublicKey::from_spki_der(
+                s.server_cert.subject_public_key_info_der(),
+            )
+            .unwrap();
+            identity::verify_signature(
+                &server_key,
+                POLICY,
+                r.server_signature.algorithm.as_str_or_empty(),
+                &data,
+                r.server_signature.signature.as_bytes_or_empty(),
+                StatusCode::BadApplicationSignatureInvalid,
+            )
+            .unwrap();
+            let ctx = s.ctx(1);
+            let (other, _) = keyed("urn:test:client");
+            let cases = [
+                (
+                    other.der(),
+                    "urn:test:client",
+                    &[9u8; 32][..],
+                    StatusCode::BadSecurityChecksFailed,
+                ),
+                (
+                    s.client_cert.der(),
+                    "urn:test:liar",
+                    &[9; 32],
+                    StatusCode::BadCertificateUriInvalid,
+                ),
+                (
+                    s.client_cert.der(),
+                    "urn:test:client",
+                    &[9; 16],
+                    StatusCode::BadNonceInvalid,
+                ),
+                (
+                    &[0x30, 0x82][..],
+                    "urn:test:client",
+                    &[9; 32],
+                    StatusCode::BadCertificateInvalid,
+                ),
+            ];
+            for (cert, uri, nonce, status) in cases {
+                let req = s.create_req(cert, uri, nonce);
+                assert_eq!(create_session(&ctx, &req).unwrap_err(), status, "{uri}");
+            }
+        }
+
+        #[test]
+        fn activate_verifies_the_client_signature() {
+            // (Failed signatures count toward the lockout; allow plenty.)
+            let s = secure(10);
+            let r = s.create();
+            let token = r.authentication_token;
+            let nonce = r.server_nonce.as_bytes_or_empty().to_vec();
+            let mut bad = s.activate_req(&token, &nonce, ExtensionObject::null());
+            let mut sig = bad.client_signature.signature.as_bytes_or_empty().to_vec();
+            sig[5] ^= 1;
+            bad.client_signature.signature = ByteString::new(sig);
+            assert_eq!(
+                activate_session(&s.ctx(1), &bad).unwrap_err(),
+                StatusCode::BadApplicationSignatureInvalid
+            );
+            // Signed over a stale nonce.
+            let stale = s.activate_req(&token, &[0; 32], ExtensionObject::null());
+            assert_eq!(
+                activate_session(&s.ctx(1), &stale).unwrap_err(),
+                StatusCode::BadApplicationSignatureInvalid
+            );
+            let good = s.activate_req(&token, &nonce, ExtensionObject::null());
+            let next = activate_session(&s.ctx(1), &good).unwrap().server_nonce;
+            // The same request again: the nonce has moved on.
+            assert_eq!(
+                activate_session(&s.ctx(1), &good).unwrap_err(),
+                StatusCode::BadApplicationSignatureInvalid
+            );
+            let again = s.activate_req(&token, next.as_bytes_or_empty(), ExtensionObject::null());
+            activate_session(&s.ctx(1), &again).unwrap();
+            // A channel with another client certificate cannot take the session.
+            let mut stranger = s.channel.clone();
+            stranger.remote_certificate = Some(Arc::new(keyed("urn:test:client").0));
+            let mut ctx = s.ctx(2);
+            ctx.channel = &stranger;
+            assert_eq!(
+                activate_session(&ctx, &again).unwrap_err(),
+                StatusCode::BadSecureChannelIdInvalid
+            );
+        }
+
+        #[test]
+        fn username_tokens_and_lockout() {
+            let s = secure(3);
+            let r = s.create();
+            let token = r.authentication_token;
+            let nonce = r.server_nonce.as_bytes_or_empty().to_vec();
+            // Right password, but encrypted with another nonce (a replay).
+            let req = s.activate_req(&token, &nonce, s.password_token(b"right", &[1; 32]));
+            assert_eq!(
+                activate_session(&s.ctx(1), &req).unwrap_err(),
+                StatusCode::BadIdentityTokenInvalid
+            );
+            let req = s.activate_req(&token, &nonce, s.password_token(b"right", &nonce));
+            let next = activate_session(&s.ctx(1), &req).unwrap().server_nonce;
+            let user =
+                s.f.sessions
+                    .with(&token, None, false, s.f.t0, |x| x.user.clone());
+            assert_eq!(user, Ok(UserIdentity::UserName("op".into())));
+
+            // Wrong passwords: BadUserAccessDenied; the third locks the
+            // client (its certificate) out, so the right one fails too.
+            let mut nonce = next.as_bytes_or_empty().to_vec();
+            let r2 = s.create();
+            let token2 = r2.authentication_token;
+            nonce.clear();
+            nonce.extend_from_slice(r2.server_nonce.as_bytes_or_empty());
+            for _ in 0..3 {
+                let req = s.activate_req(&token2, &nonce, s.password_token(b"wrong", &nonce));
+                assert_eq!(
+                    activate_session(&s.ctx(1), &req).unwrap_err(),
+                    StatusCode::BadUserAccessDenied
+                );
+            }
+            let req = s.activate_req(&token2, &nonce, s.password_token(b"right", &nonce));
+            assert_eq!(
+                activate_session(&s.ctx(1), &req).unwrap_err(),
+                StatusCode::BadUserAccessDenied
+            );
+        }
+    }
 }
