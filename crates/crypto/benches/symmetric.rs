@@ -70,7 +70,13 @@ fn symmetric(c: &mut Criterion) {
         }
     }
     c.bench_function("derive_keys/Basic256Sha256", |b| {
-        b.iter(|| derive_keys(SecurityPolicy::Basic256Sha256, &[1; 32], black_box(&[2; 32])))
+        b.iter(|| {
+            derive_keys(
+                SecurityPolicy::Basic256Sha256,
+                &[1; 32],
+                black_box(&[2; 32]),
+            )
+        })
     });
 }
 
@@ -86,8 +92,12 @@ fn rsa(c: &mut Criterion) {
     c.bench_function("rsa2048/decrypt_oaep_sha1_block", |b| {
         b.iter(|| {
             out.clear();
-            key.decrypt(EncryptionPadding::OaepSha1, black_box(&ciphertext), &mut out)
-                .unwrap();
+            key.decrypt(
+                EncryptionPadding::OaepSha1,
+                black_box(&ciphertext),
+                &mut out,
+            )
+            .unwrap();
         })
     });
     let message = vec![9u8; 1000];
