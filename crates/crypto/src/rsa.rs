@@ -236,8 +236,9 @@ const PSS_ANY: RsaParameters = signature::RSA_PSS_2048_8192_SHA256;
 
 impl RsaPublicKey {
     /// From a DER `SubjectPublicKeyInfo` (the public key of a certificate).
-    /// Keys outside 2048..=8192 bits are rejected here; the policies narrow
-    /// this further.
+    /// Keys outside 2048..=8192 bits are rejected (aws-lc refuses shorter
+    /// ones as invalid, so callers that want `BadCertificatePolicyCheckFailed`
+    /// check the certificate's key size against the policy first).
     pub fn from_spki_der(der: &[u8]) -> Result<Self, CryptoError> {
         let invalid = |what| CryptoError::Certificate {
             status: StatusCode::BadCertificateInvalid,

@@ -326,7 +326,7 @@ impl Protection<'_> {
                         what: "asymmetric protection under SecurityPolicy None",
                     });
                 };
-                let block = remote.plaintext_block_size(padding);
+                let block = remote.plaintext_block_size(padding).max(1);
                 let extra = extra_padding(remote.bits());
                 let sig = local.size();
                 let plain = out.len() - start - head_len;
