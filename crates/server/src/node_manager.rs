@@ -442,6 +442,8 @@ mod service_tests {
             request_id: 1,
             sink: None,
             canceller: None,
+            security: crate::services::no_security().0,
+            channel: crate::services::no_security().1,
         };
         let read = || {
             let r = attribute::read(

@@ -1689,6 +1689,8 @@ mod tests {
             request_id: 1,
             sink: None,
             canceller: None,
+            security: crate::services::no_security().0,
+            channel: crate::services::no_security().1,
         };
         let write = |node: NodeId, v: Variant| {
             attribute::write(
