@@ -178,22 +178,27 @@ impl OwnIdentity {
         if !config.bind.ip().is_unspecified() {
             ips.push(config.bind.ip());
         }
-        for host in &hosts {
-            // Only names that are literal IPs or resolve from the local
-            // hosts file answer quickly; this runs once, on first start.
-            if let Ok(addrs) = (host.as_str(), 0).to_socket_addrs() {
-                ips.extend(addrs.map(|a| a.ip()));
-            }
-        }
         ips.push(IpAddr::from([127, 0, 0, 1]));
-        let mut seen = std::collections::HashSet::new();
-        ips.retain(|ip| seen.insert(*ip));
         OwnIdentity {
             application_uri: config.application_uri.clone(),
             application_name: config.application_name.clone(),
             host_names: hosts,
             ip_addresses: ips,
         }
+    }
+
+    /// Adds the addresses the host names resolve to. Name resolution may
+    /// block, so it runs only when a certificate is created.
+    fn with_resolved_addresses(&self) -> OwnIdentity {
+        let mut out = self.clone();
+        for host in &self.host_names {
+            if let Ok(addrs) = (host.as_str(), 0).to_socket_addrs() {
+                out.ip_addresses.extend(addrs.map(|a| a.ip()));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        out.ip_addresses.retain(|ip| seen.insert(*ip));
+        out
     }
 }
 
@@ -699,6 +704,7 @@ pub fn create_own(
     identity: &OwnIdentity,
     now: SystemTime,
 ) -> Result<(Certificate, String), PkiError> {
+    let identity = identity.with_resolved_addresses();
     let mut params = SelfSignedParams::new(
         &identity.application_uri,
         &identity.application_name,
