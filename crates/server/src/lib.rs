@@ -22,6 +22,7 @@ pub mod numeric_range;
 pub mod server_object;
 pub mod services;
 pub mod session;
+pub mod subscription;
 
 pub use config::ServerConfig;
 pub use net::Server;

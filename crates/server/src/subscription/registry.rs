@@ -1,0 +1,571 @@
+//! The server's subscriptions: one [`SubscriptionSet`] per session behind
+//! its own lock, found by session id or by subscription id, one deadline
+//! heap for all their timers, and an index from node to the items a value
+//! push must reach. No tokio: `net/` sleeps until [`Registry::next_deadline`]
+//! and calls [`Registry::run_due`]; `wake` tells it a deadline moved
+//! earlier.
+//!
+//! Locks never nest except set -> heap; the maps are sharded so that
+//! thousands of sessions creating, publishing and being notified do not
+//! queue behind one lock.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
+use std::time::Instant;
+
+use uascale_types::{
+    DataValue, DateTime, NodeId, StatusCode, SubscriptionAcknowledgement, Variant,
+};
+
+use super::item::{pushed_value, ItemTarget};
+use super::{
+    next_sequence_number, Answer, Now, Reply, Requested, Revised, Subscription, SubscriptionLimits,
+    SubscriptionSet, GOOD_SUBSCRIPTION_TRANSFERRED,
+};
+use crate::fxhash::FxHashMap;
+
+/// Where an answered Publish goes (the connection's outbound queue, in the
+/// server; a test's list, in tests).
+pub trait PublishSink: Send + 'static {
+    /// Sends the answer; false when the client is gone.
+    fn deliver(self, answer: Answer) -> bool;
+}
+
+/// A session's set, shared.
+pub type SetRef<P> = Arc<Mutex<SubscriptionSet<P>>>;
+
+const SHARDS: usize = 32;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under these locks is a single insert/remove or a state
+    // step that leaves the set consistent, so a poisoned lock stays usable.
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+struct Entry<P> {
+    at: Instant,
+    seq: u64,
+    set: Weak<Mutex<SubscriptionSet<P>>>,
+}
+
+impl<P> PartialEq for Entry<P> {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl<P> Eq for Entry<P> {}
+impl<P> PartialOrd for Entry<P> {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl<P> Ord for Entry<P> {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+struct Owner<P> {
+    session: NodeId,
+    set: SetRef<P>,
+}
+
+/// Every subscription of the server.
+pub struct Registry<P> {
+    /// The configured bounds.
+    pub limits: SubscriptionLimits,
+    sessions: Vec<Mutex<FxHashMap<NodeId, SetRef<P>>>>,
+    owners: Vec<Mutex<FxHashMap<u32, Owner<P>>>>,
+    pushed: RwLock<FxHashMap<NodeId, Vec<(u32, u32)>>>,
+    heap: Mutex<BinaryHeap<Reverse<Entry<P>>>>,
+    seq: AtomicU64,
+    next_id: AtomicU32,
+    subscription_count: AtomicUsize,
+    item_count: AtomicUsize,
+    wake: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl<P> std::fmt::Debug for Registry<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field(
+                "subscriptions",
+                &self.subscription_count.load(Ordering::Relaxed),
+            )
+            .field("monitored_items", &self.item_count.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+fn shard_of_node(n: &NodeId) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = crate::fxhash::FxHasher::default();
+    n.hash(&mut h);
+    (h.finish() as usize) % SHARDS
+}
+
+impl<P: PublishSink> Registry<P> {
+    /// An empty registry with these limits.
+    pub fn new(limits: SubscriptionLimits) -> Self {
+        Registry {
+            limits,
+            sessions: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            owners: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            pushed: RwLock::default(),
+            heap: Mutex::default(),
+            seq: AtomicU64::new(0),
+            next_id: AtomicU32::new(1),
+            subscription_count: AtomicUsize::new(0),
+            item_count: AtomicUsize::new(0),
+            wake: OnceLock::new(),
+        }
+    }
+
+    /// Sets the function called when a deadline earlier than every other
+    /// is scheduled (the timer task's wake-up). Only the first call counts.
+    pub fn set_waker(&self, wake: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.wake.set(wake);
+    }
+
+    /// Subscriptions in the server.
+    pub fn subscription_count(&self) -> usize {
+        self.subscription_count.load(Ordering::Relaxed)
+    }
+
+    /// Monitored items in the server.
+    pub fn monitored_item_count(&self) -> usize {
+        self.item_count.load(Ordering::Relaxed)
+    }
+
+    fn owners(&self, id: u32) -> MutexGuard<'_, FxHashMap<u32, Owner<P>>> {
+        lock(&self.owners[id as usize % SHARDS])
+    }
+
+    /// The set of `session`, if it has one.
+    pub fn set_of(&self, session: &NodeId) -> Option<SetRef<P>> {
+        lock(&self.sessions[shard_of_node(session)])
+            .get(session)
+            .cloned()
+    }
+
+    fn set_or_new(&self, session: &NodeId) -> SetRef<P> {
+        lock(&self.sessions[shard_of_node(session)])
+            .entry(session.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Schedules `set`'s earliest deadline if it moved earlier.
+    fn schedule(&self, set: &SetRef<P>, g: &mut SubscriptionSet<P>) {
+        let Some(d) = g.poll_timeout() else {
+            return;
+        };
+        if g.scheduled.is_some_and(|s| s <= d) {
+            return;
+        }
+        g.scheduled = Some(d);
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let earliest = {
+            let mut h = lock(&self.heap);
+            let earliest = h.peek().is_none_or(|Reverse(e)| d < e.at);
+            h.push(Reverse(Entry {
+                at: d,
+                seq,
+                set: Arc::downgrade(set),
+            }));
+            earliest
+        };
+        if earliest {
+            if let Some(w) = self.wake.get() {
+                w();
+            }
+        }
+    }
+
+    /// The earliest deadline of any subscription or parked Publish.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        lock(&self.heap).peek().map(|Reverse(e)| e.at)
+    }
+
+    fn deliver(out: Vec<Reply<P>>) {
+        for r in out {
+            let _ = r.to.deliver(r.answer);
+        }
+    }
+
+    /// Runs `f` on the session's set (created when missing), then
+    /// reschedules it and sends what it answered.
+    pub fn with_set<R>(
+        &self,
+        session: &NodeId,
+        f: impl FnOnce(&mut SubscriptionSet<P>, &mut Vec<Reply<P>>) -> R,
+    ) -> R {
+        let set = self.set_or_new(session);
+        let mut out = Vec::new();
+        let r = {
+            let mut g = lock(&set);
+            let r = f(&mut g, &mut out);
+            self.schedule(&set, &mut g);
+            r
+        };
+        Self::deliver(out);
+        r
+    }
+
+    /// Runs `f` on subscription `id` of `session`; `BadSubscriptionIdInvalid`
+    /// when the session has no such subscription.
+    pub fn with_subscription<R>(
+        &self,
+        session: &NodeId,
+        id: u32,
+        f: impl FnOnce(&mut Subscription) -> R,
+    ) -> Result<R, StatusCode> {
+        let set = self
+            .set_of(session)
+            .ok_or(StatusCode::BadSubscriptionIdInvalid)?;
+        let mut g = lock(&set);
+        let r = f(g.get_mut(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?);
+        self.schedule(&set, &mut g);
+        Ok(r)
+    }
+
+    /// CreateSubscription for `session`.
+    pub fn create(
+        &self,
+        now: Instant,
+        session: &NodeId,
+        requested: &Requested,
+        enabled: bool,
+    ) -> Result<(u32, Revised), StatusCode> {
+        let max = self.limits.max_subscription_count;
+        if self
+            .subscription_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(StatusCode::BadTooManySubscriptions);
+        }
+        let revised = self.limits.revise(requested);
+        let id = loop {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            if id != 0 && !self.owners(id).contains_key(&id) {
+                break id;
+            }
+        };
+        let set = self.set_or_new(session);
+        self.owners(id).insert(
+            id,
+            Owner {
+                session: session.clone(),
+                set: Arc::clone(&set),
+            },
+        );
+        let mut g = lock(&set);
+        g.insert(Subscription::new(id, now, revised, requested, enabled));
+        self.schedule(&set, &mut g);
+        Ok((id, revised))
+    }
+
+    /// Reserves `n` monitored items against the server-wide limit.
+    pub fn reserve_items(&self, n: usize) -> bool {
+        let max = self.limits.max_monitored_item_count;
+        self.item_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                let next = c.checked_add(n)?;
+                (max == 0 || next <= max).then_some(next)
+            })
+            .is_ok()
+    }
+
+    /// Returns `n` reserved items (deleted, or a failed create).
+    pub fn release_items(&self, n: usize) {
+        let _ = self
+            .item_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                Some(c.saturating_sub(n))
+            });
+    }
+
+    /// Registers item `item` of subscription `sub` for value pushes of
+    /// `node` (its Value attribute).
+    pub fn watch(&self, node: &NodeId, sub: u32, item: u32) {
+        let mut m = match self.pushed.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        m.entry(node.clone()).or_default().push((sub, item));
+    }
+
+    /// Undoes [`Registry::watch`].
+    pub fn unwatch(&self, node: &NodeId, sub: u32, item: u32) {
+        let mut m = match self.pushed.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(v) = m.get_mut(node) {
+            v.retain(|e| *e != (sub, item));
+            if v.is_empty() {
+                m.remove(node);
+            }
+        }
+    }
+
+    /// A pushed value change of `node`: every item watching it gets it
+    /// (filtered, queued); nothing is sent until the subscription's timer.
+    pub fn value_changed(&self, node: &NodeId, value: &Variant, utc: DateTime) {
+        let targets: Vec<(u32, u32)> = {
+            let m = match self.pushed.read() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            match m.get(node) {
+                Some(v) => v.clone(),
+                None => return,
+            }
+        };
+        for (sub, item) in targets {
+            let Some(set) = self.owners(sub).get(&sub).map(|o| Arc::clone(&o.set)) else {
+                continue;
+            };
+            let mut g = lock(&set);
+            let Some(s) = g.get_mut(sub) else {
+                continue;
+            };
+            let range = match s.item(item) {
+                Some(i) if !i.target.index_range.is_null_or_empty() => {
+                    Some(i.target.index_range.clone())
+                }
+                Some(_) => None,
+                None => continue,
+            };
+            let dv = match range {
+                None => pushed_value(value.clone(), utc),
+                Some(r) => match range_of(&r, value) {
+                    Ok(v) => pushed_value(v, utc),
+                    Err(status) => DataValue {
+                        status: Some(status),
+                        server_timestamp: Some(utc),
+                        ..Default::default()
+                    },
+                },
+            };
+            s.offer(item, dv);
+        }
+    }
+
+    /// Offers an event to every event item of the server (the caller's
+    /// `select` decides per item whether it matches and which fields it
+    /// gets). Returns how many items queued it.
+    pub fn raise_event(
+        &self,
+        select: &dyn Fn(&super::item::MonitoredItem) -> Option<Vec<Variant>>,
+    ) -> usize {
+        let mut sets: Vec<SetRef<P>> = Vec::new();
+        for shard in &self.sessions {
+            sets.extend(lock(shard).values().cloned());
+        }
+        let mut n = 0;
+        for set in sets {
+            let mut g = lock(&set);
+            for s in g.subscriptions_mut() {
+                let hits: Vec<(u32, Vec<Variant>)> = s
+                    .items()
+                    .iter()
+                    .filter(|i| i.is_event())
+                    .filter_map(|i| select(i).map(|f| (i.id, f)))
+                    .collect();
+                for (id, fields) in hits {
+                    if s.offer_event(id, fields) {
+                        n += 1;
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// A Publish of `session`, answered through `to` now or later.
+    pub fn publish(
+        &self,
+        now: Now,
+        session: &NodeId,
+        request_handle: u32,
+        acks: &[SubscriptionAcknowledgement],
+        deadline: Option<Instant>,
+        to: P,
+    ) {
+        let limits = &self.limits;
+        self.with_set(session, |set, out| {
+            set.publish(now, request_handle, acks, deadline, to, limits, out)
+        });
+    }
+
+    /// Runs every set whose deadline is due at `now`, sampling with
+    /// `sample`. Cost is proportional to what is due, not to the sessions.
+    pub fn run_due(&self, now: Now, sample: &mut dyn FnMut(&ItemTarget) -> DataValue) {
+        loop {
+            let entry = {
+                let mut h = lock(&self.heap);
+                match h.peek() {
+                    Some(Reverse(e)) if e.at <= now.instant => h.pop(),
+                    _ => break,
+                }
+            };
+            let Some(Reverse(entry)) = entry else {
+                break;
+            };
+            let Some(set) = entry.set.upgrade() else {
+                continue;
+            };
+            let mut out = Vec::new();
+            let gone = {
+                let mut g = lock(&set);
+                if g.scheduled == Some(entry.at) {
+                    g.scheduled = None;
+                }
+                let gone = g.handle_timeout(now, sample, &self.limits, &mut out);
+                self.schedule(&set, &mut g);
+                gone
+            };
+            for s in gone {
+                tracing::debug!(subscription = s.id, "subscription lifetime expired");
+                self.forget(&s);
+            }
+            Self::deliver(out);
+        }
+    }
+
+    /// Drops the registry's bookkeeping of a removed subscription.
+    pub fn forget(&self, s: &Subscription) {
+        self.owners(s.id).remove(&s.id);
+        for i in s.items() {
+            if !i.sampled && !i.is_event() {
+                self.unwatch(&i.target.node_id, s.id, i.id);
+            }
+        }
+        self.release_items(s.items().len());
+        let _ = self
+            .subscription_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                Some(c.saturating_sub(1))
+            });
+    }
+
+    /// DeleteSubscriptions, one id.
+    pub fn delete(&self, session: &NodeId, id: u32) -> StatusCode {
+        let Some(set) = self.set_of(session) else {
+            return StatusCode::BadSubscriptionIdInvalid;
+        };
+        let removed = lock(&set).remove(id);
+        match removed {
+            Some(s) => {
+                self.forget(&s);
+                StatusCode::Good
+            }
+            None => StatusCode::BadSubscriptionIdInvalid,
+        }
+    }
+
+    /// TransferSubscriptions, one id, to `session`. The old session (if it
+    /// still exists) is owed a StatusChange GoodSubscriptionTransferred.
+    /// `may_take` decides whether the caller's user may take subscriptions
+    /// of the owning session.
+    pub fn transfer(
+        &self,
+        now: Now,
+        session: &NodeId,
+        id: u32,
+        send_initial_values: bool,
+        may_take: impl Fn(&NodeId) -> bool,
+    ) -> Result<Vec<u32>, StatusCode> {
+        let (from, old_set) = {
+            let owners = self.owners(id);
+            let o = owners
+                .get(&id)
+                .ok_or(StatusCode::BadSubscriptionIdInvalid)?;
+            (o.session.clone(), Arc::clone(&o.set))
+        };
+        if &from == session {
+            // Already ours: nothing moves; report what Republish can return.
+            let g = lock(&old_set);
+            let s = g.get(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?;
+            return Ok(s.available_sequence_numbers());
+        }
+        if !may_take(&from) {
+            return Err(StatusCode::BadUserAccessDenied);
+        }
+        let mut out = Vec::new();
+        let mut sub = {
+            let mut g = lock(&old_set);
+            let s = g.remove(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?;
+            if g.alive {
+                g.status_change(
+                    now,
+                    id,
+                    next_sequence_number(&s),
+                    GOOD_SUBSCRIPTION_TRANSFERRED,
+                    &mut out,
+                );
+            }
+            s
+        };
+        Self::deliver(out);
+        if send_initial_values {
+            sub.requeue_last_values();
+        }
+        sub.reset_for_transfer(now.instant);
+        let available = sub.available_sequence_numbers();
+        let new_set = self.set_or_new(session);
+        self.owners(id).insert(
+            id,
+            Owner {
+                session: session.clone(),
+                set: Arc::clone(&new_set),
+            },
+        );
+        let mut g = lock(&new_set);
+        g.insert(sub);
+        self.schedule(&new_set, &mut g);
+        Ok(available)
+    }
+
+    /// The session closed (or timed out): its parked Publishes are answered
+    /// `status`; with `delete` its subscriptions go, otherwise they live on
+    /// (for TransferSubscriptions) until their lifetime runs out.
+    pub fn close_session(&self, session: &NodeId, delete: bool, status: StatusCode) {
+        let Some(set) = lock(&self.sessions[shard_of_node(session)]).remove(session) else {
+            return;
+        };
+        let mut out = Vec::new();
+        let gone = {
+            let mut g = lock(&set);
+            g.alive = false;
+            g.drain_parked(status, &mut out);
+            if delete {
+                g.take_all()
+            } else {
+                Vec::new()
+            }
+        };
+        for s in &gone {
+            self.forget(s);
+        }
+        Self::deliver(out);
+    }
+}
+
+fn range_of(range: &uascale_types::UaString, v: &Variant) -> Result<Variant, StatusCode> {
+    let r: crate::numeric_range::NumericRange = range
+        .as_str()
+        .unwrap_or("")
+        .parse()
+        .map_err(|_| StatusCode::BadIndexRangeInvalid)?;
+    r.apply(v)
+}
