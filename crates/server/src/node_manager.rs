@@ -9,13 +9,17 @@
 //! SCALABILITY.md §3, which can park a request while its handler awaits.)
 
 use crate::fxhash::FxHashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use uascale_types::{NodeId, StatusCode, UaString, Variant};
 
 /// A method implementation: input arguments (already checked against the
 /// method's InputArguments) to output arguments.
 pub type MethodHandler = Box<dyn Fn(&[Variant]) -> Result<Vec<Variant>, StatusCode> + Send + Sync>;
+
+/// Told of every value change a manager pushes (the server's monitored
+/// items): the node and its new value.
+pub type ValueObserver = Arc<dyn Fn(&NodeId, &Variant) + Send + Sync>;
 
 /// Serves the values and methods of one namespace.
 pub trait NodeManager: Send + Sync {
@@ -37,6 +41,19 @@ pub trait NodeManager: Send + Sync {
         method: &NodeId,
         inputs: &[Variant],
     ) -> Option<Result<Vec<Variant>, StatusCode>>;
+
+    /// True when every change of `node`'s value is reported to the
+    /// observer (then monitored items of it need no sampling timer).
+    fn pushes_changes(&self, node: &NodeId) -> bool {
+        let _ = node;
+        false
+    }
+
+    /// Installs the observer of value changes; managers that do not push
+    /// changes ignore it.
+    fn set_observer(&self, observer: ValueObserver) {
+        let _ = observer;
+    }
 }
 
 /// The managers of a server, by namespace index.
@@ -95,6 +112,19 @@ impl NodeManagers {
         self.get(method.namespace)?.call(object, method, inputs)
     }
 
+    /// True when the node's manager pushes its value changes.
+    pub fn pushes_changes(&self, node: &NodeId) -> bool {
+        self.get(node.namespace)
+            .is_some_and(|m| m.pushes_changes(node))
+    }
+
+    /// Installs `observer` in every manager.
+    pub fn set_observer(&self, observer: &ValueObserver) {
+        for m in self.by_index.iter().flatten() {
+            m.set_observer(Arc::clone(observer));
+        }
+    }
+
     /// The NamespaceArray: the OPC UA namespace, the server's, then each
     /// registered manager's URI at its index (empty where none is).
     pub fn namespace_array(&self, application_uri: &str) -> Vec<UaString> {
@@ -115,6 +145,7 @@ pub struct InMemoryNodeManager {
     uri: String,
     values: FxHashMap<NodeId, Mutex<Variant>>,
     methods: FxHashMap<NodeId, MethodHandler>,
+    observer: OnceLock<ValueObserver>,
 }
 
 impl std::fmt::Debug for InMemoryNodeManager {
@@ -136,6 +167,7 @@ impl InMemoryNodeManager {
             uri: uri.into(),
             values: FxHashMap::default(),
             methods: FxHashMap::default(),
+            observer: OnceLock::new(),
         }
     }
 
@@ -151,14 +183,20 @@ impl InMemoryNodeManager {
     }
 
     /// Sets a held value from server-side code (a simulation, a driver);
-    /// false when `node` is not held.
+    /// false when `node` is not held. Monitored items of the node are told
+    /// at once (no sampling).
     pub fn set(&self, node: &NodeId, value: Variant) -> bool {
         let Some(m) = self.values.get(node) else {
             return false;
         };
+        let observer = self.observer.get();
+        let copy = observer.map(|_| value.clone());
         match m.lock() {
             Ok(mut g) => *g = value,
             Err(p) => *p.into_inner() = value,
+        }
+        if let (Some(o), Some(v)) = (observer, copy) {
+            o(node, &v);
         }
         true
     }
@@ -197,6 +235,14 @@ impl NodeManager for InMemoryNodeManager {
         inputs: &[Variant],
     ) -> Option<Result<Vec<Variant>, StatusCode>> {
         self.methods.get(method).map(|h| h(inputs))
+    }
+
+    fn pushes_changes(&self, node: &NodeId) -> bool {
+        self.observer.get().is_some() && self.values.contains_key(node)
+    }
+
+    fn set_observer(&self, observer: ValueObserver) {
+        let _ = self.observer.set(observer);
     }
 }
 

@@ -38,7 +38,13 @@ pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse,
     })
 }
 
-fn read_one(ctx: &ServiceContext<'_>, r: &ReadValueId, ts: TimestampsToReturn) -> DataValue {
+/// One ReadValueId read, with the timestamps asked for (also what a
+/// monitored item samples).
+pub(crate) fn read_one(
+    ctx: &ServiceContext<'_>,
+    r: &ReadValueId,
+    ts: TimestampsToReturn,
+) -> DataValue {
     let mut dv = match read_attribute(ctx, r) {
         Ok(v) => DataValue {
             value: Some(v),

@@ -33,6 +33,25 @@ pub trait PublishSink: Send + 'static {
     fn deliver(self, answer: Answer) -> bool;
 }
 
+/// A [`PublishSink`] behind a box, so the registry need not know the
+/// connection type.
+pub trait DynSink: Send + 'static {
+    /// [`PublishSink::deliver`] through the box.
+    fn deliver_boxed(self: Box<Self>, answer: Answer) -> bool;
+}
+
+impl<T: PublishSink> DynSink for T {
+    fn deliver_boxed(self: Box<Self>, answer: Answer) -> bool {
+        (*self).deliver(answer)
+    }
+}
+
+impl PublishSink for Box<dyn DynSink> {
+    fn deliver(self, answer: Answer) -> bool {
+        self.deliver_boxed(answer)
+    }
+}
+
 /// A session's set, shared.
 pub type SetRef<P> = Arc<Mutex<SubscriptionSet<P>>>;
 
@@ -81,7 +100,7 @@ pub struct Registry<P> {
     pub limits: SubscriptionLimits,
     sessions: Vec<Mutex<FxHashMap<NodeId, SetRef<P>>>>,
     owners: Vec<Mutex<FxHashMap<u32, Owner<P>>>>,
-    pushed: RwLock<FxHashMap<NodeId, Vec<(u32, u32)>>>,
+    watched: RwLock<FxHashMap<(NodeId, u32), Vec<(u32, u32)>>>,
     heap: Mutex<BinaryHeap<Reverse<Entry<P>>>>,
     seq: AtomicU64,
     next_id: AtomicU32,
@@ -116,7 +135,7 @@ impl<P: PublishSink> Registry<P> {
             limits,
             sessions: (0..SHARDS).map(|_| Mutex::default()).collect(),
             owners: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            pushed: RwLock::default(),
+            watched: RwLock::default(),
             heap: Mutex::default(),
             seq: AtomicU64::new(0),
             next_id: AtomicU32::new(1),
@@ -293,44 +312,50 @@ impl<P: PublishSink> Registry<P> {
             });
     }
 
-    /// Registers item `item` of subscription `sub` for value pushes of
-    /// `node` (its Value attribute).
-    pub fn watch(&self, node: &NodeId, sub: u32, item: u32) {
-        let mut m = match self.pushed.write() {
+    /// Registers item `item` of subscription `sub` for pushes of `node`'s
+    /// attribute `attribute`: 13 (Value) for value changes, 12
+    /// (EventNotifier) for events.
+    pub fn watch(&self, node: &NodeId, attribute: u32, sub: u32, item: u32) {
+        let mut m = match self.watched.write() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        m.entry(node.clone()).or_default().push((sub, item));
+        m.entry((node.clone(), attribute))
+            .or_default()
+            .push((sub, item));
     }
 
     /// Undoes [`Registry::watch`].
-    pub fn unwatch(&self, node: &NodeId, sub: u32, item: u32) {
-        let mut m = match self.pushed.write() {
+    pub fn unwatch(&self, node: &NodeId, attribute: u32, sub: u32, item: u32) {
+        let mut m = match self.watched.write() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        if let Some(v) = m.get_mut(node) {
+        let key = (node.clone(), attribute);
+        if let Some(v) = m.get_mut(&key) {
             v.retain(|e| *e != (sub, item));
             if v.is_empty() {
-                m.remove(node);
+                m.remove(&key);
             }
         }
+    }
+
+    fn watchers(&self, node: &NodeId, attribute: u32) -> Vec<(u32, u32)> {
+        let m = match self.watched.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        // The key is built only when someone watches anything.
+        if m.is_empty() {
+            return Vec::new();
+        }
+        m.get(&(node.clone(), attribute)).cloned().unwrap_or_default()
     }
 
     /// A pushed value change of `node`: every item watching it gets it
     /// (filtered, queued); nothing is sent until the subscription's timer.
     pub fn value_changed(&self, node: &NodeId, value: &Variant, utc: DateTime) {
-        let targets: Vec<(u32, u32)> = {
-            let m = match self.pushed.read() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-            match m.get(node) {
-                Some(v) => v.clone(),
-                None => return,
-            }
-        };
-        for (sub, item) in targets {
+        for (sub, item) in self.watchers(node, 13) {
             let Some(set) = self.owners(sub).get(&sub).map(|o| Arc::clone(&o.set)) else {
                 continue;
             };
@@ -360,31 +385,30 @@ impl<P: PublishSink> Registry<P> {
         }
     }
 
-    /// Offers an event to every event item of the server (the caller's
-    /// `select` decides per item whether it matches and which fields it
-    /// gets). Returns how many items queued it.
+    /// Offers an event to the event items watching any of `notifiers`
+    /// (the source and the objects it reports to, up to the Server object);
+    /// `select` decides per item whether the event passes its filter and
+    /// which fields it gets. Returns how many items queued it.
     pub fn raise_event(
         &self,
+        notifiers: &[NodeId],
         select: &dyn Fn(&super::item::MonitoredItem) -> Option<Vec<Variant>>,
     ) -> usize {
-        let mut sets: Vec<SetRef<P>> = Vec::new();
-        for shard in &self.sessions {
-            sets.extend(lock(shard).values().cloned());
-        }
         let mut n = 0;
-        for set in sets {
-            let mut g = lock(&set);
-            for s in g.subscriptions_mut() {
-                let hits: Vec<(u32, Vec<Variant>)> = s
-                    .items()
-                    .iter()
-                    .filter(|i| i.is_event())
-                    .filter_map(|i| select(i).map(|f| (i.id, f)))
-                    .collect();
-                for (id, fields) in hits {
-                    if s.offer_event(id, fields) {
-                        n += 1;
-                    }
+        for notifier in notifiers {
+            for (sub, item) in self.watchers(notifier, 12) {
+                let Some(set) = self.owners(sub).get(&sub).map(|o| Arc::clone(&o.set)) else {
+                    continue;
+                };
+                let mut g = lock(&set);
+                let Some(s) = g.get_mut(sub) else {
+                    continue;
+                };
+                let Some(fields) = s.item(item).and_then(select) else {
+                    continue;
+                };
+                if s.offer_event(item, fields) {
+                    n += 1;
                 }
             }
         }
@@ -446,8 +470,8 @@ impl<P: PublishSink> Registry<P> {
     pub fn forget(&self, s: &Subscription) {
         self.owners(s.id).remove(&s.id);
         for i in s.items() {
-            if !i.sampled && !i.is_event() {
-                self.unwatch(&i.target.node_id, s.id, i.id);
+            if !i.sampled {
+                self.unwatch(&i.target.node_id, i.target.attribute_id, s.id, i.id);
             }
         }
         self.release_items(s.items().len());
