@@ -14,9 +14,11 @@
 
 pub mod channel;
 pub mod chunk;
+pub mod client;
 pub mod error;
 pub mod reassembly;
 pub mod tcp;
 
 pub use channel::{ChannelConfig, Event, Now, PendingConnection, ServerConnection};
+pub use client::{ClientConfig, ClientConnection, ClientEvent};
 pub use error::ChannelError;

@@ -19,6 +19,7 @@ pub mod fxhash;
 pub mod net;
 pub mod node_manager;
 pub mod numeric_range;
+pub mod reply;
 pub mod server_object;
 pub mod services;
 pub mod session;

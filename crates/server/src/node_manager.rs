@@ -4,14 +4,20 @@
 //! the attribute checks work the same for every namespace; a manager owns
 //! what changes - variable values - and what runs - methods.
 //!
-//! Handlers are synchronous for now: they run on the connection's task, so
-//! they must not block. (Async handlers come with the request queue of
-//! SCALABILITY.md §3, which can park a request while its handler awaits.)
+//! Two kinds of manager:
+//! - [`NodeManager`]: synchronous handlers, run inline on the connection's
+//!   task - for values held in memory; they must not block.
+//! - [`AsyncNodeManager`]: handlers return futures - for values behind a
+//!   device, a fieldbus or a database. A Read, Write or Call touching such a
+//!   namespace is answered later: the request releases the connection while
+//!   the futures run, and `Cancel` can abort it.
 
 use crate::fxhash::FxHashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use uascale_types::{NodeId, StatusCode, UaString, Variant};
+
+use crate::reply::BoxFuture;
 
 /// A method implementation: input arguments (already checked against the
 /// method's InputArguments) to output arguments.
@@ -56,10 +62,50 @@ pub trait NodeManager: Send + Sync {
     }
 }
 
+/// Serves the values and methods of one namespace asynchronously.
+///
+/// The server has already checked the node (it exists, is a readable /
+/// writable variable, the value's type fits, the method's arguments match)
+/// before it calls here. The futures must be `'static`: clone what they need.
+pub trait AsyncNodeManager: Send + Sync {
+    /// The namespace URI.
+    fn namespace_uri(&self) -> &str;
+
+    /// The current value of a variable of this namespace.
+    fn read_value(&self, node: &NodeId) -> BoxFuture<Result<Variant, StatusCode>>;
+
+    /// Stores a value.
+    fn write_value(&self, node: &NodeId, value: Variant) -> BoxFuture<Result<(), StatusCode>>;
+
+    /// Runs a method (`BadNotImplemented` when there is no handler).
+    fn call(
+        &self,
+        object: &NodeId,
+        method: &NodeId,
+        inputs: Vec<Variant>,
+    ) -> BoxFuture<Result<Vec<Variant>, StatusCode>>;
+}
+
+#[derive(Clone)]
+enum Managed {
+    Sync(Arc<dyn NodeManager>),
+    Async(Arc<dyn AsyncNodeManager>),
+}
+
+impl Managed {
+    fn namespace_uri(&self) -> &str {
+        match self {
+            Managed::Sync(m) => m.namespace_uri(),
+            Managed::Async(m) => m.namespace_uri(),
+        }
+    }
+}
+
 /// The managers of a server, by namespace index.
 #[derive(Default)]
 pub struct NodeManagers {
-    by_index: Vec<Option<Arc<dyn NodeManager>>>,
+    by_index: Vec<Option<Managed>>,
+    any_async: bool,
 }
 
 impl std::fmt::Debug for NodeManagers {
@@ -78,38 +124,112 @@ impl NodeManagers {
     /// Registers `manager` for namespace `index` (2 and up: 0 is the OPC UA
     /// namespace, 1 the server's own), replacing any earlier one.
     pub fn register(&mut self, index: u16, manager: Arc<dyn NodeManager>) {
+        self.put(index, Managed::Sync(manager));
+    }
+
+    /// Registers an asynchronous `manager` for namespace `index`.
+    pub fn register_async(&mut self, index: u16, manager: Arc<dyn AsyncNodeManager>) {
+        self.put(index, Managed::Async(manager));
+        self.any_async = true;
+    }
+
+    fn put(&mut self, index: u16, m: Managed) {
         let i = usize::from(index);
         if self.by_index.len() <= i {
             self.by_index.resize_with(i + 1, || None);
         }
-        self.by_index[i] = Some(manager);
+        self.by_index[i] = Some(m);
     }
 
-    fn get(&self, ns: u16) -> Option<&Arc<dyn NodeManager>> {
+    fn get(&self, ns: u16) -> Option<&Managed> {
         self.by_index.get(usize::from(ns)).and_then(Option::as_ref)
     }
 
-    /// The value of `node` from its namespace's manager, if it holds one.
-    pub fn read_value(&self, node: &NodeId) -> Option<Result<Variant, StatusCode>> {
-        self.get(node.namespace)?.read_value(node)
+    /// True when namespace `ns` is served by an [`AsyncNodeManager`]
+    /// (cheap: false at once when no async manager is registered).
+    pub fn is_async(&self, ns: u16) -> bool {
+        self.any_async && matches!(self.get(ns), Some(Managed::Async(_)))
     }
 
-    /// Writes through the namespace's manager.
+    /// The value of `node` from its namespace's manager, if it holds one.
+    /// An asynchronous namespace answers `BadWouldBlock` here: use
+    /// [`NodeManagers::read_value_async`].
+    pub fn read_value(&self, node: &NodeId) -> Option<Result<Variant, StatusCode>> {
+        match self.get(node.namespace)? {
+            Managed::Sync(m) => m.read_value(node),
+            Managed::Async(_) => Some(Err(StatusCode::BadWouldBlock)),
+        }
+    }
+
+    /// Writes through the namespace's manager (`BadWouldBlock` for an
+    /// asynchronous one).
     pub fn write_value(&self, node: &NodeId, value: Variant) -> Result<(), StatusCode> {
         match self.get(node.namespace) {
-            Some(m) => m.write_value(node, value),
+            Some(Managed::Sync(m)) => m.write_value(node, value),
+            Some(Managed::Async(_)) => Err(StatusCode::BadWouldBlock),
             None => Err(StatusCode::BadNotWritable),
         }
     }
 
-    /// Calls through the method's namespace's manager.
+    /// Calls through the method's namespace's manager (`BadWouldBlock` for
+    /// an asynchronous one).
     pub fn call(
         &self,
         object: &NodeId,
         method: &NodeId,
         inputs: &[Variant],
     ) -> Option<Result<Vec<Variant>, StatusCode>> {
-        self.get(method.namespace)?.call(object, method, inputs)
+        match self.get(method.namespace)? {
+            Managed::Sync(m) => m.call(object, method, inputs),
+            Managed::Async(_) => Some(Err(StatusCode::BadWouldBlock)),
+        }
+    }
+
+    /// The asynchronous manager of namespace `ns`, if it has one.
+    pub fn async_manager(&self, ns: u16) -> Option<Arc<dyn AsyncNodeManager>> {
+        match self.get(ns)? {
+            Managed::Async(m) => Some(Arc::clone(m)),
+            Managed::Sync(_) => None,
+        }
+    }
+
+    /// The asynchronous read of `node`; `None` when its namespace is not
+    /// served asynchronously.
+    pub fn read_value_async(
+        &self,
+        node: &NodeId,
+    ) -> Option<BoxFuture<Result<Variant, StatusCode>>> {
+        match self.get(node.namespace)? {
+            Managed::Async(m) => Some(m.read_value(node)),
+            Managed::Sync(_) => None,
+        }
+    }
+
+    /// The asynchronous write of `node`; `None` when its namespace is not
+    /// served asynchronously.
+    pub fn write_value_async(
+        &self,
+        node: &NodeId,
+        value: Variant,
+    ) -> Option<BoxFuture<Result<(), StatusCode>>> {
+        match self.get(node.namespace)? {
+            Managed::Async(m) => Some(m.write_value(node, value)),
+            Managed::Sync(_) => None,
+        }
+    }
+
+    /// The asynchronous call of `method`; `None` when its namespace is not
+    /// served asynchronously.
+    pub fn call_async(
+        &self,
+        object: &NodeId,
+        method: &NodeId,
+        inputs: Vec<Variant>,
+    ) -> Option<BoxFuture<Result<Vec<Variant>, StatusCode>>> {
+        match self.get(method.namespace)? {
+            Managed::Async(m) => Some(m.call(object, method, inputs)),
+            Managed::Sync(_) => None,
+        }
     }
 
     /// True when the node's manager pushes its value changes.
@@ -365,6 +485,9 @@ mod service_tests {
             address_space: &space,
             start_time: DateTime::from_ticks(1),
             managers: &managers,
+            request_id: 1,
+            sink: None,
+            canceller: None,
         };
         let read = || {
             let r = attribute::read(

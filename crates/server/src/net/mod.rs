@@ -10,14 +10,75 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use uascale_proto::reassembly::ReassemblyBudget;
 use uascale_proto::{Event, Now, PendingConnection, ServerConnection};
 use uascale_types::{encode_message, DateTime, StatusCode};
 
 use crate::config::ServerConfig;
-use crate::services::{dispatch, peek_request_handle, service_fault, ServiceContext};
+use crate::reply::ResponseSink;
+use crate::services::{dispatch, peek_request_handle, service_fault, Dispatched, ServiceContext};
+
+/// The response queue of one connection: answers produced outside the
+/// connection's task (asynchronous handlers, parked Publishes) go here and
+/// the task writes them out.
+#[derive(Debug)]
+struct ConnectionSink(mpsc::UnboundedSender<(u32, Vec<u8>)>);
+
+impl ResponseSink for ConnectionSink {
+    fn send(&self, request_id: u32, message: Vec<u8>) -> bool {
+        self.0.send((request_id, message)).is_ok()
+    }
+}
+
+/// A request whose answer comes from a running task (an asynchronous node
+/// manager); Cancel can abort it.
+struct Running {
+    request_handle: u32,
+    request_id: u32,
+    /// Set by whoever answers first: the task or a Cancel.
+    answered: Arc<std::sync::atomic::AtomicBool>,
+    abort: tokio::task::AbortHandle,
+}
+
+/// The requests of one connection that are answered later.
+#[derive(Default)]
+struct Outstanding {
+    running: std::cell::RefCell<Vec<Running>>,
+}
+
+impl Outstanding {
+    /// Aborts the running requests with `request_handle`, answering each
+    /// `BadRequestCancelledByClient`; how many there were.
+    fn cancel(&self, request_handle: u32, sink: &Arc<dyn ResponseSink>, now: DateTime) -> u32 {
+        let mut running = self.running.borrow_mut();
+        let mut count = 0;
+        running.retain(|r| {
+            if r.request_handle != request_handle {
+                return true;
+            }
+            if !r.answered.swap(true, Ordering::AcqRel) {
+                r.abort.abort();
+                let fault =
+                    service_fault(now, request_handle, StatusCode::BadRequestCancelledByClient);
+                let mut msg = Vec::new();
+                encode_message(&fault, &mut msg);
+                sink.send(r.request_id, msg);
+                count += 1;
+            }
+            false
+        });
+        count
+    }
+
+    /// Forgets a request once its answer went out.
+    fn finished(&self, request_id: u32) {
+        self.running
+            .borrow_mut()
+            .retain(|r| r.request_id != request_id);
+    }
+}
 
 fn now() -> Now {
     Now {
@@ -205,6 +266,9 @@ async fn serve(
     );
     tracing::debug!(%peer, channel = id, "connection accepted");
     let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut answers) = mpsc::unbounded_channel();
+    let sink: Arc<dyn ResponseSink> = Arc::new(ConnectionSink(tx));
+    let outstanding = Outstanding::default();
     // Buffers start empty and grow with the traffic: an idle session costs
     // no buffer memory, a busy one keeps what it needs.
     let mut input: Vec<u8> = Vec::new();
@@ -221,6 +285,13 @@ async fn serve(
                     }
                 }
             },
+            Some((request_id, message)) = answers.recv() => {
+                send_answer(&mut conn, &outstanding, request_id, message, &shared);
+                // Whatever else is ready goes out in the same write.
+                while let Ok((request_id, message)) = answers.try_recv() {
+                    send_answer(&mut conn, &outstanding, request_id, message, &shared);
+                }
+            }
             () = sleep_until(due) => conn.handle_timeout(now()),
             changed = stop.changed() => {
                 if changed.is_err() || *stop.borrow() {
@@ -228,7 +299,7 @@ async fn serve(
                 }
             }
         }
-        handle_events(&mut conn, &shared);
+        handle_events(&mut conn, &shared, &sink, &outstanding);
         out.clear();
         if conn.poll_transmit(&mut out) && wr.write_all(&out).await.is_err() {
             break;
@@ -237,8 +308,54 @@ async fn serve(
             break;
         }
     }
+    // Answers still running have nowhere to go.
+    for r in outstanding.running.borrow().iter() {
+        r.abort.abort();
+    }
     let _ = wr.shutdown().await;
     tracing::debug!(%peer, channel = id, status = ?conn.close_status(), "connection closed");
+}
+
+fn send_answer(
+    conn: &mut ServerConnection,
+    outstanding: &Outstanding,
+    request_id: u32,
+    message: Vec<u8>,
+    shared: &Shared,
+) {
+    outstanding.finished(request_id);
+    send_or_fault(conn, request_id, &message, shared);
+}
+
+/// Sends a response; one too large for the client's limits becomes a
+/// `BadResponseTooLarge` ServiceFault.
+fn send_or_fault(conn: &mut ServerConnection, request_id: u32, message: &[u8], shared: &Shared) {
+    if let Err(e) = conn.send_response(request_id, message) {
+        if e.status_code() == StatusCode::BadResponseTooLarge {
+            let limits = &shared.channel_config.decode;
+            let fault = service_fault(
+                DateTime::from_system_time(SystemTime::now()),
+                peek_response_handle(message, limits),
+                StatusCode::BadResponseTooLarge,
+            );
+            let mut small = Vec::new();
+            encode_message(&fault, &mut small);
+            let _ = conn.send_response(request_id, &small);
+        }
+    }
+}
+
+/// The requestHandle of an encoded response (its ResponseHeader starts the
+/// body after the encoding id, and the handle follows the timestamp).
+fn peek_response_handle(message: &[u8], limits: &uascale_types::DecodeLimits) -> u32 {
+    use uascale_types::{BinaryDecode, NodeId, Reader};
+    let Ok(mut r) = Reader::new(message, limits) else {
+        return 0;
+    };
+    if NodeId::decode(&mut r).is_err() || DateTime::decode(&mut r).is_err() {
+        return 0;
+    }
+    u32::decode(&mut r).unwrap_or(0)
 }
 
 /// Reads what the socket has into the spare capacity of `input`: at least
@@ -266,35 +383,70 @@ async fn sleep_until(due: Option<Instant>) {
     }
 }
 
-fn handle_events(conn: &mut ServerConnection, shared: &Shared) {
+fn handle_events(
+    conn: &mut ServerConnection,
+    shared: &Shared,
+    sink: &Arc<dyn ResponseSink>,
+    outstanding: &Outstanding,
+) {
+    let now = DateTime::from_system_time(SystemTime::now());
+    let cancel = |handle: u32| outstanding.cancel(handle, sink, now);
     // One clock reading for the requests that arrived together.
-    let ctx = ServiceContext {
+    let mut ctx = ServiceContext {
         config: &shared.config,
         sessions: &shared.sessions,
         channel_id: conn.channel_id(),
-        now: DateTime::from_system_time(SystemTime::now()),
+        now,
         instant: Instant::now(),
         address_space: &shared.address_space,
         start_time: shared.start_time,
         managers: &shared.managers,
+        request_id: 0,
+        sink: Some(sink),
+        canceller: Some(&cancel),
     };
     let limits = &shared.channel_config.decode;
     while let Some(event) = conn.poll_event() {
         let Event::Request { request_id, body } = event else {
             continue;
         };
-        let response = dispatch(&ctx, &body, limits);
-        if let Err(e) = conn.send_response(request_id, &response) {
-            if e.status_code() == StatusCode::BadResponseTooLarge {
-                let fault = service_fault(
-                    ctx.now,
-                    peek_request_handle(&body, limits),
-                    StatusCode::BadResponseTooLarge,
-                );
-                let mut small = Vec::new();
-                encode_message(&fault, &mut small);
-                let _ = conn.send_response(request_id, &small);
+        ctx.request_id = request_id;
+        match dispatch(&ctx, &body, limits) {
+            Dispatched::Now(response) => {
+                if let Err(e) = conn.send_response(request_id, &response) {
+                    if e.status_code() == StatusCode::BadResponseTooLarge {
+                        let fault = service_fault(
+                            ctx.now,
+                            peek_request_handle(&body, limits),
+                            StatusCode::BadResponseTooLarge,
+                        );
+                        let mut small = Vec::new();
+                        encode_message(&fault, &mut small);
+                        let _ = conn.send_response(request_id, &small);
+                    }
+                }
             }
+            Dispatched::Later {
+                request_handle,
+                future,
+            } => {
+                let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let done = Arc::clone(&answered);
+                let to = Arc::clone(sink);
+                let task = tokio::spawn(async move {
+                    let message = future.await;
+                    if !done.swap(true, Ordering::AcqRel) {
+                        to.send(request_id, message);
+                    }
+                });
+                outstanding.running.borrow_mut().push(Running {
+                    request_handle,
+                    request_id,
+                    answered,
+                    abort: task.abort_handle(),
+                });
+            }
+            Dispatched::Parked => {}
         }
     }
 }

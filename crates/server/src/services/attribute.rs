@@ -5,7 +5,7 @@ use uascale_types::{
     ReadResponse, ReadValueId, StatusCode, TimestampsToReturn, UaString, Variant,
 };
 
-use super::ServiceContext;
+use super::{Answer, ServiceContext};
 use crate::address_space::Node;
 use crate::numeric_range::NumericRange;
 
@@ -136,6 +136,19 @@ fn read_attribute(ctx: &ServiceContext<'_>, r: &ReadValueId) -> Result<Variant, 
 }
 
 fn value(ctx: &ServiceContext<'_>, node: &Node, r: &ReadValueId) -> Result<Variant, StatusCode> {
+    check_value_read(node, r)?;
+    let v = match crate::server_object::live_value(ctx, &node.node_id) {
+        Some(v) => v,
+        None => match ctx.managers.read_value(&node.node_id) {
+            Some(r) => r?,
+            None => node.value.clone(),
+        },
+    };
+    apply_index_range(v, &r.index_range)
+}
+
+/// The checks of a Value read that come before the value is fetched.
+fn check_value_read(node: &Node, r: &ReadValueId) -> Result<(), StatusCode> {
     if node.node_class == NodeClass::Variable && node.access_level & 1 == 0 {
         return Err(StatusCode::BadNotReadable);
     }
@@ -147,14 +160,11 @@ fn value(ctx: &ServiceContext<'_>, node: &Node, r: &ReadValueId) -> Result<Varia
             StatusCode::BadDataEncodingInvalid
         });
     }
-    let v = match crate::server_object::live_value(ctx, &node.node_id) {
-        Some(v) => v,
-        None => match ctx.managers.read_value(&node.node_id) {
-            Some(r) => r?,
-            None => node.value.clone(),
-        },
-    };
-    match r.index_range.as_str() {
+    Ok(())
+}
+
+fn apply_index_range(v: Variant, index_range: &UaString) -> Result<Variant, StatusCode> {
+    match index_range.as_str() {
         None | Some("") => Ok(v),
         Some(text) => {
             let range: NumericRange = text.parse().map_err(|_| StatusCode::BadIndexRangeInvalid)?;
@@ -205,6 +215,27 @@ pub fn write(
 pub const MAX_NODES_PER_WRITE: usize = 10_000;
 
 fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<(), StatusCode> {
+    let (node, value, range) = check_write(ctx, w)?;
+    let new = match range {
+        None => value,
+        Some(range) => {
+            let current = match ctx.managers.read_value(&node.node_id) {
+                Some(r) => r?,
+                None => node.value.clone(),
+            };
+            range.write(&current, &value)?
+        }
+    };
+    ctx.managers.write_value(&node.node_id, new)
+}
+
+/// The checks of a Write before the value is stored: the node, the
+/// attribute, the access level, the type; returns the node, the value and
+/// the index range to write it at.
+fn check_write<'a>(
+    ctx: &ServiceContext<'a>,
+    w: &uascale_types::WriteValue,
+) -> Result<(&'a Node, Variant, Option<NumericRange>), StatusCode> {
     let node = ctx
         .address_space
         .get(&w.node_id)
@@ -231,18 +262,14 @@ fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<
     }
     let value = dv.value.clone().unwrap_or_default();
     check_type(ctx, node, &value, w.index_range.is_null_or_empty())?;
-    let new = match w.index_range.as_str() {
-        None | Some("") => value,
-        Some(text) => {
-            let range: NumericRange = text.parse().map_err(|_| StatusCode::BadIndexRangeInvalid)?;
-            let current = match ctx.managers.read_value(&node.node_id) {
-                Some(r) => r?,
-                None => node.value.clone(),
-            };
-            range.write(&current, &value)?
-        }
+    let range = match w.index_range.as_str() {
+        None | Some("") => None,
+        Some(text) => Some(
+            text.parse::<NumericRange>()
+                .map_err(|_| StatusCode::BadIndexRangeInvalid)?,
+        ),
     };
-    ctx.managers.write_value(&node.node_id, new)
+    Ok((node, value, range))
 }
 
 /// The value must be of the variable's DataType (or a subtype's built-in
@@ -314,4 +341,169 @@ pub fn history_read(
         results: Some(results),
         diagnostic_infos: Some(vec![]),
     })
+}
+
+/// Read, with the values of asynchronously served namespaces awaited: the
+/// attributes held here are read at once, the asynchronous values
+/// concurrently, and the response is sent when the last one arrives.
+pub fn read_answer(
+    ctx: &ServiceContext<'_>,
+    req: &ReadRequest,
+) -> Result<Answer<ReadResponse>, StatusCode> {
+    let nodes = req.nodes_to_read.as_deref().unwrap_or(&[]);
+    let is_async_value = |r: &ReadValueId| {
+        r.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(r.node_id.namespace)
+    };
+    if !nodes.iter().any(is_async_value) {
+        return read(ctx, req).map(Answer::Now);
+    }
+    // The request-level checks: `read` answers them the same way.
+    let checked = read(
+        ctx,
+        &ReadRequest {
+            nodes_to_read: Some(vec![]),
+            ..req.clone()
+        },
+    );
+    match checked {
+        Err(StatusCode::BadNothingToDo) => {}
+        Err(status) => return Err(status),
+        Ok(_) => {}
+    }
+    if nodes.len() > MAX_NODES_PER_READ {
+        return Err(StatusCode::BadTooManyOperations);
+    }
+    let ts = req.timestamps_to_return;
+    let mut results = Vec::with_capacity(nodes.len());
+    let mut pending = Vec::new();
+    let mut futures = Vec::new();
+    for (i, r) in nodes.iter().enumerate() {
+        if !is_async_value(r) {
+            results.push(read_one(ctx, r, ts));
+            continue;
+        }
+        let started = ctx
+            .address_space
+            .get(&r.node_id)
+            .ok_or(StatusCode::BadNodeIdUnknown)
+            .and_then(|node| {
+                if !matches!(
+                    node.node_class,
+                    NodeClass::Variable | NodeClass::VariableType
+                ) {
+                    return Err(StatusCode::BadAttributeIdInvalid);
+                }
+                check_value_read(node, r)?;
+                ctx.managers
+                    .read_value_async(&node.node_id)
+                    .ok_or(StatusCode::BadWouldBlock)
+            });
+        match started {
+            Ok(f) => {
+                pending.push((i, r.index_range.clone()));
+                futures.push(f);
+                results.push(DataValue::default());
+            }
+            Err(status) => results.push(DataValue::status(status)),
+        }
+    }
+    let header = ctx.response_header(&req.request_header);
+    let now = ctx.now;
+    Ok(Answer::Later(Box::pin(async move {
+        let values = crate::reply::join_all(futures).await;
+        for ((i, range), v) in pending.into_iter().zip(values) {
+            let dv = match v.and_then(|v| apply_index_range(v, &range)) {
+                Ok(v) => {
+                    let mut dv = DataValue {
+                        value: Some(v),
+                        ..Default::default()
+                    };
+                    if matches!(ts, TimestampsToReturn::Source | TimestampsToReturn::Both) {
+                        dv.source_timestamp = Some(now);
+                    }
+                    if matches!(ts, TimestampsToReturn::Server | TimestampsToReturn::Both) {
+                        dv.server_timestamp = Some(now);
+                    }
+                    dv
+                }
+                Err(status) => DataValue::status(status),
+            };
+            if let Some(slot) = results.get_mut(i) {
+                *slot = dv;
+            }
+        }
+        Ok(ReadResponse {
+            response_header: header,
+            results: Some(results),
+            diagnostic_infos: Some(vec![]),
+        })
+    })))
+}
+
+/// Write, with the values of asynchronously served namespaces stored by
+/// their managers before the response is sent.
+pub fn write_answer(
+    ctx: &ServiceContext<'_>,
+    req: &uascale_types::WriteRequest,
+) -> Result<Answer<uascale_types::WriteResponse>, StatusCode> {
+    let nodes = req.nodes_to_write.as_deref().unwrap_or(&[]);
+    let is_async_value = |w: &uascale_types::WriteValue| {
+        w.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(w.node_id.namespace)
+    };
+    if !nodes.iter().any(is_async_value) {
+        return write(ctx, req).map(Answer::Now);
+    }
+    if nodes.len() > MAX_NODES_PER_WRITE {
+        return Err(StatusCode::BadTooManyOperations);
+    }
+    let mut results = Vec::with_capacity(nodes.len());
+    let mut pending = Vec::new();
+    let mut futures: Vec<crate::reply::BoxFuture<Result<(), StatusCode>>> = Vec::new();
+    for (i, w) in nodes.iter().enumerate() {
+        if !is_async_value(w) {
+            results.push(write_one(ctx, w).err().unwrap_or(StatusCode::Good));
+            continue;
+        }
+        match check_write(ctx, w) {
+            Err(status) => results.push(status),
+            Ok((node, value, range)) => {
+                let managers = ctx.managers;
+                let id = node.node_id.clone();
+                let f = match range {
+                    None => managers.write_value_async(&id, value),
+                    Some(range) => managers.async_manager(id.namespace).map(|mgr| {
+                        // Read the current array, replace the range, store.
+                        Box::pin(async move {
+                            let current = mgr.read_value(&id).await?;
+                            let new = range.write(&current, &value)?;
+                            mgr.write_value(&id, new).await
+                        })
+                            as crate::reply::BoxFuture<Result<(), StatusCode>>
+                    }),
+                };
+                match f {
+                    Some(f) => {
+                        pending.push(i);
+                        futures.push(f);
+                        results.push(StatusCode::Good);
+                    }
+                    None => results.push(StatusCode::BadWouldBlock),
+                }
+            }
+        }
+    }
+    let header = ctx.response_header(&req.request_header);
+    Ok(Answer::Later(Box::pin(async move {
+        let done = crate::reply::join_all(futures).await;
+        for (i, r) in pending.into_iter().zip(done) {
+            if let Some(slot) = results.get_mut(i) {
+                *slot = r.err().unwrap_or(StatusCode::Good);
+            }
+        }
+        Ok(uascale_types::WriteResponse {
+            response_header: header,
+            results: Some(results),
+            diagnostic_infos: Some(vec![]),
+        })
+    })))
 }

@@ -99,6 +99,9 @@ mod tests {
             address_space: &space,
             start_time: DateTime::from_ticks(1),
             managers: &managers,
+            request_id: 1,
+            sink: None,
+            canceller: None,
         };
         let mut req = GetEndpointsRequest {
             request_header: RequestHeader {

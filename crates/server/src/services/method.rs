@@ -6,7 +6,7 @@ use uascale_types::{
     NodeClass, NodeId, StatusCode, Variant,
 };
 
-use super::ServiceContext;
+use super::{Answer, ServiceContext};
 
 /// Most methods per Call (OperationLimits.MaxNodesPerMethodCall).
 pub const MAX_METHODS_PER_CALL: usize = 1_000;
@@ -64,32 +64,53 @@ fn input_arguments(ctx: &ServiceContext<'_>, method: &NodeId) -> Vec<Argument> {
 }
 
 fn call_one(ctx: &ServiceContext<'_>, m: &CallMethodRequest) -> CallMethodResult {
+    let checks = match check_call(ctx, m) {
+        Ok(c) => c,
+        Err(failed) => return failed,
+    };
+    let given = m.input_arguments.as_deref().unwrap_or(&[]);
+    // Methods without a handler (the namespace-0 ones such as
+    // GetMonitoredItems arrive with the services they belong to).
+    let result = ctx
+        .managers
+        .call(&m.object_id, &m.method_id, given)
+        .unwrap_or(Err(StatusCode::BadNotImplemented));
+    finish(checks, result)
+}
+
+/// The checks before a method runs: the object, the method, its
+/// arguments. The per-argument results, or the failed method's result.
+fn check_call(
+    ctx: &ServiceContext<'_>,
+    m: &CallMethodRequest,
+) -> Result<Vec<StatusCode>, CallMethodResult> {
+    let reject = |s| Err(fail(s));
     let space = ctx.address_space;
     let Some(object) = space.get(&m.object_id) else {
-        return fail(StatusCode::BadNodeIdUnknown);
+        return reject(StatusCode::BadNodeIdUnknown);
     };
     if !matches!(object.node_class, NodeClass::Object | NodeClass::ObjectType) {
-        return fail(StatusCode::BadNodeIdInvalid);
+        return reject(StatusCode::BadNodeIdInvalid);
     }
     let Some(method) = space.get(&m.method_id) else {
-        return fail(StatusCode::BadMethodInvalid);
+        return reject(StatusCode::BadMethodInvalid);
     };
     let is_component = object.references.iter().any(|r| {
         r.is_forward && r.reference_type == NodeId::ns0(HAS_COMPONENT) && r.target == m.method_id
     });
     if method.node_class != NodeClass::Method || !is_component {
-        return fail(StatusCode::BadMethodInvalid);
+        return reject(StatusCode::BadMethodInvalid);
     }
     if !method.executable {
-        return fail(StatusCode::BadNotExecutable);
+        return reject(StatusCode::BadNotExecutable);
     }
     let expected = input_arguments(ctx, &m.method_id);
     let given = m.input_arguments.as_deref().unwrap_or(&[]);
     if given.len() < expected.len() {
-        return fail(StatusCode::BadArgumentsMissing);
+        return reject(StatusCode::BadArgumentsMissing);
     }
     if given.len() > expected.len() {
-        return fail(StatusCode::BadTooManyArguments);
+        return reject(StatusCode::BadTooManyArguments);
     }
     let checks: Vec<StatusCode> = expected
         .iter()
@@ -111,19 +132,17 @@ fn call_one(ctx: &ServiceContext<'_>, m: &CallMethodRequest) -> CallMethodResult
         })
         .collect();
     if checks.iter().any(|s| s.is_bad()) {
-        return CallMethodResult {
+        return Err(CallMethodResult {
             status_code: StatusCode::BadInvalidArgument,
             input_argument_results: Some(checks),
             input_argument_diagnostic_infos: Some(vec![]),
             output_arguments: Some(vec![]),
-        };
+        });
     }
-    // Methods without a handler (the namespace-0 ones such as
-    // GetMonitoredItems arrive with the services they belong to).
-    let result = ctx
-        .managers
-        .call(&m.object_id, &m.method_id, given)
-        .unwrap_or(Err(StatusCode::BadNotImplemented));
+    Ok(checks)
+}
+
+fn finish(checks: Vec<StatusCode>, result: Result<Vec<Variant>, StatusCode>) -> CallMethodResult {
     match result {
         Ok(out) => CallMethodResult {
             status_code: StatusCode::Good,
@@ -133,4 +152,56 @@ fn call_one(ctx: &ServiceContext<'_>, m: &CallMethodRequest) -> CallMethodResult
         },
         Err(status) => fail(status),
     }
+}
+
+/// Call, with the methods of asynchronously served namespaces awaited.
+pub fn call_answer(
+    ctx: &ServiceContext<'_>,
+    req: &CallRequest,
+) -> Result<Answer<CallResponse>, StatusCode> {
+    let methods = req.methods_to_call.as_deref().unwrap_or(&[]);
+    let is_async = |m: &CallMethodRequest| ctx.managers.is_async(m.method_id.namespace);
+    if !methods.iter().any(is_async) {
+        return call(ctx, req).map(Answer::Now);
+    }
+    if methods.len() > MAX_METHODS_PER_CALL {
+        return Err(StatusCode::BadTooManyOperations);
+    }
+    let mut results = Vec::with_capacity(methods.len());
+    let mut pending = Vec::new();
+    let mut futures = Vec::new();
+    for (i, m) in methods.iter().enumerate() {
+        if !is_async(m) {
+            results.push(call_one(ctx, m));
+            continue;
+        }
+        match check_call(ctx, m) {
+            Err(failed) => results.push(failed),
+            Ok(checks) => {
+                let inputs = m.input_arguments.clone().unwrap_or_default();
+                match ctx.managers.call_async(&m.object_id, &m.method_id, inputs) {
+                    Some(f) => {
+                        pending.push((i, checks));
+                        futures.push(f);
+                        results.push(fail(StatusCode::BadWouldBlock));
+                    }
+                    None => results.push(fail(StatusCode::BadWouldBlock)),
+                }
+            }
+        }
+    }
+    let header = ctx.response_header(&req.request_header);
+    Ok(Answer::Later(Box::pin(async move {
+        let outs = crate::reply::join_all(futures).await;
+        for ((i, checks), out) in pending.into_iter().zip(outs) {
+            if let Some(slot) = results.get_mut(i) {
+                *slot = finish(checks, out);
+            }
+        }
+        Ok(CallResponse {
+            response_header: header,
+            results: Some(results),
+            diagnostic_infos: Some(vec![]),
+        })
+    })))
 }

@@ -12,11 +12,13 @@ use uascale_types::{
     Reader, RequestHeader, ResponseHeader, ServiceFault, StatusCode,
 };
 
+use std::sync::Arc;
+
 use crate::config::ServerConfig;
+use crate::reply::{BoxFuture, Responder, ResponseSink};
 use crate::session::SessionTable;
 
 /// What a service handler sees of the server.
-#[derive(Debug)]
 pub struct ServiceContext<'a> {
     /// The configuration.
     pub config: &'a ServerConfig,
@@ -34,6 +36,26 @@ pub struct ServiceContext<'a> {
     pub start_time: DateTime,
     /// The node managers (values and methods by namespace).
     pub managers: &'a crate::node_manager::NodeManagers,
+    /// The secure-channel request id of the request being handled.
+    pub request_id: u32,
+    /// Where this connection's responses go, for answers sent later; `None`
+    /// where nothing can be answered later (then asynchronous paths answer
+    /// `BadWouldBlock`).
+    pub sink: Option<&'a Arc<dyn ResponseSink>>,
+    /// Cancels this connection's outstanding requests with a requestHandle
+    /// (answering them `BadRequestCancelledByClient`) and returns how many;
+    /// `None` where nothing is outstanding outside the handler.
+    pub canceller: Option<&'a dyn Fn(u32) -> u32>,
+}
+
+impl std::fmt::Debug for ServiceContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceContext")
+            .field("channel_id", &self.channel_id)
+            .field("request_id", &self.request_id)
+            .field("now", &self.now)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ServiceContext<'_> {
@@ -46,6 +68,86 @@ impl ServiceContext<'_> {
             ..Default::default()
         }
     }
+
+    /// The right to answer the current request later (a parked Publish):
+    /// `None` when this context cannot answer later.
+    pub fn responder(&self, request_handle: u32) -> Option<Responder> {
+        self.sink.map(|s| {
+            Responder::new(
+                Arc::clone(s),
+                self.channel_id,
+                self.request_id,
+                request_handle,
+            )
+        })
+    }
+}
+
+/// A service's answer: now, or from a future that the network layer runs
+/// without holding up the connection (asynchronous node managers).
+pub enum Answer<T> {
+    /// The response.
+    Now(T),
+    /// The response, once the future completes.
+    Later(BoxFuture<Result<T, StatusCode>>),
+}
+
+impl<T> std::fmt::Debug for Answer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Answer::Now(_) => "Answer::Now",
+            Answer::Later(_) => "Answer::Later",
+        })
+    }
+}
+
+/// What [`dispatch`] made of a request.
+pub enum Dispatched {
+    /// The response message, to send now.
+    Now(Vec<u8>),
+    /// The response message once `future` completes; the network layer
+    /// runs it (and aborts it on Cancel: answer `BadRequestCancelledByClient`).
+    Later {
+        /// The request's requestHandle (what Cancel names it by).
+        request_handle: u32,
+        /// Produces the response message.
+        future: BoxFuture<Vec<u8>>,
+    },
+    /// A handler took a [`Responder`] and answers by itself (a parked
+    /// Publish); nothing to send now.
+    Parked,
+}
+
+impl std::fmt::Debug for Dispatched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dispatched::Now(m) => write!(f, "Dispatched::Now({} bytes)", m.len()),
+            Dispatched::Later { request_handle, .. } => {
+                write!(f, "Dispatched::Later(handle {request_handle})")
+            }
+            Dispatched::Parked => f.write_str("Dispatched::Parked"),
+        }
+    }
+}
+
+impl Dispatched {
+    /// The response message when it was answered at once.
+    pub fn now(self) -> Option<Vec<u8>> {
+        match self {
+            Dispatched::Now(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// What a route produced: a response, a future response, or nothing (the
+/// handler answers through a [`Responder`]).
+enum Routed {
+    Now(Box<dyn DynStructure>),
+    Later(u32, BoxFuture<Box<dyn DynStructure>>),
+    /// A handler keeps the [`Responder`]; nothing to send now.
+    #[allow(dead_code)] // the first user is Publish (subscriptions)
+    Parked,
 }
 
 /// A ServiceFault answering `request_handle` with `status`.
@@ -72,10 +174,10 @@ pub(crate) fn peek_request_handle(message: &[u8], limits: &DecodeLimits) -> u32 
     RequestHeader::decode(&mut r).map_or(0, |h| h.request_handle)
 }
 
-/// Handles one request message (encoding id + body) and returns the
-/// response message to send.
-pub fn dispatch(ctx: &ServiceContext<'_>, message: &[u8], limits: &DecodeLimits) -> Vec<u8> {
-    let response: Box<dyn DynStructure> = match Reader::new(message, limits).and_then(|mut r| {
+/// Handles one request message (encoding id + body): the response message
+/// to send now, or how it will be answered later.
+pub fn dispatch(ctx: &ServiceContext<'_>, message: &[u8], limits: &DecodeLimits) -> Dispatched {
+    let routed = match Reader::new(message, limits).and_then(|mut r| {
         let m = decode_message(&mut r)?;
         r.finish()?;
         Ok(m)
@@ -88,26 +190,37 @@ pub fn dispatch(ctx: &ServiceContext<'_>, message: &[u8], limits: &DecodeLimits)
                 }
                 _ => e.status_code(),
             };
-            Box::new(service_fault(
+            Routed::Now(Box::new(service_fault(
                 ctx.now,
                 peek_request_handle(message, limits),
                 status,
-            ))
+            )))
         }
         Ok(req) => route(ctx, req.as_ref()).unwrap_or_else(|| {
             // Not implemented yet: a bad session still gets its own code.
             let status = check_session(ctx, message, limits)
                 .err()
                 .unwrap_or(StatusCode::BadServiceUnsupported);
-            Box::new(service_fault(
+            Routed::Now(Box::new(service_fault(
                 ctx.now,
                 peek_request_handle(message, limits),
                 status,
-            ))
+            )))
         }),
     };
+    match routed {
+        Routed::Now(response) => Dispatched::Now(encode(response.as_ref())),
+        Routed::Later(request_handle, future) => Dispatched::Later {
+            request_handle,
+            future: Box::pin(async move { encode(future.await.as_ref()) }),
+        },
+        Routed::Parked => Dispatched::Parked,
+    }
+}
+
+fn encode(response: &dyn DynStructure) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
-    encode_message(response.as_ref(), &mut out);
+    encode_message(response, &mut out);
     out
 }
 
@@ -115,24 +228,47 @@ fn boxed<T: DynStructure>(
     ctx: &ServiceContext<'_>,
     handle: u32,
     r: Result<T, StatusCode>,
-) -> Box<dyn DynStructure> {
+) -> Routed {
     match r {
-        Ok(v) => Box::new(v),
-        Err(status) => Box::new(service_fault(ctx.now, handle, status)),
+        Ok(v) => Routed::Now(Box::new(v)),
+        Err(status) => Routed::Now(Box::new(service_fault(ctx.now, handle, status))),
+    }
+}
+
+fn boxed_answer<T: DynStructure>(
+    ctx: &ServiceContext<'_>,
+    handle: u32,
+    r: Result<Answer<T>, StatusCode>,
+) -> Routed {
+    match r {
+        Ok(Answer::Now(v)) => Routed::Now(Box::new(v)),
+        Ok(Answer::Later(f)) => {
+            let now = ctx.now;
+            Routed::Later(
+                handle,
+                Box::pin(async move {
+                    match f.await {
+                        Ok(v) => Box::new(v) as Box<dyn DynStructure>,
+                        Err(status) => Box::new(service_fault(now, handle, status)),
+                    }
+                }),
+            )
+        }
+        Err(status) => Routed::Now(Box::new(service_fault(ctx.now, handle, status))),
     }
 }
 
 /// The handler for a request type; `None` for services this server does
 /// not implement (yet). Requests other than discovery and session
 /// establishment need an activated session of this channel.
-fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Box<dyn DynStructure>> {
+fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Routed> {
     use uascale_types as t;
     let any = req.as_any();
     if let Some(r) = any.downcast_ref::<t::GetEndpointsRequest>() {
-        return Some(Box::new(discovery::get_endpoints(ctx, r)));
+        return Some(Routed::Now(Box::new(discovery::get_endpoints(ctx, r))));
     }
     if let Some(r) = any.downcast_ref::<t::FindServersRequest>() {
-        return Some(Box::new(discovery::find_servers(ctx, r)));
+        return Some(Routed::Now(Box::new(discovery::find_servers(ctx, r))));
     }
     if let Some(r) = any.downcast_ref::<t::CreateSessionRequest>() {
         return Some(boxed(
@@ -148,6 +284,13 @@ fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Box<dyn Dyn
             session::activate_session(ctx, r),
         ));
     }
+    if let Some(r) = any.downcast_ref::<t::CancelRequest>() {
+        return Some(boxed(
+            ctx,
+            r.request_header.request_handle,
+            session::cancel(ctx, r),
+        ));
+    }
     if let Some(r) = any.downcast_ref::<t::CloseSessionRequest>() {
         return Some(boxed(
             ctx,
@@ -156,7 +299,7 @@ fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Box<dyn Dyn
         ));
     }
     macro_rules! with_session {
-        ($($req:ty => $handler:path),* $(,)?) => {$(
+        ($wrap:ident: $($req:ty => $handler:path),* $(,)?) => {$(
             if let Some(r) = any.downcast_ref::<$req>() {
                 let h = &r.request_header;
                 let result = ctx
@@ -164,15 +307,18 @@ fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Box<dyn Dyn
                     .with(&h.authentication_token, Some(ctx.channel_id), true, ctx.instant, |_| ())
                     .map_err(|e| e.status_code())
                     .and_then(|()| $handler(ctx, r));
-                return Some(boxed(ctx, h.request_handle, result));
+                return Some($wrap(ctx, h.request_handle, result));
             }
         )*};
     }
-    with_session!(
-        t::ReadRequest => attribute::read,
-        t::WriteRequest => attribute::write,
+    // Services that may touch asynchronous node managers.
+    with_session!(boxed_answer:
+        t::ReadRequest => attribute::read_answer,
+        t::WriteRequest => attribute::write_answer,
+        t::CallRequest => method::call_answer,
+    );
+    with_session!(boxed:
         t::HistoryReadRequest => attribute::history_read,
-        t::CallRequest => method::call,
         t::BrowseRequest => view::browse,
         t::BrowseNextRequest => view::browse_next,
         t::TranslateBrowsePathsToNodeIdsRequest => view::translate,
@@ -221,6 +367,9 @@ mod tests {
             address_space: space(),
             start_time: DateTime::from_ticks(1),
             managers: managers(),
+            request_id: 1,
+            sink: None,
+            canceller: None,
         }
     }
 
@@ -258,11 +407,11 @@ mod tests {
         };
         encode_message(&req, &mut msg);
         let sessions = SessionTable::new(10);
-        let f = fault_of(&dispatch(
-            &ctx(&config, &sessions),
-            &msg,
-            &DecodeLimits::default(),
-        ));
+        let f = fault_of(
+            &dispatch(&ctx(&config, &sessions), &msg, &DecodeLimits::default())
+                .now()
+                .unwrap(),
+        );
         assert_eq!(
             f.response_header.service_result,
             StatusCode::BadSessionIdInvalid,
@@ -282,13 +431,21 @@ mod tests {
             &mut msg,
         );
         msg.push(1);
-        let f = fault_of(&dispatch(&ctx(&config, &sessions), &msg, &limits));
+        let f = fault_of(
+            &dispatch(&ctx(&config, &sessions), &msg, &limits)
+                .now()
+                .unwrap(),
+        );
         assert_eq!(
             f.response_header.service_result,
             StatusCode::BadDecodingError
         );
         let unknown = uascale_types::BinaryEncode::to_bytes(&NodeId::numeric(3, 9));
-        let f = fault_of(&dispatch(&ctx(&config, &sessions), &unknown, &limits));
+        let f = fault_of(
+            &dispatch(&ctx(&config, &sessions), &unknown, &limits)
+                .now()
+                .unwrap(),
+        );
         assert_eq!(
             f.response_header.service_result,
             StatusCode::BadServiceUnsupported

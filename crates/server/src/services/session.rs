@@ -139,6 +139,30 @@ pub fn close_session(
     })
 }
 
+/// Cancel: the outstanding requests of this session's channel with the
+/// given requestHandle are answered `BadRequestCancelledByClient` - those
+/// waiting in the request queue and those whose (asynchronous) handlers are
+/// still running. A request already answered is not counted.
+pub fn cancel(
+    ctx: &ServiceContext<'_>,
+    req: &uascale_types::CancelRequest,
+) -> Result<uascale_types::CancelResponse, StatusCode> {
+    ctx.sessions
+        .with(
+            &req.request_header.authentication_token,
+            Some(ctx.channel_id),
+            true,
+            ctx.instant,
+            |_| (),
+        )
+        .map_err(|e| e.status_code())?;
+    let cancel_count = ctx.canceller.map_or(0, |c| c(req.request_handle));
+    Ok(uascale_types::CancelResponse {
+        response_header: ctx.response_header(&req.request_header),
+        cancel_count,
+    })
+}
+
 #[cfg(test)]
 // Tests take one real instant as the origin of their simulated time.
 #[allow(clippy::disallowed_methods)]
@@ -177,6 +201,9 @@ mod tests {
                 address_space: &self.space,
                 start_time: DateTime::from_ticks(1),
                 managers: &self.managers,
+                request_id: 1,
+                sink: None,
+                canceller: None,
             }
         }
     }
