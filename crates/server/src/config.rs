@@ -41,6 +41,8 @@ pub struct ServerConfig {
     pub demo_nodes: usize,
     /// How often the demo's dynamic values change. Default 1 s.
     pub demo_rate: std::time::Duration,
+    /// Subscription and monitored-item limits (SCALABILITY.md §4).
+    pub subscriptions: crate::subscription::SubscriptionLimits,
 }
 
 impl Default for ServerConfig {
@@ -59,6 +61,7 @@ impl Default for ServerConfig {
             activation_deadline: std::time::Duration::from_secs(10),
             demo_nodes: 0,
             demo_rate: std::time::Duration::from_secs(1),
+            subscriptions: crate::subscription::SubscriptionLimits::default(),
         }
     }
 }

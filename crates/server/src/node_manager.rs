@@ -234,14 +234,15 @@ impl NodeManagers {
 
     /// True when the node's manager pushes its value changes.
     pub fn pushes_changes(&self, node: &NodeId) -> bool {
-        self.get(node.namespace)
-            .is_some_and(|m| m.pushes_changes(node))
+        matches!(self.get(node.namespace), Some(Managed::Sync(m)) if m.pushes_changes(node))
     }
 
     /// Installs `observer` in every manager.
     pub fn set_observer(&self, observer: &ValueObserver) {
         for m in self.by_index.iter().flatten() {
-            m.set_observer(Arc::clone(observer));
+            if let Managed::Sync(m) = m {
+                m.set_observer(Arc::clone(observer));
+            }
         }
     }
 
@@ -488,6 +489,7 @@ mod service_tests {
             request_id: 1,
             sink: None,
             canceller: None,
+            subscriptions: crate::services::subscription::tests_registry(),
         };
         let read = || {
             let r = attribute::read(

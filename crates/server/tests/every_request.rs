@@ -64,6 +64,8 @@ fn every_request_type_gets_a_response() {
             },
         )
         .unwrap();
+    let registry =
+        uascale_server::services::subscription::SubscriptionRegistry::new(Default::default());
     let ctx = ServiceContext {
         config: &config,
         sessions: &sessions,
@@ -76,6 +78,7 @@ fn every_request_type_gets_a_response() {
         request_id: 1,
         sink: None,
         canceller: None,
+        subscriptions: &registry,
     };
     let limits = DecodeLimits::default();
     let mut requests = 0;

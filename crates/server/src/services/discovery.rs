@@ -102,6 +102,7 @@ mod tests {
             request_id: 1,
             sink: None,
             canceller: None,
+            subscriptions: crate::services::subscription::tests_registry(),
         };
         let mut req = GetEndpointsRequest {
             request_header: RequestHeader {

@@ -130,10 +130,15 @@ pub fn close_session(
     req: &CloseSessionRequest,
 ) -> Result<CloseSessionResponse, StatusCode> {
     let token = &req.request_header.authentication_token;
-    ctx.sessions
-        .with(token, Some(ctx.channel_id), false, ctx.instant, |_| ())
+    let id = ctx
+        .sessions
+        .with(token, Some(ctx.channel_id), false, ctx.instant, |s| {
+            s.session_id.clone()
+        })
         .map_err(|e| e.status_code())?;
     ctx.sessions.remove(token);
+    ctx.subscriptions
+        .close_session(&id, req.delete_subscriptions, StatusCode::BadSessionClosed);
     Ok(CloseSessionResponse {
         response_header: ctx.response_header(&req.request_header),
     })
@@ -204,6 +209,7 @@ mod tests {
                 request_id: 1,
                 sink: None,
                 canceller: None,
+                subscriptions: crate::services::subscription::tests_registry(),
             }
         }
     }

@@ -183,7 +183,11 @@ pub fn compile(
         bad |= status.is_bad();
         element_results.push(ContentFilterElementResult {
             status_code: status,
-            operand_status_codes: Some(if status.is_good() { vec![] } else { operand_codes }),
+            operand_status_codes: Some(if status.is_good() {
+                vec![]
+            } else {
+                operand_codes
+            }),
             operand_diagnostic_infos: Some(vec![]),
         });
         elements.push(Element {
@@ -286,7 +290,10 @@ fn eval(
         FilterOperator::GreaterThanOrEqual => cmp(&arg(0), &arg(1), |o| o.is_ge()),
         FilterOperator::LessThanOrEqual => cmp(&arg(0), &arg(1), |o| o.is_le()),
         FilterOperator::Like => match (text(&arg(0)), text(&arg(1))) {
-            (Some(s), Some(p)) => b(like(&s.chars().collect::<Vec<_>>(), &p.chars().collect::<Vec<_>>())),
+            (Some(s), Some(p)) => b(like(
+                &s.chars().collect::<Vec<_>>(),
+                &p.chars().collect::<Vec<_>>(),
+            )),
             _ => b(false),
         },
         FilterOperator::Not => match arg(0) {
@@ -525,26 +532,71 @@ mod tests {
     fn where_clause_operators() {
         let e = event(600, "Pump 7 overheated", 2131);
         let cases: Vec<(Vec<ContentFilterElement>, bool)> = vec![
-            (vec![el(FilterOperator::GreaterThan, vec![field_op("Severity"), lit(500i32)])], true),
-            (vec![el(FilterOperator::LessThan, vec![field_op("Severity"), lit(500u16)])], false),
-            (vec![el(FilterOperator::Equals, vec![field_op("Severity"), lit(600.0f64)])], true),
-            (vec![el(FilterOperator::Like, vec![field_op("Message"), lit("Pump _ over%")])], true),
-            (vec![el(FilterOperator::Like, vec![field_op("Message"), lit("Pump [0-5]%")])], false),
-            (vec![el(FilterOperator::InList, vec![field_op("Severity"), lit(1u16), lit(600u16)])], true),
-            (vec![el(FilterOperator::OfType, vec![lit(NodeId::ns0(2130))])], true),
+            (
+                vec![el(
+                    FilterOperator::GreaterThan,
+                    vec![field_op("Severity"), lit(500i32)],
+                )],
+                true,
+            ),
+            (
+                vec![el(
+                    FilterOperator::LessThan,
+                    vec![field_op("Severity"), lit(500u16)],
+                )],
+                false,
+            ),
+            (
+                vec![el(
+                    FilterOperator::Equals,
+                    vec![field_op("Severity"), lit(600.0f64)],
+                )],
+                true,
+            ),
+            (
+                vec![el(
+                    FilterOperator::Like,
+                    vec![field_op("Message"), lit("Pump _ over%")],
+                )],
+                true,
+            ),
+            (
+                vec![el(
+                    FilterOperator::Like,
+                    vec![field_op("Message"), lit("Pump [0-5]%")],
+                )],
+                false,
+            ),
+            (
+                vec![el(
+                    FilterOperator::InList,
+                    vec![field_op("Severity"), lit(1u16), lit(600u16)],
+                )],
+                true,
+            ),
+            (
+                vec![el(FilterOperator::OfType, vec![lit(NodeId::ns0(2130))])],
+                true,
+            ),
             (
                 vec![
                     el(FilterOperator::And, vec![elem(1), elem(2)]),
                     el(FilterOperator::OfType, vec![lit(NodeId::ns0(2130))]),
                     el(FilterOperator::Not, vec![elem(3)]),
-                    el(FilterOperator::LessThan, vec![field_op("Severity"), lit(100i32)]),
+                    el(
+                        FilterOperator::LessThan,
+                        vec![field_op("Severity"), lit(100i32)],
+                    ),
                 ],
                 true,
             ),
             (
                 vec![
                     el(FilterOperator::Or, vec![elem(1), elem(2)]),
-                    el(FilterOperator::Equals, vec![field_op("SourceName"), lit("Other")]),
+                    el(
+                        FilterOperator::Equals,
+                        vec![field_op("SourceName"), lit("Other")],
+                    ),
                     el(FilterOperator::IsNull, vec![field_op("Severity")]),
                 ],
                 false,
@@ -555,7 +607,10 @@ mod tests {
             assert_eq!(f.apply(&e, &subtype).is_some(), expect, "case {i}");
         }
         // OfType with a type the event is not.
-        let f = filter(vec![el(FilterOperator::OfType, vec![lit(NodeId::ns0(2131))])]);
+        let f = filter(vec![el(
+            FilterOperator::OfType,
+            vec![lit(NodeId::ns0(2131))],
+        )]);
         assert!(f.apply(&event(1, "", 2130), &subtype).is_none());
     }
 
@@ -593,11 +648,19 @@ mod tests {
         );
         let no_select = compile(&EventFilter::default(), &is_type).unwrap_err();
         assert_eq!(no_select.0, StatusCode::BadEventFilterInvalid);
-        assert!(!like(&['a'], &['[']), "unterminated set is literal and does not panic");
+        assert!(
+            !like(&['a'], &['[']),
+            "unterminated set is literal and does not panic"
+        );
         let long: Vec<char> = "a".repeat(2000).chars().collect();
         let pat: Vec<char> = "%a".repeat(500).chars().chain("b".chars()).collect();
         assert!(!like(&long, &pat), "no exponential blow-up");
-        let t = |s: &str, p: &str| like(&s.chars().collect::<Vec<_>>(), &p.chars().collect::<Vec<_>>());
+        let t = |s: &str, p: &str| {
+            like(
+                &s.chars().collect::<Vec<_>>(),
+                &p.chars().collect::<Vec<_>>(),
+            )
+        };
         assert!(t("50%", "50\\%"));
         assert!(t("abc", "[^x-z]b_"));
         assert!(t("", "%"));

@@ -842,7 +842,9 @@ impl<P> SubscriptionSet<P> {
                 .push_back((s.id, seq, StatusCode::BadTimeout));
             gone.push(s);
         }
-        self.flush_status_changes(now, out);
+        if !gone.is_empty() {
+            self.release_if_empty(now, out);
+        }
         gone
     }
 
@@ -921,6 +923,16 @@ impl<P> SubscriptionSet<P> {
         let avail = s.available_sequence_numbers();
         out.push(reply(now, w, s.id, avail, false, msg));
         true
+    }
+
+    /// When the last subscription is gone (deleted, transferred, expired),
+    /// parked Publishes are answered `BadNoSubscription` (Part 4 §5.13.8),
+    /// after any StatusChange they still had to carry.
+    pub fn release_if_empty(&mut self, now: Now, out: &mut Vec<Reply<P>>) {
+        self.flush_status_changes(now, out);
+        if self.subs.is_empty() && self.status_changes.is_empty() {
+            self.drain_parked(StatusCode::BadNoSubscription, out);
+        }
     }
 
     /// Answers every parked Publish with `status` (the session closed).

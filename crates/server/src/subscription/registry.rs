@@ -57,6 +57,9 @@ pub type SetRef<P> = Arc<Mutex<SubscriptionSet<P>>>;
 
 const SHARDS: usize = 32;
 
+/// (node, attribute) -> the (subscription, item) pairs a push reaches.
+type Watched = FxHashMap<(NodeId, u32), Vec<(u32, u32)>>;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every update under these locks is a single insert/remove or a state
     // step that leaves the set consistent, so a poisoned lock stays usable.
@@ -100,7 +103,7 @@ pub struct Registry<P> {
     pub limits: SubscriptionLimits,
     sessions: Vec<Mutex<FxHashMap<NodeId, SetRef<P>>>>,
     owners: Vec<Mutex<FxHashMap<u32, Owner<P>>>>,
-    watched: RwLock<FxHashMap<(NodeId, u32), Vec<(u32, u32)>>>,
+    watched: RwLock<Watched>,
     heap: Mutex<BinaryHeap<Reverse<Entry<P>>>>,
     seq: AtomicU64,
     next_id: AtomicU32,
@@ -349,7 +352,9 @@ impl<P: PublishSink> Registry<P> {
         if m.is_empty() {
             return Vec::new();
         }
-        m.get(&(node.clone(), attribute)).cloned().unwrap_or_default()
+        m.get(&(node.clone(), attribute))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// A pushed value change of `node`: every item watching it gets it
@@ -483,11 +488,20 @@ impl<P: PublishSink> Registry<P> {
     }
 
     /// DeleteSubscriptions, one id.
-    pub fn delete(&self, session: &NodeId, id: u32) -> StatusCode {
+    pub fn delete(&self, now: Now, session: &NodeId, id: u32) -> StatusCode {
         let Some(set) = self.set_of(session) else {
             return StatusCode::BadSubscriptionIdInvalid;
         };
-        let removed = lock(&set).remove(id);
+        let mut out = Vec::new();
+        let removed = {
+            let mut g = lock(&set);
+            let r = g.remove(id);
+            if r.is_some() {
+                g.release_if_empty(now, &mut out);
+            }
+            r
+        };
+        Self::deliver(out);
         match removed {
             Some(s) => {
                 self.forget(&s);
@@ -537,6 +551,7 @@ impl<P: PublishSink> Registry<P> {
                     GOOD_SUBSCRIPTION_TRANSFERRED,
                     &mut out,
                 );
+                g.release_if_empty(now, &mut out);
             }
             s
         };
