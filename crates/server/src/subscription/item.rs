@@ -230,6 +230,9 @@ impl MonitoredItem {
     }
 
     fn push(&mut self, q: Queued) {
+        if self.queue.len() < self.queue_size as usize {
+            self.queue.reserve_exact(1);
+        }
         self.queue.push_back(q);
         if self.queue.len() > self.queue_size as usize {
             self.drop_one();

@@ -44,6 +44,10 @@ use uascale_types::{
 
 use item::{MonitoredItem, Queued};
 
+// Collections here grow one element at a time (`reserve_exact(1)`), not to
+// the 4 that `push` starts with: most sessions hold one subscription with
+// one item, and memory per session is what this server is measured by.
+
 /// The moment a step runs at: monotonic for deadlines, wall clock for the
 /// timestamps in messages.
 pub use uascale_proto::Now;
@@ -289,6 +293,7 @@ impl Subscription {
     pub fn add_item(&mut self, item: MonitoredItem) -> u32 {
         let id = item.id;
         self.next_item_id = id.wrapping_add(1).max(1);
+        self.items.reserve_exact(1);
         self.items.push(item);
         if self.items.len() > 1 && self.items[self.items.len() - 2].id > id {
             self.items.sort_by_key(|i| i.id);
@@ -490,6 +495,7 @@ impl Subscription {
         while self.retransmission.len() >= keep {
             self.retransmission.pop_front();
         }
+        self.retransmission.reserve_exact(1);
         self.retransmission.push_back(msg);
     }
 
@@ -607,6 +613,7 @@ impl<P> SubscriptionSet<P> {
 
     /// Adds a subscription (created, or transferred in).
     pub fn insert(&mut self, sub: Subscription) {
+        self.subs.reserve_exact(1);
         self.subs.push(sub);
     }
 
@@ -723,6 +730,7 @@ impl<P> SubscriptionSet<P> {
                 }
             }
             None => {
+                self.queue.reserve_exact(1);
                 self.queue.push_back(w);
                 while self.queue.len() > limits.max_publish_request_count.max(1) {
                     if let Some(old) = self.queue.pop_front() {

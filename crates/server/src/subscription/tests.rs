@@ -636,3 +636,12 @@ fn status_change_goes_out_with_a_parked_publish() {
         .unwrap();
     assert_eq!(sc.status, GOOD_SUBSCRIPTION_TRANSFERRED);
 }
+
+#[test]
+fn per_item_state_stays_small() {
+    // Memory per session is a headline number: these are multiplied by
+    // the session count (the scale test prints the measured total).
+    assert!(std::mem::size_of::<Subscription>() <= 160);
+    assert!(std::mem::size_of::<MonitoredItem>() <= 288);
+    assert!(std::mem::size_of::<SubscriptionSet<crate::reply::Responder>>() <= 128);
+}
