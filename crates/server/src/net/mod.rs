@@ -155,7 +155,11 @@ impl Server {
         // Value changes reach monitored items as they happen (no sampling).
         let registry = Arc::clone(&subscriptions);
         let observer: crate::node_manager::ValueObserver = Arc::new(move |node, value| {
-            registry.value_changed(node, value, DateTime::from_system_time(SystemTime::now()));
+            let now = crate::subscription::Now {
+                instant: Instant::now(),
+                utc: DateTime::from_system_time(SystemTime::now()),
+            };
+            registry.value_changed(now, node, value);
         });
         managers.set_observer(&observer);
         // With port 0 the kernel chose: publish the port actually bound.

@@ -61,7 +61,7 @@ pub(super) fn raise_demo_event(shared: &Shared, n: u64) {
         |a: &uascale_types::NodeId, b: &uascale_types::NodeId| space.is_subtype_of(a, b);
     shared
         .subscriptions
-        .raise_event(&notifiers, &|item| match &item.filter {
+        .raise_event(Instant::now(), &notifiers, &|item| match &item.filter {
             crate::subscription::item::Filter::Event(f) => f.apply(&event, &is_subtype),
             crate::subscription::item::Filter::DataChange { .. } => None,
         });

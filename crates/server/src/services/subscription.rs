@@ -124,7 +124,9 @@ pub fn set_publishing_mode(
         .iter()
         .map(|&id| {
             ctx.subscriptions
-                .with_subscription(&session, id, |s| s.enabled = req.publishing_enabled)
+                .with_subscription(&session, id, |s| {
+                    s.set_publishing_enabled(req.publishing_enabled)
+                })
                 .err()
                 .unwrap_or(StatusCode::Good)
         })

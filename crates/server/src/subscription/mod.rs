@@ -218,6 +218,9 @@ pub struct Subscription {
     items: Vec<MonitoredItem>,
     next_item_id: u32,
     sample_due: Option<Instant>,
+    /// Set whenever an item may have queued something since the last
+    /// publishing cycle; while clear, idle cycles are skipped in one step.
+    data_hint: bool,
 }
 
 /// What happened to an item operation.
@@ -247,6 +250,7 @@ impl Subscription {
             items: Vec::new(),
             next_item_id: 1,
             sample_due: None,
+            data_hint: false,
         }
     }
 
@@ -262,6 +266,7 @@ impl Subscription {
         self.keep_alive_counter = revised.max_keep_alive_count;
         self.max_notifications = r.max_notifications_per_publish;
         self.priority = r.priority;
+        self.data_hint = true;
     }
 
     /// The items.
@@ -281,6 +286,8 @@ impl Subscription {
     /// after changing its sampling.
     pub fn item_mut(&mut self, id: u32) -> Option<&mut MonitoredItem> {
         let i = self.items.binary_search_by_key(&id, |i| i.id).ok()?;
+        // Whoever changes an item may make it reportable.
+        self.data_hint = true;
         self.items.get_mut(i)
     }
 
@@ -295,6 +302,8 @@ impl Subscription {
         self.next_item_id = id.wrapping_add(1).max(1);
         self.items.reserve_exact(1);
         self.items.push(item);
+        // It may carry its first value.
+        self.data_hint = true;
         if self.items.len() > 1 && self.items[self.items.len() - 2].id > id {
             self.items.sort_by_key(|i| i.id);
         }
@@ -346,6 +355,24 @@ impl Subscription {
             }
             None => StatusCode::BadSequenceNumberUnknown,
         }
+    }
+
+    /// [`Subscription::offer`] at `now`: idle cycles before it are counted
+    /// first, so the value goes out with the next cycle after `now`.
+    pub fn offer_at(&mut self, now: Instant, id: u32, value: uascale_types::DataValue) -> bool {
+        self.catch_up(now);
+        self.offer(id, value)
+    }
+
+    /// [`Subscription::offer_event`] at `now`.
+    pub fn offer_event_at(
+        &mut self,
+        now: Instant,
+        id: u32,
+        fields: Vec<uascale_types::Variant>,
+    ) -> bool {
+        self.catch_up(now);
+        self.offer_event(id, fields)
     }
 
     /// A value for item `id` (from a push); true when it was queued.
@@ -400,12 +427,16 @@ impl Subscription {
         if self.sample_due.is_none_or(|d| d > now) {
             return;
         }
+        self.catch_up(now);
         let mut queued = Vec::new();
         for item in &mut self.items {
             if item.next_sample.is_some_and(|d| d <= now) {
                 let v = sample(&item.target);
-                if item.offer(v) && !item.links.is_empty() {
-                    queued.push(item.id);
+                if item.offer(v) {
+                    self.data_hint = true;
+                    if !item.links.is_empty() {
+                        queued.push(item.id);
+                    }
                 }
                 item.sampled_at(now);
             }
@@ -418,9 +449,68 @@ impl Subscription {
 
     /// The earliest of the publishing timer and the next sample.
     pub fn poll_timeout(&self) -> Instant {
+        let publish = self.wake_at();
         match self.sample_due {
-            Some(s) => s.min(self.next_publish),
-            None => self.next_publish,
+            Some(s) => s.min(publish),
+            None => publish,
+        }
+    }
+
+    /// Accounts for `k` idle publishing cycles that were not run one by one
+    /// (see [`Subscription::poll_timeout`]): counters count down, the timer
+    /// moves on. [`Subscription::wake_at`] never lets them reach the cycle
+    /// where something would happen; the bounds here are only a guard.
+    fn skip_cycles(&mut self, k: u32) {
+        if k == 0 {
+            return;
+        }
+        if self.state != State::Normal {
+            if self.state == State::KeepAlive {
+                self.keep_alive_counter = self.keep_alive_counter.saturating_sub(k).max(1);
+            }
+            self.lifetime_counter = self.lifetime_counter.saturating_sub(k).max(1);
+        }
+        if let Some(t) = self
+            .interval
+            .checked_mul(k)
+            .and_then(|d| self.next_publish.checked_add(d))
+        {
+            self.next_publish = t;
+        }
+    }
+
+    /// Brings the timer up to `t` (the idle cycles due by then, never the
+    /// one where something happens), before something outside the timer
+    /// (a Publish) changes the counters.
+    fn catch_up(&mut self, t: Instant) {
+        let Some(d) = t.checked_duration_since(self.next_publish) else {
+            return;
+        };
+        let iv = self.interval.as_nanos().max(1);
+        let idle = self.wake_at().saturating_duration_since(self.next_publish);
+        let k = (d.as_nanos() / iv + 1).min(idle.as_nanos() / iv);
+        self.skip_cycles(u32::try_from(k).unwrap_or(u32::MAX));
+    }
+
+    /// When the publishing timer next has work. With nothing queued, a
+    /// KEEPALIVE subscription only counts down to its keep-alive and a LATE
+    /// one to its lifetime's end: those cycles are skipped and counted in
+    /// one step when it wakes (an item queuing something brings the next
+    /// cycle back), so idle subscriptions cost no timer work per cycle.
+    fn wake_at(&self) -> Instant {
+        if self.data_hint || self.more || self.state == State::Normal {
+            return self.next_publish;
+        }
+        let cycle = |k: u32| {
+            self.interval
+                .checked_mul(k.saturating_sub(1))
+                .and_then(|d| self.next_publish.checked_add(d))
+                .unwrap_or(self.next_publish)
+        };
+        let lifetime = cycle(self.lifetime_counter);
+        match self.state {
+            State::KeepAlive => cycle(self.keep_alive_counter).min(lifetime),
+            _ => lifetime,
         }
     }
 
@@ -524,6 +614,13 @@ impl Subscription {
         for i in &mut self.items {
             i.requeue_last();
         }
+        self.data_hint = true;
+    }
+
+    /// SetPublishingMode.
+    pub fn set_publishing_enabled(&mut self, enabled: bool) {
+        self.enabled = enabled;
+        self.data_hint = true;
     }
 }
 
@@ -704,6 +801,7 @@ impl<P> SubscriptionSet<P> {
             return;
         }
         for s in &mut self.subs {
+            s.catch_up(now.instant);
             s.lifetime_counter = s.lifetime_count;
         }
         let late = self
@@ -869,8 +967,16 @@ impl<P> SubscriptionSet<P> {
         let Some(s) = self.subs.get_mut(i) else {
             return false;
         };
-        let next = s.next_publish + s.interval;
-        s.next_publish = if next <= t { t + s.interval } else { next };
+        // Cycles that passed without a timer run (skipped while idle, or
+        // the timer task was late) are counted, then this one is run.
+        let behind = t
+            .checked_duration_since(s.next_publish)
+            .map_or(0, |d| d.as_nanos() / s.interval.as_nanos().max(1));
+        s.skip_cycles(u32::try_from(behind).unwrap_or(u32::MAX));
+        s.next_publish = s
+            .next_publish
+            .checked_add(s.interval)
+            .unwrap_or(t + s.interval);
         let avail = s.notifications_available() || (s.enabled && s.more);
         let queued = !self.queue.is_empty();
         let mut sent = false;
@@ -909,6 +1015,7 @@ impl<P> SubscriptionSet<P> {
         let Some(s) = self.subs.get_mut(i) else {
             return false;
         };
+        s.data_hint = s.notifications_available();
         if sent {
             s.lifetime_counter = s.lifetime_count;
             return false;

@@ -15,9 +15,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use std::time::Instant;
 
-use uascale_types::{
-    DataValue, DateTime, NodeId, StatusCode, SubscriptionAcknowledgement, Variant,
-};
+use uascale_types::{DataValue, NodeId, StatusCode, SubscriptionAcknowledgement, Variant};
 
 use super::item::{pushed_value, ItemTarget};
 use super::{
@@ -359,7 +357,8 @@ impl<P: PublishSink> Registry<P> {
 
     /// A pushed value change of `node`: every item watching it gets it
     /// (filtered, queued); nothing is sent until the subscription's timer.
-    pub fn value_changed(&self, node: &NodeId, value: &Variant, utc: DateTime) {
+    pub fn value_changed(&self, now: Now, node: &NodeId, value: &Variant) {
+        let utc = now.utc;
         for (sub, item) in self.watchers(node, 13) {
             let Some(set) = self.owners(sub).get(&sub).map(|o| Arc::clone(&o.set)) else {
                 continue;
@@ -386,7 +385,10 @@ impl<P: PublishSink> Registry<P> {
                     },
                 },
             };
-            s.offer(item, dv);
+            if s.offer_at(now.instant, item, dv) {
+                // A subscription idling between keep-alives wakes for it.
+                self.schedule(&set, &mut g);
+            }
         }
     }
 
@@ -396,6 +398,7 @@ impl<P: PublishSink> Registry<P> {
     /// which fields it gets. Returns how many items queued it.
     pub fn raise_event(
         &self,
+        now: Instant,
         notifiers: &[NodeId],
         select: &dyn Fn(&super::item::MonitoredItem) -> Option<Vec<Variant>>,
     ) -> usize {
@@ -412,8 +415,9 @@ impl<P: PublishSink> Registry<P> {
                 let Some(fields) = s.item(item).and_then(select) else {
                     continue;
                 };
-                if s.offer_event(item, fields) {
+                if s.offer_event_at(now, item, fields) {
                     n += 1;
+                    self.schedule(&set, &mut g);
                 }
             }
         }
@@ -607,4 +611,321 @@ fn range_of(range: &uascale_types::UaString, v: &Variant) -> Result<Variant, Sta
         .parse()
         .map_err(|_| StatusCode::BadIndexRangeInvalid)?;
     r.apply(v)
+}
+
+#[cfg(test)]
+// One real instant is the origin of the tests' simulated time.
+#[allow(clippy::disallowed_methods)]
+mod tests {
+    use super::*;
+    use crate::subscription::item::{Filter, MonitoredItem};
+    use std::time::Duration;
+    use uascale_types::DateTime;
+    use uascale_types::{
+        DataChangeNotification, MonitoringMode, PublishResponse, StatusChangeNotification,
+        TimestampsToReturn, UaString,
+    };
+
+    type Inbox = Arc<Mutex<Vec<(u32, Answer)>>>;
+
+    struct Sink(u32, Inbox);
+
+    impl PublishSink for Sink {
+        fn deliver(self, answer: Answer) -> bool {
+            lock(&self.1).push((self.0, answer));
+            true
+        }
+    }
+
+    struct Fixture {
+        reg: Registry<Sink>,
+        inbox: Inbox,
+        t0: Instant,
+    }
+
+    impl Fixture {
+        fn new(limits: SubscriptionLimits) -> Self {
+            Fixture {
+                reg: Registry::new(limits),
+                inbox: Arc::default(),
+                t0: Instant::now(),
+            }
+        }
+        fn at(&self, ms: u64) -> Now {
+            Now {
+                instant: self.t0 + Duration::from_millis(ms),
+                utc: DateTime::from_ticks(ms as i64 * 10_000),
+            }
+        }
+        fn publish(&self, session: &NodeId, tag: u32, ms: u64) {
+            self.reg.publish(
+                self.at(ms),
+                session,
+                tag,
+                &[],
+                None,
+                Sink(tag, Arc::clone(&self.inbox)),
+            );
+        }
+        fn run(&self, ms: u64) {
+            self.reg.run_due(self.at(ms), &mut |_| DataValue::default());
+        }
+        fn take(&self) -> Vec<(u32, Answer)> {
+            std::mem::take(&mut *lock(&self.inbox))
+        }
+        /// A subscription with one pushed item on `node`.
+        fn subscribe(&self, session: &NodeId, node: &NodeId) -> u32 {
+            let req = Requested {
+                publishing_interval: 100.0,
+                lifetime_count: 30,
+                max_keep_alive_count: 10,
+                max_notifications_per_publish: 0,
+                priority: 0,
+            };
+            let (id, _) = self.reg.create(self.t0, session, &req, true).unwrap();
+            assert!(self.reg.reserve_items(1));
+            self.reg
+                .with_subscription(session, id, |s| {
+                    let item = MonitoredItem::new(
+                        s.next_item_id(),
+                        9,
+                        ItemTarget {
+                            node_id: node.clone(),
+                            attribute_id: 13,
+                            index_range: UaString::null(),
+                        },
+                        MonitoringMode::Reporting,
+                        Duration::ZERO,
+                        false,
+                        1,
+                        true,
+                        TimestampsToReturn::Both,
+                        Filter::default(),
+                    );
+                    let item_id = s.add_item(item);
+                    self.reg.watch(node, 13, s.id, item_id);
+                })
+                .unwrap();
+            id
+        }
+    }
+
+    fn values(a: &Answer) -> Vec<Variant> {
+        let Answer::Publish(p) = a else {
+            return vec![];
+        };
+        let p: &PublishResponse = p;
+        p.notification_message
+            .notification_data
+            .iter()
+            .flatten()
+            .filter_map(|e| e.downcast_ref::<DataChangeNotification>())
+            .flat_map(|d| d.monitored_items.iter().flatten())
+            .filter_map(|m| m.value.value.clone())
+            .collect()
+    }
+
+    #[test]
+    fn pushed_values_reach_every_watching_session_on_its_timer() {
+        let f = Fixture::new(SubscriptionLimits::default());
+        let node = NodeId::string(2, "shared");
+        let sessions: Vec<NodeId> = (0..3).map(|i| NodeId::numeric(1, i)).collect();
+        for s in &sessions {
+            f.subscribe(s, &node);
+        }
+        for (i, s) in sessions.iter().enumerate() {
+            f.publish(s, i as u32, 0);
+        }
+        assert_eq!(
+            f.reg.next_deadline(),
+            Some(f.t0 + Duration::from_millis(100))
+        );
+        f.reg.value_changed(f.at(0), &node, &Variant::Int32(5));
+        f.reg
+            .value_changed(f.at(0), &NodeId::string(2, "other"), &Variant::Int32(6));
+        f.run(99);
+        assert!(
+            f.take().is_empty(),
+            "nothing before the publishing interval"
+        );
+        f.run(100);
+        let mut got = f.take();
+        got.sort_by_key(|(t, _)| *t);
+        assert_eq!(got.len(), 3);
+        for (_, a) in &got {
+            assert_eq!(values(a), vec![Variant::Int32(5)]);
+        }
+        assert_eq!(f.reg.subscription_count(), 3);
+        assert_eq!(f.reg.monitored_item_count(), 3);
+    }
+
+    #[test]
+    fn transfer_moves_the_subscription_and_tells_the_old_session() {
+        let f = Fixture::new(SubscriptionLimits::default());
+        let node = NodeId::string(2, "n");
+        let (a, b) = (NodeId::numeric(1, 1), NodeId::numeric(1, 2));
+        let id = f.subscribe(&a, &node);
+        f.publish(&a, 1, 0);
+        f.reg.value_changed(f.at(0), &node, &Variant::Int32(1));
+        f.run(100);
+        assert_eq!(values(&f.take()[0].1), vec![Variant::Int32(1)]);
+        // a's next Publish waits; the transfer answers it with the
+        // StatusChange, then (a has nothing left) nothing else is owed.
+        f.publish(&a, 2, 100);
+        let available = f.reg.transfer(f.at(150), &b, id, true, |_| true).unwrap();
+        assert_eq!(available, vec![1], "unacknowledged message 1 moves along");
+        let got = f.take();
+        let (tag, Answer::Publish(p)) = &got[0] else {
+            panic!("{got:?}");
+        };
+        assert_eq!(*tag, 2);
+        let sc = p.notification_message.notification_data.as_ref().unwrap()[0]
+            .downcast_ref::<StatusChangeNotification>()
+            .unwrap();
+        assert_eq!(sc.status, GOOD_SUBSCRIPTION_TRANSFERRED);
+        // b gets the initial value again, and later pushes.
+        f.publish(&b, 3, 150);
+        f.run(250);
+        assert_eq!(values(&f.take()[0].1), vec![Variant::Int32(1)]);
+        f.reg.value_changed(f.at(0), &node, &Variant::Int32(2));
+        f.publish(&b, 4, 250);
+        f.run(350);
+        assert_eq!(values(&f.take()[0].1), vec![Variant::Int32(2)]);
+        assert_eq!(
+            f.reg.delete(f.at(350), &a, id),
+            StatusCode::BadSubscriptionIdInvalid,
+            "gone from a"
+        );
+        assert_eq!(
+            f.reg.transfer(f.at(350), &a, id, false, |_| false),
+            Err(StatusCode::BadUserAccessDenied)
+        );
+        assert_eq!(f.reg.delete(f.at(350), &b, id), StatusCode::Good);
+        assert_eq!(f.reg.subscription_count(), 0);
+        assert_eq!(f.reg.monitored_item_count(), 0);
+        // The push index forgot the item.
+        f.reg.value_changed(f.at(0), &node, &Variant::Int32(3));
+        assert!(f.reg.watchers(&node, 13).is_empty());
+    }
+
+    #[test]
+    fn limits_and_orphaned_subscriptions() {
+        let f = Fixture::new(SubscriptionLimits {
+            max_subscription_count: 1,
+            max_monitored_item_count: 1,
+            ..Default::default()
+        });
+        let a = NodeId::numeric(1, 1);
+        let id = f.subscribe(&a, &NodeId::string(2, "n"));
+        let req = Requested {
+            publishing_interval: 100.0,
+            lifetime_count: 30,
+            max_keep_alive_count: 10,
+            max_notifications_per_publish: 0,
+            priority: 0,
+        };
+        assert_eq!(
+            f.reg.create(f.t0, &a, &req, true),
+            Err(StatusCode::BadTooManySubscriptions)
+        );
+        assert!(!f.reg.reserve_items(1), "the server-wide item limit");
+        // The session goes without deleting: the subscription lives on,
+        // then expires after its lifetime (30 cycles) and is forgotten.
+        f.publish(&a, 1, 0);
+        f.reg.close_session(&a, false, StatusCode::BadSessionClosed);
+        let got = f.take();
+        assert!(matches!(
+            got[0].1,
+            Answer::Fault {
+                status: StatusCode::BadSessionClosed,
+                ..
+            }
+        ));
+        assert_eq!(f.reg.subscription_count(), 1, "kept for a transfer");
+        for ms in (100..=3000).step_by(100) {
+            f.run(ms);
+        }
+        assert_eq!(f.reg.subscription_count(), 0, "lifetime expired");
+        assert_eq!(f.reg.monitored_item_count(), 0);
+        assert!(f.reg.transfer(f.at(3000), &a, id, false, |_| true).is_err());
+    }
+
+    #[test]
+    fn events_reach_items_watching_their_notifiers() {
+        let f = Fixture::new(SubscriptionLimits::default());
+        let a = NodeId::numeric(1, 1);
+        let id = f.subscribe(&a, &NodeId::string(2, "unused"));
+        let server = NodeId::ns0(2253);
+        let filter = crate::subscription::event::compile(
+            &uascale_types::EventFilter {
+                select_clauses: Some(vec![uascale_types::SimpleAttributeOperand {
+                    type_definition_id: NodeId::ns0(2041),
+                    browse_path: Some(vec![uascale_types::QualifiedName::new(0, "Severity")]),
+                    attribute_id: 13,
+                    index_range: UaString::null(),
+                }]),
+                where_clause: Default::default(),
+            },
+            &|_| true,
+        )
+        .unwrap()
+        .0;
+        let item_id = f
+            .reg
+            .with_subscription(&a, id, |s| {
+                let item = MonitoredItem::new(
+                    s.next_item_id(),
+                    5,
+                    ItemTarget {
+                        node_id: server.clone(),
+                        attribute_id: 12,
+                        index_range: UaString::null(),
+                    },
+                    MonitoringMode::Reporting,
+                    Duration::ZERO,
+                    false,
+                    10,
+                    true,
+                    TimestampsToReturn::Both,
+                    Filter::Event(Box::new(filter)),
+                );
+                s.add_item(item)
+            })
+            .unwrap();
+        f.reg.watch(&server, 12, id, item_id);
+        let event = crate::subscription::event::Event::new(
+            uascale_types::ByteString::new(vec![1]),
+            NodeId::ns0(2041),
+            server.clone(),
+            "S",
+            DateTime::from_ticks(1),
+            "m",
+            300,
+        );
+        let select = |i: &MonitoredItem| match &i.filter {
+            Filter::Event(c) => c.apply(&event, &|_, _| true),
+            Filter::DataChange { .. } => None,
+        };
+        assert_eq!(
+            f.reg.raise_event(f.t0, &[NodeId::string(2, "x")], &select),
+            0
+        );
+        assert_eq!(
+            f.reg
+                .raise_event(f.t0, std::slice::from_ref(&server), &select),
+            1
+        );
+        f.publish(&a, 1, 0);
+        f.run(100);
+        let got = f.take();
+        let Answer::Publish(p) = &got[0].1 else {
+            panic!("{got:?}");
+        };
+        let list = p.notification_message.notification_data.as_ref().unwrap()[0]
+            .downcast_ref::<uascale_types::EventNotificationList>()
+            .unwrap();
+        let events = list.events.as_ref().unwrap();
+        assert_eq!(events[0].client_handle, 5);
+        assert_eq!(events[0].event_fields, Some(vec![Variant::UInt16(300)]));
+    }
 }

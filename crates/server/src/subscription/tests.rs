@@ -645,3 +645,38 @@ fn per_item_state_stays_small() {
     assert!(std::mem::size_of::<MonitoredItem>() <= 288);
     assert!(std::mem::size_of::<SubscriptionSet<crate::reply::Responder>>() <= 128);
 }
+
+#[test]
+fn idle_cycles_are_skipped_until_keep_alive_or_data() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 300, 10);
+    let id = s.add_item(item(&s, 1, 10, true, Filter::default()));
+    set.insert(s);
+    let mut out = Vec::new();
+    publish(&mut set, &clock, 1, &[], &mut out);
+    publish(&mut set, &clock, 2, &[], &mut out);
+    run(&mut set, &mut clock, 200, &mut out);
+    assert_eq!(out.len(), 1, "the first keep-alive");
+    // Idle: the timer next has work at the 10th cycle (the keep-alive),
+    // not at every cycle in between.
+    let t0 = clock.t0;
+    assert_eq!(set.poll_timeout(), Some(t0 + Duration::from_millis(1100)));
+    // Data at 450 ms brings the next cycle (500) back.
+    clock.ms = 450;
+    set.get_mut(1)
+        .unwrap()
+        .offer_at(clock.now().instant, id, dv(3.0));
+    assert_eq!(set.poll_timeout(), Some(t0 + Duration::from_millis(500)));
+    run(&mut set, &mut clock, 500, &mut out);
+    assert_eq!(out.len(), 2);
+    assert_eq!(values(response(&out[1])), vec![dv(3.0)]);
+    assert_eq!(out[1].to, 2);
+    // Nothing else until the keep-alive 10 cycles later.
+    publish(&mut set, &clock, 3, &[], &mut out);
+    run(&mut set, &mut clock, 1490, &mut out);
+    assert_eq!(out.len(), 2);
+    run(&mut set, &mut clock, 1500, &mut out);
+    assert_eq!(out.len(), 3);
+    assert!(is_keep_alive(response(&out[2])));
+}
