@@ -162,6 +162,7 @@ pub fn publish(ctx: &ServiceContext<'_>, req: &PublishRequest, to: Responder) {
             instant: ctx.instant,
             utc: ctx.now,
         },
+        ctx.channel_id,
         &session,
         h.request_handle,
         acks,

@@ -464,6 +464,12 @@ impl Subscription {
         if k == 0 {
             return;
         }
+        if self.idle_normal() {
+            // The first idle cycle after a message: NORMAL -> KEEPALIVE,
+            // counting as the first cycle of the keep-alive period.
+            self.state = State::KeepAlive;
+            self.keep_alive_counter = self.keep_alive_count.saturating_sub(1).max(1);
+        }
         if self.state != State::Normal {
             if self.state == State::KeepAlive {
                 self.keep_alive_counter = self.keep_alive_counter.saturating_sub(k).max(1);
@@ -498,7 +504,8 @@ impl Subscription {
     /// one step when it wakes (an item queuing something brings the next
     /// cycle back), so idle subscriptions cost no timer work per cycle.
     fn wake_at(&self) -> Instant {
-        if self.data_hint || self.more || self.state == State::Normal {
+        let idle_normal = self.idle_normal();
+        if self.data_hint || self.more || (self.state == State::Normal && !idle_normal) {
             return self.next_publish;
         }
         let cycle = |k: u32| {
@@ -510,8 +517,21 @@ impl Subscription {
         let lifetime = cycle(self.lifetime_counter);
         match self.state {
             State::KeepAlive => cycle(self.keep_alive_counter).min(lifetime),
-            _ => lifetime,
+            // Turns KEEPALIVE at the next cycle, keep-alive K cycles on.
+            State::Normal => cycle(self.keep_alive_count).min(lifetime),
+            State::Late => lifetime,
         }
+    }
+
+    /// NORMAL with its first message sent and nothing to send: its next
+    /// cycles only count towards a keep-alive (needs a keep-alive count
+    /// above 1, else the next cycle already sends one).
+    fn idle_normal(&self) -> bool {
+        self.state == State::Normal
+            && self.message_sent
+            && !self.data_hint
+            && !self.more
+            && self.keep_alive_count > 1
     }
 
     fn take_seq(&mut self) -> u32 {
@@ -650,6 +670,7 @@ pub struct Reply<P> {
 #[derive(Debug)]
 struct Waiting<P> {
     to: P,
+    channel_id: u32,
     handle: u32,
     deadline: Option<Instant>,
     results: Vec<StatusCode>,
@@ -759,13 +780,15 @@ impl<P> SubscriptionSet<P> {
         out.push(reply(now, w, id, vec![], false, msg));
     }
 
-    /// A Publish arrived: acknowledgements are applied, then it is answered
+    /// A Publish arrived on secure channel `channel_id`: acknowledgements
+    /// are applied, then it is answered
     /// at once (a late subscription, an owed StatusChange, or a fault) or
     /// parked until a subscription's timer needs it or `deadline` passes.
     #[allow(clippy::too_many_arguments)]
     pub fn publish(
         &mut self,
         now: Now,
+        channel_id: u32,
         request_handle: u32,
         acks: &[SubscriptionAcknowledgement],
         deadline: Option<Instant>,
@@ -782,10 +805,15 @@ impl<P> SubscriptionSet<P> {
             .collect();
         let w = Waiting {
             to,
+            channel_id,
             handle: request_handle,
             deadline,
             results,
         };
+        // A session lives on one secure channel: Publishes parked from an
+        // earlier one (before the client reconnected and re-activated) can
+        // never be answered, and must not take messages meant for this one.
+        self.queue.retain(|q| q.channel_id == channel_id);
         if !self.status_changes.is_empty() {
             self.answer_status_change(now, w, out);
             return;

@@ -424,10 +424,13 @@ impl<P: PublishSink> Registry<P> {
         n
     }
 
-    /// A Publish of `session`, answered through `to` now or later.
+    /// A Publish of `session` on secure channel `channel_id`, answered
+    /// through `to` now or later.
+    #[allow(clippy::too_many_arguments)]
     pub fn publish(
         &self,
         now: Now,
+        channel_id: u32,
         session: &NodeId,
         request_handle: u32,
         acks: &[SubscriptionAcknowledgement],
@@ -436,7 +439,16 @@ impl<P: PublishSink> Registry<P> {
     ) {
         let limits = &self.limits;
         self.with_set(session, |set, out| {
-            set.publish(now, request_handle, acks, deadline, to, limits, out)
+            set.publish(
+                now,
+                channel_id,
+                request_handle,
+                acks,
+                deadline,
+                to,
+                limits,
+                out,
+            )
         });
     }
 
@@ -660,6 +672,7 @@ mod tests {
         fn publish(&self, session: &NodeId, tag: u32, ms: u64) {
             self.reg.publish(
                 self.at(ms),
+                1,
                 session,
                 tag,
                 &[],

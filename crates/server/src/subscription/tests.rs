@@ -109,6 +109,7 @@ fn publish(set: &mut Set, clock: &Clock, tag: u32, acks: &[(u32, u32)], out: &mu
         .collect();
     set.publish(
         clock.now(),
+        1,
         tag,
         &acks,
         None,
@@ -312,14 +313,15 @@ fn too_many_publish_requests_and_timeouts() {
     set.publish(
         clock.now(),
         1,
+        1,
         &[],
         Some(t + Duration::from_millis(500)),
         1,
         &limits,
         &mut out,
     );
-    set.publish(clock.now(), 2, &[], None, 2, &limits, &mut out);
-    set.publish(clock.now(), 3, &[], None, 3, &limits, &mut out);
+    set.publish(clock.now(), 1, 2, &[], None, 2, &limits, &mut out);
+    set.publish(clock.now(), 1, 3, &[], None, 3, &limits, &mut out);
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].to, 1, "the oldest is pushed out");
     assert_eq!(
@@ -332,6 +334,7 @@ fn too_many_publish_requests_and_timeouts() {
     out.clear();
     set.publish(
         clock.now(),
+        1,
         4,
         &[],
         Some(t + Duration::from_millis(300)),
@@ -356,6 +359,11 @@ fn too_many_publish_requests_and_timeouts() {
         }
     );
     assert_eq!(set.parked(), 1, "3 still waits");
+    // The session moved to another channel: 3 can never be answered and
+    // is dropped; the new one waits in its place.
+    set.publish(clock.now(), 2, 5, &[], None, 5, &limits, &mut out);
+    assert_eq!(out.len(), 1, "nothing answered");
+    assert_eq!(set.parked(), 1);
 }
 
 #[test]
@@ -672,8 +680,10 @@ fn idle_cycles_are_skipped_until_keep_alive_or_data() {
     assert_eq!(out.len(), 2);
     assert_eq!(values(response(&out[1])), vec![dv(3.0)]);
     assert_eq!(out[1].to, 2);
-    // Nothing else until the keep-alive 10 cycles later.
+    // Nothing else until the keep-alive 10 cycles later, and no timer work
+    // in between.
     publish(&mut set, &clock, 3, &[], &mut out);
+    assert_eq!(set.poll_timeout(), Some(t0 + Duration::from_millis(1500)));
     run(&mut set, &mut clock, 1490, &mut out);
     assert_eq!(out.len(), 2);
     run(&mut set, &mut clock, 1500, &mut out);
