@@ -5,7 +5,7 @@
 //! notification (from /proc), server threads and memory per session.
 //!
 //!     cargo bench -p uascale --bench subscriptions             # 5,000 and 10,000
-//!     SESSIONS=2000 RATE_MS=100 cargo bench -p uascale --bench subscriptions
+//!     SESSIONS=2000 RATE_MS=200 cargo bench -p uascale --bench subscriptions
 //!
 //! The client is a plain blocking client (several threads, each reading its
 //! sessions round-robin), in this process; the server is `uascale serve`
@@ -262,7 +262,7 @@ fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` runs it too,
     // where a short smoke run is enough.
     let smoke = !std::env::args().any(|a| a == "--bench");
-    let rate = env_or("RATE_MS", 200);
+    let rate = env_or("RATE_MS", 1000);
     let threads = env_or("CLIENT_THREADS", 4) as usize;
     let seconds = env_or("SECONDS", 5);
     if let Ok(n) = std::env::var("SESSIONS") {
