@@ -18,7 +18,7 @@ async def main(url):
     client = Client(url, timeout=10)
     await client.connect()
     ns = await client.nodes.namespace_array.read_value()
-    check(ns == ["http://opcfoundation.org/UA/", "urn:uascale:server", "urn:uascale:demo"], f"NamespaceArray {ns}")
+    check(ns == ["http://opcfoundation.org/UA/", "urn:uascale:server", "urn:uascale:demo", "http://uascale.example/Devices/", "http://uascale.example/Machines/"], f"NamespaceArray {ns} (demo, then the test nodesets)")
     try:
         await client.uaclient.protocol.send_request(ua.QueryFirstRequest())
         check(False, "the Query service set is not implemented and must fault")

@@ -6,7 +6,7 @@
 //! Table format (every field in the OPC UA binary encoding):
 //!
 //! ```text
-//! "UASNS0" u8:version(1)  u32:node count
+//! "UASNS0" u8:version(2)  u32:node count
 //! per node:
 //!   u8 node class (NodeClass value)  NodeId  QualifiedName browse name
 //!   LocalizedText display name  LocalizedText description  u32 write mask
@@ -15,6 +15,8 @@
 //!   Variant value  NodeId data type  i32 value rank  UInt32[] array dimensions
 //!   u8 access level  f64 minimum sampling interval
 //!   u32 reference count, per reference: NodeId type, Boolean forward, NodeId target
+//!   Variant DataTypeDefinition (version 2; Empty unless a DataType with a
+//!     <Definition>: a StructureDefinition or EnumDefinition ExtensionObject)
 //! ```
 //!
 //! Values are converted from their XML encoding generically, walking the
@@ -416,8 +418,9 @@ pub fn compile(
         dict,
         xml_encodings,
     };
+    let types = TypeInfo::collect(&ctx, root)?;
     let mut out = Vec::with_capacity(1 << 20);
-    out.extend_from_slice(b"UASNS0\x01");
+    out.extend_from_slice(b"UASNS0\x02");
     let count_at = out.len();
     out.extend_from_slice(&[0; 4]);
     let mut count = 0u32;
@@ -488,8 +491,170 @@ pub fn compile(
             (r.attribute("IsForward") != Some("false")).encode(&mut out);
             ctx.node_id(text(r), &what)?.encode(&mut out);
         }
+        match child(n, "Definition") {
+            Some(d) if class == 64 => types.definition(&ctx, &node_id, d, &what)?,
+            _ => Variant::Empty,
+        }
+        .encode(&mut out);
         count += 1;
     }
     out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
     Ok(out)
+}
+
+/// What DataTypeDefinitions need from the rest of the file: each DataType's
+/// supertype and its "Default Binary" encoding node.
+struct TypeInfo {
+    parent: HashMap<NodeId, NodeId>,
+    binary_encoding: HashMap<NodeId, NodeId>,
+}
+
+const ENUMERATION: u32 = 29;
+
+impl TypeInfo {
+    fn collect(ctx: &Ctx<'_>, root: Node<'_, '_>) -> Result<Self, String> {
+        let mut default_binary = std::collections::HashSet::new();
+        let mut parent = HashMap::new();
+        // (data type, encoding), from either end of the HasEncoding reference.
+        let mut encodings: Vec<(NodeId, NodeId)> = Vec::new();
+        for n in root.children().filter(|c| c.is_element()) {
+            let id_text = n.attribute("NodeId").unwrap_or("");
+            let what = format!("node {id_text}");
+            let tag = n.tag_name().name();
+            if tag != "UAObject" && tag != "UADataType" {
+                continue;
+            }
+            let id = ctx.node_id(id_text, &what)?;
+            if tag == "UAObject" && n.attribute("BrowseName") == Some("Default Binary") {
+                default_binary.insert(id.clone());
+            }
+            for r in child(n, "References")
+                .map(|r| r.children().filter(|c| c.is_element()).collect::<Vec<_>>())
+                .unwrap_or_default()
+            {
+                let ty = ctx.node_id(r.attribute("ReferenceType").unwrap_or(""), &what)?;
+                let forward = r.attribute("IsForward") != Some("false");
+                let target = ctx.node_id(text(r), &what)?;
+                match (tag, ty.as_ns0(), forward) {
+                    ("UADataType", Some(45), false) => {
+                        parent.insert(id.clone(), target);
+                    }
+                    ("UADataType", Some(38), true) => encodings.push((id.clone(), target)),
+                    ("UAObject", Some(38), false) => encodings.push((target, id.clone())),
+                    _ => {}
+                }
+            }
+        }
+        let binary_encoding = encodings
+            .into_iter()
+            .filter(|(_, e)| default_binary.contains(e))
+            .collect();
+        Ok(TypeInfo {
+            parent,
+            binary_encoding,
+        })
+    }
+
+    fn is_enum(&self, id: &NodeId) -> bool {
+        let mut cur = id;
+        for _ in 0..64 {
+            if *cur == NodeId::ns0(ENUMERATION) {
+                return true;
+            }
+            match self.parent.get(cur) {
+                Some(p) => cur = p,
+                None => return false,
+            }
+        }
+        false
+    }
+
+    /// The DataTypeDefinition attribute of DataType `id` from its
+    /// `<Definition>` element (Part 6 §F.12).
+    fn definition(
+        &self,
+        ctx: &Ctx<'_>,
+        id: &NodeId,
+        d: Node<'_, '_>,
+        what: &str,
+    ) -> Result<Variant, String> {
+        let fields: Vec<Node<'_, '_>> = d
+            .children()
+            .filter(|c| c.is_element() && c.tag_name().name() == "Field")
+            .collect();
+        if self.is_enum(id) || d.attribute("IsOptionSet") == Some("true") {
+            let fields = fields
+                .iter()
+                .map(|f| {
+                    let name = f.attribute("Name").unwrap_or("");
+                    Ok(uascale_types::EnumField {
+                        value: f.attribute("Value").map_or(Ok(0), |v| parse_num(v, what))?,
+                        display_name: match child(*f, "DisplayName") {
+                            Some(dn) => localized(Some(dn)),
+                            None => LocalizedText::text(name),
+                        },
+                        description: localized(child(*f, "Description")),
+                        name: UaString::from(name),
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            return Ok(Variant::from(ExtensionObject::new(
+                uascale_types::EnumDefinition {
+                    fields: Some(fields),
+                },
+            )));
+        }
+        let union = d.attribute("IsUnion") == Some("true");
+        let optional = fields
+            .iter()
+            .any(|f| f.attribute("IsOptional") == Some("true"));
+        let subtyped = fields
+            .iter()
+            .any(|f| f.attribute("AllowSubTypes") == Some("true"));
+        let structure_type = match (union, subtyped, optional) {
+            (true, true, _) => uascale_types::StructureType::UnionWithSubtypedValues,
+            (true, false, _) => uascale_types::StructureType::Union,
+            (false, true, _) => uascale_types::StructureType::StructureWithSubtypedValues,
+            (false, false, true) => uascale_types::StructureType::StructureWithOptionalFields,
+            (false, false, false) => uascale_types::StructureType::Structure,
+        };
+        let fields = fields
+            .iter()
+            .map(|f| {
+                let what = format!("{what}: field {}", f.attribute("Name").unwrap_or(""));
+                Ok(uascale_types::StructureField {
+                    name: UaString::from(f.attribute("Name").unwrap_or("")),
+                    description: localized(child(*f, "Description")),
+                    data_type: ctx.node_id(f.attribute("DataType").unwrap_or("i=24"), &what)?,
+                    value_rank: f
+                        .attribute("ValueRank")
+                        .map_or(Ok(-1), |v| parse_num(v, &what))?,
+                    array_dimensions: match f.attribute("ArrayDimensions") {
+                        None | Some("") => None,
+                        Some(a) => Some(
+                            a.split(',')
+                                .map(|x| parse_num(x, &what))
+                                .collect::<Result<_, _>>()?,
+                        ),
+                    },
+                    max_string_length: f
+                        .attribute("MaxStringLength")
+                        .map_or(Ok(0), |v| parse_num(v, &what))?,
+                    is_optional: f.attribute("IsOptional") == Some("true"),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Variant::from(ExtensionObject::new(
+            uascale_types::StructureDefinition {
+                default_encoding_id: self
+                    .binary_encoding
+                    .get(id)
+                    .cloned()
+                    .unwrap_or(NodeId::NULL),
+                base_data_type: self.parent.get(id).cloned().unwrap_or(NodeId::NULL),
+                structure_type,
+                fields: Some(fields),
+            },
+        )))
+    }
 }

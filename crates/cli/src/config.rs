@@ -29,6 +29,8 @@ pub struct ServerSection {
     pub max_session_count: Option<usize>,
     /// Time to activate a created session, ms.
     pub activation_deadline_ms: Option<u64>,
+    /// Companion NodeSet2 XML files loaded at start, in order.
+    pub nodesets: Option<Vec<std::path::PathBuf>>,
 }
 
 /// `[limits]`
@@ -166,6 +168,9 @@ impl FileConfig {
         }
         if let Some(v) = s.max_session_count {
             c.max_session_count = v;
+        }
+        if let Some(v) = &s.nodesets {
+            c.nodesets = v.clone();
         }
         if let Some(v) = s.activation_deadline_ms {
             c.activation_deadline = ms(positive("server.activation_deadline_ms", v)?);
@@ -326,6 +331,7 @@ impl FileConfig {
                 application_name: Some(c.application_name.clone()),
                 max_session_count: Some(c.max_session_count),
                 activation_deadline_ms: millis(c.activation_deadline),
+                nodesets: Some(c.nodesets.clone()),
             },
             limits: LimitsSection {
                 listen_backlog: Some(c.listen_backlog),
@@ -415,11 +421,12 @@ mod tests {
     fn printed_config_round_trips() {
         let mut c = ServerConfig::default();
         FileConfig::parse(
-            "[server]\nport = 4999\n[demo]\nnodes = 7\n[subscriptions]\nmax_subscription_count = 0\nmax_queue_size = 64\n",
+            "[server]\nport = 4999\nnodesets = [\"a.xml\", \"b.xml\"]\n[demo]\nnodes = 7\n\
+             [subscriptions]\nmax_subscription_count = 0\nmax_queue_size = 64\n",
         )
-            .unwrap()
-            .apply(&mut c)
-            .unwrap();
+        .unwrap()
+        .apply(&mut c)
+        .unwrap();
         let text = FileConfig::effective(&c).to_toml();
         let mut again = ServerConfig::default();
         FileConfig::parse(&text).unwrap().apply(&mut again).unwrap();
@@ -427,6 +434,10 @@ mod tests {
         assert_eq!(again.demo_nodes, 7);
         assert_eq!(again.subscriptions.max_subscription_count, usize::MAX);
         assert_eq!(again.subscriptions.max_queue_size, 64);
+        assert_eq!(
+            again.nodesets,
+            vec![std::path::PathBuf::from("a.xml"), "b.xml".into()]
+        );
         assert_eq!(FileConfig::effective(&again).to_toml(), text);
     }
 }

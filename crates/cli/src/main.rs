@@ -1,10 +1,13 @@
 //! The `uascale` command.
 //!
-//! `uascale serve` runs the server (so far: opc.tcp with SecurityPolicy None
-//! and the Discovery services); `uascale decode` prints a binary message.
-//! The client commands and `bench` arrive with their issues.
+//! `uascale serve` runs the server; `endpoints`, `browse`, `read`, `write`
+//! and `call` are the client commands; `uascale decode` prints a binary
+//! message.
 
+mod bench;
+mod client_cmd;
 mod config;
+mod values;
 
 use std::process::ExitCode;
 
@@ -12,13 +15,15 @@ use uascale_server::{Server, ServerConfig};
 use uascale_types::{decode_message, DecodeLimits, Reader};
 
 const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--host NAME] [--port N]
-                     [--bind ADDR] [--nodes N] [--rate-ms MS]
+                     [--bind ADDR] [--nodes N] [--rate-ms MS] [--nodeset FILE]...
        uascale decode <HEX | @FILE>
 
   serve    run the OPC UA server on opc.tcp://NAME:N (default
            opc.tcp://localhost:4840, bound to 0.0.0.0); log level from
            RUST_LOG (default info); Ctrl-C shuts down; --nodes N adds N
            changing load-test nodes, --rate-ms how often demo values change;
+           --nodeset loads a companion NodeSet2 XML file (repeatable, in
+           order; added to the config file's server.nodesets);
            --config reads a TOML file (keys as --print-config shows them),
            flags override it
   decode   decode one binary OPC UA service message (the NodeId of its
@@ -106,6 +111,7 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
                     .map_err(|_| format!("--bind {v:?} is not an IP address"))?;
                 config.bind.set_ip(ip);
             }
+            "--nodeset" => config.nodesets.push(value("--nodeset")?.into()),
             "--config" => {
                 value("--config")?;
             }
@@ -136,7 +142,7 @@ fn serve(config: ServerConfig) -> ExitCode {
         let server = match Server::bind(config) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("uascale serve: cannot listen: {e}");
+                eprintln!("uascale serve: cannot start: {e}");
                 return ExitCode::FAILURE;
             }
         };
@@ -176,6 +182,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        [cmd @ ("endpoints" | "browse" | "read" | "write" | "call"), rest @ ..] => {
+            if rest.iter().any(|a| *a == "-h" || *a == "--help") {
+                println!("{USAGE}\n{}", client_cmd::USAGE);
+                return ExitCode::SUCCESS;
+            }
+            client_cmd::run(cmd, rest)
+        }
+        ["bench", "-h" | "--help"] => {
+            println!("{}", bench::USAGE);
+            ExitCode::SUCCESS
+        }
+        ["bench", rest @ ..] => bench::run(rest),
         ["serve", "-h" | "--help"] => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -192,11 +210,11 @@ fn main() -> ExitCode {
             }
         },
         ["-h" | "--help" | "help"] => {
-            println!("{USAGE}");
+            println!("{USAGE}\n{}\n{}", client_cmd::USAGE, bench::USAGE);
             ExitCode::SUCCESS
         }
         _ => {
-            eprintln!("{USAGE}");
+            eprintln!("{USAGE}\n{}\n{}", client_cmd::USAGE, bench::USAGE);
             ExitCode::from(2)
         }
     }

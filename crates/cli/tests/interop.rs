@@ -61,7 +61,11 @@ impl Serve {
                 "100",
                 "--nodes",
                 "50",
+                "--nodeset",
             ])
+            .arg(root().join("tests/nodesets/devices.NodeSet2.xml"))
+            .arg("--nodeset")
+            .arg(root().join("tests/nodesets/machines.NodeSet2.xml"))
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stderr(Stdio::piped())
@@ -150,6 +154,7 @@ fn discovery_and_sessions_with_asyncua_and_open62541() {
     assert!(run_peer("address_space_asyncua.py", &url).contains("asyncua address space ok"));
     assert!(run_peer("demo_asyncua.py", &url).contains("asyncua demo ok"));
     assert!(run_peer("limits_asyncua.py", &url).contains("asyncua limits ok"));
+    assert!(run_peer("companion_asyncua.py", &url).contains("asyncua companion ok"));
     // Serving many clients one after another leaves the server healthy.
     assert!(run_peer("discovery_asyncua.py", &url).contains("asyncua discovery ok"));
     let status = server.stop();

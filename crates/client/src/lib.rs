@@ -1,5 +1,32 @@
-//! `uascale-client`: sessions, subscriptions, reconnect and backoff.
+//! `uascale-client`: an OPC UA client - connect, sessions, the services as
+//! async methods, busy-aware backoff.
 //!
-//! Owns: client behaviour. Must not: use tokio outside its `net/` module.
+//! Owns: client behaviour. Must not: use tokio outside its `net/` module;
+//! the protocol state lives in `uascale-proto` ([`ClientConnection`](uascale_proto::ClientConnection))
+//! and is only driven from here.
 //!
-//! Status: arrives with issue 6; placeholder in the workspace layout.
+//! ```no_run
+//! # async fn demo() -> Result<(), uascale_client::ClientError> {
+//! use uascale_client::Client;
+//! let client = Client::connect("opc.tcp://localhost:4840", Default::default()).await?;
+//! client.create_session("demo").await?;
+//! let values = client.read_values(&["i=2258".parse().unwrap()]).await?;
+//! println!("{:?}", values[0].value);
+//! client.close().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Many requests can be in flight on one channel at once (pipelining): every
+//! method takes `&self`, so a `Client` can be shared and called
+//! concurrently. Status (issue 6): SecurityPolicy None and the anonymous
+//! identity; the secure policies, subscriptions and automatic reconnect are
+//! still to come.
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod error;
+pub mod net;
+
+pub use backoff::Backoff;
+pub use error::ClientError;
+pub use net::{Client, ClientOptions};

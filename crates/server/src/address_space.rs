@@ -6,12 +6,13 @@
 //! two-way at load so that Browse can follow both directions.
 
 use std::collections::HashSet;
+use std::sync::RwLock;
 
 use crate::fxhash::FxHashMap;
 
 use uascale_types::{
-    BinaryDecode, DecodeError, DecodeErrorKind, DecodeLimits, LocalizedText, NodeClass, NodeId,
-    QualifiedName, Reader, Variant,
+    AttributeId, BinaryDecode, DecodeError, DecodeErrorKind, DecodeLimits, LocalizedText,
+    NodeClass, NodeId, QualifiedName, Reader, UaString, Variant,
 };
 
 static NS0_TABLE: &[u8] = include_bytes!("generated/ns0.bin");
@@ -70,6 +71,80 @@ pub struct Node {
     pub minimum_sampling_interval: f64,
     /// References, both directions.
     pub references: Vec<Reference>,
+    /// DataTypeDefinition (DataTypes): a StructureDefinition or
+    /// EnumDefinition ExtensionObject; Empty when the type has none.
+    pub data_type_definition: Variant,
+    /// DisplayName and Description in several locales, when the node has
+    /// more than one; `display_name` / `description` are the defaults.
+    pub translations: Option<Box<Translations>>,
+}
+
+/// A node's DisplayName and Description in every locale it has.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Translations {
+    /// DisplayName, one per locale.
+    pub display_name: Vec<LocalizedText>,
+    /// Description, one per locale.
+    pub description: Vec<LocalizedText>,
+}
+
+fn language(locale: &str) -> &str {
+    locale.split(['-', '_']).next().unwrap_or(locale)
+}
+
+/// The text for the session's preferred locales (Part 4 §5.6.3 localeIds,
+/// Part 3 §8.4): for each locale in the client's order, a translation with
+/// exactly that locale, else one in the same language (`de` for `de-AT`,
+/// `de-DE` for `de`); `None` when no translation fits, and the caller
+/// returns the node's default.
+pub fn select_locale<'a>(
+    texts: &'a [LocalizedText],
+    locales: &[UaString],
+) -> Option<&'a LocalizedText> {
+    for want in locales.iter().filter_map(|l| l.as_str()) {
+        if want.is_empty() {
+            continue;
+        }
+        let same = |t: &&LocalizedText| {
+            t.locale
+                .as_str()
+                .is_some_and(|l| l.eq_ignore_ascii_case(want))
+        };
+        if let Some(t) = texts.iter().find(same) {
+            return Some(t);
+        }
+        let lang = language(want);
+        let close = |t: &&LocalizedText| {
+            t.locale
+                .as_str()
+                .is_some_and(|l| language(l).eq_ignore_ascii_case(lang))
+        };
+        if let Some(t) = texts.iter().find(close) {
+            return Some(t);
+        }
+    }
+    None
+}
+
+/// The WriteMask bit of each attribute a client may write besides Value
+/// (Part 3 §8.60), when the node's WriteMask allows it.
+pub const WRITABLE_ATTRIBUTES: &[(AttributeId, u32)] = &[
+    (AttributeId::Description, 1 << 5),
+    (AttributeId::DisplayName, 1 << 6),
+    (AttributeId::InverseName, 1 << 10),
+    (AttributeId::MinimumSamplingInterval, 1 << 12),
+];
+
+/// The WriteMask bits this server honours; a node's WriteMask attribute
+/// reads as its mask restricted to these.
+pub const SUPPORTED_WRITE_MASK: u32 = (1 << 5) | (1 << 6) | (1 << 10) | (1 << 12);
+
+/// The WriteMask bit for `attr`, when it is one a client may write.
+pub fn write_mask_bit(attr: AttributeId) -> Option<u32> {
+    WRITABLE_ATTRIBUTES
+        .iter()
+        .find(|(a, _)| *a == attr)
+        .map(|(_, b)| *b)
 }
 
 impl Node {
@@ -97,6 +172,8 @@ impl Node {
             access_level: 1,
             minimum_sampling_interval: 0.0,
             references: Vec::new(),
+            data_type_definition: Variant::Empty,
+            translations: None,
         }
     }
 
@@ -115,6 +192,9 @@ impl Node {
 #[derive(Debug, Default)]
 pub struct AddressSpace {
     nodes: FxHashMap<NodeId, Node>,
+    /// Attributes other than Value written by clients (per WriteMask),
+    /// by node and attribute id.
+    written: RwLock<FxHashMap<(NodeId, u32), Variant>>,
 }
 
 fn bad(what: &'static str) -> DecodeError {
@@ -146,6 +226,7 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node, DecodeError> {
             target: NodeId::decode(r)?,
         });
     }
+    let data_type_definition = Variant::decode(r)?;
     Ok(Node {
         node_class,
         node_id,
@@ -167,6 +248,8 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node, DecodeError> {
         access_level,
         minimum_sampling_interval,
         references,
+        data_type_definition,
+        translations: None,
     })
 }
 
@@ -178,8 +261,8 @@ impl AddressSpace {
             ..DecodeLimits::default()
         };
         let mut r = Reader::new(table, &limits)?;
-        if r.take(7)? != b"UASNS0\x01" {
-            return Err(bad("not a uascale namespace table (version 1)"));
+        if r.take(7)? != b"UASNS0\x02" {
+            return Err(bad("not a uascale namespace table (version 2)"));
         }
         let count = u32::decode(&mut r)?;
         let mut nodes = FxHashMap::with_capacity_and_hasher(count as usize, Default::default());
@@ -188,7 +271,10 @@ impl AddressSpace {
             nodes.insert(n.node_id.clone(), n);
         }
         r.finish()?;
-        let mut space = AddressSpace { nodes };
+        let mut space = AddressSpace {
+            nodes,
+            written: RwLock::default(),
+        };
         space.add_inverse_references();
         Ok(space)
     }
@@ -245,13 +331,45 @@ impl AddressSpace {
         self.nodes.insert(node.node_id.clone(), node);
     }
 
-    /// The built-in type (1..=25) a DataType is, or derives from; `None`
-    /// for structures and abstract numeric types.
+    /// Adds nodes that may refer to each other, and makes every reference
+    /// two-way (a reference the file gives in both directions is kept once).
+    pub fn insert_all(&mut self, nodes: Vec<Node>) {
+        let mut inverses = Vec::new();
+        for n in &nodes {
+            for r in &n.references {
+                inverses.push((
+                    r.target.clone(),
+                    Reference {
+                        reference_type: r.reference_type.clone(),
+                        is_forward: !r.is_forward,
+                        target: n.node_id.clone(),
+                    },
+                ));
+            }
+        }
+        for n in nodes {
+            self.nodes.insert(n.node_id.clone(), n);
+        }
+        for (target, r) in inverses {
+            if let Some(t) = self.nodes.get_mut(&target) {
+                if !t.references.contains(&r) {
+                    t.references.push(r);
+                }
+            }
+        }
+    }
+
+    /// The built-in type (1..=25) a DataType is, or derives from (Int32
+    /// for enumerations); `None` for types outside the hierarchy.
     pub fn builtin_base(&self, data_type: &NodeId) -> Option<u32> {
         let mut cur = data_type.clone();
         for _ in 0..64 {
             if let Some(n) = cur.as_ns0().filter(|n| (1..=25).contains(n)) {
                 return Some(n);
+            }
+            // Enumerations travel as Int32.
+            if cur == NodeId::ns0(29) {
+                return Some(6);
             }
             let node = self.get(&cur)?;
             let parent = node
@@ -266,6 +384,56 @@ impl AddressSpace {
     /// The node with this id.
     pub fn get(&self, id: &NodeId) -> Option<&Node> {
         self.nodes.get(id)
+    }
+
+    /// The node with this id, to change while the space is being built.
+    pub fn get_mut(&mut self, id: &NodeId) -> Option<&mut Node> {
+        self.nodes.get_mut(id)
+    }
+
+    /// The value a client wrote into attribute `attr` of `node`, if any.
+    pub fn written(&self, node: &NodeId, attr: AttributeId) -> Option<Variant> {
+        let map = match self.written.read() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        map.get(&(node.clone(), attr as u32)).cloned()
+    }
+
+    /// Records a client's write of attribute `attr` (checked by the caller
+    /// against the node's WriteMask and the attribute's type).
+    pub fn set_written(&self, node: &NodeId, attr: AttributeId, value: Variant) {
+        let mut map = match self.written.write() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        map.insert((node.clone(), attr as u32), value);
+    }
+
+    /// A node's DisplayName or Description (`attr`) as a client sees it:
+    /// what a client wrote, else the translation for `locales`
+    /// ([`select_locale`]), else the default.
+    pub fn localized(&self, node: &Node, attr: AttributeId, locales: &[UaString]) -> LocalizedText {
+        if write_mask_bit(attr).is_some_and(|b| node.write_mask & b != 0) {
+            if let Some(Variant::LocalizedText(t)) = self.written(&node.node_id, attr) {
+                return *t;
+            }
+        }
+        let (default, all) = match attr {
+            AttributeId::Description => (
+                &node.description,
+                node.translations.as_ref().map(|t| t.description.as_slice()),
+            ),
+            _ => (
+                &node.display_name,
+                node.translations
+                    .as_ref()
+                    .map(|t| t.display_name.as_slice()),
+            ),
+        };
+        all.and_then(|all| select_locale(all, locales))
+            .unwrap_or(default)
+            .clone()
     }
 
     /// Number of nodes.
@@ -355,6 +523,29 @@ mod tests {
         assert_eq!(arg.name, "SubscriptionId");
         assert_eq!(arg.data_type, NodeId::ns0(7));
         assert_eq!(arg.value_rank, -1);
+    }
+
+    #[test]
+    fn locale_selection() {
+        let texts = [
+            LocalizedText::new("en-US", "Temperature"),
+            LocalizedText::new("de-DE", "Temperatur"),
+            LocalizedText::new("fr", "Température"),
+        ];
+        let pick = |ls: &[&str]| {
+            let ls: Vec<UaString> = ls.iter().map(|l| UaString::from(*l)).collect();
+            select_locale(&texts, &ls).map(|t| t.text.as_str().unwrap_or("").to_owned())
+        };
+        assert_eq!(pick(&["de-DE"]).as_deref(), Some("Temperatur"));
+        assert_eq!(pick(&["DE-de"]).as_deref(), Some("Temperatur"));
+        // Same language, other country; either way round.
+        assert_eq!(pick(&["de-AT"]).as_deref(), Some("Temperatur"));
+        assert_eq!(pick(&["fr-CA"]).as_deref(), Some("Température"));
+        assert_eq!(pick(&["en"]).as_deref(), Some("Temperature"));
+        // The client's order wins; unknown locales are skipped.
+        assert_eq!(pick(&["ja", "fr", "de"]).as_deref(), Some("Température"));
+        assert_eq!(pick(&["ja"]), None);
+        assert_eq!(pick(&[]), None);
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub struct ServerConfig {
     pub demo_rate: std::time::Duration,
     /// Subscription and monitored-item limits (SCALABILITY.md §4).
     pub subscriptions: crate::subscription::SubscriptionLimits,
+    /// Companion NodeSet2 XML files loaded at start, in order (`--nodeset`,
+    /// [`crate::nodeset`]). Default none.
+    pub nodesets: Vec<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +65,7 @@ impl Default for ServerConfig {
             demo_nodes: 0,
             demo_rate: std::time::Duration::from_secs(1),
             subscriptions: crate::subscription::SubscriptionLimits::default(),
+            nodesets: Vec::new(),
         }
     }
 }

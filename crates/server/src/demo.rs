@@ -3,6 +3,11 @@
 //!
 //! - `Demo.Static.Scalar.<Type>` and `Demo.Static.Array.<Type>`: one
 //!   read/write variable of every built-in type;
+//! - `Demo.Static.Matrix`: a 3 x 4 Int32 matrix (ValueRank 2);
+//! - `Demo.Static.Temperature`: DisplayName and Description in en, de and
+//!   fr, chosen by the session's localeIds;
+//! - the writable variables let clients write DisplayName and Description
+//!   (WriteMask);
 //! - `Demo.Dynamic.{Counter,Random,Sine,Step}`: values the server changes
 //!   every `rate`;
 //! - `Demo.Methods.Add(a: Double, b: Double) -> Double`;
@@ -32,6 +37,8 @@ const HAS_TYPE_DEFINITION: u32 = 40;
 const FOLDER_TYPE: u32 = 61;
 const BASE_DATA_VARIABLE_TYPE: u32 = 63;
 const PROPERTY_TYPE: u32 = 68;
+/// WriteMask of the static demo variables: DisplayName and Description.
+const WRITE_MASK_NAMES: u32 = (1 << 5) | (1 << 6);
 
 fn id(path: &str) -> NodeId {
     NodeId::string(NS, path)
@@ -64,6 +71,9 @@ fn variable(
         n.array_dimensions = Some(vec![0]);
     }
     n.access_level = if writable { 3 } else { 1 };
+    if writable {
+        n.write_mask = WRITE_MASK_NAMES;
+    }
     n
 }
 
@@ -223,6 +233,45 @@ pub fn build(space: &mut AddressSpace, load_nodes: usize) -> (Arc<InMemoryNodeMa
         ));
         values.hold(id(&path), array_of(sample(t)));
     }
+    // A variable with its DisplayName and Description in three locales
+    // (picked by the session's localeIds) that clients may rename.
+    let mut temp = variable(
+        "Demo.Static.Temperature",
+        "Temperature",
+        "Demo.Static",
+        11,
+        -1,
+        true,
+    );
+    let names = [
+        ("en", "Temperature", "Temperature of the demo tank"),
+        ("de", "Temperatur", "Temperatur des Demo-Tanks"),
+        (
+            "fr",
+            "Température",
+            "Température du réservoir de démonstration",
+        ),
+    ];
+    temp.translations = Some(Box::new(crate::address_space::Translations {
+        display_name: names
+            .iter()
+            .map(|(l, n, _)| LocalizedText::new(*l, *n))
+            .collect(),
+        description: names
+            .iter()
+            .map(|(l, _, d)| LocalizedText::new(*l, *d))
+            .collect(),
+    }));
+    temp.display_name = LocalizedText::new("en", "Temperature");
+    temp.description = LocalizedText::new("en", names[0].2);
+    temp.write_mask = WRITE_MASK_NAMES;
+    space.insert(temp);
+    values.hold(id("Demo.Static.Temperature"), Variant::Double(21.5));
+    // A 3 x 4 Int32 matrix (ValueRank 2) for multi-dimensional index ranges.
+    let mut matrix = variable("Demo.Static.Matrix", "Matrix", "Demo.Static", 6, 2, true);
+    matrix.array_dimensions = Some(vec![3, 4]);
+    space.insert(matrix);
+    values.hold(id("Demo.Static.Matrix"), matrix_value());
     space.insert(folder("Demo.Dynamic", "Dynamic", id("Demo"), ORGANIZES));
     let mut dynamic = Vec::new();
     for (name, dt, v) in [
@@ -276,6 +325,15 @@ pub fn build(space: &mut AddressSpace, load_nodes: usize) -> (Arc<InMemoryNodeMa
     }
     values.method(add_method().1, Box::new(call_add));
     (Arc::new(values), Dynamic { nodes: dynamic })
+}
+
+/// The initial value of `Demo.Static.Matrix`: 3 x 4 Int32, 0..=11 row by row.
+pub fn matrix_value() -> Variant {
+    let values = uascale_types::ArrayValues::Int32((0..12).collect());
+    match uascale_types::Array::with_dimensions(values, vec![3, 4]) {
+        Ok(a) => Variant::from(a),
+        Err(_) => Variant::Empty,
+    }
 }
 
 /// The values of the dynamic nodes at tick `n` (`seed` varies Random).

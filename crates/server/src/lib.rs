@@ -19,6 +19,7 @@ pub mod demo;
 pub mod fxhash;
 pub mod net;
 pub mod node_manager;
+pub mod nodeset;
 pub mod numeric_range;
 pub mod reply;
 pub mod server_object;

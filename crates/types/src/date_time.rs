@@ -173,6 +173,79 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// Why a text is not an RFC 3339 UTC time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DateTimeParseError(&'static str);
+
+impl fmt::Display for DateTimeParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: expected RFC 3339 UTC such as 2024-05-01T12:00:00Z or 2024-05-01T12:00:00.5Z",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for DateTimeParseError {}
+
+impl std::str::FromStr for DateTime {
+    type Err = DateTimeParseError;
+
+    /// RFC 3339 in UTC (`Z` or `+00:00`), fractions down to 100 ns.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = DateTimeParseError;
+        let s = s.trim();
+        let body = s
+            .strip_suffix('Z')
+            .or_else(|| s.strip_suffix('z'))
+            .or_else(|| s.strip_suffix("+00:00"))
+            .ok_or(err("no UTC designator (Z)"))?;
+        let (date, time) = body
+            .split_once(['T', 't', ' '])
+            .ok_or(err("no T between date and time"))?;
+        let num = |t: &str, what: &'static str| t.parse::<i64>().map_err(|_| err(what));
+        let mut dp = date.splitn(3, '-');
+        let y = num(dp.next().unwrap_or(""), "bad year")?;
+        let mo = num(dp.next().unwrap_or(""), "bad month")?;
+        let d = num(dp.next().unwrap_or(""), "bad day")?;
+        if !(1..=12).contains(&mo) || !(1..=31).contains(&d) {
+            return Err(err("month or day out of range"));
+        }
+        let (hms, frac) = match time.split_once('.') {
+            Some((a, b)) => (a, b),
+            None => (time, ""),
+        };
+        let mut tp = hms.splitn(3, ':');
+        let h = num(tp.next().unwrap_or(""), "bad hour")?;
+        let mi = num(tp.next().unwrap_or(""), "bad minute")?;
+        let sec = num(tp.next().unwrap_or(""), "bad second")?;
+        if h > 23 || mi > 59 || sec > 60 || h < 0 || mi < 0 || sec < 0 {
+            return Err(err("time out of range"));
+        }
+        if frac.len() > 7 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(err("fraction longer than 7 digits or not digits"));
+        }
+        let frac_ticks = if frac.is_empty() {
+            0
+        } else {
+            num(frac, "bad fraction")? * 10i64.pow(7 - frac.len() as u32)
+        };
+        let y = i32::try_from(y).map_err(|_| err("year out of range"))?;
+        let days = days_from_civil(y, mo as u32, d as u32);
+        let secs = days
+            .checked_mul(86_400)
+            .and_then(|v| v.checked_add(h * 3600 + mi * 60 + sec))
+            .ok_or(err("out of range"))?;
+        let ticks = secs
+            .checked_mul(10_000_000)
+            .and_then(|v| v.checked_add(frac_ticks))
+            .and_then(|v| v.checked_add(UNIX_EPOCH_TICKS))
+            .ok_or(err("out of range"))?;
+        Ok(DateTime::from_ticks(ticks))
+    }
+}
+
 impl fmt::Display for DateTime {
     /// RFC 3339 UTC with 100 ns precision, e.g. `2024-05-01T12:00:00.0000000Z`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -213,6 +286,35 @@ impl BinaryDecode for DateTime {
     #[inline]
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         i64::decode(r).map(DateTime::from_ticks)
+    }
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_round_trips_through_display() {
+        for text in [
+            "1970-01-01T00:00:00.0000000Z",
+            "2024-02-29T23:59:59.1234567Z",
+            "1601-01-01T00:00:00.0000001Z",
+            "2100-12-31T12:00:00.5000000Z",
+        ] {
+            let t: DateTime = text.parse().unwrap();
+            assert_eq!(t.to_string(), text);
+        }
+        let short: DateTime = "2024-05-01T12:00:00Z".parse().unwrap();
+        assert_eq!(short.to_string(), "2024-05-01T12:00:00.0000000Z");
+        for bad in [
+            "2024-05-01",
+            "2024-13-01T00:00:00Z",
+            "2024-05-01T25:00:00Z",
+            "x",
+            "2024-05-01T00:00:00+02:00",
+        ] {
+            assert!(bad.parse::<DateTime>().is_err(), "{bad}");
+        }
     }
 }
 

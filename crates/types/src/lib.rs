@@ -46,7 +46,7 @@ mod string;
 mod variant;
 
 pub use data_value::DataValue;
-pub use date_time::DateTime;
+pub use date_time::{DateTime, DateTimeParseError};
 pub use diagnostic_info::DiagnosticInfo;
 pub use encoding::{
     BinaryDecode, BinaryEncode, DecodeError, DecodeErrorKind, DecodeLimits, Limit, Reader,

@@ -154,6 +154,13 @@ macro_rules! array_values {
                 self.len() == 0
             }
 
+            /// A copy of element `i` as a Variant; `None` past the end.
+            pub fn get(&self, i: usize) -> Option<Variant> {
+                match self {
+                    $(ArrayValues::$name(v) => v.get(i).cloned().map(Variant::from),)*
+                }
+            }
+
             /// No elements of type `t`.
             pub fn empty(t: VariantType) -> Self {
                 match t {
@@ -171,6 +178,35 @@ macro_rules! array_values {
                 Some(match self {
                     $(ArrayValues::$name(v) => ArrayValues::$name(take(v, low, high)?),)*
                 })
+            }
+
+            /// The elements at `indices`, in that order; `None` when one is
+            /// past the end.
+            pub fn gather(&self, indices: &[usize]) -> Option<ArrayValues> {
+                fn pick<T: Clone>(v: &[T], indices: &[usize]) -> Option<Vec<T>> {
+                    indices.iter().map(|&i| v.get(i).cloned()).collect()
+                }
+                Some(match self {
+                    $(ArrayValues::$name(v) => ArrayValues::$name(pick(v, indices)?),)*
+                })
+            }
+
+            /// Sets the element at `indices[k]` to `with[k]` for every k;
+            /// false (unchanged) when the types differ, the counts differ or
+            /// an index is past the end.
+            pub fn scatter(&mut self, indices: &[usize], with: &ArrayValues) -> bool {
+                match (self, with) {
+                    $((ArrayValues::$name(v), ArrayValues::$name(w)) => {
+                        if w.len() != indices.len() || indices.iter().any(|&i| i >= v.len()) {
+                            return false;
+                        }
+                        for (&i, x) in indices.iter().zip(w) {
+                            v[i] = x.clone();
+                        }
+                        true
+                    })*
+                    _ => false,
+                }
             }
 
             /// Replaces the elements from `low` on with `with`, which must

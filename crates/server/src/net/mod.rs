@@ -149,6 +149,13 @@ impl Server {
             Arc::clone(&demo) as Arc<dyn crate::node_manager::NodeManager>,
         );
         setup(&mut address_space, &mut managers);
+        crate::nodeset::load_files(
+            &config.nodesets,
+            &mut address_space,
+            &mut managers,
+            &config.application_uri,
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         let subscriptions = Arc::new(crate::services::subscription::SubscriptionRegistry::new(
             config.subscriptions.clone(),
         ));

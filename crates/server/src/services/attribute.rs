@@ -6,7 +6,7 @@ use uascale_types::{
 };
 
 use super::{Answer, ServiceContext};
-use crate::address_space::Node;
+use crate::address_space::{write_mask_bit, Node, SUPPORTED_WRITE_MASK};
 use crate::numeric_range::NumericRange;
 
 /// Most nodes in one Read (published as OperationLimits.MaxNodesPerRead).
@@ -27,9 +27,10 @@ pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse,
     if nodes.len() > MAX_NODES_PER_READ {
         return Err(StatusCode::BadTooManyOperations);
     }
+    let locales = Locales::new(ctx, &req.request_header.authentication_token);
     let results = nodes
         .iter()
-        .map(|r| read_one(ctx, r, req.timestamps_to_return))
+        .map(|r| read_one(ctx, r, req.timestamps_to_return, &locales))
         .collect();
     Ok(ReadResponse {
         response_header: ctx.response_header(&req.request_header),
@@ -38,14 +39,50 @@ pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse,
     })
 }
 
+/// The session's localeIds (from ActivateSession), fetched the first time
+/// a node with translations is read - most Reads never need them.
+pub struct Locales<'c> {
+    ctx: &'c ServiceContext<'c>,
+    token: &'c NodeId,
+    ids: std::cell::OnceCell<Vec<UaString>>,
+}
+
+impl<'c> Locales<'c> {
+    /// The locales of the session `token` names.
+    pub fn new(ctx: &'c ServiceContext<'c>, token: &'c NodeId) -> Self {
+        Locales {
+            ctx,
+            token,
+            ids: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The session's locales, most preferred first (none without a session).
+    pub fn get(&self) -> &[UaString] {
+        self.ids.get_or_init(|| {
+            self.ctx
+                .sessions
+                .with(
+                    self.token,
+                    Some(self.ctx.channel_id),
+                    true,
+                    self.ctx.instant,
+                    |s| s.locale_ids.clone(),
+                )
+                .unwrap_or_default()
+        })
+    }
+}
+
 /// One ReadValueId read, with the timestamps asked for (also what a
 /// monitored item samples).
 pub(crate) fn read_one(
     ctx: &ServiceContext<'_>,
     r: &ReadValueId,
     ts: TimestampsToReturn,
+    locales: &Locales<'_>,
 ) -> DataValue {
-    let mut dv = match read_attribute(ctx, r) {
+    let mut dv = match read_attribute(ctx, r, locales) {
         Ok(v) => DataValue {
             value: Some(v),
             ..Default::default()
@@ -63,13 +100,15 @@ pub(crate) fn read_one(
     dv
 }
 
-/// The DisplayName / Description in the session's locale when we have it;
-/// namespace 0 carries one locale, so this returns it as is.
 fn text(t: &LocalizedText) -> Variant {
     Variant::from(t.clone())
 }
 
-fn read_attribute(ctx: &ServiceContext<'_>, r: &ReadValueId) -> Result<Variant, StatusCode> {
+fn read_attribute(
+    ctx: &ServiceContext<'_>,
+    r: &ReadValueId,
+    locales: &Locales<'_>,
+) -> Result<Variant, StatusCode> {
     let node = ctx
         .address_space
         .get(&r.node_id)
@@ -93,15 +132,32 @@ fn read_attribute(ctx: &ServiceContext<'_>, r: &ReadValueId) -> Result<Variant, 
     );
     let is_var = class == NodeClass::Variable;
     let has_value = is_var || class == NodeClass::VariableType;
+    if let Some(bit) = write_mask_bit(attr) {
+        if node.write_mask & bit != 0 {
+            if let Some(v) = ctx.address_space.written(&node.node_id, attr) {
+                return Ok(v);
+            }
+        }
+    }
+    let localized = |attr| {
+        let locales = if node.translations.is_some() {
+            locales.get()
+        } else {
+            &[]
+        };
+        Variant::from(ctx.address_space.localized(node, attr, locales))
+    };
     Ok(match attr {
         AttributeId::NodeId => Variant::from(node.node_id.clone()),
         AttributeId::NodeClass => Variant::Int32(class.0),
         AttributeId::BrowseName => Variant::from(node.browse_name.clone()),
-        AttributeId::DisplayName => text(&node.display_name),
-        AttributeId::Description => text(&node.description),
-        AttributeId::WriteMask => Variant::UInt32(node.write_mask),
-        // No user can write attributes other than those the node allows.
-        AttributeId::UserWriteMask => Variant::UInt32(node.write_mask),
+        AttributeId::DisplayName => localized(AttributeId::DisplayName),
+        AttributeId::Description => localized(AttributeId::Description),
+        // What this server lets a client write of what the node allows;
+        // without roles, every user may write the same.
+        AttributeId::WriteMask | AttributeId::UserWriteMask => {
+            Variant::UInt32(node.write_mask & SUPPORTED_WRITE_MASK)
+        }
         AttributeId::IsAbstract if is_type => Variant::Boolean(node.is_abstract),
         AttributeId::Symmetric if class == NodeClass::ReferenceType => {
             Variant::Boolean(node.symmetric)
@@ -131,6 +187,19 @@ fn read_attribute(ctx: &ServiceContext<'_>, r: &ReadValueId) -> Result<Variant, 
         AttributeId::Executable | AttributeId::UserExecutable if class == NodeClass::Method => {
             Variant::Boolean(node.executable)
         }
+        AttributeId::DataTypeDefinition
+            if class == NodeClass::DataType && !node.data_type_definition.is_empty() =>
+        {
+            node.data_type_definition.clone()
+        }
+        // This server has no role configuration: no RoleSet, identities are
+        // not mapped to Roles, and access is governed by AccessLevel,
+        // WriteMask and Executable alone. RolePermissions,
+        // UserRolePermissions and AccessRestrictions are optional
+        // attributes (Part 3 §5.2.9-5.2.11) a server without role support
+        // does not provide, so they answer BadAttributeIdInvalid on every
+        // node (as does DataTypeDefinition on a DataType without one, such
+        // as the built-in and abstract types).
         _ => return Err(StatusCode::BadAttributeIdInvalid),
     })
 }
@@ -175,6 +244,7 @@ fn apply_index_range(v: Variant, index_range: &UaString) -> Result<Variant, Stat
 
 /// A short helper for tests and other services: read one Value.
 pub fn read_value(ctx: &ServiceContext<'_>, node: &NodeId) -> DataValue {
+    let no_session = NodeId::NULL;
     read_one(
         ctx,
         &ReadValueId {
@@ -184,6 +254,7 @@ pub fn read_value(ctx: &ServiceContext<'_>, node: &NodeId) -> DataValue {
             data_encoding: QualifiedName::default(),
         },
         TimestampsToReturn::Neither,
+        &Locales::new(ctx, &no_session),
     )
 }
 
@@ -215,7 +286,9 @@ pub fn write(
 pub const MAX_NODES_PER_WRITE: usize = 10_000;
 
 fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<(), StatusCode> {
-    let (node, value, range) = check_write(ctx, w)?;
+    let Some((node, value, range)) = check_write(ctx, w)? else {
+        return Ok(());
+    };
     let new = match range {
         None => value,
         Some(range) => {
@@ -229,28 +302,22 @@ fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<
     ctx.managers.write_value(&node.node_id, new)
 }
 
+/// A Value write that passed its checks: the node, the value and the index
+/// range to write it at.
+type CheckedWrite<'a> = (&'a Node, Variant, Option<NumericRange>);
+
 /// The checks of a Write before the value is stored: the node, the
-/// attribute, the access level, the type; returns the node, the value and
-/// the index range to write it at.
+/// attribute, the access level, the type. An attribute other than Value is
+/// written here (`None`); a Value is returned to be stored.
 fn check_write<'a>(
     ctx: &ServiceContext<'a>,
     w: &uascale_types::WriteValue,
-) -> Result<(&'a Node, Variant, Option<NumericRange>), StatusCode> {
+) -> Result<Option<CheckedWrite<'a>>, StatusCode> {
     let node = ctx
         .address_space
         .get(&w.node_id)
         .ok_or(StatusCode::BadNodeIdUnknown)?;
     let attr = AttributeId::from_u32(w.attribute_id).ok_or(StatusCode::BadAttributeIdInvalid)?;
-    if attr != AttributeId::Value {
-        // WriteMask is 0 on every node this server holds.
-        return Err(StatusCode::BadNotWritable);
-    }
-    if node.node_class != NodeClass::Variable {
-        return Err(StatusCode::BadAttributeIdInvalid);
-    }
-    if node.access_level & 2 == 0 {
-        return Err(StatusCode::BadNotWritable);
-    }
     let dv = &w.value;
     // Writing a status or timestamps is not supported; an explicit Good
     // status (which several clients always send) is the same as none.
@@ -259,6 +326,16 @@ fn check_write<'a>(
         || dv.server_timestamp.is_some()
     {
         return Err(StatusCode::BadWriteNotSupported);
+    }
+    if attr != AttributeId::Value {
+        write_attribute(ctx, node, attr, w)?;
+        return Ok(None);
+    }
+    if node.node_class != NodeClass::Variable {
+        return Err(StatusCode::BadAttributeIdInvalid);
+    }
+    if node.access_level & 2 == 0 {
+        return Err(StatusCode::BadNotWritable);
     }
     let value = dv.value.clone().unwrap_or_default();
     check_type(ctx, node, &value, w.index_range.is_null_or_empty())?;
@@ -269,7 +346,86 @@ fn check_write<'a>(
                 .map_err(|_| StatusCode::BadIndexRangeInvalid)?,
         ),
     };
-    Ok((node, value, range))
+    Ok(Some((node, value, range)))
+}
+
+/// Writes an attribute other than Value: allowed when the node's WriteMask
+/// has its bit (and the server supports writing it, see
+/// [`SUPPORTED_WRITE_MASK`]); the value must be of the attribute's type.
+fn write_attribute(
+    ctx: &ServiceContext<'_>,
+    node: &Node,
+    attr: AttributeId,
+    w: &uascale_types::WriteValue,
+) -> Result<(), StatusCode> {
+    let applies = match attr {
+        AttributeId::InverseName => node.node_class == NodeClass::ReferenceType,
+        AttributeId::MinimumSamplingInterval => node.node_class == NodeClass::Variable,
+        _ => true,
+    };
+    if !applies {
+        return Err(StatusCode::BadAttributeIdInvalid);
+    }
+    match write_mask_bit(attr) {
+        Some(bit) if node.write_mask & bit != 0 => {}
+        _ => return Err(StatusCode::BadNotWritable),
+    }
+    if !w.index_range.is_null_or_empty() {
+        return Err(StatusCode::BadIndexRangeNoData);
+    }
+    let v = w.value.value.clone().unwrap_or_default();
+    match (attr, &v) {
+        (AttributeId::MinimumSamplingInterval, Variant::Double(ms)) => {
+            // -1 is "indeterminate", 0 "as fast as possible".
+            if !(ms.is_finite() && *ms >= -1.0) {
+                return Err(StatusCode::BadOutOfRange);
+            }
+        }
+        (AttributeId::MinimumSamplingInterval, _) => return Err(StatusCode::BadTypeMismatch),
+        (_, Variant::LocalizedText(_)) => {}
+        _ => return Err(StatusCode::BadTypeMismatch),
+    }
+    ctx.address_space.set_written(&node.node_id, attr, v);
+    Ok(())
+}
+
+/// True when `eo`'s encoding belongs to DataType `dt` or one of its
+/// subtypes (the encoding node's inverse HasEncoding names its type) and
+/// its body is a valid encoding of that type; a null ExtensionObject fits
+/// any. (XML bodies are refused: this server speaks binary.)
+fn structure_fits(
+    space: &crate::address_space::AddressSpace,
+    eo: &uascale_types::ExtensionObject,
+    dt: &NodeId,
+) -> bool {
+    if eo.is_null() {
+        return true;
+    }
+    let encoding = eo.type_id();
+    let Some(ty) = space.get(&encoding).and_then(|e| {
+        e.references
+            .iter()
+            .find(|r| !r.is_forward && r.reference_type == NodeId::ns0(38))
+    }) else {
+        return false;
+    };
+    if !space.is_subtype_of(&ty.target, dt) {
+        return false;
+    }
+    match eo {
+        // A body of a type the codec does not know (a companion structure)
+        // is checked against the type's definition.
+        uascale_types::ExtensionObject::Opaque { body, .. } => {
+            crate::nodeset::structure_body_is_valid(
+                space,
+                &ty.target,
+                body.as_bytes().unwrap_or(&[]),
+                &uascale_types::DecodeLimits::default(),
+            )
+        }
+        uascale_types::ExtensionObject::Xml { .. } => false,
+        _ => true,
+    }
 }
 
 /// The value must be of the variable's DataType (or a subtype's built-in
@@ -288,10 +444,41 @@ fn check_type(
         if base != 24 && base != u32::from(t.id()) {
             return Err(StatusCode::BadTypeMismatch);
         }
+        // A structure must be of the variable's DataType or a subtype.
+        if base == 22 && node.data_type != NodeId::ns0(22) {
+            let fits = |eo: &uascale_types::ExtensionObject| {
+                structure_fits(ctx.address_space, eo, &node.data_type)
+            };
+            let ok = match v {
+                Variant::ExtensionObject(eo) => fits(eo),
+                Variant::Array(a) => match a.values() {
+                    uascale_types::ArrayValues::ExtensionObject(all) => all.iter().all(fits),
+                    _ => false,
+                },
+                _ => false,
+            };
+            if !ok {
+                return Err(StatusCode::BadTypeMismatch);
+            }
+        }
     }
-    // A partial write always carries an array (of the range's length).
-    let scalar_rank = node.value_rank == -1;
-    if whole && scalar_rank == v.is_array() {
+    // A partial write carries the selected part; its shape is checked
+    // against the range.
+    if !whole {
+        return Ok(());
+    }
+    let dims = match v {
+        Variant::Array(a) => a.dimensions().map_or(1, |d| d.len().max(1)),
+        _ => 0,
+    };
+    let fits = match node.value_rank {
+        -3 => dims <= 1, // ScalarOrOneDimension
+        -2 => true,      // Any
+        -1 => dims == 0, // Scalar
+        0 => dims >= 1,  // OneOrMoreDimensions
+        n => usize::try_from(n).is_ok_and(|n| n == dims),
+    };
+    if !fits {
         return Err(StatusCode::BadTypeMismatch);
     }
     Ok(())
@@ -374,12 +561,13 @@ pub fn read_answer(
         return Err(StatusCode::BadTooManyOperations);
     }
     let ts = req.timestamps_to_return;
+    let locales = Locales::new(ctx, &req.request_header.authentication_token);
     let mut results = Vec::with_capacity(nodes.len());
     let mut pending = Vec::new();
     let mut futures = Vec::new();
     for (i, r) in nodes.iter().enumerate() {
         if !is_async_value(r) {
-            results.push(read_one(ctx, r, ts));
+            results.push(read_one(ctx, r, ts, &locales));
             continue;
         }
         let started = ctx
@@ -466,7 +654,8 @@ pub fn write_answer(
         }
         match check_write(ctx, w) {
             Err(status) => results.push(status),
-            Ok((node, value, range)) => {
+            Ok(None) => results.push(StatusCode::Good),
+            Ok(Some((node, value, range))) => {
                 let managers = ctx.managers;
                 let id = node.node_id.clone();
                 let f = match range {
@@ -506,4 +695,365 @@ pub fn write_answer(
             diagnostic_infos: Some(vec![]),
         })
     })))
+}
+
+#[cfg(test)]
+// Tests take one real instant as the origin of their simulated time.
+#[allow(clippy::disallowed_methods)]
+mod tests {
+    use super::*;
+    use crate::address_space::AddressSpace;
+    use crate::node_manager::NodeManagers;
+    use crate::session::SessionTable;
+    use crate::ServerConfig;
+    use std::sync::Arc;
+    use uascale_types::{DateTime, WriteRequest, WriteValue};
+
+    struct World {
+        space: AddressSpace,
+        managers: NodeManagers,
+        config: ServerConfig,
+        sessions: SessionTable,
+    }
+
+    /// Namespace 0 and the demo namespace, as `uascale serve` has them.
+    fn world() -> World {
+        let mut space = AddressSpace::ns0().unwrap();
+        let (demo, _) = crate::demo::build(&mut space, 0);
+        let mut managers = NodeManagers::default();
+        managers.register(crate::demo::NS, Arc::clone(&demo) as _);
+        World {
+            space,
+            managers,
+            config: ServerConfig::default(),
+            sessions: SessionTable::new(4),
+        }
+    }
+
+    impl World {
+        fn ctx(&self) -> ServiceContext<'_> {
+            ServiceContext {
+                config: &self.config,
+                sessions: &self.sessions,
+                channel_id: 1,
+                now: DateTime::from_ticks(1),
+                instant: std::time::Instant::now(),
+                address_space: &self.space,
+                start_time: DateTime::from_ticks(1),
+                managers: &self.managers,
+                request_id: 1,
+                sink: None,
+                canceller: None,
+                subscriptions: crate::services::subscription::tests_registry(),
+            }
+        }
+
+        fn read(&self, node: &NodeId, attr: AttributeId, range: &str) -> DataValue {
+            let r = read(
+                &self.ctx(),
+                &ReadRequest {
+                    nodes_to_read: Some(vec![ReadValueId {
+                        node_id: node.clone(),
+                        attribute_id: attr as u32,
+                        index_range: if range.is_empty() {
+                            UaString::null()
+                        } else {
+                            UaString::from(range)
+                        },
+                        data_encoding: QualifiedName::default(),
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.results.unwrap().remove(0)
+        }
+
+        fn write(&self, node: &NodeId, attr: AttributeId, range: &str, v: Variant) -> StatusCode {
+            let r = write(
+                &self.ctx(),
+                &WriteRequest {
+                    nodes_to_write: Some(vec![WriteValue {
+                        node_id: node.clone(),
+                        attribute_id: attr as u32,
+                        index_range: if range.is_empty() {
+                            UaString::null()
+                        } else {
+                            UaString::from(range)
+                        },
+                        value: DataValue {
+                            value: Some(v),
+                            ..Default::default()
+                        },
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.results.unwrap()[0]
+        }
+    }
+
+    fn matrix(v: Vec<i32>, d: Vec<u32>) -> Variant {
+        Variant::from(
+            uascale_types::Array::with_dimensions(uascale_types::ArrayValues::Int32(v), d).unwrap(),
+        )
+    }
+
+    #[test]
+    fn matrix_index_ranges_through_read_and_write() {
+        let w = world();
+        let m = NodeId::string(crate::demo::NS, "Demo.Static.Matrix");
+        let dv = w.read(&m, AttributeId::Value, "1:2,0:1");
+        assert_eq!(dv.value, Some(matrix(vec![4, 5, 8, 9], vec![2, 2])));
+        assert_eq!(
+            w.read(&m, AttributeId::Value, "3,0").status,
+            Some(StatusCode::BadIndexRangeNoData)
+        );
+        assert_eq!(
+            w.read(&m, AttributeId::Value, "1").status,
+            Some(StatusCode::BadIndexRangeInvalid)
+        );
+        assert_eq!(
+            w.read(&m, AttributeId::Value, "1:x").status,
+            Some(StatusCode::BadIndexRangeInvalid)
+        );
+        assert_eq!(
+            w.write(
+                &m,
+                AttributeId::Value,
+                "0:1,2:3",
+                matrix(vec![-1, -2, -3, -4], vec![2, 2])
+            ),
+            StatusCode::Good
+        );
+        assert_eq!(
+            w.read(&m, AttributeId::Value, "0:1,2:3").value,
+            Some(matrix(vec![-1, -2, -3, -4], vec![2, 2]))
+        );
+        assert_eq!(
+            w.write(
+                &m,
+                AttributeId::Value,
+                "0:1,2:3",
+                Variant::from(vec![1i32, 2])
+            ),
+            StatusCode::BadIndexRangeDataMismatch
+        );
+        // A whole write must keep two dimensions.
+        assert_eq!(
+            w.write(&m, AttributeId::Value, "", Variant::from(vec![1i32, 2])),
+            StatusCode::BadTypeMismatch
+        );
+        assert_eq!(
+            w.write(&m, AttributeId::Value, "", matrix(vec![1, 2], vec![1, 2])),
+            StatusCode::Good
+        );
+    }
+
+    #[test]
+    fn data_type_definitions_of_namespace_zero() {
+        use uascale_types::{EnumDefinition, StructureDefinition, StructureType};
+        let w = world();
+        // Argument (i=296): five fields, Default Binary i=298, base Structure.
+        let dv = w.read(&NodeId::ns0(296), AttributeId::DataTypeDefinition, "");
+        let Some(Variant::ExtensionObject(eo)) = dv.value else {
+            panic!("{dv:?}")
+        };
+        let d = eo.downcast_ref::<StructureDefinition>().unwrap();
+        assert_eq!(d.default_encoding_id, NodeId::ns0(298));
+        assert_eq!(d.base_data_type, NodeId::ns0(22));
+        assert_eq!(d.structure_type, StructureType::Structure);
+        let f = d.fields.as_deref().unwrap();
+        assert_eq!(f.len(), 5);
+        assert_eq!(f[3].name, "ArrayDimensions");
+        assert_eq!(
+            (f[3].data_type.clone(), f[3].value_rank),
+            (NodeId::ns0(7), 1)
+        );
+        // NodeClass (i=257) is an enumeration: Object = 1 ... View = 128.
+        let dv = w.read(&NodeId::ns0(257), AttributeId::DataTypeDefinition, "");
+        let Some(Variant::ExtensionObject(eo)) = dv.value else {
+            panic!("{dv:?}")
+        };
+        let e = eo.downcast_ref::<EnumDefinition>().unwrap();
+        let f = e.fields.as_deref().unwrap();
+        assert!(f.iter().any(|f| f.name == "View" && f.value == 128));
+        // Built-in types have none; neither does a non-DataType node.
+        for (id, attr) in [
+            (NodeId::ns0(6), AttributeId::DataTypeDefinition),
+            (NodeId::ns0(85), AttributeId::DataTypeDefinition),
+            (NodeId::ns0(85), AttributeId::RolePermissions),
+            (NodeId::ns0(85), AttributeId::UserRolePermissions),
+            (NodeId::ns0(85), AttributeId::AccessRestrictions),
+        ] {
+            assert_eq!(
+                w.read(&id, attr, "").status,
+                Some(StatusCode::BadAttributeIdInvalid),
+                "{id} {attr:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn locale_selection_by_session() {
+        use crate::session::Session;
+        let w = world();
+        let t = NodeId::string(crate::demo::NS, "Demo.Static.Temperature");
+        let token = NodeId::opaque(0, vec![9; 32]);
+        let now = std::time::Instant::now();
+        let session = |locales: &[&str]| Session {
+            session_id: NodeId::ns0(1),
+            channel_id: 1,
+            timeout: std::time::Duration::from_secs(30),
+            deadline: now + std::time::Duration::from_secs(30),
+            activated: true,
+            name: UaString::null(),
+            locale_ids: locales.iter().map(|l| UaString::from(*l)).collect(),
+            continuation_points: vec![],
+        };
+        let read_as = |locales: &[&str], attr: AttributeId| {
+            w.sessions.remove(&token);
+            w.sessions.insert(token.clone(), session(locales)).unwrap();
+            let r = read(
+                &w.ctx(),
+                &ReadRequest {
+                    request_header: uascale_types::RequestHeader {
+                        authentication_token: token.clone(),
+                        ..Default::default()
+                    },
+                    nodes_to_read: Some(vec![ReadValueId {
+                        node_id: t.clone(),
+                        attribute_id: attr as u32,
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.results.unwrap().remove(0).value
+        };
+        let lt = |l: &str, s: &str| Some(Variant::from(LocalizedText::new(l, s)));
+        assert_eq!(
+            read_as(&["de-DE"], AttributeId::DisplayName),
+            lt("de", "Temperatur")
+        );
+        assert_eq!(
+            read_as(&["ja", "fr"], AttributeId::DisplayName),
+            lt("fr", "Température")
+        );
+        assert_eq!(
+            read_as(&["de"], AttributeId::Description),
+            lt("de", "Temperatur des Demo-Tanks")
+        );
+        // No match, or no locales: the default.
+        assert_eq!(
+            read_as(&["ja"], AttributeId::DisplayName),
+            lt("en", "Temperature")
+        );
+        assert_eq!(
+            read_as(&[], AttributeId::DisplayName),
+            lt("en", "Temperature")
+        );
+    }
+
+    #[test]
+    fn write_display_name_and_description_per_write_mask() {
+        let w = world();
+        let t = NodeId::string(crate::demo::NS, "Demo.Static.Temperature");
+        let lt = |l: &str, s: &str| Variant::from(LocalizedText::new(l, s));
+        assert_eq!(
+            w.read(&t, AttributeId::WriteMask, "").value,
+            Some(Variant::UInt32(0x60))
+        );
+        assert_eq!(
+            w.write(
+                &t,
+                AttributeId::DisplayName,
+                "",
+                lt("en", "Tank temperature")
+            ),
+            StatusCode::Good
+        );
+        assert_eq!(
+            w.read(&t, AttributeId::DisplayName, "").value,
+            Some(lt("en", "Tank temperature"))
+        );
+        assert_eq!(
+            w.write(&t, AttributeId::Description, "", lt("en", "d")),
+            StatusCode::Good
+        );
+        assert_eq!(
+            w.write(&t, AttributeId::DisplayName, "", Variant::from("plain")),
+            StatusCode::BadTypeMismatch
+        );
+        // Not in the WriteMask, or not writable at all.
+        assert_eq!(
+            w.write(
+                &t,
+                AttributeId::MinimumSamplingInterval,
+                "",
+                Variant::Double(5.0)
+            ),
+            StatusCode::BadNotWritable
+        );
+        assert_eq!(
+            w.write(
+                &t,
+                AttributeId::BrowseName,
+                "",
+                Variant::from(QualifiedName::new(2, "x"))
+            ),
+            StatusCode::BadNotWritable
+        );
+        let server = NodeId::ns0(2253);
+        assert_eq!(
+            w.write(&server, AttributeId::DisplayName, "", lt("en", "x")),
+            StatusCode::BadNotWritable
+        );
+        assert_eq!(
+            w.read(&server, AttributeId::DisplayName, "").value,
+            Some(Variant::from(LocalizedText::text("Server")))
+        );
+        // Browse shows the new name.
+        let b = crate::services::view::browse(
+            &w.ctx(),
+            &uascale_types::BrowseRequest {
+                nodes_to_browse: Some(vec![uascale_types::BrowseDescription {
+                    node_id: NodeId::string(crate::demo::NS, "Demo.Static"),
+                    browse_direction: uascale_types::BrowseDirection::Forward,
+                    result_mask: 63,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+        );
+        let refs = b.unwrap().results.unwrap().remove(0).references.unwrap();
+        assert!(refs
+            .iter()
+            .any(|r| r.display_name == LocalizedText::new("en", "Tank temperature")));
+    }
+
+    #[test]
+    fn string_scalar_index_ranges() {
+        let w = world();
+        let s = NodeId::string(crate::demo::NS, "Demo.Static.Scalar.String");
+        assert_eq!(
+            w.read(&s, AttributeId::Value, "2:4").value,
+            Some(Variant::from("sca"))
+        );
+        assert_eq!(
+            w.write(&s, AttributeId::Value, "0:1", Variant::from("UA")),
+            StatusCode::Good
+        );
+        assert_eq!(
+            w.read(&s, AttributeId::Value, "").value,
+            Some(Variant::from("UAscale"))
+        );
+        let b = NodeId::string(crate::demo::NS, "Demo.Static.Scalar.ByteString");
+        assert_eq!(
+            w.read(&b, AttributeId::Value, "1").value,
+            Some(Variant::ByteString(uascale_types::ByteString::new(vec![2])))
+        );
+    }
 }

@@ -19,7 +19,7 @@ use uascale_types::{
     SetTriggeringResponse, StatusCode, TimestampsToReturn, Variant,
 };
 
-use super::attribute::read_one;
+use super::attribute::{read_one, Locales};
 use super::subscription::session_of;
 use super::ServiceContext;
 use crate::subscription::event::{compile, BASE_EVENT_TYPE};
@@ -29,8 +29,11 @@ const VALUE: u32 = AttributeId::Value as u32;
 const EVENT_NOTIFIER: u32 = AttributeId::EventNotifier as u32;
 
 /// Reads what an item watches, as a sample: both timestamps (the item keeps
-/// the ones its client asked for).
+/// the ones its client asked for). Texts come in the server's default
+/// locale: the sampling timer runs outside any session.
 pub fn sample(ctx: &ServiceContext<'_>, t: &ItemTarget) -> DataValue {
+    let no_session = NodeId::NULL;
+    let locales = Locales::new(ctx, &no_session);
     let mut dv = read_one(
         ctx,
         &ReadValueId {
@@ -40,6 +43,7 @@ pub fn sample(ctx: &ServiceContext<'_>, t: &ItemTarget) -> DataValue {
             ..Default::default()
         },
         TimestampsToReturn::Both,
+        &locales,
     );
     if dv.server_timestamp.is_none() {
         dv.server_timestamp = Some(ctx.now);
@@ -255,7 +259,13 @@ pub fn create_monitored_items(
             }
             if target.attribute_id != EVENT_NOTIFIER {
                 // The first read checks attribute, range and encoding.
-                let first = read_one(ctx, &r.item_to_monitor, TimestampsToReturn::Neither);
+                let locales = Locales::new(ctx, &req.request_header.authentication_token);
+                let first = read_one(
+                    ctx,
+                    &r.item_to_monitor,
+                    TimestampsToReturn::Neither,
+                    &locales,
+                );
                 if fatal_read_status(first.status_or_good()) {
                     return Err((first.status_or_good(), ExtensionObject::null()));
                 }

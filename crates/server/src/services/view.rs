@@ -35,6 +35,7 @@ fn check_count(n: usize) -> Result<(), StatusCode> {
 fn references(
     space: &AddressSpace,
     d: &BrowseDescription,
+    locales: &super::attribute::Locales<'_>,
 ) -> Result<Vec<ReferenceDescription>, StatusCode> {
     let node = space.get(&d.node_id).ok_or(StatusCode::BadNodeIdUnknown)?;
     if !(0..=2).contains(&d.browse_direction.0) {
@@ -87,7 +88,17 @@ fn references(
                 Default::default()
             },
             display_name: if mask & 16 != 0 {
-                target.map(|t| t.display_name.clone()).unwrap_or_default()
+                // As Read gives it: written, else in the session's locale.
+                target
+                    .map(|t| {
+                        let ls = if t.translations.is_some() {
+                            locales.get()
+                        } else {
+                            &[]
+                        };
+                        space.localized(t, uascale_types::AttributeId::DisplayName, ls)
+                    })
+                    .unwrap_or_default()
             } else {
                 Default::default()
             },
@@ -157,9 +168,10 @@ pub fn browse(ctx: &ServiceContext<'_>, req: &BrowseRequest) -> Result<BrowseRes
         n => (n as usize).min(MAX_REFERENCES_PER_NODE),
     };
     let token = &req.request_header.authentication_token;
+    let locales = super::attribute::Locales::new(ctx, token);
     let mut results = Vec::with_capacity(nodes.len());
     for d in nodes {
-        results.push(match references(ctx.address_space, d) {
+        results.push(match references(ctx.address_space, d, &locales) {
             Ok(refs) => page(ctx, token, refs, max)?,
             Err(status) => BrowseResult {
                 status_code: status,

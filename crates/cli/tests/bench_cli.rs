@@ -1,0 +1,156 @@
+//! `uascale bench` at tiny sizes against `uascale serve`, so the load
+//! generator cannot rot: the counts it reports must be right. (Its numbers
+//! are for the README, measured by hand; nothing here times anything.)
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_uascale");
+
+struct Server(Child, u16);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(extra_config: &str) -> Server {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::env::temp_dir().join(format!("uascale-bench-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("server.toml");
+    std::fs::write(&config, extra_config).unwrap();
+    let child = Command::new(BIN)
+        .args(["serve", "--bind", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Server(child, port)
+}
+
+fn bench(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn bench_read_counts_reads_values_and_server_cost() {
+    let s = serve("");
+    let url = format!("opc.tcp://127.0.0.1:{}", s.1);
+    let pid = s.0.id().to_string();
+    let r = bench(&[
+        "read",
+        &url,
+        "--connections",
+        "2",
+        "--inflight",
+        "4",
+        "--values-per-read",
+        "3",
+        "--node",
+        "i=2258",
+        "--node",
+        "ns=2;s=Demo.Dynamic.Counter",
+        "--warmup-s",
+        "0.2",
+        "--duration-s",
+        "0.5",
+        "--server-pid",
+        &pid,
+    ]);
+    let reads = r["reads"].as_u64().unwrap();
+    assert!(reads > 0, "{r}");
+    let values_per_s = r["values_per_s"].as_f64().unwrap();
+    let reads_per_s = r["reads_per_s"].as_f64().unwrap();
+    assert!((values_per_s / reads_per_s - 3.0).abs() < 0.01, "{r}");
+    assert_eq!(r["errors"], serde_json::json!({}), "{r}");
+    assert!(r["server_cpu_us_per_read"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["server_rss_bytes"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["latency_ms"]["p50"].as_f64().unwrap() > 0.0, "{r}");
+
+    // Unknown nodes are counted as errors by their status.
+    let r = bench(&[
+        "read",
+        &url,
+        "--connections",
+        "1",
+        "--inflight",
+        "2",
+        "--node",
+        "ns=2;s=Missing",
+        "--warmup-s",
+        "0",
+        "--duration-s",
+        "0.3",
+    ]);
+    assert_eq!(
+        r["errors"]["BadNodeIdUnknown"].as_u64(),
+        r["reads"].as_u64(),
+        "{r}"
+    );
+}
+
+#[test]
+fn bench_sessions_establishes_holds_and_reports_refusals() {
+    let s = serve("[server]\nmax_session_count = 12\n");
+    let url = format!("opc.tcp://127.0.0.1:{}", s.1);
+    let pid = s.0.id().to_string();
+    let r = bench(&[
+        "sessions",
+        &url,
+        "--sessions",
+        "10",
+        "--concurrency",
+        "3",
+        "--hold-s",
+        "0.2",
+        "--server-pid",
+        &pid,
+    ]);
+    assert_eq!(r["established"], 10, "{r}");
+    assert_eq!(r["alive_after_hold"], 10, "{r}");
+    assert_eq!(r["failures"], serde_json::json!({}), "{r}");
+    assert!(r["server_bytes_per_session"].as_f64().is_some(), "{r}");
+    // Over max_session_count: refused with BadTooManySessions, counted as
+    // busy answers (no retries allowed here).
+    let r = bench(&[
+        "sessions",
+        &url,
+        "--sessions",
+        "15",
+        "--concurrency",
+        "15",
+        "--hold-s",
+        "0",
+        "--max-retries",
+        "0",
+    ]);
+    assert_eq!(r["established"], 12, "{r}");
+    assert_eq!(r["failures"]["BadTooManySessions"], 3, "{r}");
+    assert_eq!(r["busy_answers"], 3, "{r}");
+    assert_eq!(r["retries"], 0, "{r}");
+}

@@ -1,0 +1,141 @@
+//! The client commands (`endpoints`, `browse`, `read`, `write`, `call`) run
+//! as a user would, against `uascale serve`: their output, their exit codes
+//! and their error messages.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_uascale");
+
+/// `uascale serve` on a free loopback port, killed on drop.
+struct Server(Child, String);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve() -> Server {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(BIN)
+        .args(["serve", "--bind", "127.0.0.1", "--port", &port.to_string()])
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Server(child, format!("opc.tcp://127.0.0.1:{port}"))
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = Command::new(BIN).args(args).output().unwrap();
+    (
+        status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+#[test]
+fn client_commands_against_uascale_serve() {
+    let s = serve();
+    let url = s.1.as_str();
+
+    let (code, out, _) = run(&["endpoints", url]);
+    assert_eq!(code, 0);
+    assert!(out.contains("None / None"), "{out}");
+    assert!(out.contains("token Anonymous"), "{out}");
+
+    let (code, out, _) = run(&["browse", url, "--depth", "2"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Server (Object) i=2253"), "{out}");
+    assert!(out.contains("  ServerStatus (Variable) i=2256"), "{out}");
+    assert!(out.contains("Demo"), "{out}");
+
+    let (code, out, _) = run(&[
+        "write",
+        url,
+        "ns=2;s=Demo.Static.Array.Double",
+        "[1.5, -2, 3e3]",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, _) = run(&["read", url, "ns=2;s=Demo.Static.Array.Double", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["value"], serde_json::json!([1.5, -2.0, 3000.0]));
+    assert_eq!(v[0]["type"], "Double");
+
+    // A type the node refuses, and a value that is not of the node's type.
+    let (code, _, err) = run(&["write", url, "ns=2;s=Demo.Static.Scalar.Byte", "300"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("\"300\" is not a Byte"), "{err}");
+    let (code, out, _) = run(&[
+        "write",
+        url,
+        "ns=2;s=Demo.Static.Scalar.Byte",
+        "7",
+        "--type",
+        "Double",
+    ]);
+    assert_eq!(code, 1);
+    assert!(out.contains("BadTypeMismatch"), "{out}");
+
+    let (code, out, _) = run(&[
+        "call",
+        url,
+        "ns=2;s=Demo.Methods",
+        "ns=2;s=Demo.Methods.Add",
+        "1.25",
+        "2",
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.contains("3.25"), "{out}");
+    let (code, _, err) = run(&[
+        "call",
+        url,
+        "ns=2;s=Demo.Methods",
+        "ns=2;s=Demo.Methods.Add",
+        "1",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("takes 2 argument(s)"), "{err}");
+
+    let (code, out, _) = run(&["read", url, "i=2258", "ns=2;s=No.Such"]);
+    assert_eq!(code, 1, "a Bad value fails the command");
+    assert!(out.contains("ns=2;s=No.Such: BadNodeIdUnknown"), "{out}");
+
+    let (code, _, err) = run(&["read", url, "ns=x;i=1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("is not a NodeId"), "{err}");
+    assert!(err.contains("examples"), "{err}");
+}
+
+#[test]
+fn unreachable_servers_are_explained() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("opc.tcp://127.0.0.1:{port}");
+    let (code, _, err) = run(&["read", &url, "i=2258"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("is the server running"), "{err}");
+    let (code, _, err) = run(&["read", "localhost:4840", "i=2258"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("opc.tcp://host:port"), "{err}");
+}

@@ -1,0 +1,90 @@
+//! The client's error type.
+
+use std::fmt;
+
+use uascale_types::{DecodeError, StatusCode};
+
+/// Why a client operation failed.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The endpoint URL is not `opc.tcp://host:port[/path]`.
+    BadUrl(String),
+    /// The TCP connection failed or broke (the OS error, as text).
+    Io(String),
+    /// The server closed the connection or channel (its ERR, or a protocol
+    /// violation we detected).
+    Channel {
+        /// The status (from the ERR message or our own check).
+        status: StatusCode,
+        /// The server's reason text.
+        reason: String,
+        /// The server's `RetryAfterMs` hint.
+        retry_after_ms: Option<u64>,
+    },
+    /// The server answered with a ServiceFault (or a Bad serviceResult).
+    Service {
+        /// The serviceResult.
+        status: StatusCode,
+        /// The `RetryAfterMs` hint of the response header, if any.
+        retry_after_ms: Option<u64>,
+    },
+    /// No answer within the request timeout.
+    Timeout,
+    /// The response did not decode or was of the wrong type.
+    Decode(String),
+    /// The client was closed.
+    Closed,
+}
+
+impl ClientError {
+    /// The StatusCode this error stands for.
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            ClientError::BadUrl(_) => StatusCode::BadTcpEndpointUrlInvalid,
+            ClientError::Io(_) => StatusCode::BadCommunicationError,
+            ClientError::Channel { status, .. } | ClientError::Service { status, .. } => *status,
+            ClientError::Timeout => StatusCode::BadTimeout,
+            ClientError::Decode(_) => StatusCode::BadDecodingError,
+            ClientError::Closed => StatusCode::BadSecureChannelClosed,
+        }
+    }
+
+    /// The server's retry-after hint, when it sent one.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            ClientError::Channel { retry_after_ms, .. }
+            | ClientError::Service { retry_after_ms, .. } => *retry_after_ms,
+            _ => None,
+        }
+    }
+
+    pub(crate) fn decode(e: DecodeError) -> Self {
+        ClientError::Decode(e.to_string())
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::BadUrl(u) => write!(
+                f,
+                "invalid endpoint URL {u:?}: expected opc.tcp://host:port[/path]"
+            ),
+            ClientError::Io(e) => write!(f, "connection failed: {e}"),
+            ClientError::Channel { status, reason, .. } => {
+                if reason.is_empty() {
+                    write!(f, "channel closed: {status}")
+                } else {
+                    write!(f, "channel closed: {status}: {reason}")
+                }
+            }
+            ClientError::Service { status, .. } => write!(f, "service failed: {status}"),
+            ClientError::Timeout => f.write_str("no response in time"),
+            ClientError::Decode(e) => write!(f, "undecodable response: {e}"),
+            ClientError::Closed => f.write_str("client closed"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}

@@ -1,0 +1,201 @@
+//! The client against a uascale server in the same process, over real
+//! loopback sockets: discovery, session, every service method, many
+//! requests in flight on one channel, and the errors a caller sees.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use uascale_client::{Client, ClientError, ClientOptions};
+use uascale_server::{Server, ServerConfig};
+use uascale_types as t;
+use uascale_types::{NodeId, StatusCode, Variant};
+
+async fn start() -> String {
+    let config = ServerConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        host_name: "127.0.0.1".into(),
+        // More references than one Browse page holds: BrowseNext is needed.
+        demo_nodes: 1500,
+        ..Default::default()
+    };
+    let server = Server::bind(config).unwrap();
+    let url = format!("opc.tcp://{}", server.local_addr().unwrap());
+    tokio::spawn(server.run(std::future::pending()));
+    url
+}
+
+fn demo(path: &str) -> NodeId {
+    NodeId::string(2, path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_service_method_against_uascale() {
+    let url = start().await;
+    let client = Client::connect(&url, ClientOptions::default())
+        .await
+        .unwrap();
+
+    let endpoints = client.get_endpoints().await.unwrap();
+    assert!(endpoints
+        .iter()
+        .any(|e| e.security_mode == t::MessageSecurityMode::None));
+
+    // Without a session the server refuses, and says why.
+    let err = client.read_values(&[NodeId::ns0(2258)]).await.unwrap_err();
+    assert_eq!(err.status_code(), StatusCode::BadSessionIdInvalid);
+
+    let created = client.create_session("test").await.unwrap();
+    assert!(!created.session_id.is_null());
+
+    let values = client
+        .read_values(&[NodeId::ns0(2258), NodeId::string(2, "No.Such.Node")])
+        .await
+        .unwrap();
+    assert!(matches!(values[0].value, Some(Variant::DateTime(_))));
+    assert_eq!(values[1].status, Some(StatusCode::BadNodeIdUnknown));
+
+    let statuses = client
+        .write(vec![
+            t::WriteValue {
+                node_id: demo("Demo.Static.Scalar.Int32"),
+                attribute_id: t::AttributeId::Value as u32,
+                value: t::DataValue::value(Variant::Int32(-42)),
+                ..Default::default()
+            },
+            t::WriteValue {
+                node_id: demo("Demo.Static.Scalar.Int32"),
+                attribute_id: t::AttributeId::Value as u32,
+                value: t::DataValue::value("text"),
+                ..Default::default()
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses,
+        vec![StatusCode::Good, StatusCode::BadTypeMismatch]
+    );
+    let back = client
+        .read_values(&[demo("Demo.Static.Scalar.Int32")])
+        .await
+        .unwrap();
+    assert_eq!(back[0].value, Some(Variant::Int32(-42)));
+
+    // 1,500 children: more than one page, so BrowseNext runs.
+    let refs = client
+        .browse(t::BrowseDescription {
+            node_id: demo("Demo.Load"),
+            browse_direction: t::BrowseDirection::Forward,
+            reference_type_id: NodeId::ns0(33),
+            include_subtypes: true,
+            result_mask: 63,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let nodes = refs
+        .iter()
+        .filter(|r| {
+            r.browse_name
+                .name
+                .as_str()
+                .is_some_and(|n| n.starts_with("Node"))
+        })
+        .count();
+    assert_eq!(nodes, 1500);
+
+    let paths = client
+        .translate(vec![t::BrowsePath {
+            starting_node: NodeId::ns0(84),
+            relative_path: t::RelativePath {
+                elements: Some(vec![
+                    t::RelativePathElement {
+                        reference_type_id: NodeId::ns0(33),
+                        include_subtypes: true,
+                        target_name: t::QualifiedName::new(0, "Objects"),
+                        ..Default::default()
+                    },
+                    t::RelativePathElement {
+                        reference_type_id: NodeId::ns0(33),
+                        include_subtypes: true,
+                        target_name: t::QualifiedName::new(0, "Server"),
+                        ..Default::default()
+                    },
+                ]),
+            },
+        }])
+        .await
+        .unwrap();
+    assert_eq!(paths[0].status_code, StatusCode::Good);
+    let target = &paths[0].targets.as_ref().unwrap()[0].target_id;
+    assert_eq!(target.node_id, NodeId::ns0(2253));
+
+    let results = client
+        .call(vec![t::CallMethodRequest {
+            object_id: demo("Demo.Methods"),
+            method_id: demo("Demo.Methods.Add"),
+            input_arguments: Some(vec![Variant::Double(1.25), Variant::Double(2.5)]),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(results[0].status_code, StatusCode::Good);
+    assert_eq!(
+        results[0].output_arguments,
+        Some(vec![Variant::Double(3.75)])
+    );
+
+    client.close().await;
+    // After close every call fails at once with a clear error.
+    let err = client.read_values(&[NodeId::ns0(2258)]).await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::Closed | ClientError::Channel { .. }),
+        "{err:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_requests_in_flight_on_one_channel() {
+    let url = start().await;
+    let client = Arc::new(
+        Client::connect(&url, ClientOptions::default())
+            .await
+            .unwrap(),
+    );
+    client.create_session("pipelined").await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..200u32 {
+        let c = Arc::clone(&client);
+        tasks.push(tokio::spawn(async move {
+            let node = demo(&format!("Demo.Load.Node{}", i % 1500));
+            c.read_values(&[node]).await.map(|v| v.len())
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap(), 1);
+    }
+    client.close().await;
+}
+
+#[tokio::test]
+async fn connection_errors_are_clear() {
+    // A port nobody listens on (bound, then closed).
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let err = Client::connect(
+        &format!("opc.tcp://127.0.0.1:{port}"),
+        ClientOptions {
+            connect_timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, ClientError::Io(_)), "{err:?}");
+    assert!(err.to_string().contains(&port.to_string()));
+    let err = Client::connect("http://example", ClientOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.status_code(), StatusCode::BadTcpEndpointUrlInvalid);
+}
