@@ -20,7 +20,7 @@ client = o6.Client(url)
 client.connect()
 
 ns = client.read(2255)
-check(list(ns) == ["http://opcfoundation.org/UA/", "urn:uascale:server", "urn:uascale:demo"], f"NamespaceArray {ns}")
+check(list(ns)[:3] == ["http://opcfoundation.org/UA/", "urn:uascale:server", "urn:uascale:demo"], f"NamespaceArray {ns}")
 refs = client.browse(85, resultMask=63)
 names = {str(r.browseName.name) for r in refs}
 check({"Server", "Demo"} <= names, f"Objects folder: {names}")
