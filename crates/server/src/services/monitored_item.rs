@@ -549,3 +549,328 @@ pub fn delete_monitored_items(
         diagnostic_infos: Some(vec![]),
     })
 }
+
+#[cfg(test)]
+// One real instant is the origin of the test's time.
+#[allow(clippy::disallowed_methods)]
+mod tests {
+    use super::*;
+    use crate::address_space::{AddressSpace, Node};
+    use crate::node_manager::{InMemoryNodeManager, NodeManagers, ValueObserver};
+    use crate::services::subscription::{create_subscription, SubscriptionRegistry};
+    use crate::session::{Session, SessionTable};
+    use crate::subscription::SubscriptionLimits;
+    use crate::ServerConfig;
+    use std::sync::Arc;
+    use std::time::Instant;
+    use uascale_types::{
+        CreateSubscriptionRequest, DateTime, DeadbandType, MonitoredItemCreateRequest,
+        QualifiedName, RequestHeader, UaString,
+    };
+
+    struct Fixture {
+        space: AddressSpace,
+        managers: NodeManagers,
+        sessions: SessionTable,
+        registry: Arc<SubscriptionRegistry>,
+        config: ServerConfig,
+        demo: Arc<InMemoryNodeManager>,
+        t0: Instant,
+    }
+
+    fn token() -> NodeId {
+        NodeId::opaque(0, vec![7; 32])
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let mut space = AddressSpace::ns0().unwrap();
+            let mut temp = Node::new(
+                NodeClass::Variable,
+                NodeId::string(3, "Temp"),
+                QualifiedName::new(3, "Temp"),
+            );
+            temp.data_type = NodeId::ns0(11);
+            temp.access_level = 3;
+            space.insert(temp);
+            let mut range = Node::new(
+                NodeClass::Variable,
+                NodeId::string(3, "Temp.EURange"),
+                QualifiedName::new(0, "EURange"),
+            )
+            .with_reference(46, false, NodeId::string(3, "Temp"));
+            range.data_type = NodeId::ns0(884);
+            range.access_level = 1;
+            range.value = Variant::from(ExtensionObject::new(Range {
+                low: 0.0,
+                high: 200.0,
+            }));
+            space.insert(range);
+            let mut name = Node::new(
+                NodeClass::Variable,
+                NodeId::string(3, "Name"),
+                QualifiedName::new(3, "Name"),
+            );
+            name.data_type = NodeId::ns0(12);
+            name.access_level = 3;
+            space.insert(name);
+            let mut m = InMemoryNodeManager::new("urn:t");
+            m.hold(NodeId::string(3, "Temp"), Variant::Double(20.0));
+            m.hold(NodeId::string(3, "Name"), Variant::from("a"));
+            let demo = Arc::new(m);
+            let mut managers = NodeManagers::default();
+            managers.register(
+                3,
+                Arc::clone(&demo) as Arc<dyn crate::node_manager::NodeManager>,
+            );
+            let registry = Arc::new(SubscriptionRegistry::new(SubscriptionLimits {
+                max_monitored_items_per_subscription: 6,
+                ..Default::default()
+            }));
+            let r = Arc::clone(&registry);
+            let t0 = Instant::now();
+            let observer: ValueObserver = Arc::new(move |node, value| {
+                r.value_changed(
+                    crate::subscription::Now {
+                        instant: t0,
+                        utc: DateTime::from_ticks(1),
+                    },
+                    node,
+                    value,
+                );
+            });
+            managers.set_observer(&observer);
+            let sessions = SessionTable::new(4);
+            sessions
+                .insert(
+                    token(),
+                    Session {
+                        session_id: NodeId::numeric(1, 1),
+                        channel_id: 1,
+                        timeout: std::time::Duration::from_secs(60),
+                        deadline: t0 + std::time::Duration::from_secs(60),
+                        activated: true,
+                        name: UaString::from("t"),
+                        locale_ids: vec![],
+                        continuation_points: vec![],
+                    },
+                )
+                .unwrap();
+            Fixture {
+                space,
+                managers,
+                sessions,
+                registry,
+                config: ServerConfig::default(),
+                demo,
+                t0,
+            }
+        }
+
+        fn ctx(&self) -> ServiceContext<'_> {
+            ServiceContext {
+                config: &self.config,
+                sessions: &self.sessions,
+                channel_id: 1,
+                now: DateTime::from_ticks(1),
+                instant: self.t0,
+                address_space: &self.space,
+                start_time: DateTime::from_ticks(1),
+                managers: &self.managers,
+                request_id: 1,
+                sink: None,
+                canceller: None,
+                subscriptions: &self.registry,
+            }
+        }
+    }
+
+    fn header() -> RequestHeader {
+        RequestHeader {
+            authentication_token: token(),
+            request_handle: 1,
+            ..Default::default()
+        }
+    }
+
+    fn item(node: NodeId, attribute: u32, filter: ExtensionObject) -> MonitoredItemCreateRequest {
+        MonitoredItemCreateRequest {
+            item_to_monitor: ReadValueId {
+                node_id: node,
+                attribute_id: attribute,
+                ..Default::default()
+            },
+            monitoring_mode: MonitoringMode::Reporting,
+            requested_parameters: MonitoringParameters {
+                client_handle: 1,
+                sampling_interval: -1.0,
+                filter,
+                queue_size: 10,
+                discard_oldest: true,
+            },
+        }
+    }
+
+    fn deadband(kind: DeadbandType, value: f64) -> ExtensionObject {
+        ExtensionObject::new(DataChangeFilter {
+            trigger: uascale_types::DataChangeTrigger::StatusValue,
+            deadband_type: kind.0 as u32,
+            deadband_value: value,
+        })
+    }
+
+    #[test]
+    fn create_checks_filters_and_limits_and_pushes_values() {
+        let f = Fixture::new();
+        let ctx = f.ctx();
+        let sub = create_subscription(
+            &ctx,
+            &CreateSubscriptionRequest {
+                request_header: header(),
+                requested_publishing_interval: 100.0,
+                requested_lifetime_count: 30,
+                requested_max_keep_alive_count: 10,
+                publishing_enabled: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .subscription_id;
+        let temp = NodeId::string(3, "Temp");
+        let name = NodeId::string(3, "Name");
+        let ef = ExtensionObject::new(EventFilter {
+            select_clauses: Some(vec![uascale_types::SimpleAttributeOperand {
+                type_definition_id: NodeId::ns0(BASE_EVENT_TYPE),
+                browse_path: Some(vec![QualifiedName::new(0, "Message")]),
+                attribute_id: VALUE,
+                index_range: UaString::null(),
+            }]),
+            where_clause: Default::default(),
+        });
+        let requests = vec![
+            // 10 % of the EURange 0..200: an absolute deadband of 20.
+            item(temp.clone(), VALUE, deadband(DeadbandType::Percent, 10.0)),
+            item(name.clone(), VALUE, deadband(DeadbandType::Absolute, 1.0)),
+            item(name.clone(), VALUE, deadband(DeadbandType::Percent, 1.0)),
+            item(temp.clone(), 4, deadband(DeadbandType::Absolute, 1.0)),
+            item(temp.clone(), VALUE, deadband(DeadbandType(7), 1.0)),
+            item(NodeId::string(3, "Nope"), VALUE, ExtensionObject::null()),
+            item(temp.clone(), 99, ExtensionObject::null()),
+            item(NodeId::ns0(2253), EVENT_NOTIFIER, ef),
+            item(NodeId::ns0(2253), EVENT_NOTIFIER, ExtensionObject::null()),
+            item(name.clone(), VALUE, ExtensionObject::null()),
+            item(temp.clone(), VALUE, ExtensionObject::null()),
+            item(temp.clone(), VALUE, ExtensionObject::null()),
+            item(temp.clone(), VALUE, ExtensionObject::null()),
+            item(temp.clone(), VALUE, ExtensionObject::null()),
+        ];
+        let r = create_monitored_items(
+            &ctx,
+            &CreateMonitoredItemsRequest {
+                request_header: header(),
+                subscription_id: sub,
+                timestamps_to_return: TimestampsToReturn::Both,
+                items_to_create: Some(requests),
+            },
+        )
+        .unwrap();
+        let codes: Vec<StatusCode> = r
+            .results
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|r| r.status_code)
+            .collect();
+        assert_eq!(
+            codes,
+            vec![
+                StatusCode::Good,
+                StatusCode::BadFilterNotAllowed,
+                StatusCode::BadFilterNotAllowed,
+                StatusCode::BadFilterNotAllowed,
+                StatusCode::BadDeadbandFilterInvalid,
+                StatusCode::BadNodeIdUnknown,
+                StatusCode::BadAttributeIdInvalid,
+                StatusCode::Good,
+                StatusCode::BadFilterNotAllowed,
+                StatusCode::Good,
+                StatusCode::Good,
+                StatusCode::Good,
+                StatusCode::Good,
+                StatusCode::BadTooManyMonitoredItems,
+            ]
+        );
+        let results = r.results.unwrap();
+        assert!(
+            results[7]
+                .filter_result
+                .downcast_ref::<uascale_types::EventFilterResult>()
+                .is_some(),
+            "an event item gets an EventFilterResult"
+        );
+        assert_eq!(
+            results[0].revised_sampling_interval, 100.0,
+            "-1: the publishing interval"
+        );
+        assert_eq!(f.registry.monitored_item_count(), 6);
+        // Pushed writes: the 10 % deadband passes 20 -> 45 but not 45 -> 60.
+        let deadband_item = results[0].monitored_item_id;
+        for v in [45.0, 60.0, 66.0] {
+            assert!(f.demo.set(&temp, Variant::Double(v)));
+        }
+        let queued = f
+            .registry
+            .with_subscription(&NodeId::numeric(1, 1), sub, |s| {
+                (
+                    s.item(deadband_item).map(|i| i.queued()),
+                    s.item(results[10].monitored_item_id).map(|i| i.queued()),
+                )
+            })
+            .unwrap();
+        assert_eq!(queued, (Some(3), Some(4)), "20, 45, 66 / 20, 45, 60, 66");
+        // Too many at once.
+        let many = create_monitored_items(
+            &ctx,
+            &CreateMonitoredItemsRequest {
+                request_header: header(),
+                subscription_id: sub,
+                timestamps_to_return: TimestampsToReturn::Both,
+                items_to_create: Some(vec![
+                    item(temp.clone(), VALUE, ExtensionObject::null());
+                    10_001
+                ]),
+            },
+        );
+        assert_eq!(many.unwrap_err(), StatusCode::BadTooManyOperations);
+        let bad_sub = create_monitored_items(
+            &ctx,
+            &CreateMonitoredItemsRequest {
+                request_header: header(),
+                subscription_id: sub + 100,
+                timestamps_to_return: TimestampsToReturn::Both,
+                items_to_create: Some(vec![item(temp, VALUE, ExtensionObject::null())]),
+            },
+        );
+        assert_eq!(bad_sub.unwrap_err(), StatusCode::BadSubscriptionIdInvalid);
+        // Deleting gives the items back.
+        let ids: Vec<u32> = results
+            .iter()
+            .map(|r| r.monitored_item_id)
+            .filter(|&i| i != 0)
+            .collect();
+        let d = delete_monitored_items(
+            &ctx,
+            &DeleteMonitoredItemsRequest {
+                request_header: header(),
+                subscription_id: sub,
+                monitored_item_ids: Some([ids.clone(), vec![999]].concat()),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            d.results.unwrap().last(),
+            Some(&StatusCode::BadMonitoredItemIdInvalid)
+        );
+        assert_eq!(f.registry.monitored_item_count(), 0);
+    }
+}
