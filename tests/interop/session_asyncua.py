@@ -3,7 +3,7 @@
 usage: session_asyncua.py URL
 CreateSession + ActivateSession (anonymous) through asyncua's own connect(),
 a Read on the session, a forged authentication token refused with
-BadSessionIdInvalid, a service not implemented yet answered with
+BadSessionIdInvalid, QueryFirst (not implemented) answered with
 BadServiceUnsupported, and CloseSession through disconnect().
 """
 import asyncio
@@ -20,10 +20,10 @@ async def main(url):
     ns = await client.nodes.namespace_array.read_value()
     check(ns == ["http://opcfoundation.org/UA/", "urn:uascale:server", "urn:uascale:demo", "http://uascale.example/Devices/", "http://uascale.example/Machines/"], f"NamespaceArray {ns} (demo, then the test nodesets)")
     try:
-        await client.create_subscription(500, None)
-        check(False, "subscriptions are not implemented yet and must fault")
+        await client.uaclient.protocol.send_request(ua.QueryFirstRequest())
+        check(False, "the Query service set is not implemented and must fault")
     except ua.UaStatusCodeError as e:
-        check(e.code == ua.StatusCodes.BadServiceUnsupported, f"CreateSubscription fault {e}")
+        check(e.code == ua.StatusCodes.BadServiceUnsupported, f"QueryFirst fault {e}")
     # The same request with a token the server never issued.
     real = client.uaclient.protocol.authentication_token
     client.uaclient.protocol.authentication_token = ua.NodeId(b"forged-token-forged-token-forged", 0, ua.NodeIdType.ByteString)

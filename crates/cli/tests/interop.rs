@@ -165,6 +165,21 @@ fn discovery_and_sessions_with_asyncua_and_open62541() {
     assert!(status.success(), "Ctrl-C shutdown exits cleanly: {status}");
 }
 
+/// Subscriptions (Part 4 §5.12-5.13) driven by two clients nobody here
+/// wrote: asyncua (data change on the changing counter - every change, in
+/// order; events with a where clause - exactly the matching ones; Republish
+/// of a retained message; TransferSubscriptions between sessions; bad
+/// input) and o6 (its connect() creates a subscription: session, Read,
+/// Browse, data change and a filtered event subscription).
+#[test]
+fn subscriptions_with_asyncua_and_open62541() {
+    let server = Serve::start();
+    let url = server.url();
+    assert!(run_peer("subscription_asyncua.py", &url).contains("asyncua subscriptions ok"));
+    assert!(run_peer("session_o6.py", &url).contains("o6 session ok"));
+    assert!(server.stop().success());
+}
+
 /// Out of file descriptors (SCALABILITY.md: the server must keep working
 /// when accept fails with EMFILE): with `ulimit -n 64`, 150 connections
 /// exhaust the process; accept failures pause instead of spinning (a bounded

@@ -167,6 +167,8 @@ fn bench(c: &mut Criterion) {
     };
 
     let sessions = SessionTable::new(1000);
+    let subscriptions =
+        uascale_server::services::subscription::SubscriptionRegistry::new(Default::default());
     let space = uascale_server::address_space::AddressSpace::default();
     let managers = uascale_server::node_manager::NodeManagers::default();
     let mut id = 0u32;
@@ -198,6 +200,7 @@ fn bench(c: &mut Criterion) {
             canceller: None,
             security: &security,
             channel: &channel,
+            subscriptions: &subscriptions,
         };
         let created = create_session(&ctx, &create).unwrap();
         let token = created.authentication_token;

@@ -47,6 +47,8 @@ pub struct ServerConfig {
     pub demo_nodes: usize,
     /// How often the demo's dynamic values change. Default 1 s.
     pub demo_rate: std::time::Duration,
+    /// Subscription and monitored-item limits (SCALABILITY.md §4).
+    pub subscriptions: crate::subscription::SubscriptionLimits,
     /// Companion NodeSet2 XML files loaded at start, in order (`--nodeset`,
     /// [`crate::nodeset`]). Default none.
     pub nodesets: Vec<std::path::PathBuf>,
@@ -158,6 +160,7 @@ impl Default for ServerConfig {
             activation_deadline: std::time::Duration::from_secs(10),
             demo_nodes: 0,
             demo_rate: std::time::Duration::from_secs(1),
+            subscriptions: crate::subscription::SubscriptionLimits::default(),
             nodesets: Vec::new(),
             security: SecurityConfig::default(),
         }

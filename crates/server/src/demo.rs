@@ -193,7 +193,10 @@ pub struct Dynamic {
 /// and the Add method) and the dynamic nodes.
 pub fn build(space: &mut AddressSpace, load_nodes: usize) -> (Arc<InMemoryNodeManager>, Dynamic) {
     let mut values = InMemoryNodeManager::new(DEMO_NAMESPACE);
-    space.insert(folder("Demo", "Demo", NodeId::ns0(85), ORGANIZES));
+    let mut demo = folder("Demo", "Demo", NodeId::ns0(85), ORGANIZES);
+    // SubscribeToEvents: the demo events (see [`event`]) come from here.
+    demo.event_notifier = 1;
+    space.insert(demo);
     space.insert(folder("Demo.Static", "Static", id("Demo"), ORGANIZES));
     space.insert(folder(
         "Demo.Static.Scalar",
@@ -351,6 +354,24 @@ pub fn tick(values: &InMemoryNodeManager, dynamic: &Dynamic, n: u64, seed: &mut 
         };
         values.set(node, v);
     }
+}
+
+/// The demo event of tick `n` (a BaseEventType event from the Demo
+/// folder, Severity cycling 100..=1000, Message `Demo event <n>`), and the
+/// notifiers it is reported through: the Demo folder and the Server object.
+pub fn event(n: u64, utc: DateTime) -> (crate::subscription::event::Event, [NodeId; 2]) {
+    let mut event_id = b"uascale-demo-evt".to_vec();
+    event_id.extend_from_slice(&n.to_be_bytes());
+    let e = crate::subscription::event::Event::new(
+        ByteString::new(event_id),
+        NodeId::ns0(crate::subscription::event::BASE_EVENT_TYPE),
+        id("Demo"),
+        "Demo",
+        utc,
+        &format!("Demo event {n}"),
+        ((n % 10 + 1) * 100) as u16,
+    );
+    (e, [id("Demo"), NodeId::ns0(2253)])
 }
 
 /// The Add method: `a + b`, both Doubles (types were checked by Call).

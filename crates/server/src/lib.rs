@@ -9,7 +9,8 @@
 //! the Discovery service set ([`services::discovery`]) and the Session
 //! service set ([`services::session`], anonymous identity); every other
 //! service is answered with a ServiceFault - the session's own error, else
-//! `BadServiceUnsupported` - until it lands.
+//! `BadServiceUnsupported` - until it lands. Subscriptions run in the
+//! sans-IO engine of [`subscription`], driven by one timer task in `net/`.
 #![forbid(unsafe_code)]
 
 pub mod address_space;
@@ -27,6 +28,7 @@ pub mod security;
 pub mod server_object;
 pub mod services;
 pub mod session;
+pub mod subscription;
 
 pub use config::ServerConfig;
 pub use net::Server;

@@ -13,7 +13,7 @@
 //!   the futures run, and `Cancel` can abort it.
 
 use crate::fxhash::FxHashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use uascale_types::{NodeId, StatusCode, UaString, Variant};
 
@@ -22,6 +22,10 @@ use crate::reply::BoxFuture;
 /// A method implementation: input arguments (already checked against the
 /// method's InputArguments) to output arguments.
 pub type MethodHandler = Box<dyn Fn(&[Variant]) -> Result<Vec<Variant>, StatusCode> + Send + Sync>;
+
+/// Told of every value change a manager pushes (the server's monitored
+/// items): the node and its new value.
+pub type ValueObserver = Arc<dyn Fn(&NodeId, &Variant) + Send + Sync>;
 
 /// Serves the values and methods of one namespace.
 pub trait NodeManager: Send + Sync {
@@ -43,6 +47,19 @@ pub trait NodeManager: Send + Sync {
         method: &NodeId,
         inputs: &[Variant],
     ) -> Option<Result<Vec<Variant>, StatusCode>>;
+
+    /// True when every change of `node`'s value is reported to the
+    /// observer (then monitored items of it need no sampling timer).
+    fn pushes_changes(&self, node: &NodeId) -> bool {
+        let _ = node;
+        false
+    }
+
+    /// Installs the observer of value changes; managers that do not push
+    /// changes ignore it.
+    fn set_observer(&self, observer: ValueObserver) {
+        let _ = observer;
+    }
 }
 
 /// Serves the values and methods of one namespace asynchronously.
@@ -215,6 +232,20 @@ impl NodeManagers {
         }
     }
 
+    /// True when the node's manager pushes its value changes.
+    pub fn pushes_changes(&self, node: &NodeId) -> bool {
+        matches!(self.get(node.namespace), Some(Managed::Sync(m)) if m.pushes_changes(node))
+    }
+
+    /// Installs `observer` in every manager.
+    pub fn set_observer(&self, observer: &ValueObserver) {
+        for m in self.by_index.iter().flatten() {
+            if let Managed::Sync(m) = m {
+                m.set_observer(Arc::clone(observer));
+            }
+        }
+    }
+
     /// The NamespaceArray: the OPC UA namespace, the server's, then each
     /// registered manager's URI at its index (empty where none is).
     pub fn namespace_array(&self, application_uri: &str) -> Vec<UaString> {
@@ -235,6 +266,7 @@ pub struct InMemoryNodeManager {
     uri: String,
     values: FxHashMap<NodeId, Mutex<Variant>>,
     methods: FxHashMap<NodeId, MethodHandler>,
+    observer: OnceLock<ValueObserver>,
 }
 
 impl std::fmt::Debug for InMemoryNodeManager {
@@ -256,6 +288,7 @@ impl InMemoryNodeManager {
             uri: uri.into(),
             values: FxHashMap::default(),
             methods: FxHashMap::default(),
+            observer: OnceLock::new(),
         }
     }
 
@@ -271,14 +304,20 @@ impl InMemoryNodeManager {
     }
 
     /// Sets a held value from server-side code (a simulation, a driver);
-    /// false when `node` is not held.
+    /// false when `node` is not held. Monitored items of the node are told
+    /// at once (no sampling).
     pub fn set(&self, node: &NodeId, value: Variant) -> bool {
         let Some(m) = self.values.get(node) else {
             return false;
         };
+        let observer = self.observer.get();
+        let copy = observer.map(|_| value.clone());
         match m.lock() {
             Ok(mut g) => *g = value,
             Err(p) => *p.into_inner() = value,
+        }
+        if let (Some(o), Some(v)) = (observer, copy) {
+            o(node, &v);
         }
         true
     }
@@ -317,6 +356,14 @@ impl NodeManager for InMemoryNodeManager {
         inputs: &[Variant],
     ) -> Option<Result<Vec<Variant>, StatusCode>> {
         self.methods.get(method).map(|h| h(inputs))
+    }
+
+    fn pushes_changes(&self, node: &NodeId) -> bool {
+        self.observer.get().is_some() && self.values.contains_key(node)
+    }
+
+    fn set_observer(&self, observer: ValueObserver) {
+        let _ = self.observer.set(observer);
     }
 }
 
@@ -444,6 +491,7 @@ mod service_tests {
             canceller: None,
             security: crate::services::no_security().0,
             channel: crate::services::no_security().1,
+            subscriptions: crate::services::subscription::tests_registry(),
         };
         let read = || {
             let r = attribute::read(

@@ -1702,6 +1702,7 @@ mod tests {
             canceller: None,
             security: crate::services::no_security().0,
             channel: crate::services::no_security().1,
+            subscriptions: crate::services::subscription::tests_registry(),
         };
         let write = |node: NodeId, v: Variant| {
             attribute::write(

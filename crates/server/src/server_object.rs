@@ -83,6 +83,37 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerBrowse => {
             Variant::UInt32(crate::services::view::MAX_NODES_PER_BROWSE as u32)
         }
+        // Subscription limits (SCALABILITY.md §4); 0 = no limit.
+        v::Server_ServerCapabilities_MaxSubscriptions => {
+            Variant::UInt32(u32_of(ctx.subscriptions.limits.max_subscription_count))
+        }
+        v::Server_ServerCapabilities_MaxMonitoredItems => {
+            Variant::UInt32(u32_of(ctx.subscriptions.limits.max_monitored_item_count))
+        }
+        v::Server_ServerCapabilities_MaxMonitoredItemsPerSubscription => Variant::UInt32(u32_of(
+            ctx.subscriptions
+                .limits
+                .max_monitored_items_per_subscription,
+        )),
+        v::Server_ServerCapabilities_OperationLimits_MaxMonitoredItemsPerCall => Variant::UInt32(
+            u32_of(ctx.subscriptions.limits.max_monitored_items_per_call),
+        ),
+        v::Server_ServerCapabilities_MaxMonitoredItemsQueueSize => {
+            Variant::UInt32(ctx.subscriptions.limits.max_queue_size)
+        }
+        v::Server_ServerCapabilities_MaxSelectClauseParameters => {
+            Variant::UInt32(crate::subscription::event::MAX_SELECT_CLAUSES as u32)
+        }
+        v::Server_ServerCapabilities_MaxWhereClauseParameters => {
+            Variant::UInt32(crate::subscription::event::MAX_FILTER_ELEMENTS as u32)
+        }
+        v::Server_ServerCapabilities_MinSupportedSampleRate => {
+            Variant::Double(ctx.subscriptions.limits.min_sampling_interval.as_secs_f64() * 1000.0)
+        }
         _ => return None,
     })
+}
+
+fn u32_of(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }

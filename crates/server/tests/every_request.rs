@@ -68,6 +68,8 @@ fn every_request_type_gets_a_response() {
             },
         )
         .unwrap();
+    let registry =
+        uascale_server::services::subscription::SubscriptionRegistry::new(Default::default());
     let ctx = ServiceContext {
         config: &config,
         sessions: &sessions,
@@ -82,6 +84,7 @@ fn every_request_type_gets_a_response() {
         canceller: None,
         security: uascale_server::services::no_security().0,
         channel: uascale_server::services::no_security().1,
+        subscriptions: &registry,
     };
     let limits = DecodeLimits::default();
     let mut requests = 0;

@@ -87,8 +87,11 @@ fn now() -> Now {
     }
 }
 
+mod timers;
+
 struct Shared {
     sessions: crate::session::SessionTable,
+    subscriptions: Arc<crate::services::subscription::SubscriptionRegistry>,
     address_space: crate::address_space::AddressSpace,
     start_time: DateTime,
     managers: crate::node_manager::NodeManagers,
@@ -154,6 +157,19 @@ impl Server {
             &config.application_uri,
         )
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        let subscriptions = Arc::new(crate::services::subscription::SubscriptionRegistry::new(
+            config.subscriptions.clone(),
+        ));
+        // Value changes reach monitored items as they happen (no sampling).
+        let registry = Arc::clone(&subscriptions);
+        let observer: crate::node_manager::ValueObserver = Arc::new(move |node, value| {
+            let now = crate::subscription::Now {
+                instant: Instant::now(),
+                utc: DateTime::from_system_time(SystemTime::now()),
+            };
+            registry.value_changed(now, node, value);
+        });
+        managers.set_observer(&observer);
         // With port 0 the kernel chose: publish the port actually bound.
         config.bind = listener.local_addr()?;
         let security = crate::security::SecurityState::from_config(&config, SystemTime::now())
@@ -175,6 +191,7 @@ impl Server {
             ),
             next_channel_id: AtomicU32::new(1),
             sessions: crate::session::SessionTable::new(config.max_session_count),
+            subscriptions,
             address_space,
             managers,
             demo,
@@ -202,6 +219,7 @@ impl Server {
         let mut tasks = JoinSet::new();
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared)));
         let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared)));
+        let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(&self.shared)));
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -224,6 +242,7 @@ impl Server {
         }
         reaper.abort();
         ticker.abort();
+        publisher.abort();
         let _ = stop_tx.send(true);
         let drain = async { while tasks.join_next().await.is_some() {} };
         if tokio::time::timeout(Duration::from_secs(5), drain)
@@ -248,6 +267,11 @@ async fn reap_sessions(shared: Arc<Shared>) {
         tokio::time::sleep_until(next.min(now + Duration::from_secs(1)).into()).await;
         for id in shared.sessions.expire(Instant::now()) {
             tracing::info!(session = %id, "session timed out");
+            // Its subscriptions live on for a transfer until their lifetime
+            // runs out (Part 4 §5.13.7).
+            shared
+                .subscriptions
+                .close_session(&id, false, StatusCode::BadSessionClosed);
         }
     }
 }
@@ -260,6 +284,7 @@ async fn tick_demo(shared: Arc<Shared>) {
     for n in 0u64.. {
         interval.tick().await;
         crate::demo::tick(&shared.demo, &shared.dynamic, n, &mut seed);
+        timers::raise_demo_event(&shared, n);
     }
 }
 
@@ -427,6 +452,7 @@ fn handle_events(
         canceller: Some(&cancel),
         security: &shared.security,
         channel: &channel,
+        subscriptions: &shared.subscriptions,
     };
     let limits = &shared.channel_config.decode;
     while let Some(event) = conn.poll_event() {

@@ -74,7 +74,9 @@ impl<'c> Locales<'c> {
     }
 }
 
-fn read_one(
+/// One ReadValueId read, with the timestamps asked for (also what a
+/// monitored item samples).
+pub(crate) fn read_one(
     ctx: &ServiceContext<'_>,
     r: &ReadValueId,
     ts: TimestampsToReturn,
@@ -744,6 +746,7 @@ mod tests {
                 canceller: None,
                 security: crate::services::no_security().0,
                 channel: crate::services::no_security().1,
+                subscriptions: crate::services::subscription::tests_registry(),
             }
         }
 

@@ -4,7 +4,9 @@
 pub mod attribute;
 pub mod discovery;
 pub mod method;
+pub mod monitored_item;
 pub mod session;
+pub mod subscription;
 pub mod view;
 
 use uascale_types::{
@@ -50,6 +52,8 @@ pub struct ServiceContext<'a> {
     pub security: &'a crate::security::SecurityState,
     /// What the request's secure channel was opened with.
     pub channel: &'a uascale_proto::security::ChannelSecurity,
+    /// The subscriptions.
+    pub subscriptions: &'a subscription::SubscriptionRegistry,
 }
 
 impl std::fmt::Debug for ServiceContext<'_> {
@@ -164,7 +168,6 @@ enum Routed {
     Now(Box<dyn DynStructure>),
     Later(u32, BoxFuture<Box<dyn DynStructure>>),
     /// A handler keeps the [`Responder`]; nothing to send now.
-    #[allow(dead_code)] // the first user is Publish (subscriptions)
     Parked,
 }
 
@@ -342,7 +345,34 @@ fn route(ctx: &ServiceContext<'_>, req: &dyn DynStructure) -> Option<Routed> {
         t::TranslateBrowsePathsToNodeIdsRequest => view::translate,
         t::RegisterNodesRequest => view::register_nodes,
         t::UnregisterNodesRequest => view::unregister_nodes,
+        t::CreateSubscriptionRequest => subscription::create_subscription,
+        t::ModifySubscriptionRequest => subscription::modify_subscription,
+        t::SetPublishingModeRequest => subscription::set_publishing_mode,
+        t::RepublishRequest => subscription::republish,
+        t::DeleteSubscriptionsRequest => subscription::delete_subscriptions,
+        t::TransferSubscriptionsRequest => subscription::transfer_subscriptions,
+        t::CreateMonitoredItemsRequest => monitored_item::create_monitored_items,
+        t::ModifyMonitoredItemsRequest => monitored_item::modify_monitored_items,
+        t::SetMonitoringModeRequest => monitored_item::set_monitoring_mode,
+        t::SetTriggeringRequest => monitored_item::set_triggering,
+        t::DeleteMonitoredItemsRequest => monitored_item::delete_monitored_items,
     );
+    if let Some(r) = any.downcast_ref::<t::PublishRequest>() {
+        // Parked without a response: the subscription engine answers
+        // through the Responder (SCALABILITY.md §4).
+        let h = r.request_header.request_handle;
+        return Some(match ctx.responder(h) {
+            Some(to) => {
+                subscription::publish(ctx, r, to);
+                Routed::Parked
+            }
+            None => Routed::Now(Box::new(service_fault(
+                ctx.now,
+                h,
+                StatusCode::BadWouldBlock,
+            ))),
+        });
+    }
     None
 }
 
@@ -390,6 +420,7 @@ mod tests {
             canceller: None,
             security: no_security().0,
             channel: no_security().1,
+            subscriptions: crate::services::subscription::tests_registry(),
         }
     }
 

@@ -383,10 +383,15 @@ pub fn close_session(
     req: &CloseSessionRequest,
 ) -> Result<CloseSessionResponse, StatusCode> {
     let token = &req.request_header.authentication_token;
-    ctx.sessions
-        .with(token, Some(ctx.channel_id), false, ctx.instant, |_| ())
+    let id = ctx
+        .sessions
+        .with(token, Some(ctx.channel_id), false, ctx.instant, |s| {
+            s.session_id.clone()
+        })
         .map_err(|e| e.status_code())?;
     ctx.sessions.remove(token);
+    ctx.subscriptions
+        .close_session(&id, req.delete_subscriptions, StatusCode::BadSessionClosed);
     Ok(CloseSessionResponse {
         response_header: ctx.response_header(&req.request_header),
     })
@@ -459,6 +464,7 @@ mod tests {
                 canceller: None,
                 security: crate::services::no_security().0,
                 channel: crate::services::no_security().1,
+                subscriptions: crate::services::subscription::tests_registry(),
             }
         }
     }

@@ -1,0 +1,276 @@
+//! Subscription service set (Part 4 §5.13): CreateSubscription,
+//! ModifySubscription, SetPublishingMode, Publish, Republish,
+//! DeleteSubscriptions, TransferSubscriptions. The state lives in the
+//! sans-IO engine ([`crate::subscription`]); these handlers check the
+//! request, call it, and build the response.
+
+use std::time::Duration;
+
+use uascale_types::{
+    CreateSubscriptionRequest, CreateSubscriptionResponse, DeleteSubscriptionsRequest,
+    DeleteSubscriptionsResponse, ModifySubscriptionRequest, ModifySubscriptionResponse, NodeId,
+    PublishRequest, RepublishRequest, RepublishResponse, RequestHeader, SetPublishingModeRequest,
+    SetPublishingModeResponse, StatusCode, TransferResult, TransferSubscriptionsRequest,
+    TransferSubscriptionsResponse,
+};
+
+use super::ServiceContext;
+use crate::reply::Responder;
+use crate::subscription::registry::{PublishSink, Registry};
+use crate::subscription::{Answer, Now, Requested};
+
+/// The server's subscriptions; a parked Publish holds the [`Responder`]
+/// its answer goes through.
+pub type SubscriptionRegistry = Registry<Responder>;
+
+impl PublishSink for Responder {
+    fn deliver(self, answer: Answer) -> bool {
+        match answer {
+            Answer::Publish(p) => self.send(p.as_ref()),
+            Answer::Fault { status, .. } => self.fault(
+                uascale_types::DateTime::from_system_time(std::time::SystemTime::now()),
+                status,
+            ),
+        }
+    }
+}
+
+/// The SessionId of the (already checked) session the request came on.
+pub(crate) fn session_of(
+    ctx: &ServiceContext<'_>,
+    h: &RequestHeader,
+) -> Result<NodeId, StatusCode> {
+    ctx.sessions
+        .with(
+            &h.authentication_token,
+            Some(ctx.channel_id),
+            true,
+            ctx.instant,
+            |s| s.session_id.clone(),
+        )
+        .map_err(|e| e.status_code())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// CreateSubscription: revised interval, lifetime and keep-alive counts.
+pub fn create_subscription(
+    ctx: &ServiceContext<'_>,
+    req: &CreateSubscriptionRequest,
+) -> Result<CreateSubscriptionResponse, StatusCode> {
+    let session = session_of(ctx, &req.request_header)?;
+    let requested = Requested {
+        publishing_interval: req.requested_publishing_interval,
+        lifetime_count: req.requested_lifetime_count,
+        max_keep_alive_count: req.requested_max_keep_alive_count,
+        max_notifications_per_publish: req.max_notifications_per_publish,
+        priority: req.priority,
+    };
+    let (id, revised) =
+        ctx.subscriptions
+            .create(ctx.instant, &session, &requested, req.publishing_enabled)?;
+    Ok(CreateSubscriptionResponse {
+        response_header: ctx.response_header(&req.request_header),
+        subscription_id: id,
+        revised_publishing_interval: ms(revised.publishing_interval),
+        revised_lifetime_count: revised.lifetime_count,
+        revised_max_keep_alive_count: revised.max_keep_alive_count,
+    })
+}
+
+/// ModifySubscription.
+pub fn modify_subscription(
+    ctx: &ServiceContext<'_>,
+    req: &ModifySubscriptionRequest,
+) -> Result<ModifySubscriptionResponse, StatusCode> {
+    let session = session_of(ctx, &req.request_header)?;
+    let requested = Requested {
+        publishing_interval: req.requested_publishing_interval,
+        lifetime_count: req.requested_lifetime_count,
+        max_keep_alive_count: req.requested_max_keep_alive_count,
+        max_notifications_per_publish: req.max_notifications_per_publish,
+        priority: req.priority,
+    };
+    let revised = ctx.subscriptions.limits.revise(&requested);
+    let now = ctx.instant;
+    ctx.subscriptions
+        .with_subscription(&session, req.subscription_id, |s| {
+            s.modify(now, revised, &requested)
+        })?;
+    Ok(ModifySubscriptionResponse {
+        response_header: ctx.response_header(&req.request_header),
+        revised_publishing_interval: ms(revised.publishing_interval),
+        revised_lifetime_count: revised.lifetime_count,
+        revised_max_keep_alive_count: revised.max_keep_alive_count,
+    })
+}
+
+/// SetPublishingMode.
+pub fn set_publishing_mode(
+    ctx: &ServiceContext<'_>,
+    req: &SetPublishingModeRequest,
+) -> Result<SetPublishingModeResponse, StatusCode> {
+    let session = session_of(ctx, &req.request_header)?;
+    let ids = req.subscription_ids.as_deref().unwrap_or(&[]);
+    if ids.is_empty() {
+        return Err(StatusCode::BadNothingToDo);
+    }
+    if ids.len() > ctx.subscriptions.limits.max_monitored_items_per_call {
+        return Err(StatusCode::BadTooManyOperations);
+    }
+    let results = ids
+        .iter()
+        .map(|&id| {
+            ctx.subscriptions
+                .with_subscription(&session, id, |s| {
+                    s.set_publishing_enabled(req.publishing_enabled)
+                })
+                .err()
+                .unwrap_or(StatusCode::Good)
+        })
+        .collect();
+    Ok(SetPublishingModeResponse {
+        response_header: ctx.response_header(&req.request_header),
+        results: Some(results),
+        diagnostic_infos: Some(vec![]),
+    })
+}
+
+/// Publish: acknowledgements are applied and the request is answered now
+/// (a late subscription, an owed StatusChange, BadNoSubscription) or
+/// parked in the engine until a subscription needs it or its timeoutHint
+/// passes. Either way the answer goes through `to`.
+pub fn publish(ctx: &ServiceContext<'_>, req: &PublishRequest, to: Responder) {
+    let h = &req.request_header;
+    let session = match session_of(ctx, h) {
+        Ok(s) => s,
+        Err(status) => {
+            let _ = to.deliver(Answer::Fault {
+                request_handle: h.request_handle,
+                status,
+            });
+            return;
+        }
+    };
+    let deadline = (h.timeout_hint > 0)
+        .then(|| ctx.instant + Duration::from_millis(u64::from(h.timeout_hint)));
+    let acks = req.subscription_acknowledgements.as_deref().unwrap_or(&[]);
+    ctx.subscriptions.publish(
+        Now {
+            instant: ctx.instant,
+            utc: ctx.now,
+        },
+        ctx.channel_id,
+        &session,
+        h.request_handle,
+        acks,
+        deadline,
+        to,
+    );
+}
+
+/// Republish: a message still in the retransmission queue.
+pub fn republish(
+    ctx: &ServiceContext<'_>,
+    req: &RepublishRequest,
+) -> Result<RepublishResponse, StatusCode> {
+    let session = session_of(ctx, &req.request_header)?;
+    let set = ctx
+        .subscriptions
+        .set_of(&session)
+        .ok_or(StatusCode::BadSubscriptionIdInvalid)?;
+    let msg = {
+        let g = match set.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.republish(req.subscription_id, req.retransmit_sequence_number)?
+    };
+    Ok(RepublishResponse {
+        response_header: ctx.response_header(&req.request_header),
+        notification_message: msg,
+    })
+}
+
+/// DeleteSubscriptions.
+pub fn delete_subscriptions(
+    ctx: &ServiceContext<'_>,
+    req: &DeleteSubscriptionsRequest,
+) -> Result<DeleteSubscriptionsResponse, StatusCode> {
+    let session = session_of(ctx, &req.request_header)?;
+    let ids = req.subscription_ids.as_deref().unwrap_or(&[]);
+    if ids.is_empty() {
+        return Err(StatusCode::BadNothingToDo);
+    }
+    if ids.len() > ctx.subscriptions.limits.max_monitored_items_per_call {
+        return Err(StatusCode::BadTooManyOperations);
+    }
+    let now = Now {
+        instant: ctx.instant,
+        utc: ctx.now,
+    };
+    let results = ids
+        .iter()
+        .map(|&id| ctx.subscriptions.delete(now, &session, id))
+        .collect();
+    Ok(DeleteSubscriptionsResponse {
+        response_header: ctx.response_header(&req.request_header),
+        results: Some(results),
+        diagnostic_infos: Some(vec![]),
+    })
+}
+
+/// TransferSubscriptions: moves subscriptions of another session of the
+/// same user to this one. Sessions are anonymous for now, so every
+/// session is the same user; the check is in one place for when
+/// identities arrive.
+pub fn transfer_subscriptions(
+    ctx: &ServiceContext<'_>,
+    req: &TransferSubscriptionsRequest,
+) -> Result<TransferSubscriptionsResponse, StatusCode> {
+    let session = session_of(ctx, &req.request_header)?;
+    let ids = req.subscription_ids.as_deref().unwrap_or(&[]);
+    if ids.is_empty() {
+        return Err(StatusCode::BadNothingToDo);
+    }
+    if ids.len() > ctx.subscriptions.limits.max_monitored_items_per_call {
+        return Err(StatusCode::BadTooManyOperations);
+    }
+    let now = Now {
+        instant: ctx.instant,
+        utc: ctx.now,
+    };
+    let results = ids
+        .iter()
+        .map(|&id| {
+            match ctx
+                .subscriptions
+                .transfer(now, &session, id, req.send_initial_values, |_| true)
+            {
+                Ok(available) => TransferResult {
+                    status_code: StatusCode::Good,
+                    available_sequence_numbers: Some(available),
+                },
+                Err(status) => TransferResult {
+                    status_code: status,
+                    available_sequence_numbers: None,
+                },
+            }
+        })
+        .collect();
+    Ok(TransferSubscriptionsResponse {
+        response_header: ctx.response_header(&req.request_header),
+        results: Some(results),
+        diagnostic_infos: Some(vec![]),
+    })
+}
+
+/// A registry with the default limits, for unit tests that build a
+/// [`ServiceContext`] by hand.
+#[cfg(test)]
+pub(crate) fn tests_registry() -> &'static SubscriptionRegistry {
+    static R: std::sync::OnceLock<SubscriptionRegistry> = std::sync::OnceLock::new();
+    R.get_or_init(|| Registry::new(Default::default()))
+}

@@ -1,0 +1,407 @@
+//! A monitored item (Part 4 §5.12.1): what it watches, its monitoring mode,
+//! its filter and its queue of notifications waiting for a Publish.
+//!
+//! Items are fed values either by a push from the node's manager (a write
+//! or a simulation step: no timer at all) or by their sampling timer, which
+//! the subscription runs from the `now` it is given.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use uascale_types::{
+    ArrayValues, DataChangeTrigger, DataValue, DateTime, MonitoringMode, NodeId, StatusCode,
+    TimestampsToReturn, UaString, Variant,
+};
+
+/// The Overflow bit with the DataValue info type (Part 4 §7.39.1, bits 10
+/// and 7 of the StatusCode): set on a value next to ones the queue dropped.
+pub const OVERFLOW_BITS: u32 = 0x0480;
+
+/// What an item watches.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemTarget {
+    /// The node.
+    pub node_id: NodeId,
+    /// The attribute (13 = Value).
+    pub attribute_id: u32,
+    /// The IndexRange of the ReadValueId (null for the whole value).
+    pub index_range: UaString,
+}
+
+/// How an item decides that a new value is a change worth reporting.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Filter {
+    /// DataChangeFilter (also the default, StatusValue with no deadband).
+    DataChange {
+        /// Status, StatusValue or StatusValueTimestamp.
+        trigger: DataChangeTrigger,
+        /// Absolute deadband (a percent deadband is turned into this from
+        /// the node's EURange when the item is created); 0 for none.
+        deadband: f64,
+    },
+    /// An event item: the compiled EventFilter decides what it reports.
+    Event(Box<super::event::CompiledEventFilter>),
+}
+
+impl Default for Filter {
+    fn default() -> Self {
+        Filter::DataChange {
+            trigger: DataChangeTrigger::StatusValue,
+            deadband: 0.0,
+        }
+    }
+}
+
+/// One queued notification.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Queued {
+    /// A data change.
+    Value(DataValue),
+    /// An event's selected fields.
+    Event(Vec<Variant>),
+}
+
+/// A monitored item.
+#[derive(Debug, Clone)]
+pub struct MonitoredItem {
+    /// Server-assigned id, unique within its subscription.
+    pub id: u32,
+    /// The client's handle, echoed in every notification.
+    pub client_handle: u32,
+    /// What it watches.
+    pub target: ItemTarget,
+    /// Disabled, Sampling or Reporting.
+    pub mode: MonitoringMode,
+    /// The revised sampling interval.
+    pub sampling_interval: Duration,
+    /// When the next sample is due; `None` for pushed items (their manager
+    /// reports every change) and disabled ones.
+    pub next_sample: Option<Instant>,
+    /// True when values come from the sampling timer rather than pushes.
+    pub sampled: bool,
+    /// The revised queue size (at least 1).
+    pub queue_size: u32,
+    /// Which end of a full queue is dropped.
+    pub discard_oldest: bool,
+    /// Which timestamps notifications carry.
+    pub timestamps: TimestampsToReturn,
+    /// The filter.
+    pub filter: Filter,
+    /// The last value that passed the filter (what the next is compared to).
+    last: Option<DataValue>,
+    queue: VecDeque<Queued>,
+    /// Items this one triggers (SetTriggering).
+    pub links: Vec<u32>,
+    /// Set when a triggering item reported: a Sampling item's queue goes out
+    /// with the next message.
+    pub triggered: bool,
+}
+
+impl MonitoredItem {
+    /// A new item; `queue_size` is already revised (at least 1).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: u32,
+        client_handle: u32,
+        target: ItemTarget,
+        mode: MonitoringMode,
+        sampling_interval: Duration,
+        sampled: bool,
+        queue_size: u32,
+        discard_oldest: bool,
+        timestamps: TimestampsToReturn,
+        filter: Filter,
+    ) -> Self {
+        MonitoredItem {
+            id,
+            client_handle,
+            target,
+            mode,
+            sampling_interval,
+            next_sample: None,
+            sampled,
+            queue_size: queue_size.max(1),
+            discard_oldest,
+            timestamps,
+            filter,
+            last: None,
+            queue: VecDeque::new(),
+            links: Vec::new(),
+            triggered: false,
+        }
+    }
+
+    /// True for event items.
+    pub fn is_event(&self) -> bool {
+        matches!(self.filter, Filter::Event(_))
+    }
+
+    /// Notifications waiting.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// True when the next Publish should carry this item's queue.
+    pub fn reportable(&self) -> bool {
+        !self.queue.is_empty()
+            && (self.mode == MonitoringMode::Reporting
+                || (self.mode == MonitoringMode::Sampling && self.triggered))
+    }
+
+    /// Changes the monitoring mode. Disabling drops the queue and stops
+    /// sampling; enabling forgets the last value so the next sample or push
+    /// is reported as the first.
+    pub fn set_mode(&mut self, mode: MonitoringMode, now: Instant) {
+        if mode == self.mode {
+            return;
+        }
+        let was_disabled = self.mode == MonitoringMode::Disabled;
+        self.mode = mode;
+        if mode == MonitoringMode::Disabled {
+            self.queue.clear();
+            self.last = None;
+            self.triggered = false;
+            self.next_sample = None;
+        } else if was_disabled {
+            self.last = None;
+            if self.sampled {
+                self.next_sample = Some(now);
+            }
+        }
+    }
+
+    /// Starts sampling at `now` (a sampled item's first sample is due at
+    /// once; pushed items get their first value from the caller).
+    pub fn start(&mut self, now: Instant) {
+        if self.sampled && self.mode != MonitoringMode::Disabled && !self.is_event() {
+            self.next_sample = Some(now);
+        }
+    }
+
+    /// Changes the queue size; a shrinking queue drops values from the end
+    /// `discard_oldest` says, marking overflow.
+    pub fn resize_queue(&mut self, size: u32, discard_oldest: bool) {
+        self.queue_size = size.max(1);
+        self.discard_oldest = discard_oldest;
+        while self.queue.len() > self.queue_size as usize {
+            self.drop_one();
+        }
+    }
+
+    /// A new value from a push or a sample. Returns true when it was
+    /// queued (it passed the filter and the item is not disabled).
+    pub fn offer(&mut self, value: DataValue) -> bool {
+        if self.mode == MonitoringMode::Disabled {
+            return false;
+        }
+        let Filter::DataChange { trigger, deadband } = &self.filter else {
+            return false;
+        };
+        if let Some(last) = &self.last {
+            if !changed(last, &value, *trigger, *deadband) {
+                return false;
+            }
+        }
+        self.last = Some(value.clone());
+        let value = strip_timestamps(value, self.timestamps);
+        self.push(Queued::Value(value));
+        true
+    }
+
+    /// Queues an event's fields (the filter already matched).
+    pub fn offer_event(&mut self, fields: Vec<Variant>) -> bool {
+        if self.mode == MonitoringMode::Disabled || !self.is_event() {
+            return false;
+        }
+        self.push(Queued::Event(fields));
+        true
+    }
+
+    /// Queues the last value again (TransferSubscriptions with
+    /// sendInitialValues).
+    pub fn requeue_last(&mut self) {
+        if self.mode == MonitoringMode::Disabled || !self.queue.is_empty() {
+            return;
+        }
+        if let Some(v) = self.last.clone() {
+            let v = strip_timestamps(v, self.timestamps);
+            self.push(Queued::Value(v));
+        }
+    }
+
+    fn push(&mut self, q: Queued) {
+        if self.queue.len() < self.queue_size as usize {
+            self.queue.reserve_exact(1);
+        }
+        self.queue.push_back(q);
+        if self.queue.len() > self.queue_size as usize {
+            self.drop_one();
+        }
+    }
+
+    /// Drops one value from a full queue: the oldest (the next gets the
+    /// overflow bit) or the newest but one (the newest gets it). A queue of
+    /// one is a buffer of the latest value and never marks overflow.
+    fn drop_one(&mut self) {
+        let mark = self.queue_size > 1;
+        if self.discard_oldest {
+            self.queue.pop_front();
+            if mark {
+                if let Some(first) = self.queue.front_mut() {
+                    set_overflow(first);
+                }
+            }
+        } else {
+            let n = self.queue.len();
+            if n >= 2 {
+                self.queue.remove(n - 2);
+            }
+            if mark {
+                if let Some(last) = self.queue.back_mut() {
+                    set_overflow(last);
+                }
+            }
+        }
+    }
+
+    /// Takes up to `max` queued notifications (all when `max` is 0).
+    pub fn drain(&mut self, max: usize) -> impl Iterator<Item = Queued> + '_ {
+        let n = if max == 0 {
+            self.queue.len()
+        } else {
+            max.min(self.queue.len())
+        };
+        if n == self.queue.len() {
+            self.triggered = false;
+        }
+        self.queue.drain(..n)
+    }
+
+    /// The sample that was due at `now` was taken: the next one is a
+    /// sampling interval later (or from `now` when the timer ran late).
+    pub fn sampled_at(&mut self, now: Instant) {
+        let Some(due) = self.next_sample else {
+            return;
+        };
+        let iv = self.sampling_interval.max(Duration::from_millis(1));
+        let next = due + iv;
+        self.next_sample = Some(if next <= now { now + iv } else { next });
+    }
+}
+
+fn set_overflow(q: &mut Queued) {
+    if let Queued::Value(v) = q {
+        v.status = Some(StatusCode(v.status_or_good().0 | OVERFLOW_BITS));
+    }
+}
+
+/// Keeps only the timestamps the client asked for.
+pub fn strip_timestamps(mut v: DataValue, ts: TimestampsToReturn) -> DataValue {
+    match ts {
+        TimestampsToReturn::Source => {
+            v.server_timestamp = None;
+            v.server_picoseconds = None;
+        }
+        TimestampsToReturn::Server => {
+            v.source_timestamp = None;
+            v.source_picoseconds = None;
+        }
+        TimestampsToReturn::Neither => {
+            v.server_timestamp = None;
+            v.server_picoseconds = None;
+            v.source_timestamp = None;
+            v.source_picoseconds = None;
+        }
+        _ => {}
+    }
+    v
+}
+
+/// The DataChangeFilter test (Part 4 §7.22.2): is `new` a change from
+/// `last` under `trigger` and an absolute `deadband`?
+pub fn changed(
+    last: &DataValue,
+    new: &DataValue,
+    trigger: DataChangeTrigger,
+    deadband: f64,
+) -> bool {
+    if last.status_or_good() != new.status_or_good() {
+        return true;
+    }
+    if trigger == DataChangeTrigger::Status {
+        return false;
+    }
+    let value_changed = match (&last.value, &new.value) {
+        (Some(a), Some(b)) if deadband > 0.0 => exceeds_deadband(a, b, deadband),
+        (a, b) => a != b,
+    };
+    if value_changed {
+        return true;
+    }
+    trigger == DataChangeTrigger::StatusValueTimestamp
+        && (last.source_timestamp != new.source_timestamp
+            || last.source_picoseconds != new.source_picoseconds)
+}
+
+/// True when any element moved by more than `deadband`; values that are not
+/// numeric, or whose shape changed, compare by equality.
+fn exceeds_deadband(a: &Variant, b: &Variant, deadband: f64) -> bool {
+    match (numbers(a), numbers(b)) {
+        (Some(x), Some(y)) if x.len() == y.len() => {
+            x.iter().zip(&y).any(|(p, q)| (p - q).abs() > deadband)
+        }
+        _ => a != b,
+    }
+}
+
+/// The numeric value(s) of a Variant as f64, or `None` when not numeric.
+pub fn numbers(v: &Variant) -> Option<Vec<f64>> {
+    if let Some(x) = number(v) {
+        return Some(vec![x]);
+    }
+    let Variant::Array(a) = v else {
+        return None;
+    };
+    macro_rules! all {
+        ($($name:ident),*) => {
+            match a.values() {
+                $(ArrayValues::$name(v) => v.iter().map(|x| f64::from(*x)).collect(),)*
+                ArrayValues::Int64(v) => v.iter().map(|x| *x as f64).collect(),
+                ArrayValues::UInt64(v) => v.iter().map(|x| *x as f64).collect(),
+                _ => return None,
+            }
+        };
+    }
+    Some(all!(
+        SByte, Byte, Int16, UInt16, Int32, UInt32, Float, Double
+    ))
+}
+
+/// A scalar numeric Variant as f64.
+pub fn number(v: &Variant) -> Option<f64> {
+    Some(match v {
+        Variant::SByte(x) => f64::from(*x),
+        Variant::Byte(x) => f64::from(*x),
+        Variant::Int16(x) => f64::from(*x),
+        Variant::UInt16(x) => f64::from(*x),
+        Variant::Int32(x) => f64::from(*x),
+        Variant::UInt32(x) => f64::from(*x),
+        Variant::Int64(x) => *x as f64,
+        Variant::UInt64(x) => *x as f64,
+        Variant::Float(x) => f64::from(*x),
+        Variant::Double(x) => *x,
+        _ => return None,
+    })
+}
+
+/// A value as a push delivers it: Good, stamped with `utc` as source and
+/// server time.
+pub fn pushed_value(value: Variant, utc: DateTime) -> DataValue {
+    DataValue {
+        value: Some(value),
+        status: None,
+        source_timestamp: Some(utc),
+        server_timestamp: Some(utc),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,1135 @@
+//! The subscription engine, sans-IO: per-session sets of subscriptions with
+//! their monitored items, the Publish requests a session has parked, and the
+//! publish state machine of Part 4 §5.13.1. Nothing here reads a clock,
+//! spawns or touches a socket: every step takes `now` and the caller asks
+//! [`SubscriptionSet::poll_timeout`] when to come back. The registry
+//! ([`registry`]) shares sets between sessions and runs their timers from
+//! one deadline heap; `net/` drives it.
+//!
+//! The publish state machine, per subscription (Part 4 Table 88, condensed;
+//! "queued" means the *session* has a parked Publish, "avail" that
+//! publishing is enabled and notifications are ready):
+//!
+//! ```text
+//!            timer: queued & (avail | first msg)  -> send, NORMAL
+//!   NORMAL --timer: !queued & (avail | first msg) --> LATE
+//!     |  \---timer: msg sent & !avail ------------> KEEPALIVE (reset counter)
+//!     |
+//!   KEEPALIVE --timer: avail & queued ----------> send, NORMAL
+//!             --timer: !avail & counter==1 & queued -> keep-alive, counter reset
+//!             --timer: !avail & counter>1 ------> counter - 1
+//!             --timer: !queued & (counter==1 | avail) -> LATE
+//!   LATE --Publish arrives: avail | more -> send, NORMAL; else keep-alive, KEEPALIVE
+//!   any --timer with lifetime counter at 1 -> CLOSED, StatusChange BadTimeout
+//! ```
+//!
+//! A Publish arriving resets every subscription's lifetime counter, applies
+//! its acknowledgements, then goes to a LATE subscription (highest priority,
+//! then the one late longest) or waits in the session's queue.
+
+pub mod event;
+pub mod item;
+pub mod registry;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use uascale_types::{
+    DataChangeNotification, DateTime, EventFieldList, EventNotificationList, ExtensionObject,
+    MonitoredItemNotification, NotificationMessage, PublishResponse, ResponseHeader,
+    StatusChangeNotification, StatusCode, SubscriptionAcknowledgement,
+};
+
+use item::{MonitoredItem, Queued};
+
+// Collections here grow one element at a time (`reserve_exact(1)`), not to
+// the 4 that `push` starts with: most sessions hold one subscription with
+// one item, and memory per session is what this server is measured by.
+
+/// The moment a step runs at: monotonic for deadlines, wall clock for the
+/// timestamps in messages.
+pub use uascale_proto::Now;
+
+/// `GoodSubscriptionTransferred`: the StatusChange the old session gets.
+pub const GOOD_SUBSCRIPTION_TRANSFERRED: StatusCode = StatusCode(0x002D_0000);
+
+/// Bounds on what clients may ask for (SCALABILITY.md §4).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriptionLimits {
+    /// Fastest publishing interval. Default 50 ms.
+    pub min_publishing_interval: Duration,
+    /// Slowest publishing interval. Default 1 h.
+    pub max_publishing_interval: Duration,
+    /// Largest keep-alive count. Default 10,000.
+    pub max_keep_alive_count: u32,
+    /// Largest lifetime count (revised to at least 3 x keep-alive).
+    /// Default 100,000.
+    pub max_lifetime_count: u32,
+    /// Notifications per Publish response, at most; the client's smaller
+    /// value wins. Default 10,000 (0 = no limit).
+    pub max_notifications_per_publish: u32,
+    /// Publish requests a session may have parked; over it the oldest is
+    /// answered `BadTooManyPublishRequests`. Default 20.
+    pub max_publish_request_count: usize,
+    /// Notification messages kept per subscription for Republish. Default 20.
+    pub max_retransmission_queue: usize,
+    /// Fastest sampling interval of timer-sampled items. Default 10 ms.
+    pub min_sampling_interval: Duration,
+    /// Largest queue size of a data item. Default 1,000.
+    pub max_queue_size: u32,
+    /// Queue size of an event item asking for 0. Default 1,000.
+    pub default_event_queue_size: u32,
+    /// Subscriptions in the server (`max_subscription_count`; 0 = none).
+    /// Default 50,000.
+    pub max_subscription_count: usize,
+    /// Monitored items in the server (`max_monitored_item_count`; 0 = no
+    /// limit). Default 1,000,000.
+    pub max_monitored_item_count: usize,
+    /// Items per subscription (`max_monitored_items_per_subscription`; 0 =
+    /// no limit). Default 100,000.
+    pub max_monitored_items_per_subscription: usize,
+    /// Items per Create/Modify/Delete/SetMonitoringMode call
+    /// (`max_monitored_items_per_call`): over it `BadTooManyOperations`.
+    /// Default 10,000.
+    pub max_monitored_items_per_call: usize,
+}
+
+impl Default for SubscriptionLimits {
+    fn default() -> Self {
+        SubscriptionLimits {
+            min_publishing_interval: Duration::from_millis(50),
+            max_publishing_interval: Duration::from_secs(3600),
+            max_keep_alive_count: 10_000,
+            max_lifetime_count: 100_000,
+            max_notifications_per_publish: 10_000,
+            max_publish_request_count: 20,
+            max_retransmission_queue: 20,
+            min_sampling_interval: Duration::from_millis(10),
+            max_queue_size: 1000,
+            default_event_queue_size: 1000,
+            max_subscription_count: 50_000,
+            max_monitored_item_count: 1_000_000,
+            max_monitored_items_per_subscription: 100_000,
+            max_monitored_items_per_call: 10_000,
+        }
+    }
+}
+
+/// What a client asked for in Create/ModifySubscription.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Requested {
+    /// Publishing interval in ms (NaN or below the minimum: the minimum).
+    pub publishing_interval: f64,
+    /// Lifetime count.
+    pub lifetime_count: u32,
+    /// Keep-alive count.
+    pub max_keep_alive_count: u32,
+    /// Notifications per Publish (0: the server's limit).
+    pub max_notifications_per_publish: u32,
+    /// Relative priority among the session's subscriptions.
+    pub priority: u8,
+}
+
+/// The revised values: interval, lifetime count, keep-alive count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Revised {
+    /// The publishing interval.
+    pub publishing_interval: Duration,
+    /// Lifetime count, at least 3 x the keep-alive count.
+    pub lifetime_count: u32,
+    /// Keep-alive count, at least 1.
+    pub max_keep_alive_count: u32,
+}
+
+impl SubscriptionLimits {
+    /// Revises a request into the configured bounds.
+    pub fn revise(&self, r: &Requested) -> Revised {
+        let min = self.min_publishing_interval.max(Duration::from_millis(1));
+        let max = self.max_publishing_interval.max(min);
+        let ms = r.publishing_interval;
+        let interval = if ms.is_nan() || ms <= min.as_secs_f64() * 1000.0 {
+            min
+        } else if ms >= max.as_secs_f64() * 1000.0 {
+            max
+        } else {
+            Duration::from_secs_f64(ms / 1000.0)
+        };
+        let max_lifetime = self.max_lifetime_count.max(3);
+        let mut keep_alive = r
+            .max_keep_alive_count
+            .clamp(1, self.max_keep_alive_count.max(1));
+        let lifetime = r
+            .lifetime_count
+            .max(keep_alive.saturating_mul(3))
+            .min(max_lifetime);
+        if lifetime / 3 < keep_alive {
+            keep_alive = (lifetime / 3).max(1);
+        }
+        Revised {
+            publishing_interval: interval,
+            lifetime_count: lifetime,
+            max_keep_alive_count: keep_alive,
+        }
+    }
+}
+
+/// Where a subscription is in the publish state machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Publishing on its timer.
+    Normal,
+    /// Sending keep-alives only, counting down.
+    KeepAlive,
+    /// Has something to send (or owes a keep-alive) and no Publish to send
+    /// it with: the next Publish is answered at once.
+    Late,
+}
+
+/// One subscription.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    /// Server-unique id.
+    pub id: u32,
+    /// Revised publishing interval.
+    pub interval: Duration,
+    /// Revised lifetime count.
+    pub lifetime_count: u32,
+    /// Revised keep-alive count.
+    pub keep_alive_count: u32,
+    /// The client's notifications-per-publish (0 = the server's limit).
+    pub max_notifications: u32,
+    /// Priority among the session's subscriptions.
+    pub priority: u8,
+    /// PublishingEnabled.
+    pub enabled: bool,
+    /// The state.
+    pub state: State,
+    message_sent: bool,
+    more: bool,
+    lifetime_counter: u32,
+    keep_alive_counter: u32,
+    late_since: u64,
+    /// When the publishing timer fires next.
+    pub next_publish: Instant,
+    next_seq: u32,
+    retransmission: VecDeque<NotificationMessage>,
+    items: Vec<MonitoredItem>,
+    next_item_id: u32,
+    sample_due: Option<Instant>,
+    /// Set whenever an item may have queued something since the last
+    /// publishing cycle; while clear, idle cycles are skipped in one step.
+    data_hint: bool,
+}
+
+/// What happened to an item operation.
+pub type ItemResult<T> = Result<T, StatusCode>;
+
+impl Subscription {
+    /// A new subscription, its first publishing cycle ending one interval
+    /// after `now`.
+    pub fn new(id: u32, now: Instant, revised: Revised, r: &Requested, enabled: bool) -> Self {
+        Subscription {
+            id,
+            interval: revised.publishing_interval,
+            lifetime_count: revised.lifetime_count,
+            keep_alive_count: revised.max_keep_alive_count,
+            max_notifications: r.max_notifications_per_publish,
+            priority: r.priority,
+            enabled,
+            state: State::Normal,
+            message_sent: false,
+            more: false,
+            lifetime_counter: revised.lifetime_count,
+            keep_alive_counter: revised.max_keep_alive_count,
+            late_since: 0,
+            next_publish: now + revised.publishing_interval,
+            next_seq: 1,
+            retransmission: VecDeque::new(),
+            items: Vec::new(),
+            next_item_id: 1,
+            sample_due: None,
+            data_hint: false,
+        }
+    }
+
+    /// ModifySubscription: new parameters; counters restart.
+    pub fn modify(&mut self, now: Instant, revised: Revised, r: &Requested) {
+        if revised.publishing_interval != self.interval {
+            self.next_publish = now + revised.publishing_interval;
+        }
+        self.interval = revised.publishing_interval;
+        self.lifetime_count = revised.lifetime_count;
+        self.keep_alive_count = revised.max_keep_alive_count;
+        self.lifetime_counter = revised.lifetime_count;
+        self.keep_alive_counter = revised.max_keep_alive_count;
+        self.max_notifications = r.max_notifications_per_publish;
+        self.priority = r.priority;
+        self.data_hint = true;
+    }
+
+    /// The items.
+    pub fn items(&self) -> &[MonitoredItem] {
+        &self.items
+    }
+
+    /// An item by id.
+    pub fn item(&self, id: u32) -> Option<&MonitoredItem> {
+        self.items
+            .binary_search_by_key(&id, |i| i.id)
+            .ok()
+            .and_then(|i| self.items.get(i))
+    }
+
+    /// An item by id, to change it; call [`Subscription::items_changed`]
+    /// after changing its sampling.
+    pub fn item_mut(&mut self, id: u32) -> Option<&mut MonitoredItem> {
+        let i = self.items.binary_search_by_key(&id, |i| i.id).ok()?;
+        // Whoever changes an item may make it reportable.
+        self.data_hint = true;
+        self.items.get_mut(i)
+    }
+
+    /// The id the next added item gets.
+    pub fn next_item_id(&self) -> u32 {
+        self.next_item_id
+    }
+
+    /// Adds an item built with [`Subscription::next_item_id`]; returns its id.
+    pub fn add_item(&mut self, item: MonitoredItem) -> u32 {
+        let id = item.id;
+        self.next_item_id = id.wrapping_add(1).max(1);
+        self.items.reserve_exact(1);
+        self.items.push(item);
+        // It may carry its first value.
+        self.data_hint = true;
+        if self.items.len() > 1 && self.items[self.items.len() - 2].id > id {
+            self.items.sort_by_key(|i| i.id);
+        }
+        self.items_changed();
+        id
+    }
+
+    /// Removes an item and every triggering link to it.
+    pub fn remove_item(&mut self, id: u32) -> Option<MonitoredItem> {
+        let i = self.items.binary_search_by_key(&id, |i| i.id).ok()?;
+        let item = self.items.remove(i);
+        for other in &mut self.items {
+            other.links.retain(|l| *l != id);
+        }
+        self.items_changed();
+        Some(item)
+    }
+
+    /// Recomputes when the next sample is due (after items were added,
+    /// removed or changed).
+    pub fn items_changed(&mut self) {
+        self.sample_due = self.items.iter().filter_map(|i| i.next_sample).min();
+    }
+
+    /// The message sequence numbers Republish can still return.
+    pub fn available_sequence_numbers(&self) -> Vec<u32> {
+        self.retransmission
+            .iter()
+            .map(|m| m.sequence_number)
+            .collect()
+    }
+
+    /// A retained message (Republish).
+    pub fn republish(&self, seq: u32) -> Option<&NotificationMessage> {
+        self.retransmission
+            .iter()
+            .find(|m| m.sequence_number == seq)
+    }
+
+    fn acknowledge(&mut self, seq: u32) -> StatusCode {
+        match self
+            .retransmission
+            .iter()
+            .position(|m| m.sequence_number == seq)
+        {
+            Some(i) => {
+                self.retransmission.remove(i);
+                StatusCode::Good
+            }
+            None => StatusCode::BadSequenceNumberUnknown,
+        }
+    }
+
+    /// [`Subscription::offer`] at `now`: idle cycles before it are counted
+    /// first, so the value goes out with the next cycle after `now`.
+    pub fn offer_at(&mut self, now: Instant, id: u32, value: uascale_types::DataValue) -> bool {
+        self.catch_up(now);
+        self.offer(id, value)
+    }
+
+    /// [`Subscription::offer_event`] at `now`.
+    pub fn offer_event_at(
+        &mut self,
+        now: Instant,
+        id: u32,
+        fields: Vec<uascale_types::Variant>,
+    ) -> bool {
+        self.catch_up(now);
+        self.offer_event(id, fields)
+    }
+
+    /// A value for item `id` (from a push); true when it was queued.
+    pub fn offer(&mut self, id: u32, value: uascale_types::DataValue) -> bool {
+        let Some(item) = self.item_mut(id) else {
+            return false;
+        };
+        if !item.offer(value) {
+            return false;
+        }
+        self.trigger_links_of(id);
+        true
+    }
+
+    /// An event's fields for item `id`; true when queued.
+    pub fn offer_event(&mut self, id: u32, fields: Vec<uascale_types::Variant>) -> bool {
+        let Some(item) = self.item_mut(id) else {
+            return false;
+        };
+        if !item.offer_event(fields) {
+            return false;
+        }
+        self.trigger_links_of(id);
+        true
+    }
+
+    /// A triggering item queued something: its linked items in Sampling
+    /// mode report their queues with the next message.
+    fn trigger_links_of(&mut self, id: u32) {
+        let links = match self.item(id) {
+            Some(i) if !i.links.is_empty() => i.links.clone(),
+            _ => return,
+        };
+        for l in links {
+            if let Some(t) = self.item_mut(l) {
+                t.triggered = true;
+            }
+        }
+    }
+
+    /// True when publishing is enabled and some item has notifications.
+    pub fn notifications_available(&self) -> bool {
+        self.enabled && self.items.iter().any(MonitoredItem::reportable)
+    }
+
+    /// Runs the sampling timers that are due, reading values with `sample`.
+    fn sample(
+        &mut self,
+        now: Instant,
+        sample: &mut dyn FnMut(&item::ItemTarget) -> uascale_types::DataValue,
+    ) {
+        if self.sample_due.is_none_or(|d| d > now) {
+            return;
+        }
+        self.catch_up(now);
+        let mut queued = Vec::new();
+        for item in &mut self.items {
+            if item.next_sample.is_some_and(|d| d <= now) {
+                let v = sample(&item.target);
+                if item.offer(v) {
+                    self.data_hint = true;
+                    if !item.links.is_empty() {
+                        queued.push(item.id);
+                    }
+                }
+                item.sampled_at(now);
+            }
+        }
+        for id in queued {
+            self.trigger_links_of(id);
+        }
+        self.items_changed();
+    }
+
+    /// The earliest of the publishing timer and the next sample.
+    pub fn poll_timeout(&self) -> Instant {
+        let publish = self.wake_at();
+        match self.sample_due {
+            Some(s) => s.min(publish),
+            None => publish,
+        }
+    }
+
+    /// Accounts for `k` idle publishing cycles that were not run one by one
+    /// (see [`Subscription::poll_timeout`]): counters count down, the timer
+    /// moves on. [`Subscription::wake_at`] never lets them reach the cycle
+    /// where something would happen; the bounds here are only a guard.
+    fn skip_cycles(&mut self, k: u32) {
+        if k == 0 {
+            return;
+        }
+        if self.idle_normal() {
+            // The first idle cycle after a message: NORMAL -> KEEPALIVE,
+            // counting as the first cycle of the keep-alive period.
+            self.state = State::KeepAlive;
+            self.keep_alive_counter = self.keep_alive_count.saturating_sub(1).max(1);
+        }
+        if self.state != State::Normal {
+            if self.state == State::KeepAlive {
+                self.keep_alive_counter = self.keep_alive_counter.saturating_sub(k).max(1);
+            }
+            self.lifetime_counter = self.lifetime_counter.saturating_sub(k).max(1);
+        }
+        if let Some(t) = self
+            .interval
+            .checked_mul(k)
+            .and_then(|d| self.next_publish.checked_add(d))
+        {
+            self.next_publish = t;
+        }
+    }
+
+    /// Brings the timer up to `t` (the idle cycles due by then, never the
+    /// one where something happens), before something outside the timer
+    /// (a Publish) changes the counters.
+    fn catch_up(&mut self, t: Instant) {
+        let Some(d) = t.checked_duration_since(self.next_publish) else {
+            return;
+        };
+        let iv = self.interval.as_nanos().max(1);
+        let idle = self.wake_at().saturating_duration_since(self.next_publish);
+        let k = (d.as_nanos() / iv + 1).min(idle.as_nanos() / iv);
+        self.skip_cycles(u32::try_from(k).unwrap_or(u32::MAX));
+    }
+
+    /// When the publishing timer next has work. With nothing queued, a
+    /// KEEPALIVE subscription only counts down to its keep-alive and a LATE
+    /// one to its lifetime's end: those cycles are skipped and counted in
+    /// one step when it wakes (an item queuing something brings the next
+    /// cycle back), so idle subscriptions cost no timer work per cycle.
+    fn wake_at(&self) -> Instant {
+        let idle_normal = self.idle_normal();
+        if self.data_hint || self.more || (self.state == State::Normal && !idle_normal) {
+            return self.next_publish;
+        }
+        let cycle = |k: u32| {
+            self.interval
+                .checked_mul(k.saturating_sub(1))
+                .and_then(|d| self.next_publish.checked_add(d))
+                .unwrap_or(self.next_publish)
+        };
+        let lifetime = cycle(self.lifetime_counter);
+        match self.state {
+            State::KeepAlive => cycle(self.keep_alive_counter).min(lifetime),
+            // Turns KEEPALIVE at the next cycle, keep-alive K cycles on.
+            State::Normal => cycle(self.keep_alive_count).min(lifetime),
+            State::Late => lifetime,
+        }
+    }
+
+    /// NORMAL with its first message sent and nothing to send: its next
+    /// cycles only count towards a keep-alive (needs a keep-alive count
+    /// above 1, else the next cycle already sends one).
+    fn idle_normal(&self) -> bool {
+        self.state == State::Normal
+            && self.message_sent
+            && !self.data_hint
+            && !self.more
+            && self.keep_alive_count > 1
+    }
+
+    fn take_seq(&mut self) -> u32 {
+        let s = self.next_seq;
+        self.next_seq = if s == u32::MAX { 1 } else { s + 1 };
+        s
+    }
+
+    /// Builds the next notification message from the item queues, at most
+    /// `limit` notifications (0 = all); returns it and whether more remain.
+    fn build_message(
+        &mut self,
+        utc: DateTime,
+        limit: usize,
+        keep: usize,
+    ) -> (NotificationMessage, bool) {
+        let mut data = Vec::new();
+        let mut events = Vec::new();
+        let mut left = limit;
+        for item in &mut self.items {
+            if limit != 0 && left == 0 {
+                break;
+            }
+            if !item.reportable() {
+                continue;
+            }
+            let handle = item.client_handle;
+            let before = item.queued();
+            for q in item.drain(left) {
+                match q {
+                    Queued::Value(value) => data.push(MonitoredItemNotification {
+                        client_handle: handle,
+                        value,
+                    }),
+                    Queued::Event(fields) => events.push(EventFieldList {
+                        client_handle: handle,
+                        event_fields: Some(fields),
+                    }),
+                }
+            }
+            if limit != 0 {
+                left -= before - item.queued();
+            }
+        }
+        let more = self.items.iter().any(MonitoredItem::reportable);
+        let mut notification_data = Vec::new();
+        if !data.is_empty() {
+            notification_data.push(ExtensionObject::new(DataChangeNotification {
+                monitored_items: Some(data),
+                diagnostic_infos: Some(vec![]),
+            }));
+        }
+        if !events.is_empty() {
+            notification_data.push(ExtensionObject::new(EventNotificationList {
+                events: Some(events),
+            }));
+        }
+        let msg = NotificationMessage {
+            sequence_number: self.take_seq(),
+            publish_time: utc,
+            notification_data: Some(notification_data),
+        };
+        self.retain(msg.clone(), keep);
+        (msg, more)
+    }
+
+    fn retain(&mut self, msg: NotificationMessage, keep: usize) {
+        if keep == 0 {
+            return;
+        }
+        while self.retransmission.len() >= keep {
+            self.retransmission.pop_front();
+        }
+        self.retransmission.reserve_exact(1);
+        self.retransmission.push_back(msg);
+    }
+
+    fn keep_alive(&self, utc: DateTime) -> NotificationMessage {
+        NotificationMessage {
+            sequence_number: self.next_seq,
+            publish_time: utc,
+            notification_data: Some(vec![]),
+        }
+    }
+
+    /// A transferred subscription starts over in its new session: counters
+    /// reset, and its first cycle sends a message (notifications or a
+    /// keep-alive) so the new owner knows it is there.
+    pub fn reset_for_transfer(&mut self, now: Instant) {
+        self.state = State::Normal;
+        self.message_sent = false;
+        self.lifetime_counter = self.lifetime_count;
+        self.keep_alive_counter = self.keep_alive_count;
+        self.next_publish = self.next_publish.min(now + self.interval);
+    }
+
+    /// Queues every item's last value again (TransferSubscriptions with
+    /// sendInitialValues).
+    pub fn requeue_last_values(&mut self) {
+        for i in &mut self.items {
+            i.requeue_last();
+        }
+        self.data_hint = true;
+    }
+
+    /// SetPublishingMode.
+    pub fn set_publishing_enabled(&mut self, enabled: bool) {
+        self.enabled = enabled;
+        self.data_hint = true;
+    }
+}
+
+/// What answers a Publish: a response, or a ServiceFault.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// A PublishResponse.
+    Publish(Box<PublishResponse>),
+    /// A ServiceFault with this handle and status.
+    Fault {
+        /// The request's handle.
+        request_handle: u32,
+        /// Why.
+        status: StatusCode,
+    },
+}
+
+/// A parked Publish answered, with whatever the caller parked it with.
+#[derive(Debug)]
+pub struct Reply<P> {
+    /// The handle to answer through.
+    pub to: P,
+    /// The answer.
+    pub answer: Answer,
+}
+
+#[derive(Debug)]
+struct Waiting<P> {
+    to: P,
+    channel_id: u32,
+    handle: u32,
+    deadline: Option<Instant>,
+    results: Vec<StatusCode>,
+}
+
+/// The subscriptions of one session and the Publish requests it parked.
+#[derive(Debug)]
+pub struct SubscriptionSet<P> {
+    subs: Vec<Subscription>,
+    queue: VecDeque<Waiting<P>>,
+    /// StatusChange messages owed (subscription id, sequence number, status).
+    status_changes: VecDeque<(u32, u32, StatusCode)>,
+    late_seq: u64,
+    /// The earliest deadline this set has in the registry's heap.
+    pub(crate) scheduled: Option<Instant>,
+    /// False once the session is gone (the set only lives on for transfers).
+    pub(crate) alive: bool,
+}
+
+impl<P> Default for SubscriptionSet<P> {
+    fn default() -> Self {
+        SubscriptionSet {
+            subs: Vec::new(),
+            queue: VecDeque::new(),
+            status_changes: VecDeque::new(),
+            late_seq: 0,
+            scheduled: None,
+            alive: true,
+        }
+    }
+}
+
+impl<P> SubscriptionSet<P> {
+    /// The subscriptions.
+    pub fn subscriptions(&self) -> &[Subscription] {
+        &self.subs
+    }
+
+    /// A subscription by id.
+    pub fn get(&self, id: u32) -> Option<&Subscription> {
+        self.subs.iter().find(|s| s.id == id)
+    }
+
+    /// The subscriptions, to change.
+    pub fn subscriptions_mut(&mut self) -> &mut [Subscription] {
+        &mut self.subs
+    }
+
+    /// A subscription by id, to change.
+    pub fn get_mut(&mut self, id: u32) -> Option<&mut Subscription> {
+        self.subs.iter_mut().find(|s| s.id == id)
+    }
+
+    /// Publish requests parked now.
+    pub fn parked(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Adds a subscription (created, or transferred in).
+    pub fn insert(&mut self, sub: Subscription) {
+        self.subs.reserve_exact(1);
+        self.subs.push(sub);
+    }
+
+    /// Removes a subscription (deleted, or transferred out).
+    pub fn remove(&mut self, id: u32) -> Option<Subscription> {
+        let i = self.subs.iter().position(|s| s.id == id)?;
+        Some(self.subs.remove(i))
+    }
+
+    /// Owes the client a StatusChange for subscription `id` (the
+    /// subscription itself is already gone or moved); it goes out with a
+    /// parked Publish if there is one, else with the next.
+    pub fn status_change(
+        &mut self,
+        now: Now,
+        id: u32,
+        seq: u32,
+        status: StatusCode,
+        out: &mut Vec<Reply<P>>,
+    ) {
+        self.status_changes.push_back((id, seq, status));
+        self.flush_status_changes(now, out);
+    }
+
+    fn flush_status_changes(&mut self, now: Now, out: &mut Vec<Reply<P>>) {
+        while !self.status_changes.is_empty() {
+            let Some(w) = self.queue.pop_front() else {
+                return;
+            };
+            self.answer_status_change(now, w, out);
+        }
+    }
+
+    fn answer_status_change(&mut self, now: Now, w: Waiting<P>, out: &mut Vec<Reply<P>>) {
+        let Some((id, seq, status)) = self.status_changes.pop_front() else {
+            return;
+        };
+        let msg = NotificationMessage {
+            sequence_number: seq,
+            publish_time: now.utc,
+            notification_data: Some(vec![ExtensionObject::new(StatusChangeNotification {
+                status,
+                diagnostic_info: Default::default(),
+            })]),
+        };
+        out.push(reply(now, w, id, vec![], false, msg));
+    }
+
+    /// A Publish arrived on secure channel `channel_id`: acknowledgements
+    /// are applied, then it is answered
+    /// at once (a late subscription, an owed StatusChange, or a fault) or
+    /// parked until a subscription's timer needs it or `deadline` passes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn publish(
+        &mut self,
+        now: Now,
+        channel_id: u32,
+        request_handle: u32,
+        acks: &[SubscriptionAcknowledgement],
+        deadline: Option<Instant>,
+        to: P,
+        limits: &SubscriptionLimits,
+        out: &mut Vec<Reply<P>>,
+    ) {
+        let results = acks
+            .iter()
+            .map(|a| match self.get_mut(a.subscription_id) {
+                Some(s) => s.acknowledge(a.sequence_number),
+                None => StatusCode::BadSubscriptionIdInvalid,
+            })
+            .collect();
+        let w = Waiting {
+            to,
+            channel_id,
+            handle: request_handle,
+            deadline,
+            results,
+        };
+        // A session lives on one secure channel: Publishes parked from an
+        // earlier one (before the client reconnected and re-activated) can
+        // never be answered, and must not take messages meant for this one.
+        self.queue.retain(|q| q.channel_id == channel_id);
+        if !self.status_changes.is_empty() {
+            self.answer_status_change(now, w, out);
+            return;
+        }
+        if self.subs.is_empty() {
+            out.push(Reply {
+                to: w.to,
+                answer: Answer::Fault {
+                    request_handle,
+                    status: StatusCode::BadNoSubscription,
+                },
+            });
+            return;
+        }
+        for s in &mut self.subs {
+            s.catch_up(now.instant);
+            s.lifetime_counter = s.lifetime_count;
+        }
+        let late = self
+            .subs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.state == State::Late)
+            .max_by_key(|(_, s)| (s.priority, std::cmp::Reverse(s.late_since)))
+            .map(|(i, _)| i);
+        match late {
+            Some(i) => {
+                let s = &mut self.subs[i];
+                if s.enabled && (s.more || s.notifications_available()) {
+                    self.send_notifications(now, i, w, limits, out);
+                } else {
+                    let s = &mut self.subs[i];
+                    s.state = State::KeepAlive;
+                    s.keep_alive_counter = s.keep_alive_count;
+                    s.message_sent = true;
+                    let msg = s.keep_alive(now.utc);
+                    let avail = s.available_sequence_numbers();
+                    let id = s.id;
+                    out.push(reply(now, w, id, avail, false, msg));
+                }
+            }
+            None => {
+                self.queue.reserve_exact(1);
+                self.queue.push_back(w);
+                while self.queue.len() > limits.max_publish_request_count.max(1) {
+                    if let Some(old) = self.queue.pop_front() {
+                        out.push(fault(old, StatusCode::BadTooManyPublishRequests));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends subscription `i`'s notifications with `w`, then keeps going
+    /// with further parked Publishes while notifications remain.
+    fn send_notifications(
+        &mut self,
+        now: Now,
+        i: usize,
+        w: Waiting<P>,
+        limits: &SubscriptionLimits,
+        out: &mut Vec<Reply<P>>,
+    ) {
+        let mut w = Some(w);
+        while let Some(this) = w.take() {
+            let Some(s) = self.subs.get_mut(i) else {
+                return;
+            };
+            let limit = match (s.max_notifications, limits.max_notifications_per_publish) {
+                (0, l) | (l, 0) => l,
+                (a, b) => a.min(b),
+            } as usize;
+            let (msg, more) = s.build_message(now.utc, limit, limits.max_retransmission_queue);
+            s.message_sent = true;
+            s.more = more;
+            s.lifetime_counter = s.lifetime_count;
+            s.keep_alive_counter = s.keep_alive_count;
+            s.state = State::Normal;
+            let avail = s.available_sequence_numbers();
+            out.push(reply(now, this, s.id, avail, more, msg));
+            if more {
+                match self.queue.pop_front() {
+                    Some(next) => w = Some(next),
+                    None => self.make_late(i),
+                }
+            }
+        }
+    }
+
+    fn make_late(&mut self, i: usize) {
+        self.late_seq += 1;
+        if let Some(s) = self.subs.get_mut(i) {
+            if s.state != State::Late {
+                s.state = State::Late;
+                s.late_since = self.late_seq;
+            }
+        }
+    }
+
+    /// Republish: a retained message of subscription `id`.
+    pub fn republish(&self, id: u32, seq: u32) -> Result<NotificationMessage, StatusCode> {
+        let s = self.get(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?;
+        s.republish(seq)
+            .cloned()
+            .ok_or(StatusCode::BadMessageNotAvailable)
+    }
+
+    /// The earliest moment something is due: a publishing timer, a sample,
+    /// or a parked Publish's timeout.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let subs = self.subs.iter().map(Subscription::poll_timeout).min();
+        let parked = self.queue.iter().filter_map(|w| w.deadline).min();
+        match (subs, parked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs what is due at `now`: samples (read with `sample`), publishing
+    /// timers, Publish timeouts. Answers go to `out`; subscriptions whose
+    /// lifetime ran out are returned (a StatusChange BadTimeout is owed).
+    pub fn handle_timeout(
+        &mut self,
+        now: Now,
+        sample: &mut dyn FnMut(&item::ItemTarget) -> uascale_types::DataValue,
+        limits: &SubscriptionLimits,
+        out: &mut Vec<Reply<P>>,
+    ) -> Vec<Subscription> {
+        let t = now.instant;
+        // Publish requests past their timeoutHint.
+        let mut i = 0;
+        while i < self.queue.len() {
+            if self.queue[i].deadline.is_some_and(|d| d <= t) {
+                if let Some(w) = self.queue.remove(i) {
+                    out.push(fault(w, StatusCode::BadTimeout));
+                }
+            } else {
+                i += 1;
+            }
+        }
+        for s in &mut self.subs {
+            s.sample(t, sample);
+        }
+        // Publishing timers, by priority.
+        let mut due: Vec<usize> = (0..self.subs.len())
+            .filter(|&i| self.subs[i].next_publish <= t)
+            .collect();
+        due.sort_by_key(|&i| std::cmp::Reverse(self.subs[i].priority));
+        let mut expired = Vec::new();
+        for i in due {
+            if self.publishing_timer(now, i, limits, out) {
+                expired.push(i);
+            }
+        }
+        let mut gone = Vec::new();
+        for i in expired.into_iter().rev() {
+            let s = self.subs.remove(i);
+            let seq = s.next_seq;
+            self.status_changes
+                .push_back((s.id, seq, StatusCode::BadTimeout));
+            gone.push(s);
+        }
+        if !gone.is_empty() {
+            self.release_if_empty(now, out);
+        }
+        gone
+    }
+
+    /// One expiry of subscription `i`'s publishing timer; true when its
+    /// lifetime ran out.
+    fn publishing_timer(
+        &mut self,
+        now: Now,
+        i: usize,
+        limits: &SubscriptionLimits,
+        out: &mut Vec<Reply<P>>,
+    ) -> bool {
+        let t = now.instant;
+        let Some(s) = self.subs.get_mut(i) else {
+            return false;
+        };
+        // Cycles that passed without a timer run (skipped while idle, or
+        // the timer task was late) are counted, then this one is run.
+        let behind = t
+            .checked_duration_since(s.next_publish)
+            .map_or(0, |d| d.as_nanos() / s.interval.as_nanos().max(1));
+        s.skip_cycles(u32::try_from(behind).unwrap_or(u32::MAX));
+        s.next_publish = s
+            .next_publish
+            .checked_add(s.interval)
+            .unwrap_or(t + s.interval);
+        let avail = s.notifications_available() || (s.enabled && s.more);
+        let queued = !self.queue.is_empty();
+        let mut sent = false;
+        match s.state {
+            State::Normal | State::KeepAlive if queued && avail => {
+                if let Some(w) = self.queue.pop_front() {
+                    self.send_notifications(now, i, w, limits, out);
+                    sent = true;
+                }
+            }
+            State::Normal if queued && !s.message_sent => {
+                sent = self.send_keep_alive(now, i, out);
+            }
+            State::Normal if !s.message_sent || avail => self.make_late(i),
+            State::Normal => {
+                // This cycle counts as the first of the keep-alive period.
+                s.state = State::KeepAlive;
+                s.keep_alive_counter = s.keep_alive_count.saturating_sub(1).max(1);
+                if s.keep_alive_count == 1 {
+                    if queued {
+                        sent = self.send_keep_alive(now, i, out);
+                    } else {
+                        self.make_late(i);
+                    }
+                }
+            }
+            State::KeepAlive if !avail && s.keep_alive_counter > 1 => {
+                s.keep_alive_counter -= 1;
+            }
+            State::KeepAlive if queued => {
+                sent = self.send_keep_alive(now, i, out);
+            }
+            State::KeepAlive => self.make_late(i),
+            State::Late => {}
+        }
+        let Some(s) = self.subs.get_mut(i) else {
+            return false;
+        };
+        s.data_hint = s.notifications_available();
+        if sent {
+            s.lifetime_counter = s.lifetime_count;
+            return false;
+        }
+        s.lifetime_counter = s.lifetime_counter.saturating_sub(1);
+        s.lifetime_counter == 0
+    }
+
+    fn send_keep_alive(&mut self, now: Now, i: usize, out: &mut Vec<Reply<P>>) -> bool {
+        let Some(w) = self.queue.pop_front() else {
+            return false;
+        };
+        let Some(s) = self.subs.get_mut(i) else {
+            return false;
+        };
+        s.state = State::KeepAlive;
+        s.keep_alive_counter = s.keep_alive_count;
+        s.message_sent = true;
+        let msg = s.keep_alive(now.utc);
+        let avail = s.available_sequence_numbers();
+        out.push(reply(now, w, s.id, avail, false, msg));
+        true
+    }
+
+    /// When the last subscription is gone (deleted, transferred, expired),
+    /// parked Publishes are answered `BadNoSubscription` (Part 4 §5.13.8),
+    /// after any StatusChange they still had to carry.
+    pub fn release_if_empty(&mut self, now: Now, out: &mut Vec<Reply<P>>) {
+        self.flush_status_changes(now, out);
+        if self.subs.is_empty() && self.status_changes.is_empty() {
+            self.drain_parked(StatusCode::BadNoSubscription, out);
+        }
+    }
+
+    /// Answers every parked Publish with `status` (the session closed).
+    pub fn drain_parked(&mut self, status: StatusCode, out: &mut Vec<Reply<P>>) {
+        while let Some(w) = self.queue.pop_front() {
+            out.push(fault(w, status));
+        }
+    }
+
+    /// Removes every subscription (session closed with deleteSubscriptions).
+    pub fn take_all(&mut self) -> Vec<Subscription> {
+        std::mem::take(&mut self.subs)
+    }
+}
+
+fn fault<P>(w: Waiting<P>, status: StatusCode) -> Reply<P> {
+    Reply {
+        to: w.to,
+        answer: Answer::Fault {
+            request_handle: w.handle,
+            status,
+        },
+    }
+}
+
+fn reply<P>(
+    now: Now,
+    w: Waiting<P>,
+    subscription_id: u32,
+    available: Vec<u32>,
+    more: bool,
+    msg: NotificationMessage,
+) -> Reply<P> {
+    Reply {
+        to: w.to,
+        answer: Answer::Publish(Box::new(PublishResponse {
+            response_header: ResponseHeader {
+                timestamp: now.utc,
+                request_handle: w.handle,
+                service_result: StatusCode::Good,
+                ..Default::default()
+            },
+            subscription_id,
+            available_sequence_numbers: Some(available),
+            more_notifications: more,
+            notification_message: msg,
+            results: Some(w.results),
+            diagnostic_infos: Some(vec![]),
+        })),
+    }
+}
+
+/// The sequence number the next message of `s` will carry (the
+/// StatusChange of a transfer takes it).
+pub fn next_sequence_number(s: &Subscription) -> u32 {
+    s.next_seq
+}

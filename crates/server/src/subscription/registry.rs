@@ -1,0 +1,944 @@
+//! The server's subscriptions: one [`SubscriptionSet`] per session behind
+//! its own lock, found by session id or by subscription id, one deadline
+//! heap for all their timers, and an index from node to the items a value
+//! push must reach. No tokio: `net/` sleeps until [`Registry::next_deadline`]
+//! and calls [`Registry::run_due`]; `wake` tells it a deadline moved
+//! earlier.
+//!
+//! Locks never nest except set -> heap; the maps are sharded so that
+//! thousands of sessions creating, publishing and being notified do not
+//! queue behind one lock.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
+use std::time::Instant;
+
+use uascale_types::{DataValue, NodeId, StatusCode, SubscriptionAcknowledgement, Variant};
+
+use super::item::{pushed_value, ItemTarget};
+use super::{
+    next_sequence_number, Answer, Now, Reply, Requested, Revised, Subscription, SubscriptionLimits,
+    SubscriptionSet, GOOD_SUBSCRIPTION_TRANSFERRED,
+};
+use crate::fxhash::FxHashMap;
+
+/// Where an answered Publish goes (the connection's outbound queue, in the
+/// server; a test's list, in tests).
+pub trait PublishSink: Send + 'static {
+    /// Sends the answer; false when the client is gone.
+    fn deliver(self, answer: Answer) -> bool;
+}
+
+/// A [`PublishSink`] behind a box, so the registry need not know the
+/// connection type.
+pub trait DynSink: Send + 'static {
+    /// [`PublishSink::deliver`] through the box.
+    fn deliver_boxed(self: Box<Self>, answer: Answer) -> bool;
+}
+
+impl<T: PublishSink> DynSink for T {
+    fn deliver_boxed(self: Box<Self>, answer: Answer) -> bool {
+        (*self).deliver(answer)
+    }
+}
+
+impl PublishSink for Box<dyn DynSink> {
+    fn deliver(self, answer: Answer) -> bool {
+        self.deliver_boxed(answer)
+    }
+}
+
+/// A session's set, shared.
+pub type SetRef<P> = Arc<Mutex<SubscriptionSet<P>>>;
+
+const SHARDS: usize = 32;
+
+/// (node, attribute) -> the (subscription, item) pairs a push reaches.
+type Watched = FxHashMap<(NodeId, u32), Vec<(u32, u32)>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under these locks is a single insert/remove or a state
+    // step that leaves the set consistent, so a poisoned lock stays usable.
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+struct Entry<P> {
+    at: Instant,
+    seq: u64,
+    set: Weak<Mutex<SubscriptionSet<P>>>,
+}
+
+impl<P> PartialEq for Entry<P> {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl<P> Eq for Entry<P> {}
+impl<P> PartialOrd for Entry<P> {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl<P> Ord for Entry<P> {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+struct Owner<P> {
+    session: NodeId,
+    set: SetRef<P>,
+}
+
+/// Every subscription of the server.
+pub struct Registry<P> {
+    /// The configured bounds.
+    pub limits: SubscriptionLimits,
+    sessions: Vec<Mutex<FxHashMap<NodeId, SetRef<P>>>>,
+    owners: Vec<Mutex<FxHashMap<u32, Owner<P>>>>,
+    watched: RwLock<Watched>,
+    heap: Mutex<BinaryHeap<Reverse<Entry<P>>>>,
+    seq: AtomicU64,
+    next_id: AtomicU32,
+    subscription_count: AtomicUsize,
+    item_count: AtomicUsize,
+    wake: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl<P> std::fmt::Debug for Registry<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field(
+                "subscriptions",
+                &self.subscription_count.load(Ordering::Relaxed),
+            )
+            .field("monitored_items", &self.item_count.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+fn shard_of_node(n: &NodeId) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = crate::fxhash::FxHasher::default();
+    n.hash(&mut h);
+    (h.finish() as usize) % SHARDS
+}
+
+impl<P: PublishSink> Registry<P> {
+    /// An empty registry with these limits.
+    pub fn new(limits: SubscriptionLimits) -> Self {
+        Registry {
+            limits,
+            sessions: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            owners: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            watched: RwLock::default(),
+            heap: Mutex::default(),
+            seq: AtomicU64::new(0),
+            next_id: AtomicU32::new(1),
+            subscription_count: AtomicUsize::new(0),
+            item_count: AtomicUsize::new(0),
+            wake: OnceLock::new(),
+        }
+    }
+
+    /// Sets the function called when a deadline earlier than every other
+    /// is scheduled (the timer task's wake-up). Only the first call counts.
+    pub fn set_waker(&self, wake: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.wake.set(wake);
+    }
+
+    /// Subscriptions in the server.
+    pub fn subscription_count(&self) -> usize {
+        self.subscription_count.load(Ordering::Relaxed)
+    }
+
+    /// Monitored items in the server.
+    pub fn monitored_item_count(&self) -> usize {
+        self.item_count.load(Ordering::Relaxed)
+    }
+
+    fn owners(&self, id: u32) -> MutexGuard<'_, FxHashMap<u32, Owner<P>>> {
+        lock(&self.owners[id as usize % SHARDS])
+    }
+
+    /// The set of `session`, if it has one.
+    pub fn set_of(&self, session: &NodeId) -> Option<SetRef<P>> {
+        lock(&self.sessions[shard_of_node(session)])
+            .get(session)
+            .cloned()
+    }
+
+    fn set_or_new(&self, session: &NodeId) -> SetRef<P> {
+        lock(&self.sessions[shard_of_node(session)])
+            .entry(session.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Schedules `set`'s earliest deadline if it moved earlier.
+    fn schedule(&self, set: &SetRef<P>, g: &mut SubscriptionSet<P>) {
+        let Some(d) = g.poll_timeout() else {
+            return;
+        };
+        if g.scheduled.is_some_and(|s| s <= d) {
+            return;
+        }
+        g.scheduled = Some(d);
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let earliest = {
+            let mut h = lock(&self.heap);
+            let earliest = h.peek().is_none_or(|Reverse(e)| d < e.at);
+            h.push(Reverse(Entry {
+                at: d,
+                seq,
+                set: Arc::downgrade(set),
+            }));
+            earliest
+        };
+        if earliest {
+            if let Some(w) = self.wake.get() {
+                w();
+            }
+        }
+    }
+
+    /// The earliest deadline of any subscription or parked Publish.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        lock(&self.heap).peek().map(|Reverse(e)| e.at)
+    }
+
+    fn deliver(out: Vec<Reply<P>>) {
+        for r in out {
+            let _ = r.to.deliver(r.answer);
+        }
+    }
+
+    /// Runs `f` on the session's set (created when missing), then
+    /// reschedules it and sends what it answered.
+    pub fn with_set<R>(
+        &self,
+        session: &NodeId,
+        f: impl FnOnce(&mut SubscriptionSet<P>, &mut Vec<Reply<P>>) -> R,
+    ) -> R {
+        let set = self.set_or_new(session);
+        let mut out = Vec::new();
+        let r = {
+            let mut g = lock(&set);
+            let r = f(&mut g, &mut out);
+            self.schedule(&set, &mut g);
+            r
+        };
+        Self::deliver(out);
+        r
+    }
+
+    /// Runs `f` on subscription `id` of `session`; `BadSubscriptionIdInvalid`
+    /// when the session has no such subscription.
+    pub fn with_subscription<R>(
+        &self,
+        session: &NodeId,
+        id: u32,
+        f: impl FnOnce(&mut Subscription) -> R,
+    ) -> Result<R, StatusCode> {
+        let set = self
+            .set_of(session)
+            .ok_or(StatusCode::BadSubscriptionIdInvalid)?;
+        let mut g = lock(&set);
+        let r = f(g.get_mut(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?);
+        self.schedule(&set, &mut g);
+        Ok(r)
+    }
+
+    /// CreateSubscription for `session`.
+    pub fn create(
+        &self,
+        now: Instant,
+        session: &NodeId,
+        requested: &Requested,
+        enabled: bool,
+    ) -> Result<(u32, Revised), StatusCode> {
+        let max = self.limits.max_subscription_count;
+        if self
+            .subscription_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(StatusCode::BadTooManySubscriptions);
+        }
+        let revised = self.limits.revise(requested);
+        let id = loop {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            if id != 0 && !self.owners(id).contains_key(&id) {
+                break id;
+            }
+        };
+        let set = self.set_or_new(session);
+        self.owners(id).insert(
+            id,
+            Owner {
+                session: session.clone(),
+                set: Arc::clone(&set),
+            },
+        );
+        let mut g = lock(&set);
+        g.insert(Subscription::new(id, now, revised, requested, enabled));
+        self.schedule(&set, &mut g);
+        Ok((id, revised))
+    }
+
+    /// Reserves `n` monitored items against the server-wide limit.
+    pub fn reserve_items(&self, n: usize) -> bool {
+        let max = self.limits.max_monitored_item_count;
+        self.item_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                let next = c.checked_add(n)?;
+                (max == 0 || next <= max).then_some(next)
+            })
+            .is_ok()
+    }
+
+    /// Returns `n` reserved items (deleted, or a failed create).
+    pub fn release_items(&self, n: usize) {
+        let _ = self
+            .item_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                Some(c.saturating_sub(n))
+            });
+    }
+
+    /// Registers item `item` of subscription `sub` for pushes of `node`'s
+    /// attribute `attribute`: 13 (Value) for value changes, 12
+    /// (EventNotifier) for events.
+    pub fn watch(&self, node: &NodeId, attribute: u32, sub: u32, item: u32) {
+        let mut m = match self.watched.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        m.entry((node.clone(), attribute))
+            .or_default()
+            .push((sub, item));
+    }
+
+    /// Undoes [`Registry::watch`].
+    pub fn unwatch(&self, node: &NodeId, attribute: u32, sub: u32, item: u32) {
+        let mut m = match self.watched.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let key = (node.clone(), attribute);
+        if let Some(v) = m.get_mut(&key) {
+            v.retain(|e| *e != (sub, item));
+            if v.is_empty() {
+                m.remove(&key);
+            }
+        }
+    }
+
+    fn watchers(&self, node: &NodeId, attribute: u32) -> Vec<(u32, u32)> {
+        let m = match self.watched.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        // The key is built only when someone watches anything.
+        if m.is_empty() {
+            return Vec::new();
+        }
+        m.get(&(node.clone(), attribute))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// A pushed value change of `node`: every item watching it gets it
+    /// (filtered, queued); nothing is sent until the subscription's timer.
+    pub fn value_changed(&self, now: Now, node: &NodeId, value: &Variant) {
+        let utc = now.utc;
+        for (sub, item) in self.watchers(node, 13) {
+            let Some(set) = self.owners(sub).get(&sub).map(|o| Arc::clone(&o.set)) else {
+                continue;
+            };
+            let mut g = lock(&set);
+            let Some(s) = g.get_mut(sub) else {
+                continue;
+            };
+            let range = match s.item(item) {
+                Some(i) if !i.target.index_range.is_null_or_empty() => {
+                    Some(i.target.index_range.clone())
+                }
+                Some(_) => None,
+                None => continue,
+            };
+            let dv = match range {
+                None => pushed_value(value.clone(), utc),
+                Some(r) => match range_of(&r, value) {
+                    Ok(v) => pushed_value(v, utc),
+                    Err(status) => DataValue {
+                        status: Some(status),
+                        server_timestamp: Some(utc),
+                        ..Default::default()
+                    },
+                },
+            };
+            if s.offer_at(now.instant, item, dv) {
+                // A subscription idling between keep-alives wakes for it.
+                self.schedule(&set, &mut g);
+            }
+        }
+    }
+
+    /// Offers an event to the event items watching any of `notifiers`
+    /// (the source and the objects it reports to, up to the Server object);
+    /// `select` decides per item whether the event passes its filter and
+    /// which fields it gets. Returns how many items queued it.
+    pub fn raise_event(
+        &self,
+        now: Instant,
+        notifiers: &[NodeId],
+        select: &dyn Fn(&super::item::MonitoredItem) -> Option<Vec<Variant>>,
+    ) -> usize {
+        let mut n = 0;
+        for notifier in notifiers {
+            for (sub, item) in self.watchers(notifier, 12) {
+                let Some(set) = self.owners(sub).get(&sub).map(|o| Arc::clone(&o.set)) else {
+                    continue;
+                };
+                let mut g = lock(&set);
+                let Some(s) = g.get_mut(sub) else {
+                    continue;
+                };
+                let Some(fields) = s.item(item).and_then(select) else {
+                    continue;
+                };
+                if s.offer_event_at(now, item, fields) {
+                    n += 1;
+                    self.schedule(&set, &mut g);
+                }
+            }
+        }
+        n
+    }
+
+    /// A Publish of `session` on secure channel `channel_id`, answered
+    /// through `to` now or later.
+    #[allow(clippy::too_many_arguments)]
+    pub fn publish(
+        &self,
+        now: Now,
+        channel_id: u32,
+        session: &NodeId,
+        request_handle: u32,
+        acks: &[SubscriptionAcknowledgement],
+        deadline: Option<Instant>,
+        to: P,
+    ) {
+        let limits = &self.limits;
+        self.with_set(session, |set, out| {
+            set.publish(
+                now,
+                channel_id,
+                request_handle,
+                acks,
+                deadline,
+                to,
+                limits,
+                out,
+            )
+        });
+    }
+
+    /// Runs every set whose deadline is due at `now`, sampling with
+    /// `sample`. Cost is proportional to what is due, not to the sessions.
+    pub fn run_due(&self, now: Now, sample: &mut dyn FnMut(&ItemTarget) -> DataValue) {
+        loop {
+            let entry = {
+                let mut h = lock(&self.heap);
+                match h.peek() {
+                    Some(Reverse(e)) if e.at <= now.instant => h.pop(),
+                    _ => break,
+                }
+            };
+            let Some(Reverse(entry)) = entry else {
+                break;
+            };
+            let Some(set) = entry.set.upgrade() else {
+                continue;
+            };
+            let mut out = Vec::new();
+            let gone = {
+                let mut g = lock(&set);
+                if g.scheduled == Some(entry.at) {
+                    g.scheduled = None;
+                }
+                let gone = g.handle_timeout(now, sample, &self.limits, &mut out);
+                self.schedule(&set, &mut g);
+                gone
+            };
+            for s in gone {
+                tracing::debug!(subscription = s.id, "subscription lifetime expired");
+                self.forget(&s);
+            }
+            Self::deliver(out);
+        }
+    }
+
+    /// Drops the registry's bookkeeping of a removed subscription.
+    pub fn forget(&self, s: &Subscription) {
+        self.owners(s.id).remove(&s.id);
+        for i in s.items() {
+            if !i.sampled {
+                self.unwatch(&i.target.node_id, i.target.attribute_id, s.id, i.id);
+            }
+        }
+        self.release_items(s.items().len());
+        let _ = self
+            .subscription_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                Some(c.saturating_sub(1))
+            });
+    }
+
+    /// DeleteSubscriptions, one id.
+    pub fn delete(&self, now: Now, session: &NodeId, id: u32) -> StatusCode {
+        let Some(set) = self.set_of(session) else {
+            return StatusCode::BadSubscriptionIdInvalid;
+        };
+        let mut out = Vec::new();
+        let removed = {
+            let mut g = lock(&set);
+            let r = g.remove(id);
+            if r.is_some() {
+                g.release_if_empty(now, &mut out);
+            }
+            r
+        };
+        Self::deliver(out);
+        match removed {
+            Some(s) => {
+                self.forget(&s);
+                StatusCode::Good
+            }
+            None => StatusCode::BadSubscriptionIdInvalid,
+        }
+    }
+
+    /// TransferSubscriptions, one id, to `session`. The old session (if it
+    /// still exists) is owed a StatusChange GoodSubscriptionTransferred.
+    /// `may_take` decides whether the caller's user may take subscriptions
+    /// of the owning session.
+    pub fn transfer(
+        &self,
+        now: Now,
+        session: &NodeId,
+        id: u32,
+        send_initial_values: bool,
+        may_take: impl Fn(&NodeId) -> bool,
+    ) -> Result<Vec<u32>, StatusCode> {
+        let (from, old_set) = {
+            let owners = self.owners(id);
+            let o = owners
+                .get(&id)
+                .ok_or(StatusCode::BadSubscriptionIdInvalid)?;
+            (o.session.clone(), Arc::clone(&o.set))
+        };
+        if &from == session {
+            // Already ours: nothing moves; report what Republish can return.
+            let g = lock(&old_set);
+            let s = g.get(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?;
+            return Ok(s.available_sequence_numbers());
+        }
+        if !may_take(&from) {
+            return Err(StatusCode::BadUserAccessDenied);
+        }
+        let mut out = Vec::new();
+        let mut sub = {
+            let mut g = lock(&old_set);
+            let s = g.remove(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?;
+            if g.alive {
+                g.status_change(
+                    now,
+                    id,
+                    next_sequence_number(&s),
+                    GOOD_SUBSCRIPTION_TRANSFERRED,
+                    &mut out,
+                );
+                g.release_if_empty(now, &mut out);
+            }
+            s
+        };
+        Self::deliver(out);
+        if send_initial_values {
+            sub.requeue_last_values();
+        }
+        sub.reset_for_transfer(now.instant);
+        let available = sub.available_sequence_numbers();
+        let new_set = self.set_or_new(session);
+        self.owners(id).insert(
+            id,
+            Owner {
+                session: session.clone(),
+                set: Arc::clone(&new_set),
+            },
+        );
+        let mut g = lock(&new_set);
+        g.insert(sub);
+        self.schedule(&new_set, &mut g);
+        Ok(available)
+    }
+
+    /// The session closed (or timed out): its parked Publishes are answered
+    /// `status`; with `delete` its subscriptions go, otherwise they live on
+    /// (for TransferSubscriptions) until their lifetime runs out.
+    pub fn close_session(&self, session: &NodeId, delete: bool, status: StatusCode) {
+        let Some(set) = lock(&self.sessions[shard_of_node(session)]).remove(session) else {
+            return;
+        };
+        let mut out = Vec::new();
+        let gone = {
+            let mut g = lock(&set);
+            g.alive = false;
+            g.drain_parked(status, &mut out);
+            if delete {
+                g.take_all()
+            } else {
+                Vec::new()
+            }
+        };
+        for s in &gone {
+            self.forget(s);
+        }
+        Self::deliver(out);
+    }
+}
+
+fn range_of(range: &uascale_types::UaString, v: &Variant) -> Result<Variant, StatusCode> {
+    let r: crate::numeric_range::NumericRange = range
+        .as_str()
+        .unwrap_or("")
+        .parse()
+        .map_err(|_| StatusCode::BadIndexRangeInvalid)?;
+    r.apply(v)
+}
+
+#[cfg(test)]
+// One real instant is the origin of the tests' simulated time.
+#[allow(clippy::disallowed_methods)]
+mod tests {
+    use super::*;
+    use crate::subscription::item::{Filter, MonitoredItem};
+    use std::time::Duration;
+    use uascale_types::DateTime;
+    use uascale_types::{
+        DataChangeNotification, MonitoringMode, PublishResponse, StatusChangeNotification,
+        TimestampsToReturn, UaString,
+    };
+
+    type Inbox = Arc<Mutex<Vec<(u32, Answer)>>>;
+
+    struct Sink(u32, Inbox);
+
+    impl PublishSink for Sink {
+        fn deliver(self, answer: Answer) -> bool {
+            lock(&self.1).push((self.0, answer));
+            true
+        }
+    }
+
+    struct Fixture {
+        reg: Registry<Sink>,
+        inbox: Inbox,
+        t0: Instant,
+    }
+
+    impl Fixture {
+        fn new(limits: SubscriptionLimits) -> Self {
+            Fixture {
+                reg: Registry::new(limits),
+                inbox: Arc::default(),
+                t0: Instant::now(),
+            }
+        }
+        fn at(&self, ms: u64) -> Now {
+            Now {
+                instant: self.t0 + Duration::from_millis(ms),
+                utc: DateTime::from_ticks(ms as i64 * 10_000),
+            }
+        }
+        fn publish(&self, session: &NodeId, tag: u32, ms: u64) {
+            self.reg.publish(
+                self.at(ms),
+                1,
+                session,
+                tag,
+                &[],
+                None,
+                Sink(tag, Arc::clone(&self.inbox)),
+            );
+        }
+        fn run(&self, ms: u64) {
+            self.reg.run_due(self.at(ms), &mut |_| DataValue::default());
+        }
+        fn take(&self) -> Vec<(u32, Answer)> {
+            std::mem::take(&mut *lock(&self.inbox))
+        }
+        /// A subscription with one pushed item on `node`.
+        fn subscribe(&self, session: &NodeId, node: &NodeId) -> u32 {
+            let req = Requested {
+                publishing_interval: 100.0,
+                lifetime_count: 30,
+                max_keep_alive_count: 10,
+                max_notifications_per_publish: 0,
+                priority: 0,
+            };
+            let (id, _) = self.reg.create(self.t0, session, &req, true).unwrap();
+            assert!(self.reg.reserve_items(1));
+            self.reg
+                .with_subscription(session, id, |s| {
+                    let item = MonitoredItem::new(
+                        s.next_item_id(),
+                        9,
+                        ItemTarget {
+                            node_id: node.clone(),
+                            attribute_id: 13,
+                            index_range: UaString::null(),
+                        },
+                        MonitoringMode::Reporting,
+                        Duration::ZERO,
+                        false,
+                        1,
+                        true,
+                        TimestampsToReturn::Both,
+                        Filter::default(),
+                    );
+                    let item_id = s.add_item(item);
+                    self.reg.watch(node, 13, s.id, item_id);
+                })
+                .unwrap();
+            id
+        }
+    }
+
+    fn values(a: &Answer) -> Vec<Variant> {
+        let Answer::Publish(p) = a else {
+            return vec![];
+        };
+        let p: &PublishResponse = p;
+        p.notification_message
+            .notification_data
+            .iter()
+            .flatten()
+            .filter_map(|e| e.downcast_ref::<DataChangeNotification>())
+            .flat_map(|d| d.monitored_items.iter().flatten())
+            .filter_map(|m| m.value.value.clone())
+            .collect()
+    }
+
+    #[test]
+    fn pushed_values_reach_every_watching_session_on_its_timer() {
+        let f = Fixture::new(SubscriptionLimits::default());
+        let node = NodeId::string(2, "shared");
+        let sessions: Vec<NodeId> = (0..3).map(|i| NodeId::numeric(1, i)).collect();
+        for s in &sessions {
+            f.subscribe(s, &node);
+        }
+        for (i, s) in sessions.iter().enumerate() {
+            f.publish(s, i as u32, 0);
+        }
+        assert_eq!(
+            f.reg.next_deadline(),
+            Some(f.t0 + Duration::from_millis(100))
+        );
+        f.reg.value_changed(f.at(0), &node, &Variant::Int32(5));
+        f.reg
+            .value_changed(f.at(0), &NodeId::string(2, "other"), &Variant::Int32(6));
+        f.run(99);
+        assert!(
+            f.take().is_empty(),
+            "nothing before the publishing interval"
+        );
+        f.run(100);
+        let mut got = f.take();
+        got.sort_by_key(|(t, _)| *t);
+        assert_eq!(got.len(), 3);
+        for (_, a) in &got {
+            assert_eq!(values(a), vec![Variant::Int32(5)]);
+        }
+        assert_eq!(f.reg.subscription_count(), 3);
+        assert_eq!(f.reg.monitored_item_count(), 3);
+    }
+
+    #[test]
+    fn transfer_moves_the_subscription_and_tells_the_old_session() {
+        let f = Fixture::new(SubscriptionLimits::default());
+        let node = NodeId::string(2, "n");
+        let (a, b) = (NodeId::numeric(1, 1), NodeId::numeric(1, 2));
+        let id = f.subscribe(&a, &node);
+        f.publish(&a, 1, 0);
+        f.reg.value_changed(f.at(0), &node, &Variant::Int32(1));
+        f.run(100);
+        assert_eq!(values(&f.take()[0].1), vec![Variant::Int32(1)]);
+        // a's next Publish waits; the transfer answers it with the
+        // StatusChange, then (a has nothing left) nothing else is owed.
+        f.publish(&a, 2, 100);
+        let available = f.reg.transfer(f.at(150), &b, id, true, |_| true).unwrap();
+        assert_eq!(available, vec![1], "unacknowledged message 1 moves along");
+        let got = f.take();
+        let (tag, Answer::Publish(p)) = &got[0] else {
+            panic!("{got:?}");
+        };
+        assert_eq!(*tag, 2);
+        let sc = p.notification_message.notification_data.as_ref().unwrap()[0]
+            .downcast_ref::<StatusChangeNotification>()
+            .unwrap();
+        assert_eq!(sc.status, GOOD_SUBSCRIPTION_TRANSFERRED);
+        // b gets the initial value again, and later pushes.
+        f.publish(&b, 3, 150);
+        f.run(250);
+        assert_eq!(values(&f.take()[0].1), vec![Variant::Int32(1)]);
+        f.reg.value_changed(f.at(0), &node, &Variant::Int32(2));
+        f.publish(&b, 4, 250);
+        f.run(350);
+        assert_eq!(values(&f.take()[0].1), vec![Variant::Int32(2)]);
+        assert_eq!(
+            f.reg.delete(f.at(350), &a, id),
+            StatusCode::BadSubscriptionIdInvalid,
+            "gone from a"
+        );
+        assert_eq!(
+            f.reg.transfer(f.at(350), &a, id, false, |_| false),
+            Err(StatusCode::BadUserAccessDenied)
+        );
+        assert_eq!(f.reg.delete(f.at(350), &b, id), StatusCode::Good);
+        assert_eq!(f.reg.subscription_count(), 0);
+        assert_eq!(f.reg.monitored_item_count(), 0);
+        // The push index forgot the item.
+        f.reg.value_changed(f.at(0), &node, &Variant::Int32(3));
+        assert!(f.reg.watchers(&node, 13).is_empty());
+    }
+
+    #[test]
+    fn limits_and_orphaned_subscriptions() {
+        let f = Fixture::new(SubscriptionLimits {
+            max_subscription_count: 1,
+            max_monitored_item_count: 1,
+            ..Default::default()
+        });
+        let a = NodeId::numeric(1, 1);
+        let id = f.subscribe(&a, &NodeId::string(2, "n"));
+        let req = Requested {
+            publishing_interval: 100.0,
+            lifetime_count: 30,
+            max_keep_alive_count: 10,
+            max_notifications_per_publish: 0,
+            priority: 0,
+        };
+        assert_eq!(
+            f.reg.create(f.t0, &a, &req, true),
+            Err(StatusCode::BadTooManySubscriptions)
+        );
+        assert!(!f.reg.reserve_items(1), "the server-wide item limit");
+        // The session goes without deleting: the subscription lives on,
+        // then expires after its lifetime (30 cycles) and is forgotten.
+        f.publish(&a, 1, 0);
+        f.reg.close_session(&a, false, StatusCode::BadSessionClosed);
+        let got = f.take();
+        assert!(matches!(
+            got[0].1,
+            Answer::Fault {
+                status: StatusCode::BadSessionClosed,
+                ..
+            }
+        ));
+        assert_eq!(f.reg.subscription_count(), 1, "kept for a transfer");
+        for ms in (100..=3000).step_by(100) {
+            f.run(ms);
+        }
+        assert_eq!(f.reg.subscription_count(), 0, "lifetime expired");
+        assert_eq!(f.reg.monitored_item_count(), 0);
+        assert!(f.reg.transfer(f.at(3000), &a, id, false, |_| true).is_err());
+    }
+
+    #[test]
+    fn events_reach_items_watching_their_notifiers() {
+        let f = Fixture::new(SubscriptionLimits::default());
+        let a = NodeId::numeric(1, 1);
+        let id = f.subscribe(&a, &NodeId::string(2, "unused"));
+        let server = NodeId::ns0(2253);
+        let filter = crate::subscription::event::compile(
+            &uascale_types::EventFilter {
+                select_clauses: Some(vec![uascale_types::SimpleAttributeOperand {
+                    type_definition_id: NodeId::ns0(2041),
+                    browse_path: Some(vec![uascale_types::QualifiedName::new(0, "Severity")]),
+                    attribute_id: 13,
+                    index_range: UaString::null(),
+                }]),
+                where_clause: Default::default(),
+            },
+            &|_| true,
+        )
+        .unwrap()
+        .0;
+        let item_id = f
+            .reg
+            .with_subscription(&a, id, |s| {
+                let item = MonitoredItem::new(
+                    s.next_item_id(),
+                    5,
+                    ItemTarget {
+                        node_id: server.clone(),
+                        attribute_id: 12,
+                        index_range: UaString::null(),
+                    },
+                    MonitoringMode::Reporting,
+                    Duration::ZERO,
+                    false,
+                    10,
+                    true,
+                    TimestampsToReturn::Both,
+                    Filter::Event(Box::new(filter)),
+                );
+                s.add_item(item)
+            })
+            .unwrap();
+        f.reg.watch(&server, 12, id, item_id);
+        let event = crate::subscription::event::Event::new(
+            uascale_types::ByteString::new(vec![1]),
+            NodeId::ns0(2041),
+            server.clone(),
+            "S",
+            DateTime::from_ticks(1),
+            "m",
+            300,
+        );
+        let select = |i: &MonitoredItem| match &i.filter {
+            Filter::Event(c) => c.apply(&event, &|_, _| true),
+            Filter::DataChange { .. } => None,
+        };
+        assert_eq!(
+            f.reg.raise_event(f.t0, &[NodeId::string(2, "x")], &select),
+            0
+        );
+        assert_eq!(
+            f.reg
+                .raise_event(f.t0, std::slice::from_ref(&server), &select),
+            1
+        );
+        f.publish(&a, 1, 0);
+        f.run(100);
+        let got = f.take();
+        let Answer::Publish(p) = &got[0].1 else {
+            panic!("{got:?}");
+        };
+        let list = p.notification_message.notification_data.as_ref().unwrap()[0]
+            .downcast_ref::<uascale_types::EventNotificationList>()
+            .unwrap();
+        let events = list.events.as_ref().unwrap();
+        assert_eq!(events[0].client_handle, 5);
+        assert_eq!(events[0].event_fields, Some(vec![Variant::UInt16(300)]));
+    }
+}

@@ -1,0 +1,692 @@
+//! The publish state machine and monitored items on a simulated clock.
+
+// One real instant is the origin of each test's simulated time.
+#![allow(clippy::disallowed_methods)]
+
+use std::time::{Duration, Instant};
+
+use uascale_types::{
+    DataChangeNotification, DataChangeTrigger, DataValue, DateTime, MonitoringMode, NodeId,
+    PublishResponse, StatusChangeNotification, StatusCode, SubscriptionAcknowledgement,
+    TimestampsToReturn, UaString, Variant,
+};
+
+use super::item::{Filter, ItemTarget, MonitoredItem, OVERFLOW_BITS};
+use super::*;
+
+struct Clock {
+    t0: Instant,
+    ms: u64,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Clock {
+            t0: Instant::now(),
+            ms: 0,
+        }
+    }
+    fn now(&self) -> Now {
+        Now {
+            instant: self.t0 + Duration::from_millis(self.ms),
+            utc: DateTime::from_ticks(self.ms as i64 * 10_000),
+        }
+    }
+}
+
+type Set = SubscriptionSet<u32>;
+
+fn requested(interval: f64, lifetime: u32, keep_alive: u32) -> Requested {
+    Requested {
+        publishing_interval: interval,
+        lifetime_count: lifetime,
+        max_keep_alive_count: keep_alive,
+        max_notifications_per_publish: 0,
+        priority: 0,
+    }
+}
+
+fn sub(clock: &Clock, id: u32, interval: f64, lifetime: u32, keep_alive: u32) -> Subscription {
+    let r = requested(interval, lifetime, keep_alive);
+    let revised = SubscriptionLimits::default().revise(&r);
+    Subscription::new(id, clock.now().instant, revised, &r, true)
+}
+
+fn item(
+    s: &Subscription,
+    handle: u32,
+    queue: u32,
+    discard_oldest: bool,
+    filter: Filter,
+) -> MonitoredItem {
+    MonitoredItem::new(
+        s.next_item_id(),
+        handle,
+        ItemTarget {
+            node_id: NodeId::string(2, "x"),
+            attribute_id: 13,
+            index_range: UaString::null(),
+        },
+        MonitoringMode::Reporting,
+        Duration::from_millis(100),
+        false,
+        queue,
+        discard_oldest,
+        TimestampsToReturn::Both,
+        filter,
+    )
+}
+
+fn dv(x: f64) -> DataValue {
+    DataValue::value(x)
+}
+
+/// Advances the clock in 10 ms steps to `until_ms`, running timers.
+fn run(
+    set: &mut Set,
+    clock: &mut Clock,
+    until_ms: u64,
+    out: &mut Vec<Reply<u32>>,
+) -> Vec<Subscription> {
+    let limits = SubscriptionLimits::default();
+    let mut gone = Vec::new();
+    while clock.ms < until_ms {
+        clock.ms += 10;
+        if set.poll_timeout().is_some_and(|d| d <= clock.now().instant) {
+            gone.extend(set.handle_timeout(clock.now(), &mut |_| dv(0.0), &limits, out));
+        }
+    }
+    gone
+}
+
+fn publish(set: &mut Set, clock: &Clock, tag: u32, acks: &[(u32, u32)], out: &mut Vec<Reply<u32>>) {
+    let acks: Vec<_> = acks
+        .iter()
+        .map(|&(s, q)| SubscriptionAcknowledgement {
+            subscription_id: s,
+            sequence_number: q,
+        })
+        .collect();
+    set.publish(
+        clock.now(),
+        1,
+        tag,
+        &acks,
+        None,
+        tag,
+        &SubscriptionLimits::default(),
+        out,
+    );
+}
+
+fn response(r: &Reply<u32>) -> &PublishResponse {
+    match &r.answer {
+        Answer::Publish(p) => p,
+        Answer::Fault { status, .. } => panic!("fault {status:?}"),
+    }
+}
+
+fn values(p: &PublishResponse) -> Vec<DataValue> {
+    p.notification_message
+        .notification_data
+        .iter()
+        .flatten()
+        .filter_map(|e| e.downcast_ref::<DataChangeNotification>())
+        .flat_map(|d| d.monitored_items.iter().flatten().map(|m| m.value.clone()))
+        .collect()
+}
+
+fn is_keep_alive(p: &PublishResponse) -> bool {
+    p.notification_message
+        .notification_data
+        .as_ref()
+        .is_none_or(Vec::is_empty)
+}
+
+#[test]
+fn revision_stays_in_bounds() {
+    let l = SubscriptionLimits::default();
+    let r = l.revise(&requested(1.0, 1, 0));
+    assert_eq!(r.publishing_interval, Duration::from_millis(50));
+    assert_eq!(r.max_keep_alive_count, 1);
+    assert_eq!(r.lifetime_count, 3, "lifetime at least 3 x keep-alive");
+    let r = l.revise(&requested(f64::NAN, 10, 10));
+    assert_eq!(r.publishing_interval, Duration::from_millis(50));
+    assert_eq!(r.lifetime_count, 30);
+    let r = l.revise(&requested(1e12, u32::MAX, u32::MAX));
+    assert_eq!(r.publishing_interval, Duration::from_secs(3600));
+    assert_eq!(r.lifetime_count, 100_000);
+    assert!(r.max_keep_alive_count * 3 <= r.lifetime_count);
+    let r = l.revise(&requested(250.0, 100, 5));
+    assert_eq!(r.publishing_interval, Duration::from_millis(250));
+}
+
+#[test]
+fn first_cycle_sends_keep_alive_then_every_keep_alive_count() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    set.insert(sub(&clock, 7, 100.0, 30, 3));
+    let mut out = Vec::new();
+    for tag in 1..=3 {
+        publish(&mut set, &clock, tag, &[], &mut out);
+    }
+    assert!(out.is_empty(), "parked");
+    run(&mut set, &mut clock, 100, &mut out);
+    assert_eq!(out.len(), 1, "first cycle: keep-alive");
+    let p = response(&out[0]);
+    assert!(is_keep_alive(p));
+    assert_eq!(p.subscription_id, 7);
+    assert_eq!(
+        p.notification_message.sequence_number, 1,
+        "next seq, not consumed"
+    );
+    out.clear();
+    run(&mut set, &mut clock, 390, &mut out);
+    assert!(out.is_empty(), "nothing before 3 cycles: {}", out.len());
+    run(&mut set, &mut clock, 400, &mut out);
+    assert_eq!(out.len(), 1, "keep-alive after 3 more cycles");
+    assert!(is_keep_alive(response(&out[0])));
+    assert_eq!(out[0].to, 2);
+}
+
+#[test]
+fn notifications_are_sent_at_the_interval_and_acknowledged() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 30, 10);
+    let it = item(&s, 42, 10, true, Filter::default());
+    let id = s.add_item(it);
+    set.insert(s);
+    let mut out = Vec::new();
+    publish(&mut set, &clock, 1, &[], &mut out);
+    publish(&mut set, &clock, 2, &[], &mut out);
+    set.get_mut(1).unwrap().offer(id, dv(1.0));
+    set.get_mut(1).unwrap().offer(id, dv(1.0)); // no change: filtered
+    set.get_mut(1).unwrap().offer(id, dv(2.0));
+    run(&mut set, &mut clock, 90, &mut out);
+    assert!(out.is_empty(), "not before the interval");
+    run(&mut set, &mut clock, 100, &mut out);
+    let p = response(&out[0]);
+    assert_eq!(values(p), vec![dv(1.0), dv(2.0)]);
+    assert_eq!(p.notification_message.sequence_number, 1);
+    assert_eq!(p.available_sequence_numbers, Some(vec![1]));
+    assert!(!p.more_notifications);
+    // The next Publish acknowledges 1, and a bad ack gets its code.
+    out.clear();
+    publish(&mut set, &clock, 3, &[(1, 1), (1, 99), (5, 1)], &mut out);
+    set.get_mut(1).unwrap().offer(id, dv(3.0));
+    run(&mut set, &mut clock, 200, &mut out);
+    let p = response(&out[0]);
+    assert_eq!(out[0].to, 2, "the oldest parked request answers first");
+    assert_eq!(values(p), vec![dv(3.0)]);
+    assert_eq!(
+        p.available_sequence_numbers,
+        Some(vec![2]),
+        "1 was acknowledged"
+    );
+    assert_eq!(p.results, Some(vec![]), "request 2 carried no acks");
+    // Request 3's ack results travel with its own response.
+    out.clear();
+    set.get_mut(1).unwrap().offer(id, dv(4.0));
+    run(&mut set, &mut clock, 300, &mut out);
+    let p = response(&out[0]);
+    assert_eq!(out[0].to, 3);
+    assert_eq!(
+        p.results,
+        Some(vec![
+            StatusCode::Good,
+            StatusCode::BadSequenceNumberUnknown,
+            StatusCode::BadSubscriptionIdInvalid
+        ])
+    );
+}
+
+#[test]
+fn late_subscription_answers_the_next_publish_at_once() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 30, 10);
+    let id = s.add_item(item(&s, 1, 10, true, Filter::default()));
+    set.insert(s);
+    set.get_mut(1).unwrap().offer(id, dv(5.0));
+    let mut out = Vec::new();
+    run(&mut set, &mut clock, 250, &mut out);
+    assert_eq!(set.get(1).unwrap().state, State::Late);
+    publish(&mut set, &clock, 9, &[], &mut out);
+    assert_eq!(out.len(), 1, "answered without waiting for the timer");
+    assert_eq!(values(response(&out[0])), vec![dv(5.0)]);
+    assert_eq!(set.get(1).unwrap().state, State::Normal);
+}
+
+#[test]
+fn lifetime_expiry_sends_bad_timeout_status_change() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    set.insert(sub(&clock, 4, 100.0, 3, 1));
+    let mut out = Vec::new();
+    run(&mut set, &mut clock, 200, &mut out);
+    assert!(set.get(4).is_some(), "alive after 2 cycles");
+    // A Publish resets the lifetime counter (and is answered: the
+    // subscription was late with its first keep-alive).
+    publish(&mut set, &clock, 1, &[], &mut out);
+    assert_eq!(out.len(), 1);
+    out.clear();
+    let gone = run(&mut set, &mut clock, 490, &mut out);
+    assert!(
+        gone.is_empty(),
+        "alive until 3 cycles after the Publish at 200"
+    );
+    let gone = run(&mut set, &mut clock, 500, &mut out);
+    assert_eq!(gone.len(), 1);
+    assert!(set.get(4).is_none());
+    // The StatusChange waits for the next Publish.
+    publish(&mut set, &clock, 2, &[], &mut out);
+    let p = response(&out[0]);
+    assert_eq!(p.subscription_id, 4);
+    let sc = p.notification_message.notification_data.as_ref().unwrap()[0]
+        .downcast_ref::<StatusChangeNotification>()
+        .unwrap();
+    assert_eq!(sc.status, StatusCode::BadTimeout);
+    // Then the session has nothing: BadNoSubscription.
+    out.clear();
+    publish(&mut set, &clock, 3, &[], &mut out);
+    assert_eq!(
+        out[0].answer,
+        Answer::Fault {
+            request_handle: 3,
+            status: StatusCode::BadNoSubscription
+        }
+    );
+}
+
+#[test]
+fn too_many_publish_requests_and_timeouts() {
+    let clock = Clock::new();
+    let mut set = Set::default();
+    set.insert(sub(&clock, 1, 10_000.0, 300, 100));
+    let limits = SubscriptionLimits {
+        max_publish_request_count: 2,
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    let t = clock.now().instant;
+    set.publish(
+        clock.now(),
+        1,
+        1,
+        &[],
+        Some(t + Duration::from_millis(500)),
+        1,
+        &limits,
+        &mut out,
+    );
+    set.publish(clock.now(), 1, 2, &[], None, 2, &limits, &mut out);
+    set.publish(clock.now(), 1, 3, &[], None, 3, &limits, &mut out);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].to, 1, "the oldest is pushed out");
+    assert_eq!(
+        out[0].answer,
+        Answer::Fault {
+            request_handle: 1,
+            status: StatusCode::BadTooManyPublishRequests
+        }
+    );
+    out.clear();
+    set.publish(
+        clock.now(),
+        1,
+        4,
+        &[],
+        Some(t + Duration::from_millis(300)),
+        4,
+        &limits,
+        &mut out,
+    );
+    assert_eq!(out.len(), 1, "2 pushed out");
+    out.clear();
+    assert_eq!(set.poll_timeout(), Some(t + Duration::from_millis(300)));
+    let later = Now {
+        instant: t + Duration::from_millis(300),
+        utc: DateTime::from_ticks(1),
+    };
+    set.handle_timeout(later, &mut |_| dv(0.0), &limits, &mut out);
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].answer,
+        Answer::Fault {
+            request_handle: 4,
+            status: StatusCode::BadTimeout
+        }
+    );
+    assert_eq!(set.parked(), 1, "3 still waits");
+    // The session moved to another channel: 3 can never be answered and
+    // is dropped; the new one waits in its place.
+    set.publish(clock.now(), 2, 5, &[], None, 5, &limits, &mut out);
+    assert_eq!(out.len(), 1, "nothing answered");
+    assert_eq!(set.parked(), 1);
+}
+
+#[test]
+fn retransmission_queue_and_republish() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 30, 10);
+    let id = s.add_item(item(&s, 1, 10, true, Filter::default()));
+    set.insert(s);
+    let mut out = Vec::new();
+    for n in 0..25u32 {
+        publish(&mut set, &clock, n, &[], &mut out);
+        set.get_mut(1).unwrap().offer(id, dv(f64::from(n)));
+        run(&mut set, &mut clock, u64::from(n + 1) * 100, &mut out);
+    }
+    assert_eq!(out.len(), 25);
+    let last = response(&out[24]);
+    assert_eq!(last.notification_message.sequence_number, 25);
+    // Unacknowledged: the newest 20 (max_retransmission_queue) are kept.
+    assert_eq!(
+        last.available_sequence_numbers,
+        Some((6..=25).collect::<Vec<u32>>())
+    );
+    let m = set.republish(1, 10).unwrap();
+    assert_eq!(m.sequence_number, 10);
+    assert_eq!(
+        values(&PublishResponse {
+            notification_message: m,
+            ..Default::default()
+        }),
+        vec![dv(9.0)]
+    );
+    assert_eq!(set.republish(1, 3), Err(StatusCode::BadMessageNotAvailable));
+    assert_eq!(
+        set.republish(2, 10),
+        Err(StatusCode::BadSubscriptionIdInvalid)
+    );
+}
+
+#[test]
+fn more_notifications_splits_messages() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let r = Requested {
+        max_notifications_per_publish: 2,
+        ..requested(100.0, 30, 10)
+    };
+    let mut s = Subscription::new(
+        1,
+        clock.now().instant,
+        SubscriptionLimits::default().revise(&r),
+        &r,
+        true,
+    );
+    let id = s.add_item(item(&s, 1, 10, true, Filter::default()));
+    for x in 0..5 {
+        s.offer(id, dv(f64::from(x)));
+    }
+    set.insert(s);
+    let mut out = Vec::new();
+    publish(&mut set, &clock, 1, &[], &mut out);
+    publish(&mut set, &clock, 2, &[], &mut out);
+    run(&mut set, &mut clock, 100, &mut out);
+    assert_eq!(out.len(), 2, "both parked requests used at once");
+    assert!(response(&out[0]).more_notifications);
+    assert_eq!(values(response(&out[0])).len(), 2);
+    assert!(response(&out[1]).more_notifications);
+    // The rest goes with the next Publish, immediately.
+    publish(&mut set, &clock, 3, &[], &mut out);
+    assert_eq!(out.len(), 3);
+    assert!(!response(&out[2]).more_notifications);
+    assert_eq!(values(response(&out[2])), vec![dv(4.0)]);
+}
+
+#[test]
+fn queue_overflow_sets_the_overflow_bit() {
+    let clock = Clock::new();
+    let s = sub(&clock, 1, 100.0, 30, 10);
+    let mut oldest = item(&s, 1, 3, true, Filter::default());
+    let mut newest = item(&s, 2, 3, false, Filter::default());
+    let mut single = item(&s, 3, 1, true, Filter::default());
+    for x in 0..5 {
+        oldest.offer(dv(f64::from(x)));
+        newest.offer(dv(f64::from(x)));
+        single.offer(dv(f64::from(x)));
+    }
+    let v = |i: &mut MonitoredItem| -> Vec<(f64, u32)> {
+        i.drain(0)
+            .map(|q| match q {
+                item::Queued::Value(d) => match d.value {
+                    Some(Variant::Double(x)) => (x, d.status_or_good().0),
+                    _ => panic!(),
+                },
+                _ => panic!(),
+            })
+            .collect()
+    };
+    assert_eq!(
+        v(&mut oldest),
+        vec![(2.0, OVERFLOW_BITS), (3.0, 0), (4.0, 0)]
+    );
+    assert_eq!(
+        v(&mut newest),
+        vec![(0.0, 0), (1.0, 0), (4.0, OVERFLOW_BITS)]
+    );
+    assert_eq!(
+        v(&mut single),
+        vec![(4.0, 0)],
+        "queue of one: no overflow bit"
+    );
+}
+
+#[test]
+fn deadband_and_trigger_filters() {
+    let clock = Clock::new();
+    let s = sub(&clock, 1, 100.0, 30, 10);
+    let mut abs = item(
+        &s,
+        1,
+        100,
+        true,
+        Filter::DataChange {
+            trigger: DataChangeTrigger::StatusValue,
+            deadband: 1.0,
+        },
+    );
+    for x in [10.0, 10.5, 11.0, 11.1, 9.0, 9.9] {
+        abs.offer(dv(x));
+    }
+    assert_eq!(abs.queued(), 3, "10, 11.1 (>1 from 10), 9 (>1 from 11.1)");
+    let mut status_only = item(
+        &s,
+        2,
+        100,
+        true,
+        Filter::DataChange {
+            trigger: DataChangeTrigger::Status,
+            deadband: 0.0,
+        },
+    );
+    status_only.offer(dv(1.0));
+    status_only.offer(dv(2.0));
+    status_only.offer(DataValue {
+        status: Some(StatusCode::BadOutOfService),
+        ..dv(2.0)
+    });
+    assert_eq!(status_only.queued(), 2);
+    let mut with_ts = item(
+        &s,
+        3,
+        100,
+        true,
+        Filter::DataChange {
+            trigger: DataChangeTrigger::StatusValueTimestamp,
+            deadband: 0.0,
+        },
+    );
+    let stamped = |t| DataValue {
+        source_timestamp: Some(DateTime::from_ticks(t)),
+        ..dv(1.0)
+    };
+    with_ts.offer(stamped(1));
+    with_ts.offer(stamped(1));
+    with_ts.offer(stamped(2));
+    assert_eq!(with_ts.queued(), 2);
+    // Array deadband: any element beyond it.
+    assert!(item::changed(
+        &DataValue::value(vec![1.0f64, 2.0]),
+        &DataValue::value(vec![1.0f64, 3.5]),
+        DataChangeTrigger::StatusValue,
+        1.0
+    ));
+    assert!(!item::changed(
+        &DataValue::value(vec![1.0f64, 2.0]),
+        &DataValue::value(vec![1.5f64, 2.5]),
+        DataChangeTrigger::StatusValue,
+        1.0
+    ));
+}
+
+#[test]
+fn triggering_reports_sampling_items() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 30, 10);
+    let trig = s.add_item(item(&s, 1, 10, true, Filter::default()));
+    let mut linked = item(&s, 2, 10, true, Filter::default());
+    linked.mode = MonitoringMode::Sampling;
+    let linked = s.add_item(linked);
+    s.item_mut(trig).unwrap().links.push(linked);
+    s.offer(linked, dv(7.0));
+    set.insert(s);
+    let mut out = Vec::new();
+    publish(&mut set, &clock, 1, &[], &mut out);
+    run(&mut set, &mut clock, 100, &mut out);
+    assert!(
+        is_keep_alive(response(&out[0])),
+        "sampling item alone is not reported"
+    );
+    set.get_mut(1).unwrap().offer(trig, dv(1.0));
+    publish(&mut set, &clock, 2, &[], &mut out);
+    run(&mut set, &mut clock, 200, &mut out);
+    let p = response(&out[1]);
+    let handles: Vec<u32> = p
+        .notification_message
+        .notification_data
+        .iter()
+        .flatten()
+        .filter_map(|e| e.downcast_ref::<DataChangeNotification>())
+        .flat_map(|d| d.monitored_items.iter().flatten().map(|m| m.client_handle))
+        .collect();
+    assert_eq!(handles, vec![1, 2], "the trigger and its linked item");
+    // Removing the linked item removes the link.
+    set.get_mut(1).unwrap().remove_item(linked);
+    assert!(set.get(1).unwrap().item(trig).unwrap().links.is_empty());
+}
+
+#[test]
+fn sampled_items_run_on_their_timer_and_disabled_items_are_silent() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 30, 10);
+    let mut it = item(&s, 1, 100, true, Filter::default());
+    it.sampled = true;
+    it.sampling_interval = Duration::from_millis(50);
+    it.start(clock.now().instant);
+    let id = s.add_item(it);
+    set.insert(s);
+    let limits = SubscriptionLimits::default();
+    let mut out = Vec::new();
+    let mut n = 0.0;
+    let mut sampler = |_: &ItemTarget| {
+        n += 1.0;
+        dv(n)
+    };
+    for step in 0..=10u64 {
+        clock.ms = step * 10;
+        if set.poll_timeout().is_some_and(|d| d <= clock.now().instant) {
+            set.handle_timeout(clock.now(), &mut sampler, &limits, &mut out);
+        }
+    }
+    // Samples at 0, 50, 100 ms.
+    assert_eq!(set.get(1).unwrap().item(id).unwrap().queued(), 3);
+    set.get_mut(1)
+        .unwrap()
+        .item_mut(id)
+        .unwrap()
+        .set_mode(MonitoringMode::Disabled, clock.now().instant);
+    set.get_mut(1).unwrap().items_changed();
+    assert_eq!(set.get(1).unwrap().item(id).unwrap().queued(), 0);
+    assert_eq!(
+        set.poll_timeout(),
+        Some(set.get(1).unwrap().next_publish),
+        "no sampling timer"
+    );
+}
+
+#[test]
+fn status_change_goes_out_with_a_parked_publish() {
+    let clock = Clock::new();
+    let mut set = Set::default();
+    set.insert(sub(&clock, 1, 100.0, 30, 10));
+    set.insert(sub(&clock, 2, 100.0, 30, 10));
+    let mut out = Vec::new();
+    publish(&mut set, &clock, 1, &[], &mut out);
+    let moved = set.remove(2).unwrap();
+    set.status_change(
+        clock.now(),
+        2,
+        next_sequence_number(&moved),
+        GOOD_SUBSCRIPTION_TRANSFERRED,
+        &mut out,
+    );
+    let p = response(&out[0]);
+    assert_eq!(p.subscription_id, 2);
+    let sc = p.notification_message.notification_data.as_ref().unwrap()[0]
+        .downcast_ref::<StatusChangeNotification>()
+        .unwrap();
+    assert_eq!(sc.status, GOOD_SUBSCRIPTION_TRANSFERRED);
+}
+
+#[test]
+fn per_item_state_stays_small() {
+    // Memory per session is a headline number: these are multiplied by
+    // the session count (the scale test prints the measured total).
+    assert!(std::mem::size_of::<Subscription>() <= 160);
+    assert!(std::mem::size_of::<MonitoredItem>() <= 288);
+    assert!(std::mem::size_of::<SubscriptionSet<crate::reply::Responder>>() <= 128);
+}
+
+#[test]
+fn idle_cycles_are_skipped_until_keep_alive_or_data() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 300, 10);
+    let id = s.add_item(item(&s, 1, 10, true, Filter::default()));
+    set.insert(s);
+    let mut out = Vec::new();
+    publish(&mut set, &clock, 1, &[], &mut out);
+    publish(&mut set, &clock, 2, &[], &mut out);
+    run(&mut set, &mut clock, 200, &mut out);
+    assert_eq!(out.len(), 1, "the first keep-alive");
+    // Idle: the timer next has work at the 10th cycle (the keep-alive),
+    // not at every cycle in between.
+    let t0 = clock.t0;
+    assert_eq!(set.poll_timeout(), Some(t0 + Duration::from_millis(1100)));
+    // Data at 450 ms brings the next cycle (500) back.
+    clock.ms = 450;
+    set.get_mut(1)
+        .unwrap()
+        .offer_at(clock.now().instant, id, dv(3.0));
+    assert_eq!(set.poll_timeout(), Some(t0 + Duration::from_millis(500)));
+    run(&mut set, &mut clock, 500, &mut out);
+    assert_eq!(out.len(), 2);
+    assert_eq!(values(response(&out[1])), vec![dv(3.0)]);
+    assert_eq!(out[1].to, 2);
+    // Nothing else until the keep-alive 10 cycles later, and no timer work
+    // in between.
+    publish(&mut set, &clock, 3, &[], &mut out);
+    assert_eq!(set.poll_timeout(), Some(t0 + Duration::from_millis(1500)));
+    run(&mut set, &mut clock, 1490, &mut out);
+    assert_eq!(out.len(), 2);
+    run(&mut set, &mut clock, 1500, &mut out);
+    assert_eq!(out.len(), 3);
+    assert!(is_keep_alive(response(&out[2])));
+}
