@@ -27,7 +27,7 @@
 //! every MSG/CLO chunk is verified (and decrypted) in place before
 //! reassembly, every outgoing chunk padded, signed and encrypted. After a
 //! renewal the server keeps answering with the old token until the client
-//! uses the new one (Part 6 §6.7.4), and accepts the old one until then.
+//! uses the new one (Part 4 §5.5.2.1), and accepts the old one until then.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -254,11 +254,21 @@ pub fn write_chunks_protected(
     body: &[u8],
     limits: &SendLimits,
 ) -> Result<(), ChannelError> {
-    let mut header = Vec::with_capacity(64);
-    match security {
-        SecurityHeader::Asymmetric(a) => a.encode(&mut header),
-        SecurityHeader::Symmetric(token) => token.encode(&mut header),
-    }
+    // The symmetric header (every MSG) stays on the stack; only OPN allocates.
+    let token_bytes;
+    let asymmetric;
+    let header: &[u8] = match security {
+        SecurityHeader::Asymmetric(a) => {
+            let mut h = Vec::with_capacity(64);
+            a.encode(&mut h);
+            asymmetric = h;
+            &asymmetric
+        }
+        SecurityHeader::Symmetric(token) => {
+            token_bytes = token.to_le_bytes();
+            &token_bytes
+        }
+    };
     let head_len = HEADER_LEN + 4 + header.len();
     let room = protection.max_body(limits.max_chunk_size, head_len);
     if room == 0 {
@@ -284,7 +294,7 @@ pub fn write_chunks_protected(
         let at = out.len();
         MessageHeader::write_start(out, message_type, ct);
         channel_id.encode(out);
-        out.extend_from_slice(&header);
+        out.extend_from_slice(header);
         seq.take().encode(out);
         request_id.encode(out);
         out.extend_from_slice(part);

@@ -440,3 +440,156 @@ pub fn open_asymmetric(
 
 /// Bytes of the unencrypted headers of a symmetric chunk.
 pub const SYMMETRIC_HEAD_LEN: usize = HEADER_LEN + 4 + 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunk::{
+        parse_security_header, write_chunks_protected, AsymmetricHeader, Chunk, SecurityHeader,
+        SendLimits, SequenceNumbers,
+    };
+    use crate::tcp::{split_messages, ChunkType, MessageType};
+    use uascale_crypto::policy::derive_keys;
+
+    const POLICIES: [SecurityPolicy; 3] = [
+        SecurityPolicy::Basic256Sha256,
+        SecurityPolicy::Aes128Sha256RsaOaep,
+        SecurityPolicy::Aes256Sha256RsaPss,
+    ];
+
+    /// Seals `body` into chunks of at most `chunk`, checks every size, opens
+    /// them again and returns the reassembled body.
+    fn round_trip(keys: &SymmetricKeys, encrypted: bool, body: &[u8], chunk: usize) -> Vec<u8> {
+        let protection = if encrypted {
+            Protection::SignAndEncrypt(keys)
+        } else {
+            Protection::Sign(keys)
+        };
+        let mut out = Vec::new();
+        let limits = SendLimits {
+            max_chunk_size: chunk,
+            max_message_size: 0,
+            max_chunk_count: 0,
+        };
+        let mut seq = SequenceNumbers::starting_at(1);
+        write_chunks_protected(
+            &mut out,
+            MessageType::Message,
+            5,
+            &SecurityHeader::Symmetric(9),
+            &protection,
+            &mut seq,
+            3,
+            body,
+            &limits,
+        )
+        .unwrap();
+        let mut joined = Vec::new();
+        let msgs = split_messages(&out);
+        let n = msgs.len();
+        for (i, (h, m)) in msgs.into_iter().enumerate() {
+            assert!(m.len() <= chunk, "{} > {chunk}", m.len());
+            if i + 1 < n {
+                // Only the last chunk may be short by more than one block
+                // (plus the padding-size byte when encrypted).
+                assert!(m.len() + AES_BLOCK + 1 > chunk, "{} of {chunk}", m.len());
+            }
+            let mut m = m.to_vec();
+            let (_, _, head) = parse_security_header(&h, &m).unwrap();
+            assert_eq!(head, SYMMETRIC_HEAD_LEN);
+            let len = open_symmetric(keys, encrypted, &mut m, head).unwrap();
+            let c = Chunk::parse(&h, &m[..len]).unwrap();
+            assert_eq!(
+                c.chunk_type == ChunkType::Final,
+                i + 1 == n,
+                "only the last chunk is final"
+            );
+            joined.extend_from_slice(c.body);
+        }
+        joined
+    }
+
+    #[test]
+    fn symmetric_chunks_fit_and_round_trip_for_every_length() {
+        for policy in POLICIES {
+            let keys = derive_keys(policy, &[3; 32], &[4; 32]).unwrap();
+            for encrypted in [false, true] {
+                for chunk in [1024usize, 1500, 8192] {
+                    for len in (0..2100).step_by(7).chain([2047, 2048, 2049]) {
+                        let body: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+                        assert_eq!(round_trip(&keys.client, encrypted, &body, chunk), body);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn opening_garbage_is_an_error_not_a_panic() {
+        let keys = derive_keys(SecurityPolicy::Basic256Sha256, &[3; 32], &[4; 32]).unwrap();
+        for len in 0..200 {
+            for encrypted in [false, true] {
+                let mut m = vec![0xffu8; len];
+                let e = open_symmetric(&keys.client, encrypted, &mut m, SYMMETRIC_HEAD_LEN);
+                assert_eq!(
+                    e.unwrap_err().status_code(),
+                    StatusCode::BadSecurityChecksFailed
+                );
+            }
+        }
+        let a = RsaPrivateKey::generate(2048).unwrap();
+        let b = RsaPrivateKey::generate(2048).unwrap();
+        for len in [0usize, 1, 20, 255, 256, 257, 512, 600] {
+            let m = vec![0x30u8; len];
+            let e = open_asymmetric(SecurityPolicy::Basic256Sha256, &a, b.public_key(), &m, 16);
+            assert!(e.is_err());
+        }
+        assert!(leaf_certificate(b"\x30\x84\0\0\0\x01\0").is_err());
+        assert!(leaf_certificate(b"\x30\x82\x01").is_err());
+        assert_eq!(
+            leaf_certificate(b"\x30\x01\x05\x30").unwrap(),
+            b"\x30\x01\x05"
+        );
+    }
+
+    #[test]
+    fn asymmetric_chunk_fits_the_buffer_at_its_limit() {
+        let a = RsaPrivateKey::generate(2048).unwrap();
+        let b = RsaPrivateKey::generate(2048).unwrap();
+        let policy = SecurityPolicy::Aes256Sha256RsaPss;
+        let protection = Protection::Asymmetric {
+            policy,
+            local: &a,
+            remote: b.public_key(),
+        };
+        let header = SecurityHeader::Asymmetric(AsymmetricHeader::none());
+        let head = HEADER_LEN + 4 + 4 + POLICY_LEN + 4 + 4;
+        let room = protection.max_body(8192, head);
+        for (len, fits) in [(room, true), (room + 1, false)] {
+            let mut out = Vec::new();
+            let r = write_chunks_protected(
+                &mut out,
+                MessageType::OpenSecureChannel,
+                0,
+                &header,
+                &protection,
+                &mut SequenceNumbers::starting_at(1),
+                1,
+                &vec![1; len],
+                &SendLimits {
+                    max_chunk_size: 8192,
+                    max_message_size: 0,
+                    max_chunk_count: 0,
+                },
+            );
+            assert_eq!(r.is_ok(), fits, "{len}");
+            if fits {
+                assert!(out.len() <= 8192 && out.len() > 8192 - 256, "{}", out.len());
+                let plain = open_asymmetric(policy, &b, a.public_key(), &out, head).unwrap();
+                assert_eq!(plain.len(), head + SEQUENCE_HEADER_LEN + len);
+            }
+        }
+    }
+
+    const POLICY_LEN: usize = "http://opcfoundation.org/UA/SecurityPolicy#None".len();
+}
