@@ -159,6 +159,7 @@ fn discovery_and_sessions_with_asyncua_and_open62541() {
     assert!(run_peer("demo_asyncua.py", &url).contains("asyncua demo ok"));
     assert!(run_peer("limits_asyncua.py", &url).contains("asyncua limits ok"));
     assert!(run_peer("companion_asyncua.py", &url).contains("asyncua companion ok"));
+    assert!(run_peer("demo_o6.py", &url).contains("o6 demo ok"));
     // Serving many clients one after another leaves the server healthy.
     assert!(run_peer("discovery_asyncua.py", &url).contains("asyncua discovery ok"));
     let status = server.stop();
