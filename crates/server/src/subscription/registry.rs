@@ -106,8 +106,10 @@ pub struct Registry<P> {
     seq: AtomicU64,
     next_id: AtomicU32,
     subscription_count: AtomicUsize,
+    cumulated: AtomicUsize,
     item_count: AtomicUsize,
     wake: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    diagnostics: Mutex<Option<(Instant, Variant)>>,
 }
 
 impl<P> std::fmt::Debug for Registry<P> {
@@ -141,8 +143,10 @@ impl<P: PublishSink> Registry<P> {
             seq: AtomicU64::new(0),
             next_id: AtomicU32::new(1),
             subscription_count: AtomicUsize::new(0),
+            cumulated: AtomicUsize::new(0),
             item_count: AtomicUsize::new(0),
             wake: OnceLock::new(),
+            diagnostics: Mutex::new(None),
         }
     }
 
@@ -155,6 +159,41 @@ impl<P: PublishSink> Registry<P> {
     /// Subscriptions in the server.
     pub fn subscription_count(&self) -> usize {
         self.subscription_count.load(Ordering::Relaxed)
+    }
+
+    /// Subscriptions created since the server started.
+    pub fn cumulated_subscription_count(&self) -> usize {
+        self.cumulated.load(Ordering::Relaxed)
+    }
+
+    /// The SubscriptionDiagnosticsArray: rebuilt when asked for, at most
+    /// once a second (SCALABILITY.md §5), so a burst of creates or of reads
+    /// does not rebuild it each time. Counters the engine does not keep
+    /// (modify, republish, notification counts) read 0.
+    pub fn subscription_diagnostics(&self, now: Instant) -> Variant {
+        let mut cache = lock(&self.diagnostics);
+        if let Some((built, v)) = cache.as_ref() {
+            if now.saturating_duration_since(*built) < std::time::Duration::from_secs(1) {
+                return v.clone();
+            }
+        }
+        let mut sets: Vec<(NodeId, SetRef<P>)> = Vec::new();
+        for shard in &self.sessions {
+            sets.extend(lock(shard).iter().map(|(k, v)| (k.clone(), Arc::clone(v))));
+        }
+        let mut rows = Vec::new();
+        for (session, set) in sets {
+            let g = lock(&set);
+            for s in g.subscriptions() {
+                rows.push(uascale_types::ExtensionObject::new(s.diagnostics(&session)));
+            }
+        }
+        // An empty array stays a (typed) array, not a null value.
+        let v = Variant::from(uascale_types::Array::new(
+            uascale_types::ArrayValues::ExtensionObject(rows),
+        ));
+        *cache = Some((now, v.clone()));
+        v
     }
 
     /// Monitored items in the server.
@@ -272,6 +311,7 @@ impl<P: PublishSink> Registry<P> {
         {
             return Err(StatusCode::BadTooManySubscriptions);
         }
+        self.cumulated.fetch_add(1, Ordering::Relaxed);
         let revised = self.limits.revise(requested);
         let id = loop {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
