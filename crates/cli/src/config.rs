@@ -7,7 +7,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_server::identity::UserAccount;
 use uascale_server::ServerConfig;
+use uascale_types::MessageSecurityMode;
 
 /// `[server]`
 #[derive(Debug, Default, Deserialize, Serialize)]
@@ -111,6 +114,64 @@ pub struct SubscriptionsSection {
     pub max_monitored_items_per_call: Option<usize>,
 }
 
+/// `[security]`
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecuritySection {
+    /// The PKI directory.
+    pub pki_dir: Option<String>,
+    /// Security policies published (names as in the policy URIs, e.g.
+    /// "Basic256Sha256", or the full URIs).
+    pub policies: Option<Vec<String>>,
+    /// Modes published for each policy: "Sign", "SignAndEncrypt".
+    pub modes: Option<Vec<String>>,
+    /// Also publish the unsecured None endpoint.
+    pub allow_security_none: Option<bool>,
+    /// Accept every client certificate (unsafe).
+    pub trust_all_client_certificates: Option<bool>,
+    /// Reject CA-issued certificates whose CA has no CRL.
+    pub reject_unknown_revocation_status: Option<bool>,
+    /// Most files kept in rejected/certs.
+    pub max_rejected_certificates: Option<usize>,
+    /// How often the PKI directory is checked for changes, ms.
+    pub pki_reload_interval_ms: Option<u64>,
+    /// Offer the Anonymous user token.
+    pub allow_anonymous: Option<bool>,
+    /// Failed activations per client within a minute before a lockout; 0 = off.
+    pub max_failed_authentication_attempts: Option<u32>,
+}
+
+/// `[[users]]`
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserEntry {
+    /// User name.
+    pub name: String,
+    /// argon2 PHC hash (`uascale user hash`).
+    pub password_hash: String,
+}
+
+/// A policy by its short name or URI.
+fn policy_named(name: &str) -> Option<SecurityPolicy> {
+    SecurityPolicy::from_uri(name).or_else(|| {
+        SecurityPolicy::from_uri(&format!(
+            "http://opcfoundation.org/UA/SecurityPolicy#{name}"
+        ))
+    })
+}
+
+fn policy_name(p: SecurityPolicy) -> String {
+    p.uri().rsplit('#').next().unwrap_or(p.uri()).to_owned()
+}
+
+fn mode_named(name: &str) -> Option<MessageSecurityMode> {
+    match name {
+        "Sign" => Some(MessageSecurityMode::Sign),
+        "SignAndEncrypt" => Some(MessageSecurityMode::SignAndEncrypt),
+        _ => None,
+    }
+}
+
 /// The whole file.
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -127,6 +188,12 @@ pub struct FileConfig {
     /// `[subscriptions]`
     #[serde(default)]
     pub subscriptions: SubscriptionsSection,
+    /// `[security]`
+    #[serde(default)]
+    pub security: SecuritySection,
+    /// `[[users]]`
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<UserEntry>,
 }
 
 fn ms(v: u64) -> Duration {
@@ -257,7 +324,8 @@ impl FileConfig {
         if let Some(v) = self.demo.rate_ms {
             c.demo_rate = ms(positive("demo.rate_ms", v)?);
         }
-        self.apply_subscriptions(&mut c.subscriptions)
+        self.apply_subscriptions(&mut c.subscriptions)?;
+        self.apply_security(c)
     }
 
     fn apply_subscriptions(
@@ -323,6 +391,84 @@ impl FileConfig {
         Ok(())
     }
 
+    fn apply_security(&self, c: &mut ServerConfig) -> Result<(), String> {
+        let s = &self.security;
+        let sec = &mut c.security;
+        if let Some(v) = &s.pki_dir {
+            if v.is_empty() {
+                return Err("security.pki_dir must not be empty".into());
+            }
+            sec.pki_dir = v.into();
+        }
+        if let Some(names) = &s.policies {
+            sec.policies = names
+                .iter()
+                .map(|n| {
+                    policy_named(n).filter(|p| !p.is_none()).ok_or_else(|| {
+                        format!(
+                            "security.policies: {n:?} is not one of Basic256Sha256, \
+                             Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss (None is \
+                             allow_security_none)"
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        if let Some(names) = &s.modes {
+            sec.modes = names
+                .iter()
+                .map(|n| {
+                    mode_named(n).ok_or_else(|| {
+                        format!("security.modes: {n:?} is not Sign or SignAndEncrypt")
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        if let Some(v) = s.allow_security_none {
+            sec.allow_security_none = v;
+        }
+        if let Some(v) = s.trust_all_client_certificates {
+            sec.pki.trust_all_client_certificates = v;
+        }
+        if let Some(v) = s.reject_unknown_revocation_status {
+            sec.pki.reject_unknown_revocation_status = v;
+        }
+        if let Some(v) = s.max_rejected_certificates {
+            sec.pki.max_rejected_certificates = v;
+        }
+        if let Some(v) = s.pki_reload_interval_ms {
+            sec.pki.reload_interval = ms(positive("security.pki_reload_interval_ms", v)?);
+        }
+        if let Some(v) = s.allow_anonymous {
+            sec.allow_anonymous = v;
+        }
+        if let Some(v) = s.max_failed_authentication_attempts {
+            sec.max_failed_authentication_attempts = v;
+        }
+        if sec.endpoints().is_empty() {
+            return Err(
+                "security: no endpoint left (policies or modes empty and allow_security_none = false)"
+                    .into(),
+            );
+        }
+        if !self.users.is_empty() {
+            let mut names = std::collections::HashSet::new();
+            sec.users = self
+                .users
+                .iter()
+                .enumerate()
+                .map(|(i, u)| {
+                    if !names.insert(u.name.as_str()) {
+                        return Err(format!("users[{i}].name: {:?} appears twice", u.name));
+                    }
+                    UserAccount::new(&u.name, &u.password_hash)
+                        .map_err(|e| format!("users[{i}].password_hash: {e}"))
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(())
+    }
+
     /// Every key with its effective value.
     pub fn effective(c: &ServerConfig) -> Self {
         let millis = |d: Duration| Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -383,6 +529,43 @@ impl FileConfig {
                     max_monitored_items_per_call: Some(l.max_monitored_items_per_call),
                 }
             },
+            security: SecuritySection {
+                pki_dir: Some(c.security.pki_dir.display().to_string()),
+                policies: Some(
+                    c.security
+                        .policies
+                        .iter()
+                        .map(|p| policy_name(*p))
+                        .collect(),
+                ),
+                modes: Some(
+                    c.security
+                        .modes
+                        .iter()
+                        .filter_map(|m| m.name().map(str::to_owned))
+                        .collect(),
+                ),
+                allow_security_none: Some(c.security.allow_security_none),
+                trust_all_client_certificates: Some(c.security.pki.trust_all_client_certificates),
+                reject_unknown_revocation_status: Some(
+                    c.security.pki.reject_unknown_revocation_status,
+                ),
+                max_rejected_certificates: Some(c.security.pki.max_rejected_certificates),
+                pki_reload_interval_ms: millis(c.security.pki.reload_interval),
+                allow_anonymous: Some(c.security.allow_anonymous),
+                max_failed_authentication_attempts: Some(
+                    c.security.max_failed_authentication_attempts,
+                ),
+            },
+            users: c
+                .security
+                .users
+                .iter()
+                .map(|u| UserEntry {
+                    name: u.name().to_owned(),
+                    password_hash: u.password_hash().to_owned(),
+                })
+                .collect(),
         }
     }
 
@@ -421,6 +604,58 @@ mod tests {
             .apply(&mut c)
             .unwrap_err()
             .contains("subscriptions.max_publish_request_count"));
+    }
+
+    #[test]
+    fn security_keys() {
+        let mut c = ServerConfig::default();
+        let f = FileConfig::parse(
+            "[security]\npolicies = [\"Basic256Sha256\"]\nmodes = [\"SignAndEncrypt\"]\n\
+             allow_security_none = false\ntrust_all_client_certificates = true\n\
+             pki_dir = \"/tmp/x\"\nmax_failed_authentication_attempts = 0\n\
+             [[users]]\nname = \"alice\"\n\
+             password_hash = \"$argon2id$v=19$m=64,t=1,p=1$MDEyMzQ1Njc4OWFiY2RlZg$VqTeVXbWRg6XKh3mS9Zb5B5y4gFHmT1nbC3WlbnJEhc\"\n",
+        )
+        .unwrap();
+        f.apply(&mut c).unwrap();
+        assert_eq!(
+            c.security.endpoints(),
+            [(
+                SecurityPolicy::Basic256Sha256,
+                MessageSecurityMode::SignAndEncrypt
+            )]
+        );
+        assert!(c.security.pki.trust_all_client_certificates);
+        assert_eq!(c.security.users.len(), 1);
+        assert_eq!(c.security.max_failed_authentication_attempts, 0);
+        let text = FileConfig::effective(&c).to_toml();
+        assert!(text.contains("[[users]]"), "{text}");
+        let mut again = ServerConfig::default();
+        FileConfig::parse(&text).unwrap().apply(&mut again).unwrap();
+        assert_eq!(FileConfig::effective(&again).to_toml(), text);
+
+        for (bad, key) in [
+            (
+                "[security]\npolicies = [\"Basic128Rsa15\"]\n",
+                "security.policies",
+            ),
+            ("[security]\nmodes = [\"None\"]\n", "security.modes"),
+            (
+                "[security]\npolicies = []\nallow_security_none = false\n",
+                "no endpoint",
+            ),
+            (
+                "[[users]]\nname = \"bob\"\npassword_hash = \"hunter2\"\n",
+                "users[0].password_hash",
+            ),
+        ] {
+            let e = FileConfig::parse(bad)
+                .and_then(|f| f.apply(&mut ServerConfig::default()))
+                .unwrap_err();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+        let e = FileConfig::parse("[[users]]\nname = \"bob\"\npasword = \"x\"\n").unwrap_err();
+        assert!(e.contains("pasword"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! message.
 
 mod bench;
+mod cert;
 mod client_cmd;
 mod config;
 mod values;
@@ -16,7 +17,10 @@ use uascale_types::{decode_message, DecodeLimits, Reader};
 
 const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--host NAME] [--port N]
                      [--bind ADDR] [--nodes N] [--rate-ms MS] [--nodeset FILE]...
+                     [--pki DIR] [--security none|all]
        uascale decode <HEX | @FILE>
+       uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
+       uascale user hash
 
   serve    run the OPC UA server on opc.tcp://NAME:N (default
            opc.tcp://localhost:4840, bound to 0.0.0.0); log level from
@@ -25,7 +29,10 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            --nodeset loads a companion NodeSet2 XML file (repeatable, in
            order; added to the config file's server.nodesets);
            --config reads a TOML file (keys as --print-config shows them),
-           flags override it
+           flags override it; --pki DIR is the PKI directory (default ./pki,
+           created with a self-signed certificate on first start);
+           --security none publishes only the unsecured endpoint (no PKI),
+           all every RSA policy in Sign and SignAndEncrypt (the default)
   decode   decode one binary OPC UA service message (the NodeId of its
            encoding followed by the body, as in a MSG chunk) and print it;
            HEX may contain spaces, @FILE reads raw bytes from a file";
@@ -115,6 +122,19 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
             "--config" => {
                 value("--config")?;
             }
+            "--pki" => config.security.pki_dir = value("--pki")?.into(),
+            "--security" => match value("--security")? {
+                // Only the None endpoint: no PKI, no certificate.
+                "none" => {
+                    config.security.policies.clear();
+                    config.security.allow_security_none = true;
+                }
+                "all" => {
+                    config.security.policies =
+                        uascale_server::config::SecurityConfig::default().policies;
+                }
+                other => return Err(format!("--security {other:?}: give none or all")),
+            },
             "--print-config" => print = true,
             other => return Err(format!("unknown option {other:?}")),
         }
@@ -207,6 +227,33 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("uascale serve: {e}\n(uascale --help for usage)");
                 ExitCode::from(2)
+            }
+        },
+        ["cert", "-h" | "--help"] | ["cert"] => {
+            println!("{}", cert::USAGE);
+            ExitCode::SUCCESS
+        }
+        ["cert", rest @ ..] => match cert::run(rest) {
+            Ok(text) => {
+                print!("{text}");
+                if !text.ends_with('\n') {
+                    println!();
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("uascale cert: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        ["user", "hash"] => match cert::hash_from(&mut std::io::stdin().lock()) {
+            Ok(hash) => {
+                println!("{hash}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("uascale user hash: {e}");
+                ExitCode::FAILURE
             }
         },
         ["-h" | "--help" | "help"] => {

@@ -27,7 +27,8 @@ fn serve(extra_config: &str) -> Server {
     let config = dir.join("server.toml");
     std::fs::write(&config, extra_config).unwrap();
     let child = Command::new(BIN)
-        .args(["serve", "--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["serve", "--bind", "127.0.0.1", "--security", "none"])
+        .args(["--port", &port.to_string()])
         .arg("--config")
         .arg(&config)
         .env("RUST_LOG", "warn")

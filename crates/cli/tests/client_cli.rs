@@ -24,7 +24,8 @@ fn serve() -> Server {
         .unwrap()
         .port();
     let child = Command::new(BIN)
-        .args(["serve", "--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["serve", "--bind", "127.0.0.1", "--security", "none"])
+        .args(["--port", &port.to_string()])
         .env("RUST_LOG", "warn")
         .stderr(Stdio::null())
         .spawn()

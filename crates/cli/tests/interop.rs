@@ -61,6 +61,10 @@ impl Serve {
                 "100",
                 "--nodes",
                 "50",
+                // These peers test the services on the None endpoint;
+                // interop_security.rs covers the secured ones.
+                "--security",
+                "none",
                 "--nodeset",
             ])
             .arg(root().join("tests/nodesets/devices.NodeSet2.xml"))

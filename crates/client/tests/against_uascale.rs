@@ -16,6 +16,7 @@ async fn start() -> String {
         host_name: "127.0.0.1".into(),
         // More references than one Browse page holds: BrowseNext is needed.
         demo_nodes: 1500,
+        security: uascale_server::config::SecurityConfig::none_only(),
         ..Default::default()
     };
     let server = Server::bind(config).unwrap();

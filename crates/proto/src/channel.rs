@@ -18,14 +18,24 @@
 //! and [`Event::Closed`]; other connections are untouched because nothing is
 //! shared but the reassembly budget.
 //!
-//! Security: SecurityPolicy None only so far. Any other policy URI is refused
-//! with `BadSecurityPolicyRejected` until the crypto policies land (issue 4);
-//! they plug in at the OPN handling and the chunk writer.
+//! Security: the policies and modes of [`ServerSecurity::endpoints`]. An OPN
+//! of a secured policy is checked in this order, cheapest first: policy
+//! offered, receiver thumbprint is ours, sender certificate parses and its
+//! key size fits the policy, the validator trusts it (Issue) or it is the
+//! channel's (Renew); then decrypted with our key, its signature verified,
+//! the mode and nonce checked. Symmetric keys are derived once per token;
+//! every MSG/CLO chunk is verified (and decrypted) in place before
+//! reassembly, every outgoing chunk padded, signed and encrypted. After a
+//! renewal the server keeps answering with the old token until the client
+//! uses the new one (Part 4 §5.5.2.1), and accepts the old one until then.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use uascale_crypto::policy::{derive_keys, ChannelKeys, SecurityPolicy};
+use uascale_crypto::rsa::RsaPublicKey;
+use uascale_crypto::x509::Certificate;
 use uascale_types::{
     decode_message, encode_message, ByteString, ChannelSecurityToken, CloseSecureChannelRequest,
     DateTime, DecodeLimits, MessageSecurityMode, OpenSecureChannelRequest,
@@ -34,11 +44,14 @@ use uascale_types::{
 };
 
 use crate::chunk::{
-    write_chunks, AsymmetricHeader, Chunk, SecurityHeader, SendLimits, SequenceNumbers,
-    POLICY_NONE_URI,
+    parse_security_header, write_chunks_protected, AsymmetricHeader, Chunk, SecurityHeader,
+    SendLimits, SequenceNumbers,
 };
 use crate::error::ChannelError;
 use crate::reassembly::{Assembled, Assembler, AssemblyLimits, ReassemblyBudget};
+use crate::security::{
+    leaf_certificate, open_asymmetric, open_symmetric, ChannelSecurity, Protection, ServerSecurity,
+};
 use crate::tcp::{
     ErrorMessage, Hello, MessageHeader, MessageType, Negotiated, TransportLimits, HEADER_LEN,
 };
@@ -70,6 +83,9 @@ pub struct ChannelConfig {
     pub assembly: AssemblyLimits,
     /// Decode limits for request bodies.
     pub decode: DecodeLimits,
+    /// Certificate, key, offered (policy, mode) pairs and the client
+    /// certificate validator.
+    pub security: ServerSecurity,
 }
 
 impl Default for ChannelConfig {
@@ -81,6 +97,7 @@ impl Default for ChannelConfig {
             max_token_lifetime: Duration::from_secs(3600),
             assembly: AssemblyLimits::default(),
             decode: DecodeLimits::default(),
+            security: ServerSecurity::default(),
         }
     }
 }
@@ -143,6 +160,7 @@ impl PendingConnection {
             out: Vec::new(),
             events: VecDeque::new(),
             activated: false,
+            security: ChannelSecurity::none(),
         }
     }
 
@@ -166,10 +184,16 @@ impl Default for PendingConnection {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+/// A secured OPN, opened: the decrypted chunk, the sender's certificate
+/// and its public key.
+type Secured = (Vec<u8>, Arc<Certificate>, Arc<RsaPublicKey>);
+
+#[derive(Debug)]
 struct Token {
     id: u32,
     expires: Instant,
+    /// Both directions' keys; None under SecurityPolicy None.
+    keys: Option<Box<ChannelKeys>>,
 }
 
 #[derive(Debug)]
@@ -201,6 +225,7 @@ pub struct ServerConnection {
     out: Vec<u8>,
     events: VecDeque<Event>,
     activated: bool,
+    security: ChannelSecurity,
 }
 
 fn peer(status: StatusCode, what: &'static str) -> ChannelError {
@@ -223,6 +248,12 @@ impl ServerConnection {
     /// The secure channel id.
     pub fn channel_id(&self) -> u32 {
         self.channel_id
+    }
+
+    /// What the channel is secured with: policy, mode and the client's
+    /// certificate (SecurityPolicy None until an OPN succeeded).
+    pub fn security(&self) -> &ChannelSecurity {
+        &self.security
     }
 
     /// The status it closed with, once closed.
@@ -267,7 +298,7 @@ impl ServerConnection {
                 Err(e) => break Err(e),
             };
             let size = header.message_size as usize;
-            let Some(msg) = rest.get(..size) else {
+            let Some(msg) = input.get_mut(consumed..consumed + size) else {
                 break Ok(());
             };
             consumed += size;
@@ -296,7 +327,7 @@ impl ServerConnection {
         &mut self,
         now: Now,
         header: &MessageHeader,
-        msg: &[u8],
+        msg: &mut [u8],
     ) -> Result<(), ChannelError> {
         match (&self.state, header.message_type) {
             (State::ExpectHello, MessageType::Hello) => {
@@ -338,25 +369,109 @@ impl ServerConnection {
         }
     }
 
+    /// Checks the asymmetric header of a secured OPN and opens the chunk:
+    /// returns the decrypted chunk and the sender's certificate and key.
+    fn open_secured(
+        &self,
+        policy: SecurityPolicy,
+        asym: &AsymmetricHeader,
+        msg: &[u8],
+        head_len: usize,
+    ) -> Result<Secured, ChannelError> {
+        let config = &self.config.security;
+        let Some(identity) = &config.identity else {
+            return Err(ChannelError::Resource {
+                status: StatusCode::BadSecurityPolicyRejected,
+                what: "no server certificate configured for a secured policy",
+            });
+        };
+        policy.check_key_bits(identity.private_key().bits())?;
+        if asym.receiver_thumbprint.as_bytes() != Some(&identity.thumbprint()[..]) {
+            return Err(peer(
+                StatusCode::BadSecurityChecksFailed,
+                "receiver thumbprint is not the server certificate's",
+            ));
+        }
+        let chain = asym.sender_certificate.as_bytes().unwrap_or_default();
+        let leaf = leaf_certificate(chain)?;
+        let (cert, key) = match (&self.state, &self.security.remote_certificate) {
+            (State::Open(_), Some(known)) => {
+                if known.der() != leaf {
+                    return Err(peer(
+                        StatusCode::BadSecurityChecksFailed,
+                        "renewal with another certificate",
+                    ));
+                }
+                let key = self.security.remote_key.clone().ok_or(peer(
+                    StatusCode::BadSecurityChecksFailed,
+                    "renewal on a channel without a key",
+                ))?;
+                (Arc::clone(known), key)
+            }
+            (State::Open(_), None) => {
+                return Err(peer(
+                    StatusCode::BadSecurityPolicyRejected,
+                    "renewal with another security policy",
+                ))
+            }
+            _ => {
+                let cert = Certificate::from_der(leaf)?;
+                // Before the key is loaded: aws-lc refuses short keys with a
+                // vaguer error.
+                policy.check_key_bits(cert.key_bits())?;
+                let key = RsaPublicKey::from_spki_der(cert.subject_public_key_info_der())?;
+                policy.check_key_bits(key.bits())?;
+                let Some(validator) = &config.validator else {
+                    return Err(peer(
+                        StatusCode::BadCertificateUntrusted,
+                        "no client certificates are trusted",
+                    ));
+                };
+                validator.validate(&cert, chain, policy)?;
+                (Arc::new(cert), Arc::new(key))
+            }
+        };
+        let plain = open_asymmetric(policy, identity.private_key(), &key, msg, head_len)?;
+        Ok((plain, cert, key))
+    }
+
     fn handle_open(
         &mut self,
         now: Now,
         header: &MessageHeader,
         msg: &[u8],
     ) -> Result<(), ChannelError> {
-        let chunk = Chunk::parse(header, msg)?;
-        let SecurityHeader::Asymmetric(asym) = &chunk.security else {
+        let (_, security, head_len) = parse_security_header(header, msg)?;
+        let SecurityHeader::Asymmetric(asym) = &security else {
             return Err(peer(
                 StatusCode::BadTcpMessageTypeInvalid,
                 "OPN without asymmetric header",
             ));
         };
-        if asym.policy_uri.as_str() != Some(POLICY_NONE_URI) {
-            return Err(peer(
+        let policy = asym
+            .policy_uri
+            .as_str()
+            .and_then(SecurityPolicy::from_uri)
+            .filter(|p| self.config.security.offers_policy(*p))
+            .ok_or(peer(
                 StatusCode::BadSecurityPolicyRejected,
                 "security policy not supported by this endpoint",
-            ));
+            ))?;
+        if let State::Open(_) = self.state {
+            if policy != self.security.policy {
+                return Err(peer(
+                    StatusCode::BadSecurityPolicyRejected,
+                    "renewal with another security policy",
+                ));
+            }
         }
+        let secured = if policy.is_none() {
+            None
+        } else {
+            Some(self.open_secured(policy, asym, msg, head_len)?)
+        };
+        let plain = secured.as_ref().map_or(msg, |(p, _, _)| p.as_slice());
+        let chunk = Chunk::parse(header, plain)?;
         let limits = &self.config.decode;
         let mut r = Reader::new(chunk.body, limits).map_err(ChannelError::decode)?;
         let decoded = decode_message(&mut r).map_err(ChannelError::decode)?;
@@ -378,10 +493,10 @@ impl ServerConnection {
                         "unknown secure channel id",
                     ));
                 }
-                if req.security_mode != MessageSecurityMode::None {
+                if !self.config.security.offers(policy, req.security_mode) {
                     return Err(peer(
                         StatusCode::BadSecurityModeRejected,
-                        "security mode other than None on the None policy",
+                        "security mode not offered with this policy",
                     ));
                 }
                 (1, SequenceNumbers::starting_at(1))
@@ -391,6 +506,12 @@ impl ServerConnection {
                     return Err(peer(
                         StatusCode::BadSecureChannelIdInvalid,
                         "renew for another channel",
+                    ));
+                }
+                if req.security_mode != self.security.mode {
+                    return Err(peer(
+                        StatusCode::BadSecurityModeRejected,
+                        "renewal with another security mode",
                     ));
                 }
                 check_sequence(open.last_received, chunk.sequence_number)?;
@@ -409,6 +530,15 @@ impl ServerConnection {
                 ))
             }
         };
+        let (server_nonce, keys) = if policy.is_none() {
+            (Vec::new(), None)
+        } else {
+            let client_nonce = req.client_nonce.as_bytes().unwrap_or_default();
+            policy.check_nonce(client_nonce)?;
+            let server_nonce = policy.random_nonce()?;
+            let keys = derive_keys(policy, client_nonce, &server_nonce)?;
+            (server_nonce, Some(Box::new(keys)))
+        };
         let resp = OpenSecureChannelResponse {
             response_header: ResponseHeader {
                 timestamp: now.utc,
@@ -423,40 +553,77 @@ impl ServerConnection {
                 created_at: now.utc,
                 revised_lifetime: u32::try_from(lifetime.as_millis()).unwrap_or(u32::MAX),
             },
-            server_nonce: ByteString::new(vec![]),
+            server_nonce: ByteString::new(server_nonce),
         };
         let mut body = Vec::new();
         encode_message(&resp, &mut body);
         let mut seq = first_seq;
         let send_limits = self.send_limits();
-        write_chunks(
-            &mut self.out,
-            MessageType::OpenSecureChannel,
-            self.channel_id,
-            &SecurityHeader::Asymmetric(AsymmetricHeader::none()),
-            &mut seq,
-            chunk.request_id,
-            &body,
-            &send_limits,
-        )?;
+        let config = Arc::clone(&self.config);
+        match (&secured, &config.security.identity) {
+            (Some((_, cert, key)), Some(identity)) => {
+                let header = AsymmetricHeader {
+                    policy_uri: UaString::from(policy.uri()),
+                    sender_certificate: ByteString::new(identity.certificate().der().to_vec()),
+                    receiver_thumbprint: ByteString::new(cert.thumbprint().to_vec()),
+                };
+                write_chunks_protected(
+                    &mut self.out,
+                    MessageType::OpenSecureChannel,
+                    self.channel_id,
+                    &SecurityHeader::Asymmetric(header),
+                    &Protection::Asymmetric {
+                        policy,
+                        local: identity.private_key(),
+                        remote: key,
+                    },
+                    &mut seq,
+                    chunk.request_id,
+                    &body,
+                    &send_limits,
+                )?;
+            }
+            _ => write_chunks_protected(
+                &mut self.out,
+                MessageType::OpenSecureChannel,
+                self.channel_id,
+                &SecurityHeader::Asymmetric(AsymmetricHeader::none()),
+                &Protection::None,
+                &mut seq,
+                chunk.request_id,
+                &body,
+                &send_limits,
+            )?,
+        }
         // Part 6 §6.7.4: allow 25 % beyond the lifetime before the token dies.
         let token = Token {
             id: token_id,
             expires: now.instant + lifetime + lifetime / 4,
+            keys,
         };
+        let last_received = chunk.sequence_number;
         match &mut self.state {
             State::Open(open) => {
-                open.previous = Some(open.current);
-                open.current = token;
-                open.last_received = chunk.sequence_number;
+                let old = std::mem::replace(&mut open.current, token);
+                // A token the client never switched to is dropped for good.
+                if open.previous.is_none() {
+                    open.previous = Some(old);
+                }
+                open.last_received = last_received;
                 open.send_seq = seq;
                 self.events.push_back(Event::Renewed { token_id });
             }
             _ => {
+                self.security = ChannelSecurity {
+                    policy,
+                    mode: req.security_mode,
+                    remote_certificate: secured.as_ref().map(|(_, c, _)| Arc::clone(c)),
+                    remote_key: secured.as_ref().map(|(_, _, k)| Arc::clone(k)),
+                };
                 self.state = State::Open(Open {
                     current: token,
                     previous: None,
-                    last_received: chunk.sequence_number,
+                    last_received,
                     send_seq: seq,
                 });
                 self.events.push_back(Event::Opened {
@@ -472,39 +639,55 @@ impl ServerConnection {
         &mut self,
         now: Now,
         header: &MessageHeader,
-        msg: &[u8],
+        msg: &mut [u8],
     ) -> Result<(), ChannelError> {
-        let chunk = Chunk::parse(header, msg)?;
+        let (channel_id, security, head_len) = parse_security_header(header, msg)?;
         let State::Open(open) = &mut self.state else {
             return Err(peer(
                 StatusCode::BadTcpMessageTypeInvalid,
                 "no open channel",
             ));
         };
-        if chunk.channel_id != self.channel_id {
+        if channel_id != self.channel_id {
             return Err(peer(
                 StatusCode::BadSecureChannelIdInvalid,
                 "message for another channel",
             ));
         }
-        let SecurityHeader::Symmetric(token_id) = chunk.security else {
+        let SecurityHeader::Symmetric(token_id) = security else {
             return Err(peer(
                 StatusCode::BadTcpMessageTypeInvalid,
                 "MSG without token id",
             ));
         };
-        if token_id == open.current.id {
+        let is_current = token_id == open.current.id;
+        let token = if is_current {
+            &open.current
+        } else {
+            match &open.previous {
+                Some(p) if p.id == token_id && p.expires > now.instant => p,
+                _ => {
+                    return Err(peer(
+                        StatusCode::BadSecureChannelTokenUnknown,
+                        "unknown or expired token",
+                    ))
+                }
+            }
+        };
+        let plain_len = match &token.keys {
+            Some(keys) => open_symmetric(
+                &keys.client,
+                self.security.mode == MessageSecurityMode::SignAndEncrypt,
+                msg,
+                head_len,
+            )?,
+            None => msg.len(),
+        };
+        if is_current {
             // The client switched to the new token: the old one is gone.
             open.previous = None;
-        } else if !open
-            .previous
-            .is_some_and(|p| p.id == token_id && p.expires > now.instant)
-        {
-            return Err(peer(
-                StatusCode::BadSecureChannelTokenUnknown,
-                "unknown or expired token",
-            ));
         }
+        let chunk = Chunk::parse(header, msg.get(..plain_len).unwrap_or_default())?;
         check_sequence(open.last_received, chunk.sequence_number)?;
         open.last_received = chunk.sequence_number;
         if header.message_type == MessageType::CloseSecureChannel {
@@ -560,11 +743,19 @@ impl ServerConnection {
                 what: "channel is not open",
             });
         };
-        write_chunks(
+        // Until the client uses the new token, answer with the old one.
+        let token = open.previous.as_ref().unwrap_or(&open.current);
+        let protection = match (&token.keys, self.security.mode) {
+            (Some(k), MessageSecurityMode::SignAndEncrypt) => Protection::SignAndEncrypt(&k.server),
+            (Some(k), _) => Protection::Sign(&k.server),
+            (None, _) => Protection::None,
+        };
+        write_chunks_protected(
             &mut self.out,
             MessageType::Message,
             channel_id,
-            &SecurityHeader::Symmetric(open.current.id),
+            &SecurityHeader::Symmetric(token.id),
+            &protection,
             &mut open.send_seq,
             request_id,
             message,
@@ -625,7 +816,10 @@ impl ServerConnection {
                 );
                 return;
             }
-            if o.previous.is_some_and(|p| p.expires <= now.instant) {
+            if o.previous
+                .as_ref()
+                .is_some_and(|p| p.expires <= now.instant)
+            {
                 o.previous = None;
             }
         }
@@ -636,3 +830,7 @@ impl ServerConnection {
 #[cfg(test)]
 #[path = "channel_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "channel_secure_tests.rs"]
+mod secure_tests;

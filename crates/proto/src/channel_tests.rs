@@ -3,13 +3,13 @@
 //! and abuse; no sockets, no runtime.
 
 use super::*;
-use crate::chunk::{SequenceNumbers, SYMMETRIC_OVERHEAD};
+use crate::chunk::{write_chunks, SequenceNumbers, POLICY_NONE_URI, SYMMETRIC_OVERHEAD};
 use crate::tcp::{Acknowledge, ChunkType};
 use uascale_types::{ReadRequest, ReadValueId, RequestHeader};
 
 const CHANNEL: u32 = 42;
 
-struct Clock {
+pub(super) struct Clock {
     start: Instant,
     offset: Duration,
 }
@@ -17,13 +17,13 @@ struct Clock {
 impl Clock {
     // The simulated clock needs one real origin; everything after is offsets.
     #[allow(clippy::disallowed_methods)]
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Clock {
             start: Instant::now(),
             offset: Duration::ZERO,
         }
     }
-    fn now(&self) -> Now {
+    pub(super) fn now(&self) -> Now {
         Now {
             instant: self.start + self.offset,
             utc: DateTime::from_ticks(
@@ -31,7 +31,7 @@ impl Clock {
             ),
         }
     }
-    fn advance(&mut self, d: Duration) {
+    pub(super) fn advance(&mut self, d: Duration) {
         self.offset += d;
     }
 }
@@ -159,7 +159,11 @@ fn server(clock: &Clock, budget: &Arc<ReassemblyBudget>) -> ServerConnection {
     )
 }
 
-fn feed(s: &mut ServerConnection, clock: &Clock, bytes: &[u8]) -> Result<(), ChannelError> {
+pub(super) fn feed(
+    s: &mut ServerConnection,
+    clock: &Clock,
+    bytes: &[u8],
+) -> Result<(), ChannelError> {
     let mut input = bytes.to_vec();
     let r = s.handle_input(clock.now(), &mut input);
     if r.is_ok() {
@@ -168,25 +172,25 @@ fn feed(s: &mut ServerConnection, clock: &Clock, bytes: &[u8]) -> Result<(), Cha
     r
 }
 
-fn take_out(s: &mut ServerConnection) -> Vec<u8> {
+pub(super) fn take_out(s: &mut ServerConnection) -> Vec<u8> {
     let mut out = Vec::new();
     s.poll_transmit(&mut out);
     out
 }
 
-fn events(s: &mut ServerConnection) -> Vec<Event> {
+pub(super) fn events(s: &mut ServerConnection) -> Vec<Event> {
     std::iter::from_fn(|| s.poll_event()).collect()
 }
 
 /// Splits the server's output into (header, whole message) pairs.
-fn messages(bytes: &[u8]) -> Vec<(MessageHeader, Vec<u8>)> {
+pub(super) fn messages(bytes: &[u8]) -> Vec<(MessageHeader, Vec<u8>)> {
     crate::tcp::split_messages(bytes)
         .into_iter()
         .map(|(h, m)| (h, m.to_vec()))
         .collect()
 }
 
-fn expect_error(bytes: &[u8], status: StatusCode) {
+pub(super) fn expect_error(bytes: &[u8], status: StatusCode) {
     let msgs = messages(bytes);
     let (h, m) = msgs.last().expect("an ERR message");
     assert_eq!(h.message_type, MessageType::Error);
@@ -237,7 +241,7 @@ fn open_channel(clock: &Clock, budget: &Arc<ReassemblyBudget>) -> (ServerConnect
     (s, c)
 }
 
-fn read_request(n: usize) -> Vec<u8> {
+pub(super) fn read_request(n: usize) -> Vec<u8> {
     let req = ReadRequest {
         nodes_to_read: Some(
             (0..n)

@@ -3,15 +3,16 @@
 //! header, then the sequence header), and splitting an outgoing message into
 //! chunks.
 //!
-//! This module handles SecurityPolicy None framing; signing and encryption
-//! plug in at [`write_chunks`] and at the receive path when the crypto
-//! policies land (issue 4).
+//! Signing and encryption are [`crate::security`]'s: [`write_chunks_protected`]
+//! seals each chunk it writes, and the channel opens received chunks before
+//! [`Chunk::parse`] sees them.
 
 use uascale_types::{
     BinaryDecode, BinaryEncode, ByteString, DecodeLimits, Reader, StatusCode, UaString,
 };
 
 use crate::error::ChannelError;
+use crate::security::Protection;
 use crate::tcp::{finish_message, ChunkType, MessageHeader, MessageType, HEADER_LEN};
 
 /// The SecurityPolicyUri of SecurityPolicy None.
@@ -106,42 +107,60 @@ fn header_limits() -> DecodeLimits {
     }
 }
 
+/// Parses the unencrypted front of a chunk: the secure channel id and the
+/// security header. Returns them with the offset where the (possibly
+/// encrypted) sequence header starts.
+pub fn parse_security_header(
+    header: &MessageHeader,
+    bytes: &[u8],
+) -> Result<(u32, SecurityHeader, usize), ChannelError> {
+    let limits = header_limits();
+    let rest = bytes.get(HEADER_LEN..).unwrap_or(&[]);
+    let mut r = Reader::new(rest, &limits).map_err(ChannelError::decode)?;
+    let channel_id = u32::decode(&mut r).map_err(truncated)?;
+    let security = match header.message_type {
+        MessageType::OpenSecureChannel => {
+            SecurityHeader::Asymmetric(AsymmetricHeader::decode(&mut r)?)
+        }
+        MessageType::Message | MessageType::CloseSecureChannel => {
+            SecurityHeader::Symmetric(u32::decode(&mut r).map_err(truncated)?)
+        }
+        _ => {
+            return Err(ChannelError::Peer {
+                status: StatusCode::BadTcpMessageTypeInvalid,
+                what: "not a secure conversation message",
+            })
+        }
+    };
+    Ok((channel_id, security, HEADER_LEN + r.position()))
+}
+
+fn truncated<E>(_: E) -> ChannelError {
+    ChannelError::Peer {
+        status: StatusCode::BadTcpMessageTooLarge,
+        what: "chunk shorter than its headers",
+    }
+}
+
 impl<'a> Chunk<'a> {
-    /// Parses a whole chunk (`bytes` spans exactly `header.message_size`).
+    /// Parses a whole plain (or already decrypted, padding and signature
+    /// removed) chunk.
     pub fn parse(header: &MessageHeader, bytes: &'a [u8]) -> Result<Self, ChannelError> {
-        let limits = header_limits();
-        let rest = bytes.get(HEADER_LEN..).unwrap_or(&[]);
-        let mut r = Reader::new(rest, &limits).map_err(ChannelError::decode)?;
-        let truncated = |_| ChannelError::Peer {
-            status: StatusCode::BadTcpMessageTooLarge,
-            what: "chunk shorter than its headers",
+        let (channel_id, security, at) = parse_security_header(header, bytes)?;
+        let seq = bytes.get(at..at + 8).ok_or_else(|| truncated(()))?;
+        let word = |i: usize| {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(seq.get(i..i + 4).unwrap_or(&[0; 4]));
+            u32::from_le_bytes(b)
         };
-        let channel_id = u32::decode(&mut r).map_err(truncated)?;
-        let security = match header.message_type {
-            MessageType::OpenSecureChannel => {
-                SecurityHeader::Asymmetric(AsymmetricHeader::decode(&mut r)?)
-            }
-            MessageType::Message | MessageType::CloseSecureChannel => {
-                SecurityHeader::Symmetric(u32::decode(&mut r).map_err(truncated)?)
-            }
-            _ => {
-                return Err(ChannelError::Peer {
-                    status: StatusCode::BadTcpMessageTypeInvalid,
-                    what: "not a secure conversation message",
-                })
-            }
-        };
-        let sequence_number = u32::decode(&mut r).map_err(truncated)?;
-        let request_id = u32::decode(&mut r).map_err(truncated)?;
-        let at = HEADER_LEN + r.position();
         Ok(Chunk {
             message_type: header.message_type,
             chunk_type: header.chunk_type,
             channel_id,
             security,
-            sequence_number,
-            request_id,
-            body: bytes.get(at..).unwrap_or(&[]),
+            sequence_number: word(0),
+            request_id: word(4),
+            body: bytes.get(at + 8..).unwrap_or(&[]),
         })
     }
 }
@@ -191,11 +210,8 @@ pub struct SendLimits {
     pub max_chunk_count: usize,
 }
 
-/// Splits `body` into chunks of `message_type` and appends them to `out`.
-///
-/// Fails with `BadResponseTooLarge` (nothing written) when the body exceeds
-/// the peer's message size or chunk count; the caller then answers with a
-/// ServiceFault instead.
+/// Splits `body` into plain (SecurityPolicy None) chunks of `message_type`
+/// and appends them to `out`; see [`write_chunks_protected`].
 #[allow(clippy::too_many_arguments)]
 pub fn write_chunks(
     out: &mut Vec<u8>,
@@ -207,13 +223,54 @@ pub fn write_chunks(
     body: &[u8],
     limits: &SendLimits,
 ) -> Result<(), ChannelError> {
-    let mut header = Vec::with_capacity(64);
-    match security {
-        SecurityHeader::Asymmetric(a) => a.encode(&mut header),
-        SecurityHeader::Symmetric(token) => token.encode(&mut header),
-    }
-    let overhead = HEADER_LEN + 4 + header.len() + 8;
-    let room = limits.max_chunk_size.saturating_sub(overhead);
+    write_chunks_protected(
+        out,
+        message_type,
+        channel_id,
+        security,
+        &Protection::None,
+        seq,
+        request_id,
+        body,
+        limits,
+    )
+}
+
+/// Splits `body` into chunks of `message_type`, secures each with
+/// `protection` and appends them to `out`.
+///
+/// Fails with `BadResponseTooLarge` (nothing written) when the body exceeds
+/// the peer's message size or chunk count; the caller then answers with a
+/// ServiceFault instead.
+#[allow(clippy::too_many_arguments)]
+pub fn write_chunks_protected(
+    out: &mut Vec<u8>,
+    message_type: MessageType,
+    channel_id: u32,
+    security: &SecurityHeader,
+    protection: &Protection<'_>,
+    seq: &mut SequenceNumbers,
+    request_id: u32,
+    body: &[u8],
+    limits: &SendLimits,
+) -> Result<(), ChannelError> {
+    // The symmetric header (every MSG) stays on the stack; only OPN allocates.
+    let token_bytes;
+    let asymmetric;
+    let header: &[u8] = match security {
+        SecurityHeader::Asymmetric(a) => {
+            let mut h = Vec::with_capacity(64);
+            a.encode(&mut h);
+            asymmetric = h;
+            &asymmetric
+        }
+        SecurityHeader::Symmetric(token) => {
+            token_bytes = token.to_le_bytes();
+            &token_bytes
+        }
+    };
+    let head_len = HEADER_LEN + 4 + header.len();
+    let room = protection.max_body(limits.max_chunk_size, head_len);
     if room == 0 {
         return Err(ChannelError::Resource {
             status: StatusCode::BadTcpInternalError,
@@ -230,59 +287,36 @@ pub fn write_chunks(
             what: "message exceeds the peer's limits",
         });
     }
-    out.reserve(body.len() + chunks * overhead);
+    let start = out.len();
+    out.reserve(body.len() + chunks * (limits.max_chunk_size - room));
     let mut parts = body.chunks(room).peekable();
-    if body.is_empty() {
-        write_one(
-            out,
-            message_type,
-            ChunkType::Final,
-            channel_id,
-            &header,
-            seq.take(),
-            request_id,
-            &[],
-        );
-    }
-    while let Some(part) = parts.next() {
+    let mut write = |out: &mut Vec<u8>, ct: ChunkType, part: &[u8]| {
+        let at = out.len();
+        MessageHeader::write_start(out, message_type, ct);
+        channel_id.encode(out);
+        out.extend_from_slice(header);
+        seq.take().encode(out);
+        request_id.encode(out);
+        out.extend_from_slice(part);
+        protection.seal(out, at, head_len)
+    };
+    let mut result = if body.is_empty() {
+        write(out, ChunkType::Final, &[])
+    } else {
+        Ok(())
+    };
+    while let (Ok(()), Some(part)) = (&result, parts.next()) {
         let ct = if parts.peek().is_some() {
             ChunkType::Intermediate
         } else {
             ChunkType::Final
         };
-        write_one(
-            out,
-            message_type,
-            ct,
-            channel_id,
-            &header,
-            seq.take(),
-            request_id,
-            part,
-        );
+        result = write(out, ct, part);
     }
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn write_one(
-    out: &mut Vec<u8>,
-    message_type: MessageType,
-    chunk_type: ChunkType,
-    channel_id: u32,
-    security: &[u8],
-    sequence_number: u32,
-    request_id: u32,
-    part: &[u8],
-) {
-    let start = out.len();
-    MessageHeader::write_start(out, message_type, chunk_type);
-    channel_id.encode(out);
-    out.extend_from_slice(security);
-    sequence_number.encode(out);
-    request_id.encode(out);
-    out.extend_from_slice(part);
-    finish_message(out, start);
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
 }
 
 /// Writes an abort chunk (`MSGA`) carrying an Error body (Part 6 §6.7.3).

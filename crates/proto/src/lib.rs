@@ -8,8 +8,9 @@
 //! Status (issue 3, in progress): the connection protocol ([`tcp`]), secure
 //! conversation chunking ([`chunk`]), reassembly under the shared
 //! incomplete-message budget ([`reassembly`]) and the server connection state
-//! machine ([`channel`]) for SecurityPolicy None; signing/encryption come with
-//! the crypto policies (issue 4), the client side with issue 6.
+//! machine ([`channel`]), and message security - signing, padding,
+//! encryption - for every policy of `uascale-crypto` ([`security`], usable by
+//! a client too); the client connection comes with issue 6.
 #![forbid(unsafe_code)]
 
 pub mod channel;
@@ -17,8 +18,12 @@ pub mod chunk;
 pub mod client;
 pub mod error;
 pub mod reassembly;
+pub mod security;
 pub mod tcp;
 
 pub use channel::{ChannelConfig, Event, Now, PendingConnection, ServerConnection};
 pub use client::{ClientConfig, ClientConnection, ClientEvent};
 pub use error::ChannelError;
+pub use security::{
+    CertificateValidator, ChannelSecurity, Identity, ServerSecurity, TrustAllCertificates,
+};

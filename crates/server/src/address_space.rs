@@ -350,10 +350,19 @@ impl AddressSpace {
         for n in nodes {
             self.nodes.insert(n.node_id.clone(), n);
         }
+        // Grouped by target, so a folder of many new children is checked
+        // against a set of its references, not a list.
+        let mut by_target: FxHashMap<NodeId, Vec<Reference>> = FxHashMap::default();
         for (target, r) in inverses {
+            by_target.entry(target).or_default().push(r);
+        }
+        for (target, refs) in by_target {
             if let Some(t) = self.nodes.get_mut(&target) {
-                if !t.references.contains(&r) {
-                    t.references.push(r);
+                let mut have: HashSet<Reference> = t.references.iter().cloned().collect();
+                for r in refs {
+                    if have.insert(r.clone()) {
+                        t.references.push(r);
+                    }
                 }
             }
         }

@@ -1,8 +1,14 @@
 //! Server configuration: plain structs with documented defaults.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
+use uascale_crypto::policy::SecurityPolicy;
 use uascale_proto::ChannelConfig;
+use uascale_types::MessageSecurityMode;
+
+use crate::identity::UserAccount;
+use crate::pki::PkiOptions;
 
 /// What the server is and where it listens.
 #[derive(Debug, Clone)]
@@ -50,6 +56,96 @@ pub struct ServerConfig {
     /// Companion NodeSet2 XML files loaded at start, in order (`--nodeset`,
     /// [`crate::nodeset`]). Default none.
     pub nodesets: Vec<std::path::PathBuf>,
+    /// Security policies, certificates and user identity.
+    pub security: SecurityConfig,
+}
+
+/// Endpoint security, the PKI and user authentication.
+#[derive(Debug, Clone)]
+pub struct SecurityConfig {
+    /// The PKI directory (own/, trusted/, issuers/, rejected/). Default
+    /// `pki`, relative to the working directory.
+    pub pki_dir: PathBuf,
+    /// Security policies published, each with every mode of `modes`.
+    /// Default: Basic256Sha256, Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss.
+    pub policies: Vec<SecurityPolicy>,
+    /// Message security modes published for each policy. Default Sign and
+    /// SignAndEncrypt.
+    pub modes: Vec<MessageSecurityMode>,
+    /// Also publish the unsecured None/None endpoint. Unsafe: traffic and
+    /// identity are unprotected. Default true while the secured endpoints
+    /// are being brought up in the server, so existing deployments and
+    /// tools keep working; set false in production.
+    pub allow_security_none: bool,
+    /// Validation and rejected-store options (including
+    /// `trust_all_client_certificates`, default false).
+    pub pki: PkiOptions,
+    /// Offer the Anonymous user token. Default true.
+    pub allow_anonymous: bool,
+    /// Users for UserName tokens (argon2 hashes). Default none: UserName
+    /// tokens are not offered.
+    pub users: Vec<UserAccount>,
+    /// Failed activations per client within a minute before a five-minute
+    /// lockout (SCALABILITY.md §2). Default 5; 0 disables.
+    pub max_failed_authentication_attempts: u32,
+}
+
+impl Default for SecurityConfig {
+    fn default() -> Self {
+        SecurityConfig {
+            pki_dir: PathBuf::from("pki"),
+            policies: vec![
+                SecurityPolicy::Basic256Sha256,
+                SecurityPolicy::Aes128Sha256RsaOaep,
+                SecurityPolicy::Aes256Sha256RsaPss,
+            ],
+            modes: vec![
+                MessageSecurityMode::Sign,
+                MessageSecurityMode::SignAndEncrypt,
+            ],
+            allow_security_none: true,
+            pki: PkiOptions::default(),
+            allow_anonymous: true,
+            users: Vec::new(),
+            max_failed_authentication_attempts: 5,
+        }
+    }
+}
+
+impl SecurityConfig {
+    /// Only the unsecured None/None endpoint: no PKI, no certificate (tests,
+    /// and `uascale serve --security none`).
+    pub fn none_only() -> Self {
+        SecurityConfig {
+            policies: Vec::new(),
+            allow_security_none: true,
+            ..Default::default()
+        }
+    }
+
+    /// The (policy, mode) pairs to publish: None/None first when allowed,
+    /// then every policy with every mode.
+    pub fn endpoints(&self) -> Vec<(SecurityPolicy, MessageSecurityMode)> {
+        let mut out = Vec::new();
+        if self.allow_security_none {
+            out.push((SecurityPolicy::None, MessageSecurityMode::None));
+        }
+        for policy in self.policies.iter().filter(|p| !p.is_none()) {
+            for mode in &self.modes {
+                if *mode == MessageSecurityMode::Sign
+                    || *mode == MessageSecurityMode::SignAndEncrypt
+                {
+                    out.push((*policy, *mode));
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether any endpoint needs the PKI (a certificate and key).
+    pub fn needs_pki(&self) -> bool {
+        self.endpoints().iter().any(|(p, _)| !p.is_none())
+    }
 }
 
 impl Default for ServerConfig {
@@ -71,6 +167,7 @@ impl Default for ServerConfig {
             subscriptions: crate::subscription::SubscriptionLimits::default(),
             diagnostics_enabled: true,
             nodesets: Vec::new(),
+            security: SecurityConfig::default(),
         }
     }
 }

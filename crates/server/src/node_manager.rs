@@ -490,6 +490,8 @@ mod service_tests {
             sink: None,
             canceller: None,
             subscriptions: crate::services::subscription::tests_registry(),
+            security: crate::services::no_security().0,
+            channel: crate::services::no_security().1,
         };
         let read = || {
             let r = attribute::read(

@@ -876,9 +876,12 @@ fn kind_of(space: &AddressSpace, dt: &NodeId) -> Option<Kind> {
     space.builtin_base(dt).map(Kind::Builtin)
 }
 
-fn structure_definition(space: &AddressSpace, dt: &NodeId) -> Option<StructureDefinition> {
+fn structure_definition<'s>(
+    space: &'s AddressSpace,
+    dt: &NodeId,
+) -> Option<&'s StructureDefinition> {
     match &space.get(dt)?.data_type_definition {
-        Variant::ExtensionObject(e) => e.downcast_ref::<StructureDefinition>().cloned(),
+        Variant::ExtensionObject(e) => e.downcast_ref::<StructureDefinition>(),
         _ => None,
     }
 }
@@ -916,7 +919,9 @@ fn skip_structure(
     let def = structure_definition(space, dt)?;
     let fields = def.fields.as_deref().unwrap_or(&[]);
     match def.structure_type {
-        StructureType::Union | StructureType::UnionWithSubtypedValues => {
+        // Which fields carry a subtype is not in the definition's fields.
+        StructureType::StructureWithSubtypedValues | StructureType::UnionWithSubtypedValues => None,
+        StructureType::Union => {
             let switch = u32::decode(r).ok()?;
             if switch == 0 {
                 return Some(());
@@ -1220,7 +1225,13 @@ impl ValueCtx<'_> {
         let fields = def.fields.as_deref().unwrap_or(&[]);
         let field_xml = |name: &str| xml.and_then(|x| child(x, name));
         match def.structure_type {
-            StructureType::Union | StructureType::UnionWithSubtypedValues => {
+            StructureType::StructureWithSubtypedValues | StructureType::UnionWithSubtypedValues => {
+                return verr_opt(
+                    xml,
+                    format!("values of {dt} (fields that allow subtypes) are not supported"),
+                );
+            }
+            StructureType::Union => {
                 let chosen = fields
                     .iter()
                     .enumerate()
@@ -1690,6 +1701,8 @@ mod tests {
             sink: None,
             canceller: None,
             subscriptions: crate::services::subscription::tests_registry(),
+            security: crate::services::no_security().0,
+            channel: crate::services::no_security().1,
         };
         let write = |node: NodeId, v: Variant| {
             attribute::write(

@@ -37,6 +37,18 @@ pub struct Session {
     /// Browse continuation points: id, the references still to return, and
     /// the page size the client asked for.
     pub continuation_points: Vec<(ByteString, Vec<ReferenceDescription>, usize)>,
+    /// The last nonce sent to the client (CreateSession, then each
+    /// ActivateSession); the next ActivateSession's signatures and
+    /// encrypted password must cover it.
+    pub server_nonce: [u8; 32],
+    /// Thumbprint of the client certificate of the channel that created the
+    /// session (None on SecurityPolicy None); only a channel with the same
+    /// certificate may take the session over.
+    pub client_thumbprint: Option<[u8; 20]>,
+    /// The client's ApplicationUri (the lockout key without a certificate).
+    pub client_uri: UaString,
+    /// Who activated the session.
+    pub user: crate::identity::UserIdentity,
 }
 
 #[derive(Debug, Default)]
@@ -265,6 +277,10 @@ mod tests {
             name: UaString::null(),
             locale_ids: vec![],
             continuation_points: vec![],
+            server_nonce: [0; 32],
+            client_thumbprint: None,
+            client_uri: UaString::null(),
+            user: crate::identity::UserIdentity::Anonymous,
         }
     }
 

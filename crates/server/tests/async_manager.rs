@@ -73,6 +73,7 @@ fn slow() -> NodeId {
 fn start(gate: Arc<Semaphore>) -> std::net::SocketAddr {
     let config = ServerConfig {
         bind: "127.0.0.1:0".parse().unwrap(),
+        security: uascale_server::config::SecurityConfig::none_only(),
         ..Default::default()
     };
     let (tx, rx) = std::sync::mpsc::channel();

@@ -61,6 +61,10 @@ fn every_request_type_gets_a_response() {
                 name: UaString::from("t"),
                 locale_ids: vec![],
                 continuation_points: vec![],
+                server_nonce: [0; 32],
+                client_thumbprint: None,
+                client_uri: UaString::null(),
+                user: uascale_server::identity::UserIdentity::Anonymous,
             },
         )
         .unwrap();
@@ -79,6 +83,8 @@ fn every_request_type_gets_a_response() {
         sink: None,
         canceller: None,
         subscriptions: &registry,
+        security: uascale_server::services::no_security().0,
+        channel: uascale_server::services::no_security().1,
     };
     let limits = DecodeLimits::default();
     let mut requests = 0;

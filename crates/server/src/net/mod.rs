@@ -98,6 +98,7 @@ struct Shared {
     demo: Arc<crate::node_manager::InMemoryNodeManager>,
     dynamic: crate::demo::Dynamic,
     config: ServerConfig,
+    security: crate::security::SecurityState,
     channel_config: Arc<uascale_proto::ChannelConfig>,
     budget: Arc<ReassemblyBudget>,
     next_channel_id: AtomicU32,
@@ -171,7 +172,18 @@ impl Server {
         managers.set_observer(&observer);
         // With port 0 the kernel chose: publish the port actually bound.
         config.bind = listener.local_addr()?;
+        let security = crate::security::SecurityState::from_config(&config, SystemTime::now())
+            .map_err(|e| io::Error::other(format!("PKI: {e}")))?;
+        config.channel.security = uascale_proto::security::ServerSecurity {
+            identity: security.identity.clone(),
+            endpoints: security.endpoints.clone(),
+            validator: security
+                .pki
+                .clone()
+                .map(|p| p as Arc<dyn uascale_proto::security::CertificateValidator>),
+        };
         let shared = Arc::new(Shared {
+            security,
             channel_config: Arc::new(config.channel.clone()),
             budget: ReassemblyBudget::new(
                 config.reassembly_budget,
@@ -423,6 +435,8 @@ fn handle_events(
 ) {
     let now = DateTime::from_system_time(SystemTime::now());
     let cancel = |handle: u32| outstanding.cancel(handle, sink, now);
+    // Arcs inside: cheap, and frees `conn` for sending.
+    let channel = conn.security().clone();
     // One clock reading for the requests that arrived together.
     let mut ctx = ServiceContext {
         config: &shared.config,
@@ -437,6 +451,8 @@ fn handle_events(
         sink: Some(sink),
         canceller: Some(&cancel),
         subscriptions: &shared.subscriptions,
+        security: &shared.security,
+        channel: &channel,
     };
     let limits = &shared.channel_config.decode;
     while let Some(event) = conn.poll_event() {

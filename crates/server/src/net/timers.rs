@@ -45,6 +45,9 @@ pub(super) async fn run_subscriptions(shared: Arc<Shared>) {
             sink: None,
             canceller: None,
             subscriptions: &shared.subscriptions,
+            security: &shared.security,
+            // Sampling runs outside any request: no secure channel.
+            channel: crate::services::no_security().1,
         };
         shared
             .subscriptions

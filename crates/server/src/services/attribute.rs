@@ -746,6 +746,8 @@ mod tests {
                 sink: None,
                 canceller: None,
                 subscriptions: crate::services::subscription::tests_registry(),
+                security: crate::services::no_security().0,
+                channel: crate::services::no_security().1,
             }
         }
 
@@ -912,6 +914,10 @@ mod tests {
             name: UaString::null(),
             locale_ids: locales.iter().map(|l| UaString::from(*l)).collect(),
             continuation_points: vec![],
+            server_nonce: [0; 32],
+            client_thumbprint: None,
+            client_uri: UaString::null(),
+            user: crate::identity::UserIdentity::Anonymous,
         };
         let read_as = |locales: &[&str], attr: AttributeId| {
             w.sessions.remove(&token);

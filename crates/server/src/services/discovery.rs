@@ -6,7 +6,10 @@ use uascale_types::{
     MessageSecurityMode, UaString, UserTokenPolicy, UserTokenType,
 };
 
-use super::ServiceContext;
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_types::ByteString;
+
+use super::{session, ServiceContext};
 
 /// The transport profile of opc.tcp with UA Secure Conversation and the
 /// binary encoding.
@@ -27,25 +30,93 @@ pub fn application_description(ctx: &ServiceContext<'_>) -> ApplicationDescripti
     }
 }
 
-/// The endpoints this server offers: opc.tcp with SecurityPolicy None (the
-/// RSA policies are added with issue 4).
+/// SecurityLevel of an endpoint: None 0; Sign below SignAndEncrypt; within
+/// a mode, the newer policies higher.
+fn security_level(policy: SecurityPolicy, mode: MessageSecurityMode) -> u8 {
+    let strength = match policy {
+        SecurityPolicy::Basic256Sha256 => 1,
+        SecurityPolicy::Aes128Sha256RsaOaep => 2,
+        SecurityPolicy::Aes256Sha256RsaPss => 3,
+        _ => return 0,
+    };
+    if mode == MessageSecurityMode::SignAndEncrypt {
+        10 + strength
+    } else {
+        strength
+    }
+}
+
+/// The UserTokenPolicies of an endpoint with `policy`: Anonymous if allowed;
+/// UserName when users exist and X509 when a PKI exists - with
+/// Basic256Sha256 as the token's policy on the None endpoint, so the
+/// password is encrypted (and the token signed) for the server certificate.
+pub fn user_token_policies(
+    ctx: &ServiceContext<'_>,
+    policy: SecurityPolicy,
+) -> Vec<UserTokenPolicy> {
+    let sec = ctx.security;
+    let token_policy_uri = match sec.token_policy(policy) {
+        Some(p) if p != policy => UaString::from(p.uri()),
+        _ => UaString::null(),
+    };
+    let mut out = Vec::new();
+    let policy_of = |id: &str, token_type: UserTokenType, uri: UaString| UserTokenPolicy {
+        policy_id: UaString::from(id),
+        token_type,
+        issued_token_type: UaString::null(),
+        issuer_endpoint_url: UaString::null(),
+        security_policy_uri: uri,
+    };
+    if sec.allow_anonymous {
+        out.push(policy_of(
+            session::POLICY_ANONYMOUS,
+            UserTokenType::Anonymous,
+            UaString::null(),
+        ));
+    }
+    if sec.token_policy(policy).is_some() {
+        if !sec.users.is_empty() {
+            out.push(policy_of(
+                session::POLICY_USERNAME,
+                UserTokenType::UserName,
+                token_policy_uri.clone(),
+            ));
+        }
+        if sec.pki.is_some() {
+            out.push(policy_of(
+                session::POLICY_X509,
+                UserTokenType::Certificate,
+                token_policy_uri,
+            ));
+        }
+    }
+    out
+}
+
+/// The endpoints this server offers: opc.tcp with every published
+/// (policy, mode) pair, each with the server certificate.
 pub fn endpoints(ctx: &ServiceContext<'_>) -> Vec<EndpointDescription> {
-    vec![EndpointDescription {
-        endpoint_url: UaString::from(ctx.config.endpoint_url()),
-        server: application_description(ctx),
-        server_certificate: uascale_types::ByteString::null(),
-        security_mode: MessageSecurityMode::None,
-        security_policy_uri: UaString::from(uascale_proto::chunk::POLICY_NONE_URI),
-        user_identity_tokens: Some(vec![UserTokenPolicy {
-            policy_id: UaString::from("anonymous"),
-            token_type: UserTokenType::Anonymous,
-            issued_token_type: UaString::null(),
-            issuer_endpoint_url: UaString::null(),
-            security_policy_uri: UaString::null(),
-        }]),
-        transport_profile_uri: UaString::from(TRANSPORT_PROFILE_UATCP),
-        security_level: 0,
-    }]
+    let certificate = ctx
+        .security
+        .identity
+        .as_ref()
+        .map_or_else(ByteString::null, |i| {
+            ByteString::new(i.certificate().der().to_vec())
+        });
+    ctx.security
+        .endpoints
+        .iter()
+        .map(|(policy, mode)| EndpointDescription {
+            endpoint_url: UaString::from(ctx.config.endpoint_url()),
+            server: application_description(ctx),
+            server_certificate: certificate.clone(),
+            security_mode: *mode,
+            security_policy_uri: UaString::from(policy.uri()),
+            user_identity_tokens: Some(user_token_policies(ctx, *policy)),
+            transport_profile_uri: UaString::from(TRANSPORT_PROFILE_UATCP),
+            security_level: security_level(*policy, *mode),
+        })
+        .collect()
 }
 
 /// GetEndpoints: every endpoint, filtered by `profileUris` when given.
@@ -103,6 +174,8 @@ mod tests {
             sink: None,
             canceller: None,
             subscriptions: crate::services::subscription::tests_registry(),
+            security: crate::services::no_security().0,
+            channel: crate::services::no_security().1,
         };
         let mut req = GetEndpointsRequest {
             request_header: RequestHeader {

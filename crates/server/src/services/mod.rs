@@ -50,6 +50,10 @@ pub struct ServiceContext<'a> {
     pub canceller: Option<&'a dyn Fn(u32) -> u32>,
     /// The subscriptions.
     pub subscriptions: &'a subscription::SubscriptionRegistry,
+    /// Server-wide security: PKI, own certificate and key, users.
+    pub security: &'a crate::security::SecurityState,
+    /// What the request's secure channel was opened with.
+    pub channel: &'a uascale_proto::security::ChannelSecurity,
 }
 
 impl std::fmt::Debug for ServiceContext<'_> {
@@ -60,6 +64,20 @@ impl std::fmt::Debug for ServiceContext<'_> {
             .field("now", &self.now)
             .finish_non_exhaustive()
     }
+}
+
+/// For tests: SecurityPolicy None, no PKI.
+pub fn no_security() -> (
+    &'static crate::security::SecurityState,
+    &'static uascale_proto::security::ChannelSecurity,
+) {
+    static S: std::sync::OnceLock<crate::security::SecurityState> = std::sync::OnceLock::new();
+    static C: std::sync::OnceLock<uascale_proto::security::ChannelSecurity> =
+        std::sync::OnceLock::new();
+    (
+        S.get_or_init(crate::security::SecurityState::none_only),
+        C.get_or_init(uascale_proto::security::ChannelSecurity::none),
+    )
 }
 
 impl ServiceContext<'_> {
@@ -401,6 +419,8 @@ mod tests {
             sink: None,
             canceller: None,
             subscriptions: crate::services::subscription::tests_registry(),
+            security: no_security().0,
+            channel: no_security().1,
         }
     }
 

@@ -653,6 +653,10 @@ mod tests {
                         name: UaString::from("t"),
                         locale_ids: vec![],
                         continuation_points: vec![],
+                        server_nonce: [0; 32],
+                        client_thumbprint: None,
+                        client_uri: UaString::null(),
+                        user: crate::identity::UserIdentity::Anonymous,
                     },
                 )
                 .unwrap();
@@ -681,6 +685,8 @@ mod tests {
                 sink: None,
                 canceller: None,
                 subscriptions: &self.registry,
+                security: crate::services::no_security().0,
+                channel: crate::services::no_security().1,
             }
         }
     }

@@ -1,16 +1,28 @@
 //! Session service set (Part 4 §5.6): CreateSession, ActivateSession,
 //! CloseSession. Cancel answers once the request queue exists.
+//!
+//! On a secured channel CreateSession checks that the client certificate is
+//! the channel's and its applicationUri the one the client claims, and
+//! signs clientCertificate + clientNonce; ActivateSession verifies the
+//! client's signature over serverCertificate + serverNonce, then the user
+//! token: Anonymous, UserName (password decrypted with the server key and
+//! checked against the argon2 hash) or X509 (certificate validated, token
+//! signature verified). All RSA and argon2 work runs before or after the
+//! session-table lock, never under it.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_crypto::rsa::RsaPublicKey;
 use uascale_types::{
     ActivateSessionRequest, ActivateSessionResponse, AnonymousIdentityToken, ByteString,
     CloseSessionRequest, CloseSessionResponse, CreateSessionRequest, CreateSessionResponse,
-    ExtensionObject, IssuedIdentityToken, NodeId, SignatureData, StatusCode, UserNameIdentityToken,
+    IssuedIdentityToken, NodeId, SignatureData, StatusCode, UaString, UserNameIdentityToken,
     X509IdentityToken,
 };
 
 use super::{discovery, ServiceContext};
+use crate::identity::{self, UserIdentity};
 use crate::session::Session;
 
 /// Bounds for the revised session timeout: 10 s ..= 1 h; 0 asks for the
@@ -19,10 +31,42 @@ const MIN_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(3600);
 const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// PolicyIds of the UserTokenPolicies this server publishes.
+pub const POLICY_ANONYMOUS: &str = "anonymous";
+/// See [`POLICY_ANONYMOUS`].
+pub const POLICY_USERNAME: &str = "username";
+/// See [`POLICY_ANONYMOUS`].
+pub const POLICY_X509: &str = "x509";
+
 fn random_bytes<const N: usize>() -> Result<[u8; N], StatusCode> {
     let mut b = [0u8; N];
     getrandom::getrandom(&mut b).map_err(|_| StatusCode::BadInternalError)?;
     Ok(b)
+}
+
+/// The leaf of a certificate chain sent as concatenated DER.
+fn leaf_der(chain: &[u8]) -> Result<&[u8], StatusCode> {
+    // SEQUENCE with a long-form length (every certificate is > 127 bytes).
+    let bad = StatusCode::BadCertificateInvalid;
+    let (&tag, rest) = chain.split_first().ok_or(bad)?;
+    let (&first, rest) = rest.split_first().ok_or(bad)?;
+    if tag != 0x30 {
+        return Err(bad);
+    }
+    let (len, header) = if first < 0x80 {
+        (usize::from(first), 2)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 {
+            return Err(bad);
+        }
+        let bytes = rest.get(..n).ok_or(bad)?;
+        let len = bytes
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, 2 + n)
+    };
+    chain.get(..header.checked_add(len).ok_or(bad)?).ok_or(bad)
 }
 
 /// CreateSession: a new, not yet activated session bound to this channel.
@@ -37,6 +81,45 @@ pub fn create_session(
     } else {
         DEFAULT_SESSION_TIMEOUT
     };
+    let policy = ctx.channel.policy;
+    let mut client_thumbprint = None;
+    let mut server_signature = SignatureData::default();
+    if !policy.is_none() {
+        // The certificate in the request must be the channel's, and its
+        // applicationUri the one the client claims (Part 4 §5.6.2).
+        let channel_cert = ctx
+            .channel
+            .remote_certificate
+            .as_ref()
+            .ok_or(StatusCode::BadSecurityChecksFailed)?;
+        let sent = req.client_certificate.as_bytes_or_empty();
+        if leaf_der(sent)? != channel_cert.der() {
+            return Err(StatusCode::BadSecurityChecksFailed);
+        }
+        let claimed = req.client_description.application_uri.as_str_or_empty();
+        if channel_cert.application_uri() != Some(claimed) {
+            return Err(StatusCode::BadCertificateUriInvalid);
+        }
+        let nonce = req.client_nonce.as_bytes_or_empty();
+        if nonce.len() < policy.nonce_length() {
+            return Err(StatusCode::BadNonceInvalid);
+        }
+        let identity = ctx
+            .security
+            .identity
+            .as_ref()
+            .ok_or(StatusCode::BadSecurityPolicyRejected)?;
+        let mut data = Vec::with_capacity(sent.len() + nonce.len());
+        data.extend_from_slice(sent);
+        data.extend_from_slice(nonce);
+        if let Some((uri, sig)) = identity::sign(identity.private_key(), policy, &data)? {
+            server_signature = SignatureData {
+                algorithm: UaString::from(uri),
+                signature: ByteString::new(sig),
+            };
+        }
+        client_thumbprint = Some(channel_cert.thumbprint());
+    }
     let token = NodeId::opaque(0, random_bytes::<32>()?.to_vec());
     let session_id = NodeId::guid(1, uascale_types::Guid::from_bytes(random_bytes::<16>()?));
     let nonce = random_bytes::<32>()?;
@@ -49,6 +132,10 @@ pub fn create_session(
         name: req.session_name.clone(),
         locale_ids: Vec::new(),
         continuation_points: Vec::new(),
+        server_nonce: nonce,
+        client_thumbprint,
+        client_uri: req.client_description.application_uri.clone(),
+        user: UserIdentity::Anonymous,
     };
     ctx.sessions
         .insert(token.clone(), session)
@@ -59,33 +146,128 @@ pub fn create_session(
         authentication_token: token,
         revised_session_timeout: timeout.as_secs_f64() * 1000.0,
         server_nonce: ByteString::new(nonce.to_vec()),
-        server_certificate: ByteString::null(),
+        server_certificate: ctx
+            .security
+            .identity
+            .as_ref()
+            .map_or_else(ByteString::null, |i| {
+                ByteString::new(i.certificate().der().to_vec())
+            }),
         server_endpoints: Some(discovery::endpoints(ctx)),
         server_software_certificates: Some(vec![]),
-        server_signature: SignatureData::default(),
+        server_signature,
         max_request_message_size: ctx.config.channel.transport.max_message_size,
     })
 }
 
-/// Checks the identity token against the endpoint's policies: anonymous
-/// only on SecurityPolicy None (no user store exists yet).
-fn check_identity(token: &ExtensionObject) -> Result<(), StatusCode> {
+/// What ActivateSession needs from the session, read under its lock.
+struct Snapshot {
+    nonce: [u8; 32],
+    channel_id: u32,
+    thumbprint: Option<[u8; 20]>,
+    client_uri: UaString,
+}
+
+/// The lockout key (SCALABILITY.md §2): client certificate thumbprint,
+/// else application URI, else channel.
+fn lockout_key(ctx: &ServiceContext<'_>, snap: &Snapshot) -> String {
+    if let Some(cert) = &ctx.channel.remote_certificate {
+        format!("cert:{}", cert.thumbprint_hex())
+    } else if !snap.client_uri.is_null_or_empty() {
+        format!("uri:{}", snap.client_uri.as_str_or_empty())
+    } else {
+        format!("channel:{}", ctx.channel_id)
+    }
+}
+
+/// Checks the user token; `Ok(None)` is a failed authentication to count
+/// (answered `BadUserAccessDenied`), `Err` a malformed or unacceptable
+/// token.
+fn check_identity(
+    ctx: &ServiceContext<'_>,
+    req: &ActivateSessionRequest,
+    nonce: &[u8; 32],
+) -> Result<Option<UserIdentity>, StatusCode> {
+    let token = &req.user_identity_token;
+    let sec = ctx.security;
     if token.is_null() {
         // Part 4 §5.6.3: a null token means anonymous.
-        return Ok(());
-    }
-    if let Some(a) = token.downcast_ref::<AnonymousIdentityToken>() {
-        return if a.policy_id == "anonymous" {
-            Ok(())
+        return if sec.allow_anonymous {
+            Ok(Some(UserIdentity::Anonymous))
         } else {
-            Err(StatusCode::BadIdentityTokenInvalid)
+            Err(StatusCode::BadIdentityTokenRejected)
         };
     }
-    if token.downcast_ref::<UserNameIdentityToken>().is_some()
-        || token.downcast_ref::<X509IdentityToken>().is_some()
-        || token.downcast_ref::<IssuedIdentityToken>().is_some()
-    {
-        // The endpoint offers no policy for these tokens.
+    if let Some(a) = token.downcast_ref::<AnonymousIdentityToken>() {
+        return match (a.policy_id == POLICY_ANONYMOUS, sec.allow_anonymous) {
+            (true, true) => Ok(Some(UserIdentity::Anonymous)),
+            (true, false) => Err(StatusCode::BadIdentityTokenRejected),
+            (false, _) => Err(StatusCode::BadIdentityTokenInvalid),
+        };
+    }
+    let token_policy = sec.token_policy(ctx.channel.policy);
+    if let Some(u) = token.downcast_ref::<UserNameIdentityToken>() {
+        if u.policy_id != POLICY_USERNAME {
+            return Err(StatusCode::BadIdentityTokenInvalid);
+        }
+        let (Some(policy), Some(identity)) = (token_policy, &sec.identity) else {
+            return Err(StatusCode::BadIdentityTokenRejected);
+        };
+        if sec.users.is_empty() {
+            return Err(StatusCode::BadIdentityTokenRejected);
+        }
+        let password = identity::decrypt_secret(
+            identity.private_key(),
+            policy,
+            u.encryption_algorithm.as_str_or_empty(),
+            u.password.as_bytes_or_empty(),
+            nonce,
+        )?;
+        let name = u.user_name.as_str_or_empty();
+        return Ok(sec
+            .users
+            .verify(name, &password)
+            .then(|| UserIdentity::UserName(name.to_owned())));
+    }
+    if let Some(x) = token.downcast_ref::<X509IdentityToken>() {
+        if x.policy_id != POLICY_X509 {
+            return Err(StatusCode::BadIdentityTokenInvalid);
+        }
+        let (Some(policy), Some(identity), Some(pki)) = (token_policy, &sec.identity, &sec.pki)
+        else {
+            return Err(StatusCode::BadIdentityTokenRejected);
+        };
+        let cert = match pki.validate_user(
+            x.certificate_data.as_bytes_or_empty(),
+            Some(policy),
+            SystemTime::now(),
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::info!(reason = %e, "X509 user certificate rejected");
+                return Ok(None);
+            }
+        };
+        let key = RsaPublicKey::from_spki_der(cert.subject_public_key_info_der())
+            .map_err(|_| StatusCode::BadIdentityTokenInvalid)?;
+        let mut data = identity.certificate().der().to_vec();
+        data.extend_from_slice(nonce);
+        let sig = &req.user_token_signature;
+        identity::verify_signature(
+            &key,
+            policy,
+            sig.algorithm.as_str_or_empty(),
+            &data,
+            sig.signature.as_bytes_or_empty(),
+            StatusCode::BadUserSignatureInvalid,
+        )?;
+        return Ok(Some(UserIdentity::X509 {
+            subject: cert.subject_name().to_owned(),
+            thumbprint: cert.thumbprint(),
+        }));
+    }
+    if token.downcast_ref::<IssuedIdentityToken>().is_some() {
+        // No UserTokenPolicy of this server names issued tokens.
         return Err(StatusCode::BadIdentityTokenRejected);
     }
     Err(StatusCode::BadIdentityTokenInvalid)
@@ -96,26 +278,97 @@ pub fn activate_session(
     ctx: &ServiceContext<'_>,
     req: &ActivateSessionRequest,
 ) -> Result<ActivateSessionResponse, StatusCode> {
-    check_identity(&req.user_identity_token)?;
+    let auth = &req.request_header.authentication_token;
+    let snap = ctx
+        .sessions
+        .with(auth, None, false, ctx.instant, |s| Snapshot {
+            nonce: s.server_nonce,
+            channel_id: s.channel_id,
+            thumbprint: s.client_thumbprint,
+            client_uri: s.client_uri.clone(),
+        })
+        .map_err(|e| e.status_code())?;
+    let channel_thumbprint = ctx
+        .channel
+        .remote_certificate
+        .as_ref()
+        .map(|c| c.thumbprint());
+    // Only a channel with the creating client's certificate may use (or
+    // take over) the session.
+    if snap.thumbprint != channel_thumbprint {
+        return Err(StatusCode::BadSecureChannelIdInvalid);
+    }
+    let key = lockout_key(ctx, &snap);
+    ctx.security.failures.check(&key, ctx.instant)?;
+
+    // The client proves it holds its certificate's key.
+    if let Some(remote) = &ctx.channel.remote_key {
+        let identity = ctx
+            .security
+            .identity
+            .as_ref()
+            .ok_or(StatusCode::BadSecurityChecksFailed)?;
+        let mut data = identity.certificate().der().to_vec();
+        data.extend_from_slice(&snap.nonce);
+        let sig = &req.client_signature;
+        if let Err(status) = identity::verify_signature(
+            remote,
+            ctx.channel.policy,
+            sig.algorithm.as_str_or_empty(),
+            &data,
+            sig.signature.as_bytes_or_empty(),
+            StatusCode::BadApplicationSignatureInvalid,
+        ) {
+            ctx.security.failures.failed(&key, ctx.instant);
+            return Err(status);
+        }
+    }
+
+    let user = match check_identity(ctx, req, &snap.nonce) {
+        Ok(Some(user)) => user,
+        Ok(None) => {
+            ctx.security.failures.failed(&key, ctx.instant);
+            return Err(StatusCode::BadUserAccessDenied);
+        }
+        Err(status) => {
+            if status == StatusCode::BadUserSignatureInvalid
+                || status == StatusCode::BadIdentityTokenInvalid
+            {
+                ctx.security.failures.failed(&key, ctx.instant);
+            }
+            return Err(status);
+        }
+    };
+    // On SecurityPolicy None nothing proves who sends the request: a session
+    // changes channel only for the anonymous identity.
+    if snap.channel_id != ctx.channel_id
+        && ctx.channel.policy == SecurityPolicy::None
+        && user != UserIdentity::Anonymous
+    {
+        return Err(StatusCode::BadSecureChannelIdInvalid);
+    }
+    let anonymous = user == UserIdentity::Anonymous;
     let nonce = random_bytes::<32>()?;
     let locales = req.locale_ids.clone().unwrap_or_default();
+    let channel_id = ctx.channel_id;
     ctx.sessions
-        .with(
-            &req.request_header.authentication_token,
-            None,
-            false,
-            ctx.instant,
-            |s| {
-                // SecurityPolicy None: no client signature can prove ownership,
-                // so moving to a new channel is allowed only for the anonymous
-                // identity checked above.
-                s.channel_id = ctx.channel_id;
-                s.activated = true;
-                s.deadline = ctx.instant + s.timeout;
-                s.locale_ids = locales;
-            },
-        )
-        .map_err(|e| e.status_code())?;
+        .with(auth, None, false, ctx.instant, |s| {
+            // A concurrent ActivateSession consumed the nonce first.
+            if s.server_nonce != snap.nonce {
+                return Err(StatusCode::BadNonceInvalid);
+            }
+            s.channel_id = channel_id;
+            s.activated = true;
+            s.deadline = ctx.instant + s.timeout;
+            s.locale_ids = locales;
+            s.server_nonce = nonce;
+            s.user = user;
+            Ok(())
+        })
+        .map_err(|e| e.status_code())??;
+    if !anonymous {
+        ctx.security.failures.succeeded(&key);
+    }
     Ok(ActivateSessionResponse {
         response_header: ctx.response_header(&req.request_header),
         server_nonce: ByteString::new(nonce.to_vec()),
@@ -176,7 +429,7 @@ mod tests {
     use crate::session::SessionTable;
     use crate::ServerConfig;
     use std::time::Instant;
-    use uascale_types::{DateTime, RequestHeader, UaString};
+    use uascale_types::{DateTime, ExtensionObject, RequestHeader, UaString};
 
     struct Fixture {
         config: ServerConfig,
@@ -210,6 +463,8 @@ mod tests {
                 sink: None,
                 canceller: None,
                 subscriptions: crate::services::subscription::tests_registry(),
+                security: crate::services::no_security().0,
+                channel: crate::services::no_security().1,
             }
         }
     }
@@ -285,13 +540,20 @@ mod tests {
             activate(&f, 1, &token, anon("other")).unwrap_err(),
             StatusCode::BadIdentityTokenInvalid
         );
-        let user = ExtensionObject::new(UserNameIdentityToken {
-            policy_id: UaString::from("anonymous"),
-            user_name: UaString::from("u"),
-            ..Default::default()
-        });
+        let user = |policy: &str| {
+            ExtensionObject::new(UserNameIdentityToken {
+                policy_id: UaString::from(policy),
+                user_name: UaString::from("u"),
+                ..Default::default()
+            })
+        };
         assert_eq!(
-            activate(&f, 1, &token, user).unwrap_err(),
+            activate(&f, 1, &token, user("anonymous")).unwrap_err(),
+            StatusCode::BadIdentityTokenInvalid
+        );
+        // No certificate to encrypt the password for: not offered.
+        assert_eq!(
+            activate(&f, 1, &token, user("username")).unwrap_err(),
             StatusCode::BadIdentityTokenRejected
         );
         let unknown = ExtensionObject::Opaque {
@@ -347,5 +609,291 @@ mod tests {
         create(&f, 0.0).unwrap();
         assert!(f.sessions.expire(f.t0 + Duration::from_secs(9)).is_empty());
         assert_eq!(f.sessions.expire(f.t0 + Duration::from_secs(10)).len(), 1);
+    }
+
+    /// Sessions on a Basic256Sha256 SignAndEncrypt channel.
+    mod secured {
+        use std::sync::Arc;
+
+        use uascale_crypto::rsa::{EncryptionPadding, RsaPrivateKey};
+        use uascale_crypto::x509::{create_self_signed, Certificate, SelfSignedParams};
+        use uascale_proto::security::{ChannelSecurity, Identity};
+        use uascale_types::MessageSecurityMode;
+
+        use super::*;
+        use crate::identity::{AuthFailures, UserAccount, UserDatabase};
+        use crate::security::SecurityState;
+
+        const POLICY: SecurityPolicy = SecurityPolicy::Basic256Sha256;
+
+        fn keyed(uri: &str) -> (Certificate, RsaPrivateKey) {
+            let made = create_self_signed(&SelfSignedParams::new(
+                uri,
+                "t",
+                std::time::SystemTime::now(),
+            ))
+            .unwrap();
+            let key = RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).unwrap();
+            (made.certificate, key)
+        }
+
+        struct Secure {
+            f: Fixture,
+            security: SecurityState,
+            server_cert: Certificate,
+            client_cert: Certificate,
+            client_key: RsaPrivateKey,
+            channel: ChannelSecurity,
+        }
+
+        fn cheap_hash(password: &[u8]) -> String {
+            use argon2::password_hash::{PasswordHasher, SaltString};
+            let params = argon2::Params::new(64, 1, 1, None).unwrap();
+            let a =
+                argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+            let salt = SaltString::encode_b64(b"0123456789abcdef").unwrap();
+            a.hash_password(password, &salt).unwrap().to_string()
+        }
+
+        fn secure(max_failures: u32) -> Secure {
+            let (server_cert, server_key) = keyed("urn:test:server");
+            let (client_cert, client_key) = keyed("urn:test:client");
+            let identity = Arc::new(Identity::new(server_cert.clone(), server_key).unwrap());
+            let security = SecurityState {
+                pki: None,
+                identity: Some(identity),
+                endpoints: vec![(POLICY, MessageSecurityMode::SignAndEncrypt)],
+                allow_anonymous: true,
+                users: UserDatabase::new(vec![
+                    UserAccount::new("op", &cheap_hash(b"right")).unwrap()
+                ]),
+                failures: AuthFailures::new(max_failures),
+            };
+            let remote_key = uascale_crypto::rsa::RsaPublicKey::from_spki_der(
+                client_cert.subject_public_key_info_der(),
+            )
+            .unwrap();
+            let channel = ChannelSecurity {
+                policy: POLICY,
+                mode: MessageSecurityMode::SignAndEncrypt,
+                remote_certificate: Some(Arc::new(client_cert.clone())),
+                remote_key: Some(Arc::new(remote_key)),
+            };
+            Secure {
+                f: Fixture::new(10),
+                security,
+                server_cert,
+                client_cert,
+                client_key,
+                channel,
+            }
+        }
+
+        impl Secure {
+            fn ctx(&self, channel_id: u32) -> ServiceContext<'_> {
+                let mut ctx = self.f.ctx(channel_id);
+                ctx.security = &self.security;
+                ctx.channel = &self.channel;
+                ctx
+            }
+
+            fn create_req(&self, cert: &[u8], uri: &str, nonce: &[u8]) -> CreateSessionRequest {
+                let mut req = CreateSessionRequest {
+                    client_nonce: ByteString::new(nonce.to_vec()),
+                    client_certificate: ByteString::new(cert.to_vec()),
+                    ..Default::default()
+                };
+                req.client_description.application_uri = UaString::from(uri);
+                req
+            }
+
+            fn create(&self) -> CreateSessionResponse {
+                let req = self.create_req(self.client_cert.der(), "urn:test:client", &[9; 32]);
+                create_session(&self.ctx(1), &req).unwrap()
+            }
+
+            /// A correctly signed ActivateSession for `nonce`.
+            fn activate_req(
+                &self,
+                token: &NodeId,
+                nonce: &[u8],
+                identity: ExtensionObject,
+            ) -> ActivateSessionRequest {
+                let mut data = self.server_cert.der().to_vec();
+                data.extend_from_slice(nonce);
+                let (alg, sig) = identity::sign(&self.client_key, POLICY, &data)
+                    .unwrap()
+                    .unwrap();
+                ActivateSessionRequest {
+                    request_header: uascale_types::RequestHeader {
+                        authentication_token: token.clone(),
+                        ..Default::default()
+                    },
+                    client_signature: SignatureData {
+                        algorithm: UaString::from(alg),
+                        signature: ByteString::new(sig),
+                    },
+                    user_identity_token: identity,
+                    ..Default::default()
+                }
+            }
+
+            fn password_token(&self, password: &[u8], nonce: &[u8]) -> ExtensionObject {
+                let key = uascale_crypto::rsa::RsaPublicKey::from_spki_der(
+                    self.server_cert.subject_public_key_info_der(),
+                )
+                .unwrap();
+                let mut plain = ((password.len() + nonce.len()) as u32)
+                    .to_le_bytes()
+                    .to_vec();
+                plain.extend_from_slice(password);
+                plain.extend_from_slice(nonce);
+                let mut data = Vec::new();
+                key.encrypt(EncryptionPadding::OaepSha1, &plain, &mut data)
+                    .unwrap();
+                ExtensionObject::new(UserNameIdentityToken {
+                    policy_id: UaString::from(POLICY_USERNAME),
+                    user_name: UaString::from("op"),
+                    password: ByteString::new(data),
+                    encryption_algorithm: UaString::from(identity::RSA_OAEP_URI),
+                })
+            }
+        }
+
+        #[test]
+        fn create_checks_the_client_and_signs() {
+            let s = secure(3);
+            let r = s.create();
+            assert_eq!(r.server_certificate.as_bytes(), Some(s.server_cert.der()));
+            // serverSignature over clientCertificate + clientNonce.
+            let mut data = s.client_cert.der().to_vec();
+            data.extend_from_slice(&[9; 32]);
+            let server_key = uascale_crypto::rsa::RsaPublicKey::from_spki_der(
+                s.server_cert.subject_public_key_info_der(),
+            )
+            .unwrap();
+            identity::verify_signature(
+                &server_key,
+                POLICY,
+                r.server_signature.algorithm.as_str_or_empty(),
+                &data,
+                r.server_signature.signature.as_bytes_or_empty(),
+                StatusCode::BadApplicationSignatureInvalid,
+            )
+            .unwrap();
+            let ctx = s.ctx(1);
+            let (other, _) = keyed("urn:test:client");
+            let cases = [
+                (
+                    other.der(),
+                    "urn:test:client",
+                    &[9u8; 32][..],
+                    StatusCode::BadSecurityChecksFailed,
+                ),
+                (
+                    s.client_cert.der(),
+                    "urn:test:liar",
+                    &[9; 32],
+                    StatusCode::BadCertificateUriInvalid,
+                ),
+                (
+                    s.client_cert.der(),
+                    "urn:test:client",
+                    &[9; 16],
+                    StatusCode::BadNonceInvalid,
+                ),
+                (
+                    &[0x30, 0x82][..],
+                    "urn:test:client",
+                    &[9; 32],
+                    StatusCode::BadCertificateInvalid,
+                ),
+            ];
+            for (cert, uri, nonce, status) in cases {
+                let req = s.create_req(cert, uri, nonce);
+                assert_eq!(create_session(&ctx, &req).unwrap_err(), status, "{uri}");
+            }
+        }
+
+        #[test]
+        fn activate_verifies_the_client_signature() {
+            // (Failed signatures count toward the lockout; allow plenty.)
+            let s = secure(10);
+            let r = s.create();
+            let token = r.authentication_token;
+            let nonce = r.server_nonce.as_bytes_or_empty().to_vec();
+            let mut bad = s.activate_req(&token, &nonce, ExtensionObject::null());
+            let mut sig = bad.client_signature.signature.as_bytes_or_empty().to_vec();
+            sig[5] ^= 1;
+            bad.client_signature.signature = ByteString::new(sig);
+            assert_eq!(
+                activate_session(&s.ctx(1), &bad).unwrap_err(),
+                StatusCode::BadApplicationSignatureInvalid
+            );
+            // Signed over a stale nonce.
+            let stale = s.activate_req(&token, &[0; 32], ExtensionObject::null());
+            assert_eq!(
+                activate_session(&s.ctx(1), &stale).unwrap_err(),
+                StatusCode::BadApplicationSignatureInvalid
+            );
+            let good = s.activate_req(&token, &nonce, ExtensionObject::null());
+            let next = activate_session(&s.ctx(1), &good).unwrap().server_nonce;
+            // The same request again: the nonce has moved on.
+            assert_eq!(
+                activate_session(&s.ctx(1), &good).unwrap_err(),
+                StatusCode::BadApplicationSignatureInvalid
+            );
+            let again = s.activate_req(&token, next.as_bytes_or_empty(), ExtensionObject::null());
+            activate_session(&s.ctx(1), &again).unwrap();
+            // A channel with another client certificate cannot take the session.
+            let mut stranger = s.channel.clone();
+            stranger.remote_certificate = Some(Arc::new(keyed("urn:test:client").0));
+            let mut ctx = s.ctx(2);
+            ctx.channel = &stranger;
+            assert_eq!(
+                activate_session(&ctx, &again).unwrap_err(),
+                StatusCode::BadSecureChannelIdInvalid
+            );
+        }
+
+        #[test]
+        fn username_tokens_and_lockout() {
+            let s = secure(3);
+            let r = s.create();
+            let token = r.authentication_token;
+            let nonce = r.server_nonce.as_bytes_or_empty().to_vec();
+            // Right password, but encrypted with another nonce (a replay).
+            let req = s.activate_req(&token, &nonce, s.password_token(b"right", &[1; 32]));
+            assert_eq!(
+                activate_session(&s.ctx(1), &req).unwrap_err(),
+                StatusCode::BadIdentityTokenInvalid
+            );
+            let req = s.activate_req(&token, &nonce, s.password_token(b"right", &nonce));
+            let next = activate_session(&s.ctx(1), &req).unwrap().server_nonce;
+            let user =
+                s.f.sessions
+                    .with(&token, None, false, s.f.t0, |x| x.user.clone());
+            assert_eq!(user, Ok(UserIdentity::UserName("op".into())));
+
+            // Wrong passwords: BadUserAccessDenied; the third locks the
+            // client (its certificate) out, so the right one fails too.
+            let mut nonce = next.as_bytes_or_empty().to_vec();
+            let r2 = s.create();
+            let token2 = r2.authentication_token;
+            nonce.clear();
+            nonce.extend_from_slice(r2.server_nonce.as_bytes_or_empty());
+            for _ in 0..3 {
+                let req = s.activate_req(&token2, &nonce, s.password_token(b"wrong", &nonce));
+                assert_eq!(
+                    activate_session(&s.ctx(1), &req).unwrap_err(),
+                    StatusCode::BadUserAccessDenied
+                );
+            }
+            let req = s.activate_req(&token2, &nonce, s.password_token(b"right", &nonce));
+            assert_eq!(
+                activate_session(&s.ctx(1), &req).unwrap_err(),
+                StatusCode::BadUserAccessDenied
+            );
+        }
     }
 }

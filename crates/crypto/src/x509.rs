@@ -1,1 +1,0 @@
-//! X.509 certificates: owned by the sec-pki work (issue 4).

@@ -1,0 +1,234 @@
+//! The server's CPU per secure session establishment with Basic256Sha256
+//! SignAndEncrypt: a fresh connection takes HEL and an OpenSecureChannel
+//! (RSA decrypt, signature verify, client certificate validated against
+//! the PKI's trust list, RSA sign and encrypt of the response), then
+//! CreateSession (server signature) and ActivateSession (client signature
+//! verified, anonymous identity) run through the service handlers.
+//!
+//! `cargo bench -p uascale-server --bench session_establishment`
+//!
+//! The client's side is computed once, outside the measurement: the OPN is
+//! replayed to each new connection (a server does not remember nonces
+//! across channels), and ActivateSession is signed over a server nonce the
+//! bench sets on the session before activating it.
+#![allow(missing_docs)] // criterion_main! generates an undocumented main
+#![allow(clippy::disallowed_methods)] // a bench reads the clock
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_crypto::rsa::{RsaPrivateKey, RsaPublicKey};
+use uascale_crypto::x509::{create_self_signed, SelfSignedParams};
+use uascale_proto::chunk::{
+    write_chunks_protected, AsymmetricHeader, SecurityHeader, SendLimits, SequenceNumbers,
+};
+use uascale_proto::reassembly::ReassemblyBudget;
+use uascale_proto::security::{CertificateValidator, Identity, Protection, ServerSecurity};
+use uascale_proto::tcp::{Hello, MessageType};
+use uascale_proto::{ChannelConfig, Now, PendingConnection};
+use uascale_server::identity::{sign, UserIdentity};
+use uascale_server::pki::{OwnIdentity, Pki, PkiOptions};
+use uascale_server::security::SecurityState;
+use uascale_server::services::session::{activate_session, create_session};
+use uascale_server::services::ServiceContext;
+use uascale_server::session::SessionTable;
+use uascale_server::ServerConfig;
+use uascale_types::{
+    encode_message, ActivateSessionRequest, ByteString, CreateSessionRequest, DateTime,
+    MessageSecurityMode, OpenSecureChannelRequest, RequestHeader, SecurityTokenRequestType,
+    SignatureData, UaString,
+};
+
+const POLICY: SecurityPolicy = SecurityPolicy::Basic256Sha256;
+const MODE: MessageSecurityMode = MessageSecurityMode::SignAndEncrypt;
+
+fn now() -> Now {
+    Now {
+        instant: Instant::now(),
+        utc: DateTime::from_system_time(SystemTime::now()),
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = std::env::temp_dir().join(format!("uascale-bench-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // The client: a certificate the server trusts.
+    let client = create_self_signed(&SelfSignedParams::new(
+        "urn:bench:client",
+        "bench client",
+        SystemTime::now() - std::time::Duration::from_secs(60),
+    ))
+    .unwrap();
+    let client_key = RsaPrivateKey::from_pkcs8_der(&client.private_key_pkcs8_der).unwrap();
+    uascale_server::pki::create_layout(&dir).unwrap();
+    std::fs::write(
+        dir.join("trusted/certs/client.der"),
+        client.certificate.der(),
+    )
+    .unwrap();
+
+    // The server: its PKI, identity and security state.
+    let config = ServerConfig::default();
+    let own = OwnIdentity {
+        application_uri: config.application_uri.clone(),
+        application_name: "bench".into(),
+        host_names: vec!["localhost".into()],
+        ip_addresses: vec![],
+    };
+    let (pki, key) = Pki::open(&dir, &own, PkiOptions::default(), SystemTime::now()).unwrap();
+    let pki = Arc::new(pki);
+    let identity = Arc::new(Identity::new(pki.own_certificate().clone(), key).unwrap());
+    let server_cert = identity.certificate().clone();
+    let security = SecurityState {
+        pki: Some(Arc::clone(&pki)),
+        identity: Some(Arc::clone(&identity)),
+        endpoints: vec![(POLICY, MODE)],
+        allow_anonymous: true,
+        users: Default::default(),
+        failures: uascale_server::identity::AuthFailures::new(5),
+    };
+    let channel_config = Arc::new(ChannelConfig {
+        security: ServerSecurity {
+            identity: Some(Arc::clone(&identity)),
+            endpoints: vec![(POLICY, MODE)],
+            validator: Some(Arc::clone(&pki) as Arc<dyn CertificateValidator>),
+        },
+        ..ChannelConfig::default()
+    });
+    let budget = ReassemblyBudget::new(64 << 20, 50);
+
+    // The client's HEL and OPN, once.
+    let mut input = Vec::new();
+    Hello {
+        protocol_version: 0,
+        receive_buffer_size: 65536,
+        send_buffer_size: 65536,
+        max_message_size: 0,
+        max_chunk_count: 0,
+        endpoint_url: UaString::from("opc.tcp://localhost:4840"),
+    }
+    .encode_message(&mut input);
+    let mut body = Vec::new();
+    encode_message(
+        &OpenSecureChannelRequest {
+            request_header: RequestHeader::default(),
+            client_protocol_version: 0,
+            request_type: SecurityTokenRequestType::Issue,
+            security_mode: MODE,
+            client_nonce: ByteString::new(POLICY.random_nonce().unwrap()),
+            requested_lifetime: 600_000,
+        },
+        &mut body,
+    );
+    let server_key =
+        RsaPublicKey::from_spki_der(server_cert.subject_public_key_info_der()).unwrap();
+    write_chunks_protected(
+        &mut input,
+        MessageType::OpenSecureChannel,
+        0,
+        &SecurityHeader::Asymmetric(AsymmetricHeader {
+            policy_uri: UaString::from(POLICY.uri()),
+            sender_certificate: ByteString::new(client.certificate.der().to_vec()),
+            receiver_thumbprint: ByteString::new(server_cert.thumbprint().to_vec()),
+        }),
+        &Protection::Asymmetric {
+            policy: POLICY,
+            local: &client_key,
+            remote: &server_key,
+        },
+        &mut SequenceNumbers::starting_at(1),
+        1,
+        &body,
+        &SendLimits {
+            max_chunk_size: 65536,
+            max_message_size: 0,
+            max_chunk_count: 0,
+        },
+    )
+    .unwrap();
+
+    let mut create = CreateSessionRequest {
+        client_nonce: ByteString::new(vec![7; 32]),
+        client_certificate: ByteString::new(client.certificate.der().to_vec()),
+        ..Default::default()
+    };
+    create.client_description.application_uri = UaString::from("urn:bench:client");
+    // ActivateSession signed over the server certificate and a fixed nonce.
+    let fixed_nonce = [3u8; 32];
+    let mut data = server_cert.der().to_vec();
+    data.extend_from_slice(&fixed_nonce);
+    let (alg, sig) = sign(&client_key, POLICY, &data).unwrap().unwrap();
+    let client_signature = SignatureData {
+        algorithm: UaString::from(alg),
+        signature: ByteString::new(sig),
+    };
+
+    let sessions = SessionTable::new(1000);
+    let space = uascale_server::address_space::AddressSpace::default();
+    let managers = uascale_server::node_manager::NodeManagers::default();
+    let mut id = 0u32;
+    let mut establish = || {
+        id = id.wrapping_add(1).max(1);
+        let mut conn = PendingConnection::new().accept(
+            now(),
+            id,
+            Arc::clone(&channel_config),
+            Arc::clone(&budget),
+        );
+        let mut bytes = input.clone();
+        conn.handle_input(now(), &mut bytes).unwrap();
+        let mut out = Vec::new();
+        assert!(conn.poll_transmit(&mut out), "ACK and OPN response");
+        let channel = conn.security().clone();
+        assert_eq!(channel.policy, POLICY, "the channel opened secured");
+        let subscriptions =
+            uascale_server::services::subscription::SubscriptionRegistry::new(Default::default());
+        let ctx = ServiceContext {
+            config: &config,
+            sessions: &sessions,
+            channel_id: id,
+            now: DateTime::from_system_time(SystemTime::now()),
+            instant: Instant::now(),
+            address_space: &space,
+            start_time: DateTime::from_ticks(1),
+            managers: &managers,
+            request_id: 1,
+            sink: None,
+            canceller: None,
+            security: &security,
+            channel: &channel,
+            subscriptions: &subscriptions,
+        };
+        let created = create_session(&ctx, &create).unwrap();
+        let token = created.authentication_token;
+        sessions
+            .with(&token, None, false, ctx.instant, |s| {
+                s.server_nonce = fixed_nonce
+            })
+            .unwrap();
+        let activate = ActivateSessionRequest {
+            request_header: RequestHeader {
+                authentication_token: token.clone(),
+                ..Default::default()
+            },
+            client_signature: client_signature.clone(),
+            ..Default::default()
+        };
+        activate_session(&ctx, &activate).unwrap();
+        let user = sessions.with(&token, Some(id), true, ctx.instant, |s| s.user.clone());
+        assert_eq!(user, Ok(UserIdentity::Anonymous));
+        sessions.remove(&token);
+    };
+    establish();
+    c.bench_function(
+        "OPN + CreateSession + ActivateSession, Basic256Sha256 SignAndEncrypt (server side)",
+        |b| b.iter(&mut establish),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

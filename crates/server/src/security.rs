@@ -1,0 +1,87 @@
+//! The server-wide security state the services need: the PKI, the server's
+//! certificate and key, the published (policy, mode) pairs, the users and
+//! the failed-authentication tracker. Built once at start from
+//! [`SecurityConfig`](crate::config::SecurityConfig).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_proto::security::Identity;
+use uascale_types::MessageSecurityMode;
+
+use crate::config::ServerConfig;
+use crate::identity::{AuthFailures, UserDatabase};
+use crate::pki::{OwnIdentity, Pki, PkiError};
+
+/// What the services know about security.
+#[derive(Debug)]
+pub struct SecurityState {
+    /// The PKI (None when only SecurityPolicy None is published).
+    pub pki: Option<Arc<Pki>>,
+    /// The server's certificate and key (with the PKI).
+    pub identity: Option<Arc<Identity>>,
+    /// Published (policy, mode) pairs, in endpoint order.
+    pub endpoints: Vec<(SecurityPolicy, MessageSecurityMode)>,
+    /// Offer the Anonymous token.
+    pub allow_anonymous: bool,
+    /// Users for UserName tokens.
+    pub users: UserDatabase,
+    /// `max_failed_authentication_attempts`.
+    pub failures: AuthFailures,
+}
+
+impl SecurityState {
+    /// SecurityPolicy None only, anonymous only: no PKI.
+    pub fn none_only() -> SecurityState {
+        SecurityState {
+            pki: None,
+            identity: None,
+            endpoints: vec![(SecurityPolicy::None, MessageSecurityMode::None)],
+            allow_anonymous: true,
+            users: UserDatabase::default(),
+            failures: AuthFailures::new(5),
+        }
+    }
+
+    /// From the configuration: opens (and on first start creates) the PKI
+    /// when a secured endpoint is published.
+    pub fn from_config(config: &ServerConfig, now: SystemTime) -> Result<SecurityState, PkiError> {
+        let sec = &config.security;
+        let (pki, identity) = if sec.needs_pki() {
+            let (pki, key) = Pki::open(
+                &sec.pki_dir,
+                &OwnIdentity::for_config(config),
+                sec.pki.clone(),
+                now,
+            )?;
+            let identity =
+                Identity::new(pki.own_certificate().clone(), key).map_err(PkiError::Crypto)?;
+            (Some(Arc::new(pki)), Some(Arc::new(identity)))
+        } else {
+            (None, None)
+        };
+        Ok(SecurityState {
+            pki,
+            identity,
+            endpoints: sec.endpoints(),
+            allow_anonymous: sec.allow_anonymous,
+            users: UserDatabase::new(sec.users.clone()),
+            failures: AuthFailures::new(sec.max_failed_authentication_attempts),
+        })
+    }
+
+    /// The policy UserName passwords and X509 token signatures use on a
+    /// channel of `channel_policy`: the channel's own, and Basic256Sha256 on
+    /// unsecured channels (the password is then encrypted for the server
+    /// certificate). None when no certificate exists to encrypt for.
+    pub fn token_policy(&self, channel_policy: SecurityPolicy) -> Option<SecurityPolicy> {
+        if !channel_policy.is_none() {
+            Some(channel_policy)
+        } else if self.identity.is_some() {
+            Some(SecurityPolicy::Basic256Sha256)
+        } else {
+            None
+        }
+    }
+}
