@@ -717,6 +717,8 @@ pub struct SubscriptionSet<P> {
     pub(crate) scheduled: Option<Instant>,
     /// False once the session is gone (the set only lives on for transfers).
     pub(crate) alive: bool,
+    /// Who the session's user is (TransferSubscriptions: same user only).
+    user: Option<crate::identity::UserIdentity>,
 }
 
 impl<P> Default for SubscriptionSet<P> {
@@ -728,11 +730,23 @@ impl<P> Default for SubscriptionSet<P> {
             late_seq: 0,
             scheduled: None,
             alive: true,
+            user: None,
         }
     }
 }
 
 impl<P> SubscriptionSet<P> {
+    /// Records the session's user (its subscriptions go only to sessions
+    /// of the same user).
+    pub fn set_user(&mut self, user: crate::identity::UserIdentity) {
+        self.user = Some(user);
+    }
+
+    /// The session's user, when recorded.
+    pub fn user(&self) -> Option<&crate::identity::UserIdentity> {
+        self.user.as_ref()
+    }
+
     /// The subscriptions.
     pub fn subscriptions(&self) -> &[Subscription] {
         &self.subs

@@ -569,15 +569,15 @@ impl<P: PublishSink> Registry<P> {
 
     /// TransferSubscriptions, one id, to `session`. The old session (if it
     /// still exists) is owed a StatusChange GoodSubscriptionTransferred.
-    /// `may_take` decides whether the caller's user may take subscriptions
-    /// of the owning session.
+    /// `may_take` decides from the owning session's user (as recorded with
+    /// [`SubscriptionSet::set_user`]) whether the caller may take it.
     pub fn transfer(
         &self,
         now: Now,
         session: &NodeId,
         id: u32,
         send_initial_values: bool,
-        may_take: impl Fn(&NodeId) -> bool,
+        may_take: impl Fn(Option<&crate::identity::UserIdentity>) -> bool,
     ) -> Result<Vec<u32>, StatusCode> {
         let (from, old_set) = {
             let owners = self.owners(id);
@@ -592,12 +592,12 @@ impl<P: PublishSink> Registry<P> {
             let s = g.get(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?;
             return Ok(s.available_sequence_numbers());
         }
-        if !may_take(&from) {
-            return Err(StatusCode::BadUserAccessDenied);
-        }
         let mut out = Vec::new();
         let mut sub = {
             let mut g = lock(&old_set);
+            if !may_take(g.user()) {
+                return Err(StatusCode::BadUserAccessDenied);
+            }
             let s = g.remove(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?;
             if g.alive {
                 g.status_change(
@@ -853,6 +853,16 @@ mod tests {
             f.reg.transfer(f.at(350), &a, id, false, |_| false),
             Err(StatusCode::BadUserAccessDenied)
         );
+        // Only the same user may take it: b's set records its user.
+        let alice = crate::identity::UserIdentity::UserName("alice".into());
+        f.reg.with_set(&b, |set, _| set.set_user(alice.clone()));
+        let anonymous = crate::identity::UserIdentity::Anonymous;
+        assert_eq!(
+            f.reg
+                .transfer(f.at(350), &a, id, false, |owner| owner == Some(&anonymous)),
+            Err(StatusCode::BadUserAccessDenied)
+        );
+        assert!(f.reg.with_subscription(&b, id, |_| ()).is_ok(), "still b's");
         assert_eq!(f.reg.delete(f.at(350), &b, id), StatusCode::Good);
         assert_eq!(f.reg.subscription_count(), 0);
         assert_eq!(f.reg.monitored_item_count(), 0);
