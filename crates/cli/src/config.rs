@@ -82,38 +82,6 @@ pub struct DemoSection {
     pub rate_ms: Option<u64>,
 }
 
-/// `[subscriptions]` (SCALABILITY.md §4).
-#[derive(Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct SubscriptionsSection {
-    /// Fastest publishing interval, ms.
-    pub min_publishing_interval_ms: Option<u64>,
-    /// Slowest publishing interval, ms.
-    pub max_publishing_interval_ms: Option<u64>,
-    /// Largest keep-alive count.
-    pub max_keep_alive_count: Option<u32>,
-    /// Largest lifetime count.
-    pub max_lifetime_count: Option<u32>,
-    /// Notifications per Publish response; 0 = no limit.
-    pub max_notifications_per_publish: Option<u32>,
-    /// Publish requests a session may have parked.
-    pub max_publish_request_count: Option<usize>,
-    /// Messages kept per subscription for Republish.
-    pub max_retransmission_queue: Option<usize>,
-    /// Fastest sampling interval of sampled items, ms.
-    pub min_sampling_interval_ms: Option<u64>,
-    /// Largest monitored-item queue.
-    pub max_queue_size: Option<u32>,
-    /// Subscriptions in the server; 0 = no limit.
-    pub max_subscription_count: Option<usize>,
-    /// Monitored items in the server; 0 = no limit.
-    pub max_monitored_item_count: Option<usize>,
-    /// Monitored items per subscription; 0 = no limit.
-    pub max_monitored_items_per_subscription: Option<usize>,
-    /// Monitored items per Create/Modify/Delete/SetMonitoringMode call.
-    pub max_monitored_items_per_call: Option<usize>,
-}
-
 /// `[security]`
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -172,6 +140,38 @@ fn mode_named(name: &str) -> Option<MessageSecurityMode> {
     }
 }
 
+/// `[subscriptions]` (SCALABILITY.md §4).
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriptionsSection {
+    /// Fastest publishing interval, ms.
+    pub min_publishing_interval_ms: Option<u64>,
+    /// Slowest publishing interval, ms.
+    pub max_publishing_interval_ms: Option<u64>,
+    /// Largest keep-alive count.
+    pub max_keep_alive_count: Option<u32>,
+    /// Largest lifetime count.
+    pub max_lifetime_count: Option<u32>,
+    /// Notifications per Publish response; 0 = no limit.
+    pub max_notifications_per_publish: Option<u32>,
+    /// Publish requests a session may have parked.
+    pub max_publish_request_count: Option<usize>,
+    /// Messages kept per subscription for Republish.
+    pub max_retransmission_queue: Option<usize>,
+    /// Fastest sampling interval of sampled items, ms.
+    pub min_sampling_interval_ms: Option<u64>,
+    /// Largest monitored-item queue.
+    pub max_queue_size: Option<u32>,
+    /// Subscriptions in the server; 0 = no limit.
+    pub max_subscription_count: Option<usize>,
+    /// Monitored items in the server; 0 = no limit.
+    pub max_monitored_item_count: Option<usize>,
+    /// Monitored items per subscription; 0 = no limit.
+    pub max_monitored_items_per_subscription: Option<usize>,
+    /// Monitored items per Create/Modify/Delete/SetMonitoringMode call.
+    pub max_monitored_items_per_call: Option<usize>,
+}
+
 /// The whole file.
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -185,15 +185,15 @@ pub struct FileConfig {
     /// `[demo]`
     #[serde(default)]
     pub demo: DemoSection,
-    /// `[subscriptions]`
-    #[serde(default)]
-    pub subscriptions: SubscriptionsSection,
     /// `[security]`
     #[serde(default)]
     pub security: SecuritySection,
     /// `[[users]]`
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserEntry>,
+    /// `[subscriptions]`
+    #[serde(default)]
+    pub subscriptions: SubscriptionsSection,
 }
 
 fn ms(v: u64) -> Duration {
@@ -324,71 +324,8 @@ impl FileConfig {
         if let Some(v) = self.demo.rate_ms {
             c.demo_rate = ms(positive("demo.rate_ms", v)?);
         }
-        self.apply_subscriptions(&mut c.subscriptions)?;
-        self.apply_security(c)
-    }
-
-    fn apply_subscriptions(
-        &self,
-        l: &mut uascale_server::subscription::SubscriptionLimits,
-    ) -> Result<(), String> {
-        let s = &self.subscriptions;
-        if let Some(v) = s.min_publishing_interval_ms {
-            l.min_publishing_interval =
-                ms(positive("subscriptions.min_publishing_interval_ms", v)?);
-        }
-        if let Some(v) = s.max_publishing_interval_ms {
-            l.max_publishing_interval =
-                ms(positive("subscriptions.max_publishing_interval_ms", v)?);
-        }
-        if l.min_publishing_interval > l.max_publishing_interval {
-            return Err("subscriptions.min_publishing_interval_ms must not exceed \
-                        subscriptions.max_publishing_interval_ms"
-                .into());
-        }
-        if let Some(v) = s.max_keep_alive_count {
-            l.max_keep_alive_count =
-                positive("subscriptions.max_keep_alive_count", v.into())? as u32;
-        }
-        if let Some(v) = s.max_lifetime_count {
-            if v < 3 {
-                return Err(format!(
-                    "subscriptions.max_lifetime_count = {v}: must be at least 3"
-                ));
-            }
-            l.max_lifetime_count = v;
-        }
-        if let Some(v) = s.max_notifications_per_publish {
-            l.max_notifications_per_publish = v;
-        }
-        if let Some(v) = s.max_publish_request_count {
-            l.max_publish_request_count =
-                positive("subscriptions.max_publish_request_count", v as u64)? as usize;
-        }
-        if let Some(v) = s.max_retransmission_queue {
-            l.max_retransmission_queue = v;
-        }
-        if let Some(v) = s.min_sampling_interval_ms {
-            l.min_sampling_interval = ms(positive("subscriptions.min_sampling_interval_ms", v)?);
-        }
-        if let Some(v) = s.max_queue_size {
-            l.max_queue_size = positive("subscriptions.max_queue_size", v.into())? as u32;
-        }
-        let unlimited = |v: usize| if v == 0 { usize::MAX } else { v };
-        if let Some(v) = s.max_subscription_count {
-            l.max_subscription_count = unlimited(v);
-        }
-        if let Some(v) = s.max_monitored_item_count {
-            l.max_monitored_item_count = v;
-        }
-        if let Some(v) = s.max_monitored_items_per_subscription {
-            l.max_monitored_items_per_subscription = v;
-        }
-        if let Some(v) = s.max_monitored_items_per_call {
-            l.max_monitored_items_per_call =
-                positive("subscriptions.max_monitored_items_per_call", v as u64)? as usize;
-        }
-        Ok(())
+        self.apply_security(c)?;
+        self.apply_subscriptions(&mut c.subscriptions)
     }
 
     fn apply_security(&self, c: &mut ServerConfig) -> Result<(), String> {
@@ -469,6 +406,69 @@ impl FileConfig {
         Ok(())
     }
 
+    fn apply_subscriptions(
+        &self,
+        l: &mut uascale_server::subscription::SubscriptionLimits,
+    ) -> Result<(), String> {
+        let s = &self.subscriptions;
+        if let Some(v) = s.min_publishing_interval_ms {
+            l.min_publishing_interval =
+                ms(positive("subscriptions.min_publishing_interval_ms", v)?);
+        }
+        if let Some(v) = s.max_publishing_interval_ms {
+            l.max_publishing_interval =
+                ms(positive("subscriptions.max_publishing_interval_ms", v)?);
+        }
+        if l.min_publishing_interval > l.max_publishing_interval {
+            return Err("subscriptions.min_publishing_interval_ms must not exceed \
+                        subscriptions.max_publishing_interval_ms"
+                .into());
+        }
+        if let Some(v) = s.max_keep_alive_count {
+            l.max_keep_alive_count =
+                positive("subscriptions.max_keep_alive_count", v.into())? as u32;
+        }
+        if let Some(v) = s.max_lifetime_count {
+            if v < 3 {
+                return Err(format!(
+                    "subscriptions.max_lifetime_count = {v}: must be at least 3"
+                ));
+            }
+            l.max_lifetime_count = v;
+        }
+        if let Some(v) = s.max_notifications_per_publish {
+            l.max_notifications_per_publish = v;
+        }
+        if let Some(v) = s.max_publish_request_count {
+            l.max_publish_request_count =
+                positive("subscriptions.max_publish_request_count", v as u64)? as usize;
+        }
+        if let Some(v) = s.max_retransmission_queue {
+            l.max_retransmission_queue = v;
+        }
+        if let Some(v) = s.min_sampling_interval_ms {
+            l.min_sampling_interval = ms(positive("subscriptions.min_sampling_interval_ms", v)?);
+        }
+        if let Some(v) = s.max_queue_size {
+            l.max_queue_size = positive("subscriptions.max_queue_size", v.into())? as u32;
+        }
+        let unlimited = |v: usize| if v == 0 { usize::MAX } else { v };
+        if let Some(v) = s.max_subscription_count {
+            l.max_subscription_count = unlimited(v);
+        }
+        if let Some(v) = s.max_monitored_item_count {
+            l.max_monitored_item_count = v;
+        }
+        if let Some(v) = s.max_monitored_items_per_subscription {
+            l.max_monitored_items_per_subscription = v;
+        }
+        if let Some(v) = s.max_monitored_items_per_call {
+            l.max_monitored_items_per_call =
+                positive("subscriptions.max_monitored_items_per_call", v as u64)? as usize;
+        }
+        Ok(())
+    }
+
     /// Every key with its effective value.
     pub fn effective(c: &ServerConfig) -> Self {
         let millis = |d: Duration| Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -504,30 +504,6 @@ impl FileConfig {
             demo: DemoSection {
                 nodes: Some(c.demo_nodes),
                 rate_ms: millis(c.demo_rate),
-            },
-            subscriptions: {
-                let l = &c.subscriptions;
-                SubscriptionsSection {
-                    min_publishing_interval_ms: millis(l.min_publishing_interval),
-                    max_publishing_interval_ms: millis(l.max_publishing_interval),
-                    max_keep_alive_count: Some(l.max_keep_alive_count),
-                    max_lifetime_count: Some(l.max_lifetime_count),
-                    max_notifications_per_publish: Some(l.max_notifications_per_publish),
-                    max_publish_request_count: Some(l.max_publish_request_count),
-                    max_retransmission_queue: Some(l.max_retransmission_queue),
-                    min_sampling_interval_ms: millis(l.min_sampling_interval),
-                    max_queue_size: Some(l.max_queue_size),
-                    max_subscription_count: Some(if l.max_subscription_count == usize::MAX {
-                        0
-                    } else {
-                        l.max_subscription_count
-                    }),
-                    max_monitored_item_count: Some(l.max_monitored_item_count),
-                    max_monitored_items_per_subscription: Some(
-                        l.max_monitored_items_per_subscription,
-                    ),
-                    max_monitored_items_per_call: Some(l.max_monitored_items_per_call),
-                }
             },
             security: SecuritySection {
                 pki_dir: Some(c.security.pki_dir.display().to_string()),
@@ -566,6 +542,30 @@ impl FileConfig {
                     password_hash: u.password_hash().to_owned(),
                 })
                 .collect(),
+            subscriptions: {
+                let l = &c.subscriptions;
+                SubscriptionsSection {
+                    min_publishing_interval_ms: millis(l.min_publishing_interval),
+                    max_publishing_interval_ms: millis(l.max_publishing_interval),
+                    max_keep_alive_count: Some(l.max_keep_alive_count),
+                    max_lifetime_count: Some(l.max_lifetime_count),
+                    max_notifications_per_publish: Some(l.max_notifications_per_publish),
+                    max_publish_request_count: Some(l.max_publish_request_count),
+                    max_retransmission_queue: Some(l.max_retransmission_queue),
+                    min_sampling_interval_ms: millis(l.min_sampling_interval),
+                    max_queue_size: Some(l.max_queue_size),
+                    max_subscription_count: Some(if l.max_subscription_count == usize::MAX {
+                        0
+                    } else {
+                        l.max_subscription_count
+                    }),
+                    max_monitored_item_count: Some(l.max_monitored_item_count),
+                    max_monitored_items_per_subscription: Some(
+                        l.max_monitored_items_per_subscription,
+                    ),
+                    max_monitored_items_per_call: Some(l.max_monitored_items_per_call),
+                }
+            },
         }
     }
 

@@ -167,6 +167,8 @@ fn bench(c: &mut Criterion) {
     };
 
     let sessions = SessionTable::new(1000);
+    let subscriptions =
+        uascale_server::services::subscription::SubscriptionRegistry::new(Default::default());
     let space = uascale_server::address_space::AddressSpace::default();
     let managers = uascale_server::node_manager::NodeManagers::default();
     let mut id = 0u32;
@@ -184,8 +186,6 @@ fn bench(c: &mut Criterion) {
         assert!(conn.poll_transmit(&mut out), "ACK and OPN response");
         let channel = conn.security().clone();
         assert_eq!(channel.policy, POLICY, "the channel opened secured");
-        let subscriptions =
-            uascale_server::services::subscription::SubscriptionRegistry::new(Default::default());
         let ctx = ServiceContext {
             config: &config,
             sessions: &sessions,

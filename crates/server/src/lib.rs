@@ -5,9 +5,11 @@
 //! protocol state lives in `uascale-proto` and is only driven from here.
 //!
 //! Status (issue 3, in progress): the opc.tcp listener and connection driver
-//! ([`net`]) run the sans-IO secure channel (SecurityPolicy None) and answer
-//! the Discovery service set ([`services::discovery`]) and the Session
-//! service set ([`services::session`], anonymous identity); every other
+//! ([`net`]) run the sans-IO secure channel (None and the RSA policies, with
+//! the [`pki`] as certificate validator) and answer the Discovery service
+//! set ([`services::discovery`]) and the Session service set
+//! ([`services::session`]; Anonymous, UserName and X509 identities,
+//! [`identity`]); every other
 //! service is answered with a ServiceFault - the session's own error, else
 //! `BadServiceUnsupported` - until it lands. Subscriptions run in the
 //! sans-IO engine of [`subscription`], driven by one timer task in `net/`.

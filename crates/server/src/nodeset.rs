@@ -1700,9 +1700,9 @@ mod tests {
             request_id: 1,
             sink: None,
             canceller: None,
-            subscriptions: crate::services::subscription::tests_registry(),
             security: crate::services::no_security().0,
             channel: crate::services::no_security().1,
+            subscriptions: crate::services::subscription::tests_registry(),
         };
         let write = |node: NodeId, v: Variant| {
             attribute::write(

@@ -82,9 +82,9 @@ fn every_request_type_gets_a_response() {
         request_id: 1,
         sink: None,
         canceller: None,
-        subscriptions: &registry,
         security: uascale_server::services::no_security().0,
         channel: uascale_server::services::no_security().1,
+        subscriptions: &registry,
     };
     let limits = DecodeLimits::default();
     let mut requests = 0;

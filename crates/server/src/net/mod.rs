@@ -450,9 +450,9 @@ fn handle_events(
         request_id: 0,
         sink: Some(sink),
         canceller: Some(&cancel),
-        subscriptions: &shared.subscriptions,
         security: &shared.security,
         channel: &channel,
+        subscriptions: &shared.subscriptions,
     };
     let limits = &shared.channel_config.decode;
     while let Some(event) = conn.poll_event() {

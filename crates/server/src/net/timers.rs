@@ -44,10 +44,10 @@ pub(super) async fn run_subscriptions(shared: Arc<Shared>) {
             request_id: 0,
             sink: None,
             canceller: None,
-            subscriptions: &shared.subscriptions,
             security: &shared.security,
-            // Sampling runs outside any request: no secure channel.
+            // Sampling runs on no channel.
             channel: crate::services::no_security().1,
+            subscriptions: &shared.subscriptions,
         };
         shared
             .subscriptions

@@ -745,9 +745,9 @@ mod tests {
                 request_id: 1,
                 sink: None,
                 canceller: None,
-                subscriptions: crate::services::subscription::tests_registry(),
                 security: crate::services::no_security().0,
                 channel: crate::services::no_security().1,
+                subscriptions: crate::services::subscription::tests_registry(),
             }
         }
 

@@ -48,12 +48,12 @@ pub struct ServiceContext<'a> {
     /// (answering them `BadRequestCancelledByClient`) and returns how many;
     /// `None` where nothing is outstanding outside the handler.
     pub canceller: Option<&'a dyn Fn(u32) -> u32>,
-    /// The subscriptions.
-    pub subscriptions: &'a subscription::SubscriptionRegistry,
     /// Server-wide security: PKI, own certificate and key, users.
     pub security: &'a crate::security::SecurityState,
     /// What the request's secure channel was opened with.
     pub channel: &'a uascale_proto::security::ChannelSecurity,
+    /// The subscriptions.
+    pub subscriptions: &'a subscription::SubscriptionRegistry,
 }
 
 impl std::fmt::Debug for ServiceContext<'_> {
@@ -418,9 +418,9 @@ mod tests {
             request_id: 1,
             sink: None,
             canceller: None,
-            subscriptions: crate::services::subscription::tests_registry(),
             security: no_security().0,
             channel: no_security().1,
+            subscriptions: crate::services::subscription::tests_registry(),
         }
     }
 

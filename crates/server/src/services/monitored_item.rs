@@ -684,9 +684,9 @@ mod tests {
                 request_id: 1,
                 sink: None,
                 canceller: None,
-                subscriptions: &self.registry,
                 security: crate::services::no_security().0,
                 channel: crate::services::no_security().1,
+                subscriptions: &self.registry,
             }
         }
     }
