@@ -32,6 +32,8 @@ pub struct ServerSection {
     pub max_session_count: Option<usize>,
     /// Time to activate a created session, ms.
     pub activation_deadline_ms: Option<u64>,
+    /// Keep the Server object's diagnostics arrays.
+    pub diagnostics_enabled: Option<bool>,
     /// Companion NodeSet2 XML files loaded at start, in order.
     pub nodesets: Option<Vec<std::path::PathBuf>>,
 }
@@ -241,6 +243,9 @@ impl FileConfig {
         }
         if let Some(v) = s.activation_deadline_ms {
             c.activation_deadline = ms(positive("server.activation_deadline_ms", v)?);
+        }
+        if let Some(v) = s.diagnostics_enabled {
+            c.diagnostics_enabled = v;
         }
         let l = &self.limits;
         if let Some(v) = l.listen_backlog {
@@ -477,6 +482,7 @@ impl FileConfig {
                 application_name: Some(c.application_name.clone()),
                 max_session_count: Some(c.max_session_count),
                 activation_deadline_ms: millis(c.activation_deadline),
+                diagnostics_enabled: Some(c.diagnostics_enabled),
                 nodesets: Some(c.nodesets.clone()),
             },
             limits: LimitsSection {

@@ -49,6 +49,10 @@ pub struct ServerConfig {
     pub demo_rate: std::time::Duration,
     /// Subscription and monitored-item limits (SCALABILITY.md §4).
     pub subscriptions: crate::subscription::SubscriptionLimits,
+    /// The diagnostics arrays of the Server object (`diagnostics_enabled`,
+    /// SCALABILITY.md §5): rebuilt when read, at most once a second; with
+    /// false they read `BadOutOfService` and cost nothing. Default true.
+    pub diagnostics_enabled: bool,
     /// Companion NodeSet2 XML files loaded at start, in order (`--nodeset`,
     /// [`crate::nodeset`]). Default none.
     pub nodesets: Vec<std::path::PathBuf>,
@@ -161,6 +165,7 @@ impl Default for ServerConfig {
             demo_nodes: 0,
             demo_rate: std::time::Duration::from_secs(1),
             subscriptions: crate::subscription::SubscriptionLimits::default(),
+            diagnostics_enabled: true,
             nodesets: Vec::new(),
             security: SecurityConfig::default(),
         }

@@ -107,6 +107,16 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         v::Server_ServerCapabilities_MaxWhereClauseParameters => {
             Variant::UInt32(crate::subscription::event::MAX_FILTER_ELEMENTS as u32)
         }
+        v::Server_ServerDiagnostics_EnabledFlag => Variant::Boolean(ctx.config.diagnostics_enabled),
+        v::Server_ServerDiagnostics_SubscriptionDiagnosticsArray => {
+            ctx.subscriptions.subscription_diagnostics(ctx.instant)
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CurrentSubscriptionCount => {
+            Variant::UInt32(u32_of(ctx.subscriptions.subscription_count()))
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CumulatedSubscriptionCount => {
+            Variant::UInt32(u32_of(ctx.subscriptions.cumulated_subscription_count()))
+        }
         v::Server_ServerCapabilities_MinSupportedSampleRate => {
             Variant::Double(ctx.subscriptions.limits.min_sampling_interval.as_secs_f64() * 1000.0)
         }
@@ -116,4 +126,23 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
 
 fn u32_of(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// With `diagnostics_enabled = false` the diagnostics arrays are not kept:
+/// reading them is `BadOutOfService` (SCALABILITY.md §5).
+pub fn check_diagnostics(
+    ctx: &ServiceContext<'_>,
+    id: &NodeId,
+) -> Result<(), uascale_types::StatusCode> {
+    let array = matches!(
+        id.as_ns0(),
+        Some(
+            v::Server_ServerDiagnostics_SubscriptionDiagnosticsArray
+                | v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionDiagnosticsArray
+        )
+    );
+    if array && !ctx.config.diagnostics_enabled {
+        return Err(uascale_types::StatusCode::BadOutOfService);
+    }
+    Ok(())
 }

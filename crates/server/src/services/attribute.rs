@@ -206,6 +206,7 @@ fn read_attribute(
 
 fn value(ctx: &ServiceContext<'_>, node: &Node, r: &ReadValueId) -> Result<Variant, StatusCode> {
     check_value_read(node, r)?;
+    crate::server_object::check_diagnostics(ctx, &node.node_id)?;
     let v = match crate::server_object::live_value(ctx, &node.node_id) {
         Some(v) => v,
         None => match ctx.managers.read_value(&node.node_id) {

@@ -879,4 +879,91 @@ mod tests {
         );
         assert_eq!(f.registry.monitored_item_count(), 0);
     }
+
+    #[test]
+    fn diagnostics_arrays_are_throttled_and_can_be_switched_off() {
+        let mut f = Fixture::new();
+        let read = |f: &Fixture, at: std::time::Duration| {
+            let mut ctx = f.ctx();
+            ctx.instant = f.t0 + at;
+            let r = crate::services::attribute::read(
+                &ctx,
+                &uascale_types::ReadRequest {
+                    nodes_to_read: Some(vec![ReadValueId {
+                        node_id: NodeId::ns0(2290),
+                        attribute_id: VALUE,
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.results.unwrap()[0].clone()
+        };
+        let rows = |dv: &DataValue| match &dv.value {
+            Some(Variant::Array(a)) => a.values().len(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(rows(&read(&f, std::time::Duration::ZERO)), 0);
+        let ctx = f.ctx();
+        create_subscription(
+            &ctx,
+            &CreateSubscriptionRequest {
+                request_header: header(),
+                requested_publishing_interval: 100.0,
+                publishing_enabled: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // Within the second: the cached array; after it: rebuilt.
+        assert_eq!(rows(&read(&f, std::time::Duration::from_millis(500))), 0);
+        let dv = read(&f, std::time::Duration::from_millis(1000));
+        assert_eq!(rows(&dv), 1);
+        let Some(Variant::Array(a)) = &dv.value else {
+            panic!()
+        };
+        let uascale_types::ArrayValues::ExtensionObject(eos) = a.values() else {
+            panic!("{a:?}")
+        };
+        let d = eos[0]
+            .downcast_ref::<uascale_types::SubscriptionDiagnosticsDataType>()
+            .unwrap();
+        assert_eq!(d.session_id, NodeId::numeric(1, 1));
+        assert_eq!(d.publishing_interval, 100.0);
+        // The limits are published in ServerCapabilities.
+        let ctx = f.ctx();
+        let caps = crate::services::attribute::read(
+            &ctx,
+            &uascale_types::ReadRequest {
+                nodes_to_read: Some(
+                    [24104u32, 11714, 24096]
+                        .iter()
+                        .map(|&n| ReadValueId {
+                            node_id: NodeId::ns0(n),
+                            attribute_id: VALUE,
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let caps: Vec<Option<Variant>> =
+            caps.results.unwrap().into_iter().map(|d| d.value).collect();
+        assert_eq!(
+            caps,
+            vec![
+                Some(Variant::UInt32(6)),
+                Some(Variant::UInt32(10_000)),
+                Some(Variant::UInt32(50_000))
+            ]
+        );
+        f.config.diagnostics_enabled = false;
+        assert_eq!(
+            read(&f, std::time::Duration::from_secs(5)).status,
+            Some(StatusCode::BadOutOfService)
+        );
+    }
 }

@@ -55,6 +55,22 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// The user of the (already checked) session of the request.
+fn user_of(
+    ctx: &ServiceContext<'_>,
+    h: &RequestHeader,
+) -> Result<crate::identity::UserIdentity, StatusCode> {
+    ctx.sessions
+        .with(
+            &h.authentication_token,
+            Some(ctx.channel_id),
+            true,
+            ctx.instant,
+            |s| s.user.clone(),
+        )
+        .map_err(|e| e.status_code())
+}
+
 /// CreateSubscription: revised interval, lifetime and keep-alive counts.
 pub fn create_subscription(
     ctx: &ServiceContext<'_>,
@@ -71,6 +87,10 @@ pub fn create_subscription(
     let (id, revised) =
         ctx.subscriptions
             .create(ctx.instant, &session, &requested, req.publishing_enabled)?;
+    let user = user_of(ctx, &req.request_header)?;
+    ctx.subscriptions
+        .with_set(&session, |set, _| set.set_user(user));
+
     Ok(CreateSubscriptionResponse {
         response_header: ctx.response_header(&req.request_header),
         subscription_id: id,
@@ -223,14 +243,14 @@ pub fn delete_subscriptions(
 }
 
 /// TransferSubscriptions: moves subscriptions of another session of the
-/// same user to this one. Sessions are anonymous for now, so every
-/// session is the same user; the check is in one place for when
-/// identities arrive.
+/// same user (the same user name, X509 subject, or both anonymous) to this
+/// one; others get `BadUserAccessDenied`.
 pub fn transfer_subscriptions(
     ctx: &ServiceContext<'_>,
     req: &TransferSubscriptionsRequest,
 ) -> Result<TransferSubscriptionsResponse, StatusCode> {
     let session = session_of(ctx, &req.request_header)?;
+    let user = user_of(ctx, &req.request_header)?;
     let ids = req.subscription_ids.as_deref().unwrap_or(&[]);
     if ids.is_empty() {
         return Err(StatusCode::BadNothingToDo);
@@ -247,8 +267,9 @@ pub fn transfer_subscriptions(
         .map(|&id| {
             match ctx
                 .subscriptions
-                .transfer(now, &session, id, req.send_initial_values, |_| true)
-            {
+                .transfer(now, &session, id, req.send_initial_values, |owner| {
+                    owner == Some(&user)
+                }) {
                 Ok(available) => TransferResult {
                     status_code: StatusCode::Good,
                     available_sequence_numbers: Some(available),

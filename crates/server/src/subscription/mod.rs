@@ -637,6 +637,35 @@ impl Subscription {
         self.data_hint = true;
     }
 
+    /// Its row of the SubscriptionDiagnosticsArray.
+    pub fn diagnostics(
+        &self,
+        session: &uascale_types::NodeId,
+    ) -> uascale_types::SubscriptionDiagnosticsDataType {
+        let n = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
+        uascale_types::SubscriptionDiagnosticsDataType {
+            session_id: session.clone(),
+            subscription_id: self.id,
+            priority: self.priority,
+            publishing_interval: self.interval.as_secs_f64() * 1000.0,
+            max_keep_alive_count: self.keep_alive_count,
+            max_lifetime_count: self.lifetime_count,
+            max_notifications_per_publish: self.max_notifications,
+            publishing_enabled: self.enabled,
+            current_keep_alive_count: self.keep_alive_counter,
+            current_lifetime_count: self.lifetime_counter,
+            unacknowledged_message_count: n(self.retransmission.len()),
+            monitored_item_count: n(self.items.len()),
+            disabled_monitored_item_count: n(self
+                .items
+                .iter()
+                .filter(|i| i.mode == uascale_types::MonitoringMode::Disabled)
+                .count()),
+            next_sequence_number: self.next_seq,
+            ..Default::default()
+        }
+    }
+
     /// SetPublishingMode.
     pub fn set_publishing_enabled(&mut self, enabled: bool) {
         self.enabled = enabled;
@@ -688,6 +717,8 @@ pub struct SubscriptionSet<P> {
     pub(crate) scheduled: Option<Instant>,
     /// False once the session is gone (the set only lives on for transfers).
     pub(crate) alive: bool,
+    /// Who the session's user is (TransferSubscriptions: same user only).
+    user: Option<crate::identity::UserIdentity>,
 }
 
 impl<P> Default for SubscriptionSet<P> {
@@ -699,11 +730,23 @@ impl<P> Default for SubscriptionSet<P> {
             late_seq: 0,
             scheduled: None,
             alive: true,
+            user: None,
         }
     }
 }
 
 impl<P> SubscriptionSet<P> {
+    /// Records the session's user (its subscriptions go only to sessions
+    /// of the same user).
+    pub fn set_user(&mut self, user: crate::identity::UserIdentity) {
+        self.user = Some(user);
+    }
+
+    /// The session's user, when recorded.
+    pub fn user(&self) -> Option<&crate::identity::UserIdentity> {
+        self.user.as_ref()
+    }
+
     /// The subscriptions.
     pub fn subscriptions(&self) -> &[Subscription] {
         &self.subs

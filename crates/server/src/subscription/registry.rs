@@ -106,8 +106,10 @@ pub struct Registry<P> {
     seq: AtomicU64,
     next_id: AtomicU32,
     subscription_count: AtomicUsize,
+    cumulated: AtomicUsize,
     item_count: AtomicUsize,
     wake: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    diagnostics: Mutex<Option<(Instant, Variant)>>,
 }
 
 impl<P> std::fmt::Debug for Registry<P> {
@@ -141,8 +143,10 @@ impl<P: PublishSink> Registry<P> {
             seq: AtomicU64::new(0),
             next_id: AtomicU32::new(1),
             subscription_count: AtomicUsize::new(0),
+            cumulated: AtomicUsize::new(0),
             item_count: AtomicUsize::new(0),
             wake: OnceLock::new(),
+            diagnostics: Mutex::new(None),
         }
     }
 
@@ -155,6 +159,41 @@ impl<P: PublishSink> Registry<P> {
     /// Subscriptions in the server.
     pub fn subscription_count(&self) -> usize {
         self.subscription_count.load(Ordering::Relaxed)
+    }
+
+    /// Subscriptions created since the server started.
+    pub fn cumulated_subscription_count(&self) -> usize {
+        self.cumulated.load(Ordering::Relaxed)
+    }
+
+    /// The SubscriptionDiagnosticsArray: rebuilt when asked for, at most
+    /// once a second (SCALABILITY.md §5), so a burst of creates or of reads
+    /// does not rebuild it each time. Counters the engine does not keep
+    /// (modify, republish, notification counts) read 0.
+    pub fn subscription_diagnostics(&self, now: Instant) -> Variant {
+        let mut cache = lock(&self.diagnostics);
+        if let Some((built, v)) = cache.as_ref() {
+            if now.saturating_duration_since(*built) < std::time::Duration::from_secs(1) {
+                return v.clone();
+            }
+        }
+        let mut sets: Vec<(NodeId, SetRef<P>)> = Vec::new();
+        for shard in &self.sessions {
+            sets.extend(lock(shard).iter().map(|(k, v)| (k.clone(), Arc::clone(v))));
+        }
+        let mut rows = Vec::new();
+        for (session, set) in sets {
+            let g = lock(&set);
+            for s in g.subscriptions() {
+                rows.push(uascale_types::ExtensionObject::new(s.diagnostics(&session)));
+            }
+        }
+        // An empty array stays a (typed) array, not a null value.
+        let v = Variant::from(uascale_types::Array::new(
+            uascale_types::ArrayValues::ExtensionObject(rows),
+        ));
+        *cache = Some((now, v.clone()));
+        v
     }
 
     /// Monitored items in the server.
@@ -272,6 +311,7 @@ impl<P: PublishSink> Registry<P> {
         {
             return Err(StatusCode::BadTooManySubscriptions);
         }
+        self.cumulated.fetch_add(1, Ordering::Relaxed);
         let revised = self.limits.revise(requested);
         let id = loop {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -529,15 +569,15 @@ impl<P: PublishSink> Registry<P> {
 
     /// TransferSubscriptions, one id, to `session`. The old session (if it
     /// still exists) is owed a StatusChange GoodSubscriptionTransferred.
-    /// `may_take` decides whether the caller's user may take subscriptions
-    /// of the owning session.
+    /// `may_take` decides from the owning session's user (as recorded with
+    /// [`SubscriptionSet::set_user`]) whether the caller may take it.
     pub fn transfer(
         &self,
         now: Now,
         session: &NodeId,
         id: u32,
         send_initial_values: bool,
-        may_take: impl Fn(&NodeId) -> bool,
+        may_take: impl Fn(Option<&crate::identity::UserIdentity>) -> bool,
     ) -> Result<Vec<u32>, StatusCode> {
         let (from, old_set) = {
             let owners = self.owners(id);
@@ -552,12 +592,12 @@ impl<P: PublishSink> Registry<P> {
             let s = g.get(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?;
             return Ok(s.available_sequence_numbers());
         }
-        if !may_take(&from) {
-            return Err(StatusCode::BadUserAccessDenied);
-        }
         let mut out = Vec::new();
         let mut sub = {
             let mut g = lock(&old_set);
+            if !may_take(g.user()) {
+                return Err(StatusCode::BadUserAccessDenied);
+            }
             let s = g.remove(id).ok_or(StatusCode::BadSubscriptionIdInvalid)?;
             if g.alive {
                 g.status_change(
@@ -813,6 +853,16 @@ mod tests {
             f.reg.transfer(f.at(350), &a, id, false, |_| false),
             Err(StatusCode::BadUserAccessDenied)
         );
+        // Only the same user may take it: b's set records its user.
+        let alice = crate::identity::UserIdentity::UserName("alice".into());
+        f.reg.with_set(&b, |set, _| set.set_user(alice.clone()));
+        let anonymous = crate::identity::UserIdentity::Anonymous;
+        assert_eq!(
+            f.reg
+                .transfer(f.at(350), &a, id, false, |owner| owner == Some(&anonymous)),
+            Err(StatusCode::BadUserAccessDenied)
+        );
+        assert!(f.reg.with_subscription(&b, id, |_| ()).is_ok(), "still b's");
         assert_eq!(f.reg.delete(f.at(350), &b, id), StatusCode::Good);
         assert_eq!(f.reg.subscription_count(), 0);
         assert_eq!(f.reg.monitored_item_count(), 0);
