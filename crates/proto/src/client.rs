@@ -1295,6 +1295,43 @@ mod secure_tests {
     }
 
     #[test]
+    fn an_opn_response_from_another_certificate_is_refused() {
+        // The server's OPN response with another sender certificate in its
+        // header: refused before any decryption.
+        #[allow(clippy::disallowed_methods)]
+        let t0 = Instant::now();
+        let (server, client) = ids();
+        let theirs = server.certificate().der().to_vec();
+        let other = client.certificate().der().to_vec();
+        let (mut c, mut s) = pair(
+            t0,
+            SecurityPolicy::Basic256Sha256,
+            MessageSecurityMode::Sign,
+        );
+        let r = pump_with(&mut c, &mut s, at(t0, 0), &mut |b| {
+            if b.first() != Some(&b'O') {
+                return;
+            }
+            let at = b
+                .windows(theirs.len())
+                .position(|w| w == theirs.as_slice())
+                .unwrap();
+            let mut swapped = b[..at - 4].to_vec();
+            swapped.extend_from_slice(&(other.len() as u32).to_le_bytes());
+            swapped.extend_from_slice(&other);
+            swapped.extend_from_slice(&b[at + theirs.len()..]);
+            let size = swapped.len() as u32;
+            swapped[4..8].copy_from_slice(&size.to_le_bytes());
+            *b = swapped;
+        });
+        assert_eq!(
+            r.unwrap_err().status_code(),
+            StatusCode::BadCertificateInvalid
+        );
+        assert!(c.is_closed());
+    }
+
+    #[test]
     fn bad_security_settings_are_refused() {
         let (server, client) = ids();
         let cert = Arc::new(server.certificate().clone());
