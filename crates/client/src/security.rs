@@ -81,14 +81,16 @@ impl fmt::Debug for UserIdentity {
 /// How the client judges the server's certificate.
 #[derive(Clone, Debug, Default)]
 pub enum ServerTrust {
+    /// Not configured: a secured connect fails with
+    /// `BadCertificateUntrusted` until one of the others is chosen.
+    #[default]
+    NotConfigured,
     /// Only certificates `validator` accepts (e.g. [`TrustListValidator`]).
     Validator(Arc<dyn CertificateValidator>),
     /// Accepts any certificate the server names in its endpoint. UNSAFE:
     /// anyone between client and server can pose as the server. For tests
-    /// and first contact only. The default, since no trust list exists
-    /// unless configured; the certificate of the endpoint is still the only
-    /// one the channel accepts.
-    #[default]
+    /// and first contact only; the certificate of the endpoint is still the
+    /// only one the channel accepts.
     UnsafeAcceptAny,
 }
 
@@ -99,13 +101,21 @@ impl ServerTrust {
             .map_err(|e| security(e.status_code(), "server certificate is not DER"))?;
         let cert = Certificate::from_der(leaf)
             .map_err(|e| security(e.status_code(), "server certificate does not parse"))?;
-        if let ServerTrust::Validator(v) = self {
-            v.validate(&cert, der, policy).map_err(|e| {
+        match self {
+            ServerTrust::NotConfigured => {
+                return Err(security(
+                    StatusCode::BadCertificateUntrusted,
+                    "no server trust configured (a trust list validator, or the unsafe \
+                     UnsafeAcceptAny)",
+                ))
+            }
+            ServerTrust::Validator(v) => v.validate(&cert, der, policy).map_err(|e| {
                 security(
                     e.status_code(),
                     &format!("server certificate {} refused: {e}", cert.subject_name()),
                 )
-            })?;
+            })?,
+            ServerTrust::UnsafeAcceptAny => {}
         }
         Ok(cert)
     }

@@ -10,10 +10,15 @@ use std::time::Duration;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use uascale_client::{Client, ClientError, ClientOptions, SecurityOptions, UserIdentity};
+use uascale_client::{
+    Client, ClientError, ClientOptions, SecurityOptions, ServerTrust, TrustListValidator,
+    UserIdentity,
+};
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_crypto::rsa::RsaPrivateKey;
+use uascale_crypto::x509::TrustList;
 use uascale_crypto::x509::{create_self_signed, to_pem, SelfSignedParams};
+use uascale_proto::security::CertificateValidator;
 use uascale_proto::security::Identity;
 use uascale_types as t;
 use uascale_types::{NodeId, StatusCode, Variant};
@@ -216,14 +221,28 @@ async fn secured_client_against_the_asyncua_server() {
         )
         .unwrap(),
     );
+    let trusted = uascale_crypto::x509::Certificate::from_der(&server_der).unwrap();
+    let trust: Arc<dyn CertificateValidator> = Arc::new(TrustListValidator::new(TrustList::new(
+        vec![trusted],
+        vec![],
+        vec![],
+    )));
+    // Without a trust decision a secured connect is refused.
+    let mut untrusting = ClientOptions::default();
+    untrusting.security.policy = SecurityPolicy::Basic256Sha256;
+    untrusting.security.mode = t::MessageSecurityMode::SignAndEncrypt;
+    untrusting.security.certificate = Some(Arc::clone(&identity));
+    let e = Client::connect(&url, untrusting).await.unwrap_err();
+    assert_eq!(e.status_code(), StatusCode::BadCertificateUntrusted, "{e}");
     let options = |user: UserIdentity| ClientOptions {
         security: SecurityOptions {
             policy: SecurityPolicy::Basic256Sha256,
             mode: t::MessageSecurityMode::SignAndEncrypt,
             certificate: Some(Arc::clone(&identity)),
-            // Looked up with GetEndpoints over None; accepted without a
-            // trust list (the test made it).
-            ..Default::default()
+            // Looked up with GetEndpoints over None and validated against
+            // a trust list holding it.
+            trust: ServerTrust::Validator(Arc::clone(&trust)),
+            server_certificate: None,
         },
         identity: user,
         ..Default::default()
@@ -292,7 +311,11 @@ async fn secured_client_against_the_asyncua_server() {
     // A server certificate other than the endpoint's is refused.
     let (other, _) = make_cert("urn:other", "other");
     let mut o = options(UserIdentity::Anonymous);
-    o.security.server_certificate = Some(other);
+    o.security.server_certificate = Some(other.clone());
+    let e = Client::connect(&url, o.clone()).await.unwrap_err();
+    assert_eq!(e.status_code(), StatusCode::BadCertificateUntrusted, "{e}");
+    // ... and still when trusted blindly: the OPN is for another key.
+    o.security.trust = ServerTrust::UnsafeAcceptAny;
     assert!(Client::connect(&url, o).await.is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
