@@ -1,24 +1,55 @@
 """A peer OPC UA server for the uascale client's interop tests.
 
 usage: peer_server.py asyncua|o6 PORT
+       peer_server.py asyncua-secure PORT CERT.der KEY.pem
 
 Serves namespace 0 plus one writable Double variable, `Temperature` (20.5),
 under Objects, in namespace 1 with the string NodeId "Temperature"; prints
 READY when it accepts connections and runs until stdin closes (the test
 ends it by closing the pipe or killing it).
+
+`asyncua-secure` serves with the given certificate and key on two
+endpoints, None (for GetEndpoints) and Basic256Sha256 SignAndEncrypt, and
+accepts any client certificate (asyncua's default without a validator), the
+anonymous identity and the user `peer` with the password `peer-pass`.
 """
 
 import asyncio
 import sys
 
 
-async def asyncua_server(port: int):
+class PeerUsers:
+    """Accepts anonymous sessions and one user name with its password."""
+
+    def get_user(self, iserver, username=None, password=None, certificate=None):
+        from asyncua.crypto.permission_rules import User, UserRole
+
+        # (asyncua passes the channel's client certificate along for
+        # anonymous sessions too.)
+        if username is None:
+            return User(role=UserRole.User)
+        if username == "peer" and password == "peer-pass":
+            return User(role=UserRole.User, name=username)
+        return None
+
+
+async def asyncua_server(port: int, cert=None, key=None):
     from asyncua import Server, ua
 
-    server = Server()
+    server = Server(user_manager=PeerUsers() if cert else None)
     await server.init()
     server.set_endpoint(f"opc.tcp://127.0.0.1:{port}/")
-    server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+    if cert:
+        await server.load_certificate(cert)
+        await server.load_private_key(key)
+        server.set_security_policy(
+            [
+                ua.SecurityPolicyType.NoSecurity,
+                ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt,
+            ]
+        )
+    else:
+        server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
     idx = await server.register_namespace("urn:peer:test")
     assert idx == 2, idx
     objects = server.nodes.objects
@@ -51,6 +82,8 @@ def main():
     kind, port = sys.argv[1], int(sys.argv[2])
     if kind == "asyncua":
         asyncio.run(asyncua_server(port))
+    elif kind == "asyncua-secure":
+        asyncio.run(asyncua_server(port, sys.argv[3], sys.argv[4]))
     elif kind == "o6":
         o6_server(port)
     else:

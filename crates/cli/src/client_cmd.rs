@@ -8,6 +8,7 @@ use uascale_client::{Client, ClientError, ClientOptions};
 use uascale_types as t;
 use uascale_types::{NodeId, StatusCode, Variant, VariantType};
 
+use crate::client_security::{parse_security, user_identity, SecurityArgs};
 use crate::values;
 
 pub const USAGE: &str = "       uascale endpoints URL [--json]
@@ -16,7 +17,20 @@ pub const USAGE: &str = "       uascale endpoints URL [--json]
        uascale write URL NODE VALUE [--type TYPE] [--json]
        uascale call URL OBJECT METHOD [ARG...] [--json]
 
-  client commands (SecurityPolicy None, anonymous; --timeout-ms MS):
+  client options (every client command; --timeout-ms MS):
+    --security POLICY[:MODE]  secure channel, e.g. Basic256Sha256:SignAndEncrypt,
+             aes256:Sign (policies None, Basic256Sha256, Aes128_Sha256_RsaOaep,
+             Aes256_Sha256_RsaPss; mode Sign or SignAndEncrypt, the default)
+    --pki DIR        client PKI (default ./pki-client): own/ holds the client
+             certificate (created on first use, urn:uascale:client), trusted/
+             the server certificates trusted; untrusted ones go to rejected/
+    --trust-server   accept any server certificate (UNSAFE: no protection
+             against a server impersonator)
+    --user NAME      user name identity; the password comes from the
+             UASCALE_PASSWORD environment variable (or --password, visible
+             to other local users)
+    --cert FILE --key FILE  X.509 user identity (certificate, PEM key)
+  client commands:
   endpoints  the server's endpoints with their security and token policies
   browse     the tree below NODE (default i=85, Objects), --depth levels (1)
   read       attribute NAME (default Value) of each NODE
@@ -29,14 +43,26 @@ pub const USAGE: &str = "       uascale endpoints URL [--json]
 struct Common {
     url: String,
     json: bool,
+    trust_server: bool,
     timeout: Duration,
     rest: Vec<String>,
     named: Vec<(String, String)>,
 }
 
+/// The security flags every client command takes (each with a value).
+const SECURITY_FLAGS: &[&str] = &[
+    "--security",
+    "--pki",
+    "--user",
+    "--password",
+    "--cert",
+    "--key",
+];
+
 fn parse_common(args: &[&str], flags_with_value: &[&str]) -> Result<Common, String> {
     let mut url = None;
     let mut json = false;
+    let mut trust_server = false;
     let mut timeout = Duration::from_secs(10);
     let mut rest = Vec::new();
     let mut named = Vec::new();
@@ -44,6 +70,7 @@ fn parse_common(args: &[&str], flags_with_value: &[&str]) -> Result<Common, Stri
     while let Some(a) = it.next() {
         match *a {
             "--json" => json = true,
+            "--trust-server" => trust_server = true,
             "--timeout-ms" => {
                 let v = it.next().ok_or("--timeout-ms needs a value")?;
                 let ms: u64 = v
@@ -51,7 +78,7 @@ fn parse_common(args: &[&str], flags_with_value: &[&str]) -> Result<Common, Stri
                     .map_err(|_| format!("--timeout-ms {v:?} is not a number"))?;
                 timeout = Duration::from_millis(ms);
             }
-            f if flags_with_value.contains(&f) => {
+            f if flags_with_value.contains(&f) || SECURITY_FLAGS.contains(&f) => {
                 let v = it.next().ok_or_else(|| format!("{f} needs a value"))?;
                 named.push((f.to_owned(), (*v).to_owned()));
             }
@@ -64,6 +91,7 @@ fn parse_common(args: &[&str], flags_with_value: &[&str]) -> Result<Common, Stri
     Ok(Common {
         url,
         json,
+        trust_server,
         timeout,
         rest,
         named,
@@ -71,6 +99,32 @@ fn parse_common(args: &[&str], flags_with_value: &[&str]) -> Result<Common, Stri
 }
 
 impl Common {
+    /// Client options from the security and identity flags.
+    fn client_options(&self) -> Result<ClientOptions, String> {
+        let (policy, mode) = match self.flag("--security") {
+            Some(s) => parse_security(s)?,
+            None => parse_security("None")?,
+        };
+        let args = SecurityArgs {
+            policy,
+            mode,
+            pki: self.flag("--pki").unwrap_or("pki-client").into(),
+            trust_any: self.trust_server,
+        };
+        Ok(ClientOptions {
+            request_timeout: self.timeout,
+            connect_timeout: self.timeout,
+            security: args.options()?,
+            identity: user_identity(
+                self.flag("--user"),
+                self.flag("--password"),
+                self.flag("--cert"),
+                self.flag("--key"),
+            )?,
+            ..Default::default()
+        })
+    }
+
     fn flag(&self, name: &str) -> Option<&str> {
         self.named
             .iter()
@@ -87,8 +141,19 @@ fn node(text: &str) -> Result<NodeId, String> {
 }
 
 /// A message for a failure, with what to do about it.
-fn explain(url: &str, e: &ClientError) -> String {
+fn explain(url: &str, pki: &str, e: &ClientError) -> String {
     match e {
+        ClientError::Channel { status, .. } if *status == StatusCode::BadCertificateUntrusted => {
+            format!(
+                "{e}\n  the server does not trust our certificate ({pki}/own/certs/cert.der); \
+                 the server keeps it in its PKI's rejected/certs: on the server, \
+                 `uascale cert list --pki SERVER_PKI` shows it and \
+                 `uascale cert trust THUMBPRINT --pki SERVER_PKI` trusts it"
+            )
+        }
+        ClientError::EndpointNotFound { .. } => format!(
+            "{e}\n  pick one of these with --security POLICY:MODE (`uascale endpoints {url}`)"
+        ),
         ClientError::Io(_) => {
             format!("{e}\n  is the server running, and is {url} the right host and port?")
         }
@@ -137,15 +202,12 @@ pub fn run(cmd: &str, args: &[&str]) -> ExitCode {
         }
     };
     let url = common.url.clone();
+    let pki = common.flag("--pki").unwrap_or("pki-client").to_owned();
     let result = runtime.block_on(async {
-        let options = ClientOptions {
-            request_timeout: common.timeout,
-            connect_timeout: common.timeout,
-            ..Default::default()
-        };
+        let options = common.client_options().map_err(Failure::Usage)?;
         let client = Client::connect(&common.url, options)
             .await
-            .map_err(|e| Failure::Client(explain(&url, &e)))?;
+            .map_err(|e| Failure::Client(explain(&url, &pki, &e)))?;
         let out = match cmd {
             "endpoints" => endpoints(&client, &common).await,
             "browse" => {

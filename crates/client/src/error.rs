@@ -35,6 +35,21 @@ pub enum ClientError {
     Decode(String),
     /// The client was closed.
     Closed,
+    /// A security check failed on our side (the server's certificate or
+    /// signature), or our security settings are unusable.
+    Security {
+        /// The status it stands for.
+        status: StatusCode,
+        /// What failed.
+        reason: String,
+    },
+    /// The server offers no endpoint with the requested policy and mode.
+    EndpointNotFound {
+        /// The policy and mode asked for.
+        wanted: String,
+        /// What the server offers (`policy:mode` each).
+        offered: Vec<String>,
+    },
 }
 
 impl ClientError {
@@ -47,6 +62,8 @@ impl ClientError {
             ClientError::Timeout => StatusCode::BadTimeout,
             ClientError::Decode(_) => StatusCode::BadDecodingError,
             ClientError::Closed => StatusCode::BadSecureChannelClosed,
+            ClientError::Security { status, .. } => *status,
+            ClientError::EndpointNotFound { .. } => StatusCode::BadSecurityPolicyRejected,
         }
     }
 
@@ -83,6 +100,14 @@ impl fmt::Display for ClientError {
             ClientError::Timeout => f.write_str("no response in time"),
             ClientError::Decode(e) => write!(f, "undecodable response: {e}"),
             ClientError::Closed => f.write_str("client closed"),
+            ClientError::Security { status, reason } => {
+                write!(f, "security check failed: {status}: {reason}")
+            }
+            ClientError::EndpointNotFound { wanted, offered } => write!(
+                f,
+                "the server offers no endpoint {wanted}; it offers: {}",
+                offered.join(", ")
+            ),
         }
     }
 }

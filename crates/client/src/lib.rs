@@ -18,15 +18,18 @@
 //!
 //! Many requests can be in flight on one channel at once (pipelining): every
 //! method takes `&self`, so a `Client` can be shared and called
-//! concurrently. Status (issue 6): SecurityPolicy None and the anonymous
-//! identity; the secure policies, subscriptions and automatic reconnect are
-//! still to come.
+//! concurrently. Status (issue 6): every security policy and mode of the
+//! server ([`SecurityOptions`]), the anonymous, user name and X.509
+//! identities ([`UserIdentity`]); subscriptions and automatic reconnect
+//! are still to come.
 #![forbid(unsafe_code)]
 
 pub mod backoff;
 pub mod error;
 pub mod net;
+pub mod security;
 
 pub use backoff::Backoff;
 pub use error::ClientError;
-pub use net::{Client, ClientOptions};
+pub use net::{Client, ClientOptions, SecurityOptions};
+pub use security::{ServerTrust, TrustListValidator, UserIdentity};

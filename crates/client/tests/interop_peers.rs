@@ -7,7 +7,19 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use uascale_client::{Client, ClientOptions};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use uascale_client::{
+    Client, ClientError, ClientOptions, SecurityOptions, ServerTrust, TrustListValidator,
+    UserIdentity,
+};
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_crypto::rsa::RsaPrivateKey;
+use uascale_crypto::x509::TrustList;
+use uascale_crypto::x509::{create_self_signed, to_pem, SelfSignedParams};
+use uascale_proto::security::CertificateValidator;
+use uascale_proto::security::Identity;
 use uascale_types as t;
 use uascale_types::{NodeId, StatusCode, Variant};
 
@@ -35,7 +47,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn start_peer(kind: &str) -> Peer {
+fn start_peer(kind: &str, extra: &[&str]) -> Peer {
     let python = root().join("target/venv/bin/python");
     assert!(
         python.exists(),
@@ -47,6 +59,7 @@ fn start_peer(kind: &str) -> Peer {
         .arg(root().join("tests/interop/peer_server.py"))
         .arg(kind)
         .arg(port.to_string())
+        .args(extra)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -67,7 +80,7 @@ fn start_peer(kind: &str) -> Peer {
 }
 
 async fn exercise(kind: &str) {
-    let peer = start_peer(kind);
+    let peer = start_peer(kind, &[]);
     let url = format!("opc.tcp://127.0.0.1:{}/", peer.port);
     let client = Client::connect(&url, ClientOptions::default())
         .await
@@ -169,4 +182,140 @@ async fn client_against_the_asyncua_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_against_the_open62541_server() {
     exercise("o6").await;
+}
+
+/// A self-signed certificate and key for `uri`.
+fn make_cert(uri: &str, name: &str) -> (Vec<u8>, Vec<u8>) {
+    let start = SystemTime::now()
+        .checked_sub(Duration::from_secs(3600))
+        .unwrap_or(UNIX_EPOCH);
+    let mut params = SelfSignedParams::new(uri, name, start);
+    params.dns_names = vec!["localhost".into()];
+    params.ip_addresses = vec!["127.0.0.1".parse().unwrap()];
+    let made = create_self_signed(&params).unwrap();
+    (
+        made.certificate.der().to_vec(),
+        made.private_key_pkcs8_der.clone(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secured_client_against_the_asyncua_server() {
+    let dir = std::env::temp_dir().join(format!("uascale-peer-sec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (server_der, server_key) = make_cert("urn:freeopcua:python:server", "peer server");
+    let cert_path = dir.join("server.der");
+    let key_path = dir.join("server.pem");
+    std::fs::write(&cert_path, &server_der).unwrap();
+    std::fs::write(&key_path, to_pem("PRIVATE KEY", &server_key)).unwrap();
+    let peer = start_peer(
+        "asyncua-secure",
+        &[cert_path.to_str().unwrap(), key_path.to_str().unwrap()],
+    );
+    let url = format!("opc.tcp://127.0.0.1:{}/", peer.port);
+    let (client_der, client_key) = make_cert("urn:uascale:client", "uascale client");
+    let identity = Arc::new(
+        Identity::new(
+            uascale_crypto::x509::Certificate::from_der(&client_der).unwrap(),
+            RsaPrivateKey::from_pkcs8_der(&client_key).unwrap(),
+        )
+        .unwrap(),
+    );
+    let trusted = uascale_crypto::x509::Certificate::from_der(&server_der).unwrap();
+    let trust: Arc<dyn CertificateValidator> = Arc::new(TrustListValidator::new(TrustList::new(
+        vec![trusted],
+        vec![],
+        vec![],
+    )));
+    // Without a trust decision a secured connect is refused.
+    let mut untrusting = ClientOptions::default();
+    untrusting.security.policy = SecurityPolicy::Basic256Sha256;
+    untrusting.security.mode = t::MessageSecurityMode::SignAndEncrypt;
+    untrusting.security.certificate = Some(Arc::clone(&identity));
+    let e = Client::connect(&url, untrusting).await.unwrap_err();
+    assert_eq!(e.status_code(), StatusCode::BadCertificateUntrusted, "{e}");
+    let options = |user: UserIdentity| ClientOptions {
+        security: SecurityOptions {
+            policy: SecurityPolicy::Basic256Sha256,
+            mode: t::MessageSecurityMode::SignAndEncrypt,
+            certificate: Some(Arc::clone(&identity)),
+            // Looked up with GetEndpoints over None and validated against
+            // a trust list holding it.
+            trust: ServerTrust::Validator(Arc::clone(&trust)),
+            server_certificate: None,
+        },
+        identity: user,
+        ..Default::default()
+    };
+    let users = [
+        ("anonymous", UserIdentity::Anonymous),
+        (
+            "user name",
+            UserIdentity::UserName {
+                user: "peer".into(),
+                password: "peer-pass".into(),
+            },
+        ),
+    ];
+    for (what, user) in users {
+        let client = Client::connect(&url, options(user)).await.unwrap();
+        assert_eq!(
+            client.security().server_certificate().unwrap().der(),
+            &server_der[..]
+        );
+        client.create_session("secure interop").await.unwrap();
+        let temp = NodeId::string(1, "Temperature");
+        let values = client
+            .read_values(&[NodeId::ns0(2258), temp.clone()])
+            .await
+            .unwrap();
+        assert!(
+            matches!(values[0].value, Some(Variant::DateTime(_))),
+            "{what}"
+        );
+        assert_eq!(values[1].value, Some(Variant::Double(20.5)), "{what}");
+        // A large response: many encrypted chunks.
+        let many = vec![NodeId::ns0(2258); 2000];
+        assert_eq!(client.read_values(&many).await.unwrap().len(), 2000);
+        client.close().await;
+    }
+    // A wrong password is refused by the server.
+    let client = Client::connect(
+        &url,
+        options(UserIdentity::UserName {
+            user: "peer".into(),
+            password: "nope".into(),
+        }),
+    )
+    .await
+    .unwrap();
+    let e = client.create_session("wrong").await.unwrap_err();
+    assert!(
+        matches!(e, ClientError::Service { status, .. } if status.is_bad()),
+        "{e:?}"
+    );
+    client.close().await;
+    // A policy the server does not offer: the error lists what it does.
+    let mut o = options(UserIdentity::Anonymous);
+    o.security.policy = SecurityPolicy::Aes256Sha256RsaPss;
+    match Client::connect(&url, o).await {
+        Err(ClientError::EndpointNotFound { wanted, offered }) => {
+            assert_eq!(wanted, "Aes256_Sha256_RsaPss:SignAndEncrypt");
+            assert!(
+                offered.contains(&"Basic256Sha256:SignAndEncrypt".to_owned()),
+                "{offered:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A server certificate other than the endpoint's is refused.
+    let (other, _) = make_cert("urn:other", "other");
+    let mut o = options(UserIdentity::Anonymous);
+    o.security.server_certificate = Some(other.clone());
+    let e = Client::connect(&url, o.clone()).await.unwrap_err();
+    assert_eq!(e.status_code(), StatusCode::BadCertificateUntrusted, "{e}");
+    // ... and still when trusted blindly: the OPN is for another key.
+    o.security.trust = ServerTrust::UnsafeAcceptAny;
+    assert!(Client::connect(&url, o).await.is_err());
+    let _ = std::fs::remove_dir_all(&dir);
 }

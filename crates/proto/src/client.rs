@@ -12,8 +12,14 @@
 //!                                                               Closed(status)
 //! ```
 //!
-//! Security: SecurityPolicy None; the crypto policies plug in at the OPN
-//! and the chunk writer, as on the server side.
+//! Security ([`ClientSecurity`]): SecurityPolicy None, or an RSA policy in
+//! mode Sign or SignAndEncrypt. The OPN is signed with our key and encrypted
+//! for the server certificate (which must be the one the endpoint named:
+//! the certificate the server sends in its OPN response is compared with
+//! it); each token's symmetric keys are derived from both nonces, and every
+//! renewal brings new nonces and keys. Responses under the previous token
+//! are still accepted after a renewal (the server answers with it until it
+//! sees the new one used).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -25,12 +31,19 @@ use uascale_types::{
     RequestHeader, SecurityTokenRequestType, StatusCode, UaString,
 };
 
+use uascale_crypto::policy::{derive_keys, ChannelKeys, SecurityPolicy};
+use uascale_crypto::rsa::RsaPublicKey;
+use uascale_crypto::x509::Certificate;
+use uascale_crypto::CryptoError;
+
 use crate::channel::Now;
 use crate::chunk::{
-    write_chunks, AsymmetricHeader, Chunk, SecurityHeader, SendLimits, SequenceNumbers,
+    parse_security_header, write_chunks_protected, AsymmetricHeader, Chunk, SecurityHeader,
+    SendLimits, SequenceNumbers,
 };
 use crate::error::ChannelError;
 use crate::reassembly::{Assembled, Assembler, AssemblyLimits, ReassemblyBudget};
+use crate::security::{leaf_certificate, open_asymmetric, open_symmetric, Identity, Protection};
 use crate::tcp::{Acknowledge, ErrorMessage, Hello, MessageHeader, MessageType, HEADER_LEN};
 
 /// What the client asks for when it connects.
@@ -52,6 +65,107 @@ pub struct ClientConfig {
     pub handshake_timeout: Duration,
     /// Decode limits for the OPN response.
     pub decode: DecodeLimits,
+    /// The channel's message security. Default: SecurityPolicy None.
+    pub security: ClientSecurity,
+}
+
+/// The message security of a client channel: the policy and mode, our
+/// application instance certificate with its key, and the server's
+/// certificate (from its EndpointDescription).
+#[derive(Debug, Clone)]
+pub struct ClientSecurity {
+    policy: SecurityPolicy,
+    mode: MessageSecurityMode,
+    secured: Option<Secured>,
+}
+
+#[derive(Debug, Clone)]
+struct Secured {
+    identity: Arc<Identity>,
+    server_certificate: Arc<Certificate>,
+    server_key: Arc<RsaPublicKey>,
+}
+
+impl Default for ClientSecurity {
+    fn default() -> Self {
+        ClientSecurity::none()
+    }
+}
+
+impl ClientSecurity {
+    /// SecurityPolicy None, mode None.
+    pub fn none() -> Self {
+        ClientSecurity {
+            policy: SecurityPolicy::None,
+            mode: MessageSecurityMode::None,
+            secured: None,
+        }
+    }
+
+    /// A secured channel: `policy` (not None) with mode Sign or
+    /// SignAndEncrypt, our certificate and key, and the server certificate
+    /// the OPN is encrypted for. The caller has decided to trust the server
+    /// certificate (trust list or an explicit choice); the key sizes are
+    /// checked against the policy here.
+    pub fn new(
+        policy: SecurityPolicy,
+        mode: MessageSecurityMode,
+        identity: Arc<Identity>,
+        server_certificate: Arc<Certificate>,
+    ) -> Result<Self, CryptoError> {
+        if policy.is_none() {
+            return Err(CryptoError::Config {
+                what: "ClientSecurity::new needs a policy other than None",
+            });
+        }
+        if !matches!(
+            mode,
+            MessageSecurityMode::Sign | MessageSecurityMode::SignAndEncrypt
+        ) {
+            return Err(CryptoError::Config {
+                what: "a secured policy needs mode Sign or SignAndEncrypt",
+            });
+        }
+        policy.check_key_bits(identity.private_key().bits())?;
+        policy.check_key_bits(server_certificate.key_bits())?;
+        let server_key =
+            RsaPublicKey::from_spki_der(server_certificate.subject_public_key_info_der())?;
+        policy.check_key_bits(server_key.bits())?;
+        Ok(ClientSecurity {
+            policy,
+            mode,
+            secured: Some(Secured {
+                identity,
+                server_certificate,
+                server_key: Arc::new(server_key),
+            }),
+        })
+    }
+
+    /// The security policy.
+    pub fn policy(&self) -> SecurityPolicy {
+        self.policy
+    }
+
+    /// The message security mode.
+    pub fn mode(&self) -> MessageSecurityMode {
+        self.mode
+    }
+
+    /// Our certificate and key (None for SecurityPolicy None).
+    pub fn identity(&self) -> Option<&Arc<Identity>> {
+        self.secured.as_ref().map(|s| &s.identity)
+    }
+
+    /// The server certificate (None for SecurityPolicy None).
+    pub fn server_certificate(&self) -> Option<&Arc<Certificate>> {
+        self.secured.as_ref().map(|s| &s.server_certificate)
+    }
+
+    /// The server certificate's public key (None for SecurityPolicy None).
+    pub fn server_key(&self) -> Option<&Arc<RsaPublicKey>> {
+        self.secured.as_ref().map(|s| &s.server_key)
+    }
 }
 
 impl Default for ClientConfig {
@@ -65,6 +179,7 @@ impl Default for ClientConfig {
             requested_lifetime: Duration::from_secs(3600),
             handshake_timeout: Duration::from_secs(10),
             decode: DecodeLimits::default(),
+            security: ClientSecurity::none(),
         }
     }
 }
@@ -107,10 +222,11 @@ pub enum ClientEvent {
     },
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Token {
     id: u32,
     renew_at: Instant,
+    keys: Option<Arc<ChannelKeys>>,
 }
 
 #[derive(Debug)]
@@ -121,7 +237,7 @@ enum State {
     },
     Open {
         current: Token,
-        previous: Option<u32>,
+        previous: Option<Token>,
         renewing: Option<u32>,
     },
     Closed(StatusCode),
@@ -141,6 +257,8 @@ pub struct ClientConnection {
     assembler: Assembler,
     out: Vec<u8>,
     events: VecDeque<ClientEvent>,
+    /// The nonce of the OPN request in flight.
+    client_nonce: Vec<u8>,
 }
 
 fn peer(status: StatusCode, what: &'static str) -> ChannelError {
@@ -184,6 +302,7 @@ impl ClientConnection {
             config,
             out,
             events: VecDeque::new(),
+            client_nonce: Vec::new(),
         }
     }
 
@@ -226,28 +345,60 @@ impl ClientConnection {
                 what: "channel is not open",
             });
         };
-        let token = current.id;
+        let (token, keys) = (current.id, current.keys.clone());
         let request_id = self.take_request_id();
-        write_chunks(
-            &mut self.out,
+        self.write_symmetric(
             MessageType::Message,
+            token,
+            keys.as_deref(),
+            request_id,
+            message,
+        )
+        .map_err(|e| match e {
+            ChannelError::Resource {
+                status: StatusCode::BadResponseTooLarge,
+                ..
+            } => ChannelError::Resource {
+                status: StatusCode::BadRequestTooLarge,
+                what: "request exceeds the server's limits",
+            },
+            e => e,
+        })?;
+        Ok(request_id)
+    }
+
+    /// Writes a MSG or CLO message under `token`, signed (and encrypted)
+    /// with its client keys when the channel is secured.
+    fn write_symmetric(
+        &mut self,
+        message_type: MessageType,
+        token: u32,
+        keys: Option<&ChannelKeys>,
+        request_id: u32,
+        message: &[u8],
+    ) -> Result<(), ChannelError> {
+        let protection = match (keys, self.config.security.mode) {
+            (Some(k), MessageSecurityMode::SignAndEncrypt) => Protection::SignAndEncrypt(&k.client),
+            (Some(k), _) => Protection::Sign(&k.client),
+            (None, _) => Protection::None,
+        };
+        write_chunks_protected(
+            &mut self.out,
+            message_type,
             self.channel_id,
             &SecurityHeader::Symmetric(token),
+            &protection,
             &mut self.send_seq,
             request_id,
             message,
             &self.send_limits,
         )
-        .map_err(|_| ChannelError::Resource {
-            status: StatusCode::BadRequestTooLarge,
-            what: "request exceeds the server's limits",
-        })?;
-        Ok(request_id)
     }
 
     /// Closes the channel with a CloseSecureChannel message.
     pub fn close(&mut self, now: Now) {
-        if let State::Open { current, .. } = self.state {
+        if let State::Open { current, .. } = &self.state {
+            let (token, keys) = (current.id, current.keys.clone());
             let mut body = Vec::new();
             encode_message(
                 &CloseSecureChannelRequest {
@@ -259,15 +410,12 @@ impl ClientConnection {
                 &mut body,
             );
             let request_id = self.take_request_id();
-            let _ = write_chunks(
-                &mut self.out,
+            let _ = self.write_symmetric(
                 MessageType::CloseSecureChannel,
-                self.channel_id,
-                &SecurityHeader::Symmetric(current.id),
-                &mut self.send_seq,
+                token,
+                keys.as_deref(),
                 request_id,
                 &body,
-                &self.send_limits,
             );
         }
         self.closed(StatusCode::Good, String::new(), None);
@@ -363,6 +511,12 @@ impl ClientConnection {
         kind: SecurityTokenRequestType,
         channel_id: u32,
     ) -> Result<u32, ChannelError> {
+        let security = &self.config.security;
+        self.client_nonce = if security.policy.is_none() {
+            Vec::new()
+        } else {
+            security.policy.random_nonce()?
+        };
         let mut body = Vec::new();
         encode_message(
             &OpenSecureChannelRequest {
@@ -374,25 +528,100 @@ impl ClientConnection {
                 },
                 client_protocol_version: 0,
                 request_type: kind,
-                security_mode: MessageSecurityMode::None,
-                client_nonce: ByteString::new(vec![]),
+                security_mode: security.mode,
+                client_nonce: ByteString::new(self.client_nonce.clone()),
                 requested_lifetime: u32::try_from(self.config.requested_lifetime.as_millis())
                     .unwrap_or(u32::MAX),
             },
             &mut body,
         );
         let request_id = self.take_request_id();
-        write_chunks(
-            &mut self.out,
-            MessageType::OpenSecureChannel,
-            channel_id,
-            &SecurityHeader::Asymmetric(AsymmetricHeader::none()),
-            &mut self.send_seq,
-            request_id,
-            &body,
-            &self.send_limits,
-        )?;
+        let config = Arc::clone(&self.config);
+        match &config.security.secured {
+            None => write_chunks_protected(
+                &mut self.out,
+                MessageType::OpenSecureChannel,
+                channel_id,
+                &SecurityHeader::Asymmetric(AsymmetricHeader::none()),
+                &Protection::None,
+                &mut self.send_seq,
+                request_id,
+                &body,
+                &self.send_limits,
+            )?,
+            Some(sec) => {
+                let header = AsymmetricHeader {
+                    policy_uri: UaString::from(config.security.policy.uri()),
+                    sender_certificate: ByteString::new(sec.identity.certificate().der().to_vec()),
+                    receiver_thumbprint: ByteString::new(
+                        sec.server_certificate.thumbprint().to_vec(),
+                    ),
+                };
+                write_chunks_protected(
+                    &mut self.out,
+                    MessageType::OpenSecureChannel,
+                    channel_id,
+                    &SecurityHeader::Asymmetric(header),
+                    &Protection::Asymmetric {
+                        policy: config.security.policy,
+                        local: sec.identity.private_key(),
+                        remote: &sec.server_key,
+                    },
+                    &mut self.send_seq,
+                    request_id,
+                    &body,
+                    &self.send_limits,
+                )?;
+            }
+        }
         Ok(request_id)
+    }
+
+    /// Checks the asymmetric header of the server's OPN and, when secured,
+    /// decrypts and verifies the chunk.
+    fn open_response_chunk(
+        &self,
+        header: &MessageHeader,
+        msg: &[u8],
+    ) -> Result<Option<Vec<u8>>, ChannelError> {
+        let (_, security, head_len) = parse_security_header(header, msg)?;
+        let SecurityHeader::Asymmetric(asym) = &security else {
+            return Err(peer(
+                StatusCode::BadTcpMessageTypeInvalid,
+                "OPN without asymmetric header",
+            ));
+        };
+        let ours = &self.config.security;
+        if asym.policy_uri.as_str() != Some(ours.policy.uri()) {
+            return Err(peer(
+                StatusCode::BadSecurityPolicyRejected,
+                "OpenSecureChannel response under another security policy",
+            ));
+        }
+        let Some(sec) = &ours.secured else {
+            return Ok(None);
+        };
+        let chain = asym.sender_certificate.as_bytes().unwrap_or_default();
+        if leaf_certificate(chain)? != sec.server_certificate.der() {
+            return Err(peer(
+                StatusCode::BadCertificateInvalid,
+                "the server's OPN certificate is not the endpoint's certificate",
+            ));
+        }
+        if asym.receiver_thumbprint.as_bytes() != Some(&sec.identity.thumbprint()[..]) {
+            return Err(peer(
+                StatusCode::BadSecurityChecksFailed,
+                "receiver thumbprint is not our certificate's",
+            ));
+        }
+        let plain = open_asymmetric(
+            ours.policy,
+            sec.identity.private_key(),
+            &sec.server_key,
+            msg,
+            head_len,
+        )?;
+        Ok(Some(plain))
     }
 
     fn check_sequence(&mut self, received: u32) -> Result<(), ChannelError> {
@@ -414,7 +643,8 @@ impl ClientConnection {
         header: &MessageHeader,
         msg: &[u8],
     ) -> Result<(), ChannelError> {
-        let chunk = Chunk::parse(header, msg)?;
+        let plain = self.open_response_chunk(header, msg)?;
+        let chunk = Chunk::parse(header, plain.as_deref().unwrap_or(msg))?;
         self.check_sequence(chunk.sequence_number)?;
         let expected = match self.state {
             State::ExpectOpenResponse { request_id } => Some(request_id),
@@ -444,23 +674,44 @@ impl ClientConnection {
                 "OpenSecureChannel refused",
             ));
         }
+        let policy = self.config.security.policy;
+        let keys = if policy.is_none() {
+            None
+        } else {
+            let server_nonce = resp.server_nonce.as_bytes().unwrap_or_default();
+            policy.check_nonce(server_nonce)?;
+            Some(Arc::new(derive_keys(
+                policy,
+                &self.client_nonce,
+                server_nonce,
+            )?))
+        };
+        self.client_nonce.clear();
         let t = &resp.security_token;
+        if let State::Open { .. } = self.state {
+            if t.channel_id != self.channel_id {
+                return Err(peer(
+                    StatusCode::BadSecureChannelIdInvalid,
+                    "renewal answered for another channel",
+                ));
+            }
+        }
         let lifetime = Duration::from_millis(u64::from(t.revised_lifetime.max(1000)));
         let token = Token {
             id: t.token_id,
             renew_at: now.instant + lifetime * 3 / 4,
+            keys,
         };
+        let token_id = token.id;
         match &mut self.state {
             State::Open {
                 current,
                 previous,
                 renewing,
             } => {
-                *previous = Some(current.id);
-                *current = token;
+                *previous = Some(std::mem::replace(current, token));
                 *renewing = None;
-                self.events
-                    .push_back(ClientEvent::Renewed { token_id: token.id });
+                self.events.push_back(ClientEvent::Renewed { token_id });
             }
             _ => {
                 self.channel_id = t.channel_id;
@@ -484,30 +735,54 @@ impl ClientConnection {
         header: &MessageHeader,
         msg: &[u8],
     ) -> Result<(), ChannelError> {
-        let chunk = Chunk::parse(header, msg)?;
-        if chunk.channel_id != self.channel_id {
+        let (channel_id, security, head_len) = parse_security_header(header, msg)?;
+        if channel_id != self.channel_id {
             return Err(peer(
                 StatusCode::BadSecureChannelIdInvalid,
                 "response for another channel",
             ));
         }
-        let SecurityHeader::Symmetric(token_id) = chunk.security else {
+        let SecurityHeader::Symmetric(token_id) = security else {
             return Err(peer(
                 StatusCode::BadTcpMessageTypeInvalid,
                 "MSG without token",
             ));
         };
-        if let State::Open {
+        let State::Open {
             current, previous, ..
         } = &self.state
-        {
-            if token_id != current.id && Some(token_id) != *previous {
-                return Err(peer(
-                    StatusCode::BadSecureChannelTokenUnknown,
-                    "response with an unknown token",
-                ));
+        else {
+            return Err(peer(
+                StatusCode::BadTcpMessageTypeInvalid,
+                "no open channel",
+            ));
+        };
+        let token = if token_id == current.id {
+            current
+        } else {
+            match previous {
+                Some(p) if p.id == token_id => p,
+                _ => {
+                    return Err(peer(
+                        StatusCode::BadSecureChannelTokenUnknown,
+                        "response with an unknown token",
+                    ))
+                }
             }
-        }
+        };
+        let opened;
+        let plain = match &token.keys {
+            Some(keys) => {
+                let mut copy = msg.to_vec();
+                let encrypted = self.config.security.mode == MessageSecurityMode::SignAndEncrypt;
+                let len = open_symmetric(&keys.server, encrypted, &mut copy, head_len)?;
+                copy.truncate(len);
+                opened = copy;
+                opened.as_slice()
+            }
+            None => msg,
+        };
+        let chunk = Chunk::parse(header, plain)?;
         self.check_sequence(chunk.sequence_number)?;
         let request_id = chunk.request_id;
         match self
@@ -573,7 +848,7 @@ impl ClientConnection {
             current,
             renewing: None,
             ..
-        } = self.state
+        } = &self.state
         {
             if current.renew_at <= now.instant {
                 match self.send_open(now, SecurityTokenRequestType::Renew, self.channel_id) {
@@ -741,5 +1016,338 @@ mod tests {
         let mut junk = b"MSGF\x10\x00\x00\x00garbage!".to_vec();
         assert!(c.handle_input(at(t0, 1), &mut junk).is_err());
         assert!(c.is_closed());
+    }
+}
+
+#[cfg(test)]
+mod secure_tests {
+    use super::*;
+    use crate::channel::{ChannelConfig, Event, PendingConnection, ServerConnection};
+    use crate::security::{ServerSecurity, TrustAllCertificates};
+    use std::sync::OnceLock;
+    use std::time::UNIX_EPOCH;
+    use uascale_crypto::rsa::RsaPrivateKey;
+    use uascale_crypto::x509::{create_self_signed, SelfSignedParams};
+    use uascale_types::DateTime;
+
+    const POLICIES: [SecurityPolicy; 3] = [
+        SecurityPolicy::Basic256Sha256,
+        SecurityPolicy::Aes128Sha256RsaOaep,
+        SecurityPolicy::Aes256Sha256RsaPss,
+    ];
+    const MODES: [MessageSecurityMode; 2] = [
+        MessageSecurityMode::Sign,
+        MessageSecurityMode::SignAndEncrypt,
+    ];
+
+    fn make_identity(name: &str) -> Arc<Identity> {
+        let p = SelfSignedParams::new(
+            &format!("urn:uascale:test:{name}"),
+            name,
+            UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+        );
+        let made = create_self_signed(&p).unwrap();
+        let key = RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).unwrap();
+        Arc::new(Identity::new(made.certificate, key).unwrap())
+    }
+
+    fn ids() -> &'static (Arc<Identity>, Arc<Identity>) {
+        static I: OnceLock<(Arc<Identity>, Arc<Identity>)> = OnceLock::new();
+        I.get_or_init(|| (make_identity("server"), make_identity("client")))
+    }
+
+    fn at(t0: Instant, ms: u64) -> Now {
+        Now {
+            instant: t0 + Duration::from_millis(ms),
+            utc: DateTime::from_ticks(1),
+        }
+    }
+
+    /// Moves bytes both ways; `tamper` may change what the server sends.
+    fn pump_with(
+        c: &mut ClientConnection,
+        s: &mut ServerConnection,
+        now: Now,
+        tamper: &mut dyn FnMut(&mut Vec<u8>),
+    ) -> Result<(), ChannelError> {
+        let mut result = Ok(());
+        loop {
+            let mut a = Vec::new();
+            let mut b = Vec::new();
+            let moved = c.poll_transmit(&mut a) | s.poll_transmit(&mut b);
+            if !moved {
+                return result;
+            }
+            if !a.is_empty() {
+                let _ = s.handle_input(now, &mut a);
+            }
+            if !b.is_empty() {
+                tamper(&mut b);
+                if let Err(e) = c.handle_input(now, &mut b) {
+                    result = Err(e);
+                }
+            }
+        }
+    }
+
+    fn pump(c: &mut ClientConnection, s: &mut ServerConnection, now: Now) {
+        pump_with(c, s, now, &mut |_| {}).unwrap();
+    }
+
+    fn pair(
+        t0: Instant,
+        policy: SecurityPolicy,
+        mode: MessageSecurityMode,
+    ) -> (ClientConnection, ServerConnection) {
+        let (server, client) = ids();
+        let security = ClientSecurity::new(
+            policy,
+            mode,
+            Arc::clone(client),
+            Arc::new(server.certificate().clone()),
+        )
+        .unwrap();
+        let c = ClientConnection::new(
+            at(t0, 0),
+            Arc::new(ClientConfig {
+                endpoint_url: "opc.tcp://test".into(),
+                requested_lifetime: Duration::from_secs(20),
+                send_buffer_size: 8192,
+                receive_buffer_size: 8192,
+                security,
+                ..Default::default()
+            }),
+        );
+        let mut endpoints = vec![(SecurityPolicy::None, MessageSecurityMode::None)];
+        for p in POLICIES {
+            for m in MODES {
+                endpoints.push((p, m));
+            }
+        }
+        let config = ChannelConfig {
+            security: ServerSecurity {
+                identity: Some(Arc::clone(server)),
+                endpoints,
+                validator: Some(Arc::new(TrustAllCertificates)),
+            },
+            ..ChannelConfig::default()
+        };
+        let s = PendingConnection::new().accept(
+            at(t0, 0),
+            7,
+            Arc::new(config),
+            ReassemblyBudget::new(1 << 20, 50),
+        );
+        (c, s)
+    }
+
+    fn request_at_server(s: &mut ServerConnection) -> (u32, Vec<u8>) {
+        std::iter::from_fn(|| s.poll_event())
+            .find_map(|e| match e {
+                Event::Request { request_id, body } => Some((request_id, body)),
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn every_policy_and_mode_opens_exchanges_chunked_messages_and_renews() {
+        #[allow(clippy::disallowed_methods)]
+        let t0 = Instant::now();
+        for policy in POLICIES {
+            for mode in MODES {
+                let what = format!("{policy:?} {mode:?}");
+                let (mut c, mut s) = pair(t0, policy, mode);
+                pump(&mut c, &mut s, at(t0, 0));
+                assert_eq!(
+                    c.poll_event(),
+                    Some(ClientEvent::Opened { channel_id: 7 }),
+                    "{what}"
+                );
+                assert_eq!(s.security().policy, policy, "{what}");
+                assert_eq!(s.security().mode, mode, "{what}");
+                // Many chunks each way.
+                let big: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
+                let id = c.send_request(&big).unwrap();
+                pump(&mut c, &mut s, at(t0, 1));
+                assert_eq!(request_at_server(&mut s), (id, big.clone()), "{what}");
+                s.send_response(id, &big[..40_000]).unwrap();
+                pump(&mut c, &mut s, at(t0, 2));
+                assert_eq!(
+                    c.poll_event(),
+                    Some(ClientEvent::Response {
+                        request_id: id,
+                        body: big[..40_000].to_vec()
+                    }),
+                    "{what}"
+                );
+                // A request in flight across the renewal: the server answers
+                // it with the old token, which the client still accepts.
+                let early = c.send_request(b"early").unwrap();
+                pump(&mut c, &mut s, at(t0, 3));
+                assert_eq!(request_at_server(&mut s).0, early);
+                c.handle_timeout(at(t0, 15_000));
+                pump(&mut c, &mut s, at(t0, 15_000));
+                assert_eq!(
+                    c.poll_event(),
+                    Some(ClientEvent::Renewed { token_id: 2 }),
+                    "{what}"
+                );
+                s.send_response(early, b"old token").unwrap();
+                pump(&mut c, &mut s, at(t0, 15_001));
+                assert_eq!(
+                    c.poll_event(),
+                    Some(ClientEvent::Response {
+                        request_id: early,
+                        body: b"old token".to_vec()
+                    }),
+                    "{what}"
+                );
+                // New keys after the renewal, both ways.
+                let id = c.send_request(&big[..20_000]).unwrap();
+                pump(&mut c, &mut s, at(t0, 15_002));
+                assert_eq!(request_at_server(&mut s), (id, big[..20_000].to_vec()));
+                s.send_response(id, b"new token").unwrap();
+                pump(&mut c, &mut s, at(t0, 15_003));
+                assert_eq!(
+                    c.poll_event(),
+                    Some(ClientEvent::Response {
+                        request_id: id,
+                        body: b"new token".to_vec()
+                    }),
+                    "{what}"
+                );
+                c.close(at(t0, 15_004));
+                pump(&mut c, &mut s, at(t0, 15_004));
+                assert_eq!(s.close_status(), Some(StatusCode::Good), "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_tampered_server_message_is_refused() {
+        #[allow(clippy::disallowed_methods)]
+        let t0 = Instant::now();
+        for mode in MODES {
+            // The OPN response: one flipped byte in the encrypted part.
+            let (mut c, mut s) = pair(t0, SecurityPolicy::Basic256Sha256, mode);
+            let r = pump_with(&mut c, &mut s, at(t0, 0), &mut |b| {
+                if b.first() == Some(&b'O') {
+                    let n = b.len();
+                    b[n - 10] ^= 1;
+                }
+            });
+            assert_eq!(
+                r.unwrap_err().status_code(),
+                StatusCode::BadSecurityChecksFailed
+            );
+            assert!(c.is_closed() && !c.is_open());
+            // A response: one flipped byte of the body (or its ciphertext).
+            let (mut c, mut s) = pair(t0, SecurityPolicy::Aes256Sha256RsaPss, mode);
+            pump(&mut c, &mut s, at(t0, 0));
+            let id = c.send_request(b"hello").unwrap();
+            pump(&mut c, &mut s, at(t0, 1));
+            assert_eq!(request_at_server(&mut s).0, id);
+            s.send_response(id, b"the genuine answer").unwrap();
+            let r = pump_with(&mut c, &mut s, at(t0, 2), &mut |b| {
+                let n = b.len();
+                b[n - 40] ^= 0x80;
+            });
+            assert_eq!(
+                r.unwrap_err().status_code(),
+                StatusCode::BadSecurityChecksFailed
+            );
+            assert!(c.is_closed());
+            assert!(!std::iter::from_fn(|| c.poll_event())
+                .any(|e| matches!(e, ClientEvent::Response { .. })));
+        }
+    }
+
+    #[test]
+    fn a_server_with_another_certificate_is_refused() {
+        // The client expects the other certificate: the server cannot
+        // decrypt the OPN (its thumbprint check fails) and sends an ERR.
+        #[allow(clippy::disallowed_methods)]
+        let t0 = Instant::now();
+        let (_, client) = ids();
+        let security = ClientSecurity::new(
+            SecurityPolicy::Basic256Sha256,
+            MessageSecurityMode::SignAndEncrypt,
+            Arc::clone(client),
+            Arc::new(client.certificate().clone()),
+        )
+        .unwrap();
+        let (_, mut s) = pair(
+            t0,
+            SecurityPolicy::Basic256Sha256,
+            MessageSecurityMode::Sign,
+        );
+        let mut c = ClientConnection::new(
+            at(t0, 0),
+            Arc::new(ClientConfig {
+                security,
+                ..Default::default()
+            }),
+        );
+        pump(&mut c, &mut s, at(t0, 0));
+        assert!(c.is_closed());
+        assert_eq!(c.close_status(), Some(StatusCode::BadSecurityChecksFailed));
+    }
+
+    #[test]
+    fn an_opn_response_from_another_certificate_is_refused() {
+        // The server's OPN response with another sender certificate in its
+        // header: refused before any decryption.
+        #[allow(clippy::disallowed_methods)]
+        let t0 = Instant::now();
+        let (server, client) = ids();
+        let theirs = server.certificate().der().to_vec();
+        let other = client.certificate().der().to_vec();
+        let (mut c, mut s) = pair(
+            t0,
+            SecurityPolicy::Basic256Sha256,
+            MessageSecurityMode::Sign,
+        );
+        let r = pump_with(&mut c, &mut s, at(t0, 0), &mut |b| {
+            if b.first() != Some(&b'O') {
+                return;
+            }
+            let at = b
+                .windows(theirs.len())
+                .position(|w| w == theirs.as_slice())
+                .unwrap();
+            let mut swapped = b[..at - 4].to_vec();
+            swapped.extend_from_slice(&(other.len() as u32).to_le_bytes());
+            swapped.extend_from_slice(&other);
+            swapped.extend_from_slice(&b[at + theirs.len()..]);
+            let size = swapped.len() as u32;
+            swapped[4..8].copy_from_slice(&size.to_le_bytes());
+            *b = swapped;
+        });
+        assert_eq!(
+            r.unwrap_err().status_code(),
+            StatusCode::BadCertificateInvalid
+        );
+        assert!(c.is_closed());
+    }
+
+    #[test]
+    fn bad_security_settings_are_refused() {
+        let (server, client) = ids();
+        let cert = Arc::new(server.certificate().clone());
+        assert!(ClientSecurity::new(
+            SecurityPolicy::None,
+            MessageSecurityMode::None,
+            Arc::clone(client),
+            Arc::clone(&cert)
+        )
+        .is_err());
+        assert!(ClientSecurity::new(
+            SecurityPolicy::Basic256Sha256,
+            MessageSecurityMode::None,
+            Arc::clone(client),
+            cert
+        )
+        .is_err());
     }
 }

@@ -10,7 +10,8 @@
 //! incomplete-message budget ([`reassembly`]) and the server connection state
 //! machine ([`channel`]), and message security - signing, padding,
 //! encryption - for every policy of `uascale-crypto` ([`security`], usable by
-//! a client too); the client connection comes with issue 6.
+//! a client too), and the client connection ([`client`]), secured with the
+//! same primitives.
 #![forbid(unsafe_code)]
 
 pub mod channel;
@@ -22,7 +23,7 @@ pub mod security;
 pub mod tcp;
 
 pub use channel::{ChannelConfig, Event, Now, PendingConnection, ServerConnection};
-pub use client::{ClientConfig, ClientConnection, ClientEvent};
+pub use client::{ClientConfig, ClientConnection, ClientEvent, ClientSecurity};
 pub use error::ChannelError;
 pub use security::{
     CertificateValidator, ChannelSecurity, Identity, ServerSecurity, TrustAllCertificates,

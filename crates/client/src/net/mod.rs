@@ -11,7 +11,11 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use uascale_proto::{ClientConfig, ClientConnection, ClientEvent, Now};
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_crypto::rsa::RsaPublicKey;
+use uascale_crypto::x509::Certificate;
+use uascale_proto::security::{leaf_certificate, Identity};
+use uascale_proto::{ClientConfig, ClientConnection, ClientEvent, ClientSecurity, Now};
 use uascale_types as t;
 use uascale_types::{
     encode_message, BinaryDecode, DataValue, DateTime, DecodeLimits, DynStructure, NodeId, Reader,
@@ -19,6 +23,7 @@ use uascale_types::{
 };
 
 use crate::error::ClientError;
+use crate::security::{self, ServerTrust, UserIdentity};
 
 fn now() -> Now {
     Now {
@@ -44,6 +49,48 @@ pub struct ClientOptions {
     /// connections over more than one source address); `None` lets the OS
     /// choose.
     pub local_addr: Option<std::net::IpAddr>,
+    /// The channel's security. Default: SecurityPolicy None.
+    pub security: SecurityOptions,
+    /// Who sessions are activated as. Default: anonymous.
+    pub identity: UserIdentity,
+    /// Our ApplicationUri (must be the one in our certificate when
+    /// secured). Default `urn:uascale:client`.
+    pub application_uri: String,
+}
+
+/// The secure channel a client asks for.
+#[derive(Debug, Clone)]
+pub struct SecurityOptions {
+    /// The security policy.
+    pub policy: SecurityPolicy,
+    /// The message security mode (None only with SecurityPolicy None).
+    pub mode: t::MessageSecurityMode,
+    /// Our application instance certificate and key; required by every
+    /// policy but None.
+    pub certificate: Option<Arc<Identity>>,
+    /// The server certificate (DER). When absent, [`Client::connect`] asks
+    /// the server for its endpoints over an unsecured channel first.
+    pub server_certificate: Option<Vec<u8>>,
+    /// How the server certificate is judged.
+    pub trust: ServerTrust,
+}
+
+impl Default for SecurityOptions {
+    fn default() -> Self {
+        SecurityOptions {
+            policy: SecurityPolicy::None,
+            mode: t::MessageSecurityMode::None,
+            certificate: None,
+            server_certificate: None,
+            trust: ServerTrust::default(),
+        }
+    }
+}
+
+/// `Basic256Sha256:SignAndEncrypt` for a policy URI and a mode.
+pub fn endpoint_name(policy_uri: &str, mode: t::MessageSecurityMode) -> String {
+    let short = policy_uri.rsplit('#').next().unwrap_or(policy_uri);
+    format!("{short}:{mode:?}")
 }
 
 impl Default for ClientOptions {
@@ -55,6 +102,9 @@ impl Default for ClientOptions {
             channel: ClientConfig::default(),
             decode: DecodeLimits::default(),
             local_addr: None,
+            security: SecurityOptions::default(),
+            identity: UserIdentity::Anonymous,
+            application_uri: "urn:uascale:client".into(),
         }
     }
 }
@@ -74,6 +124,7 @@ pub struct Client {
     auth: Mutex<NodeId>,
     next_handle: AtomicU32,
     options: ClientOptions,
+    security: ClientSecurity,
 }
 
 /// Splits `opc.tcp://host:port[/path]` into host and port.
@@ -116,8 +167,88 @@ pub fn retry_after_ms(header: &ResponseHeader) -> Option<u64> {
 }
 
 impl Client {
-    /// Connects and opens a secure channel (SecurityPolicy None).
+    /// Connects and opens a secure channel with `options.security`. For a
+    /// secured policy without a known server certificate, the endpoints are
+    /// fetched over an unsecured channel first (Part 4 allows GetEndpoints
+    /// there) and the one matching policy and mode gives the certificate,
+    /// which `options.security.trust` must accept.
     pub async fn connect(url: &str, options: ClientOptions) -> Result<Client, ClientError> {
+        let sec = &options.security;
+        let config_error = |what: &str| ClientError::Security {
+            status: StatusCode::BadConfigurationError,
+            reason: what.to_owned(),
+        };
+        if sec.policy.is_none() {
+            if sec.mode != t::MessageSecurityMode::None {
+                return Err(config_error("SecurityPolicy None goes only with mode None"));
+            }
+            return Self::connect_with(url, options, ClientSecurity::none()).await;
+        }
+        let identity = sec
+            .certificate
+            .clone()
+            .ok_or_else(|| config_error("a secured policy needs a client certificate and key"))?;
+        let (policy, mode) = (sec.policy, sec.mode);
+        let server_der = match &sec.server_certificate {
+            Some(der) => der.clone(),
+            None => {
+                let endpoint = Self::find_endpoint(url, &options).await?;
+                endpoint
+                    .server_certificate
+                    .as_bytes()
+                    .unwrap_or_default()
+                    .to_vec()
+            }
+        };
+        let cert = sec.trust.check(&server_der, policy)?;
+        let security =
+            ClientSecurity::new(policy, mode, identity, Arc::new(cert)).map_err(|e| {
+                ClientError::Security {
+                    status: e.status_code(),
+                    reason: e.to_string(),
+                }
+            })?;
+        Self::connect_with(url, options, security).await
+    }
+
+    /// The endpoint of `options.security`'s policy and mode, asked for over
+    /// an unsecured channel.
+    async fn find_endpoint(
+        url: &str,
+        options: &ClientOptions,
+    ) -> Result<t::EndpointDescription, ClientError> {
+        let mut plain = options.clone();
+        plain.security = SecurityOptions::default();
+        let client = Self::connect_with(url, plain, ClientSecurity::none()).await?;
+        let endpoints = client.get_endpoints().await;
+        client.close().await;
+        let endpoints = endpoints?;
+        let (policy, mode) = (options.security.policy, options.security.mode);
+        let offered = endpoints
+            .iter()
+            .map(|e| {
+                endpoint_name(
+                    e.security_policy_uri.as_str().unwrap_or(""),
+                    e.security_mode,
+                )
+            })
+            .collect();
+        endpoints
+            .into_iter()
+            .find(|e| {
+                e.security_policy_uri.as_str() == Some(policy.uri()) && e.security_mode == mode
+            })
+            .ok_or_else(|| ClientError::EndpointNotFound {
+                wanted: endpoint_name(policy.uri(), mode),
+                offered,
+            })
+    }
+
+    async fn connect_with(
+        url: &str,
+        options: ClientOptions,
+        security: ClientSecurity,
+    ) -> Result<Client, ClientError> {
         let (host, port) = parse_url(url)?;
         let deadline = options.connect_timeout;
         let stream = tokio::time::timeout(deadline, open_tcp(&host, port, options.local_addr))
@@ -128,6 +259,7 @@ impl Client {
         let mut config = options.channel.clone();
         config.endpoint_url = url.to_owned();
         config.handshake_timeout = deadline;
+        config.security = security.clone();
         let conn = ClientConnection::new(now(), Arc::new(config));
         let (tx, rx) = mpsc::unbounded_channel();
         let (opened_tx, opened_rx) = oneshot::channel();
@@ -143,7 +275,13 @@ impl Client {
             auth: Mutex::new(NodeId::NULL),
             next_handle: AtomicU32::new(1),
             options,
+            security,
         })
+    }
+
+    /// The channel's security (policy, mode, certificates).
+    pub fn security(&self) -> &ClientSecurity {
+        &self.security
     }
 
     /// The endpoint URL it connected to.
@@ -210,19 +348,30 @@ impl Client {
         Ok(resp.endpoints.unwrap_or_default())
     }
 
-    /// Creates and activates a session with the anonymous identity.
+    /// Creates and activates a session as `options.identity`. On a secured
+    /// channel it sends our certificate and a nonce, checks the server's
+    /// signature over them, and proves our key with the ClientSignature.
     pub async fn create_session(
         &self,
         name: &str,
     ) -> Result<t::CreateSessionResponse, ClientError> {
-        let nonce: Vec<u8> = (0..32u8)
-            .map(|i| i.wrapping_mul(37) ^ (self.next_handle.load(Ordering::Relaxed) as u8))
-            .collect();
+        let policy = self.security.policy();
+        let nonce =
+            SecurityPolicy::Basic256Sha256
+                .random_nonce()
+                .map_err(|e| ClientError::Security {
+                    status: e.status_code(),
+                    reason: "no random nonce".into(),
+                })?;
+        let own_der = self
+            .security
+            .identity()
+            .map(|i| i.certificate().der().to_vec());
         let created: t::CreateSessionResponse = self
             .request(&t::CreateSessionRequest {
                 request_header: self.request_header(),
                 client_description: t::ApplicationDescription {
-                    application_uri: UaString::from("urn:uascale:client"),
+                    application_uri: UaString::from(self.options.application_uri.as_str()),
                     product_uri: UaString::from("urn:uascale"),
                     application_name: t::LocalizedText::new("", "uascale client"),
                     application_type: t::ApplicationType::Client,
@@ -230,36 +379,165 @@ impl Client {
                 },
                 endpoint_url: UaString::from(self.endpoint_url.as_str()),
                 session_name: UaString::from(name),
-                client_nonce: t::ByteString::new(nonce),
+                client_nonce: t::ByteString::new(nonce.clone()),
+                client_certificate: own_der
+                    .clone()
+                    .map_or_else(t::ByteString::null, t::ByteString::new),
                 requested_session_timeout: self.options.session_timeout.as_millis() as f64,
                 max_response_message_size: self.options.channel.max_message_size,
                 ..Default::default()
             })
             .await?;
+        let mut client_signature = t::SignatureData::default();
+        if let (Some(identity), Some(server_cert), Some(server_key), Some(own)) = (
+            self.security.identity(),
+            self.security.server_certificate(),
+            self.security.server_key(),
+            &own_der,
+        ) {
+            let sent = created.server_certificate.as_bytes().unwrap_or_default();
+            if leaf_certificate(sent).ok() != Some(server_cert.der()) {
+                return Err(ClientError::Security {
+                    status: StatusCode::BadCertificateInvalid,
+                    reason: "CreateSession names another server certificate than the channel's"
+                        .into(),
+                });
+            }
+            security::verify(server_key, policy, own, &nonce, &created.server_signature)?;
+            client_signature = security::sign(
+                identity.private_key(),
+                policy,
+                server_cert.der(),
+                created.server_nonce.as_bytes().unwrap_or_default(),
+            )?;
+        }
         if let Ok(mut a) = self.auth.lock() {
             *a = created.authentication_token.clone();
         }
-        // The anonymous token policy of an endpoint without security.
-        let policy_id = created
-            .server_endpoints
-            .iter()
-            .flatten()
-            .filter(|e| e.security_mode == t::MessageSecurityMode::None)
-            .flat_map(|e| e.user_identity_tokens.iter().flatten())
-            .find(|p| p.token_type == t::UserTokenType::Anonymous)
-            .map(|p| p.policy_id.clone())
-            .unwrap_or_else(|| UaString::from("anonymous"));
+        let (token, user_token_signature) = self.identity_token(&created)?;
         let _: t::ActivateSessionResponse = self
             .request(&t::ActivateSessionRequest {
                 request_header: self.request_header(),
+                client_signature,
                 locale_ids: Some(vec![UaString::from("en")]),
-                user_identity_token: t::ExtensionObject::new(t::AnonymousIdentityToken {
-                    policy_id,
-                }),
+                user_identity_token: token,
+                user_token_signature,
                 ..Default::default()
             })
             .await?;
         Ok(created)
+    }
+
+    /// The UserTokenPolicy of `kind` the server offers on our endpoint
+    /// (falling back to any endpoint of our policy, then any endpoint).
+    fn token_policy(
+        &self,
+        created: &t::CreateSessionResponse,
+        kind: t::UserTokenType,
+    ) -> Option<t::UserTokenPolicy> {
+        let endpoints = created.server_endpoints.as_deref().unwrap_or_default();
+        let uri = self.security.policy().uri();
+        let mode = self.security.mode();
+        let exact = |e: &&t::EndpointDescription| {
+            e.security_policy_uri.as_str() == Some(uri) && e.security_mode == mode
+        };
+        let same_policy = |e: &&t::EndpointDescription| e.security_policy_uri.as_str() == Some(uri);
+        let find = |filter: &dyn Fn(&&t::EndpointDescription) -> bool| {
+            endpoints
+                .iter()
+                .filter(filter)
+                .flat_map(|e| e.user_identity_tokens.iter().flatten())
+                .find(|p| p.token_type == kind)
+                .cloned()
+        };
+        find(&exact)
+            .or_else(|| find(&same_policy))
+            .or_else(|| find(&|_| true))
+    }
+
+    /// The identity token of `options.identity` and its signature.
+    fn identity_token(
+        &self,
+        created: &t::CreateSessionResponse,
+    ) -> Result<(t::ExtensionObject, t::SignatureData), ClientError> {
+        let server_nonce = created.server_nonce.as_bytes().unwrap_or_default();
+        let not_offered = |what: &str| ClientError::Security {
+            status: StatusCode::BadIdentityTokenRejected,
+            reason: format!("the server offers no {what} token on this endpoint"),
+        };
+        // The token's policy: its own securityPolicyUri, or the channel's.
+        let token_security = |p: &t::UserTokenPolicy| match p.security_policy_uri.as_str() {
+            None | Some("") => Ok(self.security.policy()),
+            Some(uri) => SecurityPolicy::from_uri(uri).ok_or_else(|| ClientError::Security {
+                status: StatusCode::BadSecurityPolicyRejected,
+                reason: format!("user token policy {uri} is not supported"),
+            }),
+        };
+        let server_cert_der = || {
+            let sent = created.server_certificate.as_bytes().unwrap_or_default();
+            leaf_certificate(sent).map_err(|_| ClientError::Security {
+                status: StatusCode::BadCertificateInvalid,
+                reason: "the server sent no usable certificate in CreateSession".into(),
+            })
+        };
+        match &self.options.identity {
+            UserIdentity::Anonymous => {
+                let policy_id = self
+                    .token_policy(created, t::UserTokenType::Anonymous)
+                    .map(|p| p.policy_id)
+                    .unwrap_or_else(|| UaString::from("anonymous"));
+                Ok((
+                    t::ExtensionObject::new(t::AnonymousIdentityToken { policy_id }),
+                    t::SignatureData::default(),
+                ))
+            }
+            UserIdentity::UserName { user, password } => {
+                let p = self
+                    .token_policy(created, t::UserTokenType::UserName)
+                    .ok_or_else(|| not_offered("user name"))?;
+                let policy = token_security(&p)?;
+                let (data, algorithm) = if policy.is_none() {
+                    security::encrypt_secret_plain(password.as_bytes())
+                } else {
+                    let cert = Certificate::from_der(server_cert_der()?).map_err(|e| {
+                        ClientError::Security {
+                            status: e.status_code(),
+                            reason: "server certificate does not parse".into(),
+                        }
+                    })?;
+                    let key = RsaPublicKey::from_spki_der(cert.subject_public_key_info_der())
+                        .map_err(|e| ClientError::Security {
+                            status: e.status_code(),
+                            reason: "server certificate key is not RSA".into(),
+                        })?;
+                    security::encrypt_secret(&key, policy, password.as_bytes(), server_nonce)?
+                };
+                Ok((
+                    t::ExtensionObject::new(t::UserNameIdentityToken {
+                        policy_id: p.policy_id,
+                        user_name: UaString::from(user.as_str()),
+                        password: t::ByteString::new(data),
+                        encryption_algorithm: algorithm.map_or_else(UaString::null, UaString::from),
+                    }),
+                    t::SignatureData::default(),
+                ))
+            }
+            UserIdentity::X509(user) => {
+                let p = self
+                    .token_policy(created, t::UserTokenType::Certificate)
+                    .ok_or_else(|| not_offered("X.509"))?;
+                let policy = token_security(&p)?;
+                let signature =
+                    security::sign(user.private_key(), policy, server_cert_der()?, server_nonce)?;
+                Ok((
+                    t::ExtensionObject::new(t::X509IdentityToken {
+                        policy_id: p.policy_id,
+                        certificate_data: t::ByteString::new(user.certificate().der().to_vec()),
+                    }),
+                    signature,
+                ))
+            }
+        }
     }
 
     /// Read of any attributes.
