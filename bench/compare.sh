@@ -257,13 +257,15 @@ run_shape() {
 import json, sys
 shape, path = sys.argv[1], sys.argv[2]
 d = json.load(open(path))
+def fmt(v):
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
 if shape == "sessions":
     print(f"   sessions: {d['established']}/{d['sessions']} established, "
-          f"{d['sessions_per_s']:.0f}/s, server {d['server_cpu_ms_per_session']} ms CPU/session, "
+          f"{d['sessions_per_s']:.0f}/s, server {fmt(d.get('server_cpu_ms_per_session'))} ms CPU/session, "
           f"failures {d['failures']}")
 else:
     errs = d.get("errors")
-    print(f"   {shape}: {d['reads_per_s']:.0f} reads/s, server {d['server_cpu_us_per_read']} us CPU/read, "
+    print(f"   {shape}: {d['reads_per_s']:.0f} reads/s, server {fmt(d.get('server_cpu_us_per_read'))} us CPU/read, "
           f"errors {errs}")
 EOF
 }
