@@ -45,7 +45,10 @@ fn main() -> ExitCode {
     };
     // The default multi-thread runtime: under `taskset -c 0` it has one
     // worker, as a user of the library would get.
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("async-opcua-peer: cannot start the tokio runtime: {e}");
