@@ -41,6 +41,7 @@
 # Loopback only; every process it starts is stopped by its PID on exit.
 set -euo pipefail
 
+ARGS="$*"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
@@ -276,7 +277,7 @@ SHAPES=(sessions read1 read100)
 {
     echo "date_utc=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "loadavg_before=$(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "command=bench/compare.sh $*"
+    echo "command=bench/compare.sh $ARGS"
     echo "repeat=$REPEAT warmup_s=$WARMUP duration_s=$DURATION sessions=$SESSIONS session_concurrency=$SESSION_CONC hold_s=$HOLD"
     echo "servers=$PEERS"
     echo "uascale_commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
