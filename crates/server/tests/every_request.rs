@@ -65,6 +65,8 @@ fn every_request_type_gets_a_response() {
                 client_thumbprint: None,
                 client_uri: UaString::null(),
                 user: uascale_server::identity::UserIdentity::Anonymous,
+                created: uascale_types::DateTime::MIN,
+                endpoint_url: UaString::null(),
             },
         )
         .unwrap();

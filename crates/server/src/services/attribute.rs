@@ -918,6 +918,8 @@ mod tests {
             client_thumbprint: None,
             client_uri: UaString::null(),
             user: crate::identity::UserIdentity::Anonymous,
+            created: uascale_types::DateTime::MIN,
+            endpoint_url: UaString::null(),
         };
         let read_as = |locales: &[&str], attr: AttributeId| {
             w.sessions.remove(&token);

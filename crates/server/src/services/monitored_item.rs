@@ -657,6 +657,8 @@ mod tests {
                         client_thumbprint: None,
                         client_uri: UaString::null(),
                         user: crate::identity::UserIdentity::Anonymous,
+                        created: uascale_types::DateTime::MIN,
+                        endpoint_url: UaString::null(),
                     },
                 )
                 .unwrap();
@@ -963,6 +965,123 @@ mod tests {
         f.config.diagnostics_enabled = false;
         assert_eq!(
             read(&f, std::time::Duration::from_secs(5)).status,
+            Some(StatusCode::BadOutOfService)
+        );
+    }
+
+    #[test]
+    fn session_diagnostics_are_throttled_and_can_be_switched_off() {
+        use uascale_types::ids::variable as v;
+        let mut f = Fixture::new();
+        let read = |f: &Fixture, id: u32, at: std::time::Duration| {
+            let mut ctx = f.ctx();
+            ctx.instant = f.t0 + at;
+            let r = crate::services::attribute::read(
+                &ctx,
+                &uascale_types::ReadRequest {
+                    nodes_to_read: Some(vec![ReadValueId {
+                        node_id: NodeId::ns0(id),
+                        attribute_id: VALUE,
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.results.unwrap()[0].clone()
+        };
+        let array = v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionDiagnosticsArray;
+        let rows = |dv: &DataValue| -> Vec<uascale_types::SessionDiagnosticsDataType> {
+            let Some(Variant::Array(a)) = &dv.value else {
+                panic!("{dv:?}")
+            };
+            let uascale_types::ArrayValues::ExtensionObject(eos) = a.values() else {
+                panic!("{a:?}")
+            };
+            eos.iter()
+                .map(|e| {
+                    e.downcast_ref::<uascale_types::SessionDiagnosticsDataType>()
+                        .unwrap()
+                        .clone()
+                })
+                .collect()
+        };
+        let first = rows(&read(&f, array, std::time::Duration::ZERO));
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].session_id, NodeId::numeric(1, 1));
+        assert_eq!(first[0].session_name, UaString::from("t"));
+        assert_eq!(first[0].actual_session_timeout, 60_000.0);
+        assert_eq!(first[0].current_subscriptions_count, 0);
+        let ctx = f.ctx();
+        create_subscription(
+            &ctx,
+            &CreateSubscriptionRequest {
+                request_header: header(),
+                requested_publishing_interval: 100.0,
+                publishing_enabled: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut second = Session {
+            session_id: NodeId::numeric(1, 2),
+            ..f.sessions
+                .with(&token(), None, false, f.t0, |s| s.clone())
+                .unwrap()
+        };
+        second.continuation_points.clear();
+        f.sessions
+            .insert(NodeId::opaque(0, vec![8; 32]), second)
+            .unwrap();
+        // Within the second: the cached array; after it: rebuilt.
+        let cached = rows(&read(&f, array, std::time::Duration::from_millis(500)));
+        assert_eq!(cached, first);
+        let mut fresh = rows(&read(&f, array, std::time::Duration::from_millis(1000)));
+        fresh.sort_by_key(|r| r.session_id.clone());
+        assert_eq!(fresh.len(), 2);
+        assert_eq!(fresh[0].current_subscriptions_count, 1);
+        assert_eq!(fresh[1].current_subscriptions_count, 0);
+        // The summary counters are live (no throttle).
+        let summary = [
+            (
+                v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CurrentSessionCount,
+                2,
+            ),
+            (
+                v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CumulatedSessionCount,
+                3,
+            ),
+            (
+                v::Server_ServerDiagnostics_ServerDiagnosticsSummary_SessionTimeoutCount,
+                0,
+            ),
+            (
+                v::Server_ServerDiagnostics_ServerDiagnosticsSummary_RejectedSessionCount,
+                0,
+            ),
+        ];
+        f.sessions.remove(&NodeId::opaque(0, vec![8; 32]));
+        f.sessions
+            .insert(
+                NodeId::opaque(0, vec![9; 32]),
+                Session {
+                    session_id: NodeId::numeric(1, 3),
+                    ..f.sessions
+                        .with(&token(), None, false, f.t0, |s| s.clone())
+                        .unwrap()
+                },
+            )
+            .unwrap();
+        for (id, want) in summary {
+            assert_eq!(
+                read(&f, id, std::time::Duration::ZERO).value,
+                Some(Variant::UInt32(want)),
+                "{id}"
+            );
+        }
+        f.config.diagnostics_enabled = false;
+        assert_eq!(
+            read(&f, array, std::time::Duration::from_secs(5)).status,
             Some(StatusCode::BadOutOfService)
         );
     }

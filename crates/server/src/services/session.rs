@@ -74,6 +74,34 @@ pub fn create_session(
     ctx: &ServiceContext<'_>,
     req: &CreateSessionRequest,
 ) -> Result<CreateSessionResponse, StatusCode> {
+    let r = create_session_inner(ctx, req);
+    if let Err(status) = &r {
+        ctx.sessions.note_rejected(is_security_rejection(*status));
+    }
+    r
+}
+
+/// True for the rejections the SecurityRejectedSessionCount counts.
+fn is_security_rejection(status: StatusCode) -> bool {
+    [
+        StatusCode::BadSecurityChecksFailed,
+        StatusCode::BadCertificateUriInvalid,
+        StatusCode::BadNonceInvalid,
+        StatusCode::BadSecurityPolicyRejected,
+        StatusCode::BadSecureChannelIdInvalid,
+        StatusCode::BadApplicationSignatureInvalid,
+        StatusCode::BadIdentityTokenInvalid,
+        StatusCode::BadIdentityTokenRejected,
+        StatusCode::BadUserAccessDenied,
+        StatusCode::BadUserSignatureInvalid,
+    ]
+    .contains(&status)
+}
+
+fn create_session_inner(
+    ctx: &ServiceContext<'_>,
+    req: &CreateSessionRequest,
+) -> Result<CreateSessionResponse, StatusCode> {
     let requested = req.requested_session_timeout;
     let timeout = if requested.is_finite() && requested > 0.0 {
         Duration::from_secs_f64((requested / 1000.0).min(MAX_SESSION_TIMEOUT.as_secs_f64()))
@@ -136,6 +164,8 @@ pub fn create_session(
         client_thumbprint,
         client_uri: req.client_description.application_uri.clone(),
         user: UserIdentity::Anonymous,
+        created: ctx.now,
+        endpoint_url: req.endpoint_url.clone(),
     };
     ctx.sessions
         .insert(token.clone(), session)
@@ -275,6 +305,17 @@ fn check_identity(
 
 /// ActivateSession: activates (or moves to this channel) the session.
 pub fn activate_session(
+    ctx: &ServiceContext<'_>,
+    req: &ActivateSessionRequest,
+) -> Result<ActivateSessionResponse, StatusCode> {
+    let r = activate_session_inner(ctx, req);
+    if let Err(status) = &r {
+        ctx.sessions.note_rejected(is_security_rejection(*status));
+    }
+    r
+}
+
+fn activate_session_inner(
     ctx: &ServiceContext<'_>,
     req: &ActivateSessionRequest,
 ) -> Result<ActivateSessionResponse, StatusCode> {
