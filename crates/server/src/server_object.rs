@@ -63,7 +63,7 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         v::Server_ServerStatus_ShutdownReason => Variant::from(LocalizedText::default()),
         // Full service until load-based ServiceLevel lands (SCALABILITY.md §2).
         v::Server_ServiceLevel => Variant::Byte(255),
-        v::Server_Auditing => Variant::Boolean(false),
+        v::Server_Auditing => Variant::Boolean(ctx.config.auditing),
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {
             Variant::UInt32(crate::services::attribute::MAX_NODES_PER_READ as u32)
         }

@@ -1085,4 +1085,177 @@ mod tests {
             Some(StatusCode::BadOutOfService)
         );
     }
+
+    #[test]
+    fn session_audit_events_reach_server_event_items_only_with_auditing() {
+        use crate::services::session::{activate_session, close_session, create_session};
+        let mut f = Fixture::new();
+        f.config.auditing = true;
+        let ctx = f.ctx();
+        let sub = create_subscription(
+            &ctx,
+            &CreateSubscriptionRequest {
+                request_header: header(),
+                requested_publishing_interval: 100.0,
+                publishing_enabled: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .subscription_id;
+        let select = |name: &str| uascale_types::SimpleAttributeOperand {
+            type_definition_id: NodeId::ns0(BASE_EVENT_TYPE),
+            browse_path: Some(vec![QualifiedName::new(0, name)]),
+            attribute_id: VALUE,
+            index_range: UaString::null(),
+        };
+        let ef = ExtensionObject::new(EventFilter {
+            select_clauses: Some(
+                [
+                    "EventType",
+                    "SourceName",
+                    "Status",
+                    "ClientUserId",
+                    "SessionId",
+                ]
+                .iter()
+                .map(|n| select(n))
+                .collect(),
+            ),
+            where_clause: Default::default(),
+        });
+        let item_id = create_monitored_items(
+            &ctx,
+            &CreateMonitoredItemsRequest {
+                request_header: header(),
+                subscription_id: sub,
+                timestamps_to_return: TimestampsToReturn::Both,
+                items_to_create: Some(vec![item(NodeId::ns0(2253), EVENT_NOTIFIER, ef)]),
+            },
+        )
+        .unwrap()
+        .results
+        .unwrap()[0]
+            .monitored_item_id;
+        let created = create_session(
+            &ctx,
+            &uascale_types::CreateSessionRequest {
+                session_name: UaString::from("audited"),
+                requested_session_timeout: 60_000.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let other = RequestHeader {
+            authentication_token: created.authentication_token.clone(),
+            audit_entry_id: UaString::from("entry-7"),
+            ..Default::default()
+        };
+        activate_session(
+            &ctx,
+            &uascale_types::ActivateSessionRequest {
+                request_header: other.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // A close with an unknown token fails: audited with Status false.
+        let bogus = RequestHeader {
+            authentication_token: NodeId::opaque(0, vec![1; 32]),
+            ..Default::default()
+        };
+        let closed = |h: &RequestHeader| {
+            close_session(
+                &ctx,
+                &uascale_types::CloseSessionRequest {
+                    request_header: h.clone(),
+                    delete_subscriptions: true,
+                },
+            )
+        };
+        assert_eq!(closed(&bogus).unwrap_err(), StatusCode::BadSessionIdInvalid);
+        closed(&other).unwrap();
+        let drain = || {
+            f.registry
+                .with_subscription(&NodeId::numeric(1, 1), sub, |s| {
+                    let item = s.item_mut(item_id).unwrap();
+                    item.drain(100).collect::<Vec<_>>()
+                })
+                .unwrap()
+        };
+        let events: Vec<Vec<Variant>> = drain()
+            .into_iter()
+            .map(|q| match q {
+                crate::subscription::item::Queued::Event(fields) => fields,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let s = |x: &str| Variant::String(UaString::from(x));
+        let sid = Variant::from(created.session_id.clone());
+        assert_eq!(
+            events,
+            vec![
+                vec![
+                    Variant::from(NodeId::ns0(crate::audit::AUDIT_CREATE_SESSION_EVENT_TYPE)),
+                    s("Session/CreateSession"),
+                    Variant::Boolean(true),
+                    s(""),
+                    sid.clone(),
+                ],
+                vec![
+                    Variant::from(NodeId::ns0(crate::audit::AUDIT_ACTIVATE_SESSION_EVENT_TYPE)),
+                    s("Session/ActivateSession"),
+                    Variant::Boolean(true),
+                    s("Anonymous"),
+                    sid.clone(),
+                ],
+                vec![
+                    Variant::from(NodeId::ns0(crate::audit::AUDIT_SESSION_EVENT_TYPE)),
+                    s("Session/CloseSession"),
+                    Variant::Boolean(false),
+                    s(""),
+                    Variant::from(NodeId::NULL),
+                ],
+                vec![
+                    Variant::from(NodeId::ns0(crate::audit::AUDIT_SESSION_EVENT_TYPE)),
+                    s("Session/CloseSession"),
+                    Variant::Boolean(true),
+                    s("Anonymous"),
+                    sid,
+                ],
+            ]
+        );
+        // The Auditing variable reads the configuration.
+        let auditing = crate::services::attribute::read(
+            &ctx,
+            &uascale_types::ReadRequest {
+                nodes_to_read: Some(vec![ReadValueId {
+                    node_id: NodeId::ns0(uascale_types::ids::variable::Server_Auditing),
+                    attribute_id: VALUE,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .results
+        .unwrap()[0]
+            .clone();
+        assert_eq!(auditing.value, Some(Variant::Boolean(true)));
+        // Off: nothing is raised.
+        f.config.auditing = false;
+        let ctx = f.ctx();
+        let again = create_session(&ctx, &Default::default()).unwrap();
+        let _ = close_session(
+            &ctx,
+            &uascale_types::CloseSessionRequest {
+                request_header: RequestHeader {
+                    authentication_token: again.authentication_token,
+                    ..Default::default()
+                },
+                delete_subscriptions: true,
+            },
+        );
+        assert!(drain().is_empty());
+    }
 }

@@ -22,6 +22,7 @@ use uascale_types::{
 };
 
 use super::{discovery, ServiceContext};
+use crate::audit::{self, SessionAction};
 use crate::identity::{self, UserIdentity};
 use crate::session::Session;
 
@@ -77,6 +78,25 @@ pub fn create_session(
     let r = create_session_inner(ctx, req);
     if let Err(status) = &r {
         ctx.sessions.note_rejected(is_security_rejection(*status));
+    }
+    if ctx.config.auditing {
+        let (result, id, timeout) = match &r {
+            Ok(resp) => (
+                Ok(()),
+                resp.session_id.clone(),
+                Some(resp.revised_session_timeout),
+            ),
+            Err(s) => (Err(*s), NodeId::NULL, None),
+        };
+        audit::audit_session(
+            ctx,
+            SessionAction::Create,
+            &req.request_header,
+            result,
+            id,
+            "",
+            timeout,
+        );
     }
     r
 }
@@ -312,6 +332,30 @@ pub fn activate_session(
     if let Err(status) = &r {
         ctx.sessions.note_rejected(is_security_rejection(*status));
     }
+    if ctx.config.auditing {
+        // The session as it is now: its id, and (when activated by this
+        // request) the user it was activated for.
+        let (id, user) = ctx
+            .sessions
+            .with(
+                &req.request_header.authentication_token,
+                None,
+                false,
+                ctx.instant,
+                |s| (s.session_id.clone(), audit::client_user_id(&s.user)),
+            )
+            .unwrap_or_default();
+        let user = if r.is_ok() { user } else { String::new() };
+        audit::audit_session(
+            ctx,
+            SessionAction::Activate,
+            &req.request_header,
+            r.as_ref().map(|_| ()).map_err(|s| *s),
+            id,
+            &user,
+            None,
+        );
+    }
     r
 }
 
@@ -424,15 +468,47 @@ pub fn close_session(
     req: &CloseSessionRequest,
 ) -> Result<CloseSessionResponse, StatusCode> {
     let token = &req.request_header.authentication_token;
-    let id = ctx
+    let auditing = ctx.config.auditing;
+    let found = ctx
         .sessions
         .with(token, Some(ctx.channel_id), false, ctx.instant, |s| {
-            s.session_id.clone()
+            (
+                s.session_id.clone(),
+                auditing.then(|| audit::client_user_id(&s.user)),
+            )
         })
-        .map_err(|e| e.status_code())?;
+        .map_err(|e| e.status_code());
+    let (id, user) = match found {
+        Ok(f) => f,
+        Err(status) => {
+            if auditing {
+                audit::audit_session(
+                    ctx,
+                    SessionAction::Close,
+                    &req.request_header,
+                    Err(status),
+                    NodeId::NULL,
+                    "",
+                    None,
+                );
+            }
+            return Err(status);
+        }
+    };
     ctx.sessions.remove(token);
     ctx.subscriptions
         .close_session(&id, req.delete_subscriptions, StatusCode::BadSessionClosed);
+    if let Some(user) = user {
+        audit::audit_session(
+            ctx,
+            SessionAction::Close,
+            &req.request_header,
+            Ok(()),
+            id,
+            &user,
+            None,
+        );
+    }
     Ok(CloseSessionResponse {
         response_header: ctx.response_header(&req.request_header),
     })
