@@ -120,6 +120,9 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
                 |id| ctx.subscriptions.session_counts(id),
             )
         }
+        v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionSecurityDiagnosticsArray => {
+            ctx.sessions.security_diagnostics(ctx.instant)
+        }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary => {
             Variant::from(ExtensionObject::new(diagnostics_summary(ctx)))
         }
@@ -184,6 +187,7 @@ pub fn check_diagnostics(
         Some(
             v::Server_ServerDiagnostics_SubscriptionDiagnosticsArray
                 | v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionDiagnosticsArray
+                | v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionSecurityDiagnosticsArray
         )
     );
     if array && !ctx.config.diagnostics_enabled {

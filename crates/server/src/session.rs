@@ -56,6 +56,10 @@ pub struct Session {
     pub created: DateTime,
     /// The EndpointUrl the client gave in CreateSession.
     pub endpoint_url: UaString,
+    /// The security policy of the channel it was last activated on.
+    pub security_policy: uascale_crypto::policy::SecurityPolicy,
+    /// The security mode of that channel.
+    pub security_mode: uascale_types::MessageSecurityMode,
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +122,8 @@ pub struct SessionTable {
     security_rejected: AtomicUsize,
     /// The last SessionDiagnosticsArray and when it was built.
     diagnostics: Mutex<Option<(Instant, Variant)>>,
+    /// The same for the SessionSecurityDiagnosticsArray.
+    security_diagnostics: Mutex<Option<(Instant, Variant)>>,
 }
 
 fn shard_of(token: &NodeId) -> usize {
@@ -140,6 +146,7 @@ impl SessionTable {
             rejected: AtomicUsize::new(0),
             security_rejected: AtomicUsize::new(0),
             diagnostics: Mutex::new(None),
+            security_diagnostics: Mutex::new(None),
         }
     }
 
@@ -368,6 +375,54 @@ impl SessionTable {
         v
     }
 
+    /// The SessionSecurityDiagnosticsArray, throttled like
+    /// [`diagnostics`](Self::diagnostics). The session keeps the user it was
+    /// activated for and its channel's policy and mode, not the client
+    /// certificate (only its thumbprint) nor earlier users: ClientCertificate
+    /// is null and ClientUserIdHistory holds the current user only.
+    pub fn security_diagnostics(&self, instant: Instant) -> Variant {
+        let mut cache = match self.security_diagnostics.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Some((built, v)) = cache.as_ref() {
+            if instant.saturating_duration_since(*built) < Duration::from_secs(1) {
+                return v.clone();
+            }
+        }
+        let mut rows = Vec::new();
+        for shard in &self.shards {
+            let g = match shard.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            rows.extend(g.sessions.values().map(|s| {
+                let user = UaString::from(crate::audit::client_user_id(&s.user).as_str());
+                let mechanism = match s.user {
+                    crate::identity::UserIdentity::Anonymous => "Anonymous",
+                    crate::identity::UserIdentity::UserName(_) => "UserName",
+                    crate::identity::UserIdentity::X509 { .. } => "X509Certificate",
+                };
+                ExtensionObject::new(uascale_types::SessionSecurityDiagnosticsDataType {
+                    session_id: s.session_id.clone(),
+                    client_user_id_of_session: user.clone(),
+                    client_user_id_history: Some(vec![user]),
+                    authentication_mechanism: UaString::from(mechanism),
+                    encoding: UaString::from("UA Binary"),
+                    transport_protocol: UaString::from("opc.tcp"),
+                    security_mode: s.security_mode,
+                    security_policy_uri: UaString::from(s.security_policy.uri()),
+                    client_certificate: ByteString::null(),
+                })
+            }));
+        }
+        let v = Variant::from(uascale_types::Array::new(
+            uascale_types::ArrayValues::ExtensionObject(rows),
+        ));
+        *cache = Some((instant, v.clone()));
+        v
+    }
+
     /// The earliest deadline in the table, if any (for the reaper's sleep).
     pub fn next_deadline(&self) -> Option<Instant> {
         self.shards
@@ -405,6 +460,8 @@ mod tests {
             user: crate::identity::UserIdentity::Anonymous,
             created: DateTime::MIN,
             endpoint_url: UaString::null(),
+            security_policy: uascale_crypto::policy::SecurityPolicy::None,
+            security_mode: uascale_types::MessageSecurityMode::None,
         }
     }
 

@@ -659,6 +659,8 @@ mod tests {
                         user: crate::identity::UserIdentity::Anonymous,
                         created: uascale_types::DateTime::MIN,
                         endpoint_url: UaString::null(),
+                        security_policy: uascale_crypto::policy::SecurityPolicy::None,
+                        security_mode: uascale_types::MessageSecurityMode::None,
                     },
                 )
                 .unwrap();
@@ -1041,6 +1043,25 @@ mod tests {
         assert_eq!(fresh.len(), 2);
         assert_eq!(fresh[0].current_subscriptions_count, 1);
         assert_eq!(fresh[1].current_subscriptions_count, 0);
+        let security =
+            v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionSecurityDiagnosticsArray;
+        let dv = read(&f, security, std::time::Duration::from_millis(1000));
+        let Some(Variant::Array(a)) = &dv.value else {
+            panic!("{dv:?}")
+        };
+        let uascale_types::ArrayValues::ExtensionObject(eos) = a.values() else {
+            panic!("{a:?}")
+        };
+        assert_eq!(eos.len(), 2);
+        let d = eos[0]
+            .downcast_ref::<uascale_types::SessionSecurityDiagnosticsDataType>()
+            .unwrap();
+        assert_eq!(d.authentication_mechanism, UaString::from("Anonymous"));
+        assert_eq!(
+            d.security_policy_uri,
+            UaString::from("http://opcfoundation.org/UA/SecurityPolicy#None")
+        );
+        assert_eq!(d.security_mode, uascale_types::MessageSecurityMode::None);
         // The summary counters are live (no throttle).
         let summary = [
             (
@@ -1080,10 +1101,12 @@ mod tests {
             );
         }
         f.config.diagnostics_enabled = false;
-        assert_eq!(
-            read(&f, array, std::time::Duration::from_secs(5)).status,
-            Some(StatusCode::BadOutOfService)
-        );
+        for id in [array, security] {
+            assert_eq!(
+                read(&f, id, std::time::Duration::from_secs(5)).status,
+                Some(StatusCode::BadOutOfService)
+            );
+        }
     }
 
     #[test]

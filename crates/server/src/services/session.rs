@@ -186,6 +186,8 @@ fn create_session_inner(
         user: UserIdentity::Anonymous,
         created: ctx.now,
         endpoint_url: req.endpoint_url.clone(),
+        security_policy: ctx.channel.policy,
+        security_mode: ctx.channel.mode,
     };
     ctx.sessions
         .insert(token.clone(), session)
@@ -443,6 +445,8 @@ fn activate_session_inner(
                 return Err(StatusCode::BadNonceInvalid);
             }
             s.channel_id = channel_id;
+            s.security_policy = ctx.channel.policy;
+            s.security_mode = ctx.channel.mode;
             s.activated = true;
             s.deadline = ctx.instant + s.timeout;
             s.locale_ids = locales;
