@@ -1,6 +1,7 @@
 //! Audit events of session establishment (Part 5 §6.4.3 - §6.4.7):
 //! AuditCreateSessionEventType, AuditActivateSessionEventType and
-//! AuditSessionEventType for CloseSession, raised on the Server object when
+//! AuditSessionEventType for CloseSession and for timeouts
+//! ("Session/Timeout", ClientUserId empty), raised on the Server object when
 //! `auditing` is configured. With auditing off, callers do not build them:
 //! no allocation, no lock. Raising offers the event only to the event items
 //! watching the Server object (the registry's watcher index), so it adds
@@ -34,6 +35,8 @@ pub enum SessionAction {
     Activate,
     /// CloseSession.
     Close,
+    /// The server closed a session that timed out (or was never activated).
+    Timeout,
 }
 
 impl SessionAction {
@@ -41,7 +44,7 @@ impl SessionAction {
         match self {
             SessionAction::Create => AUDIT_CREATE_SESSION_EVENT_TYPE,
             SessionAction::Activate => AUDIT_ACTIVATE_SESSION_EVENT_TYPE,
-            SessionAction::Close => AUDIT_SESSION_EVENT_TYPE,
+            SessionAction::Close | SessionAction::Timeout => AUDIT_SESSION_EVENT_TYPE,
         }
     }
 
@@ -50,6 +53,7 @@ impl SessionAction {
             SessionAction::Create => "CreateSession",
             SessionAction::Activate => "ActivateSession",
             SessionAction::Close => "CloseSession",
+            SessionAction::Timeout => "Timeout",
         }
     }
 }
@@ -109,7 +113,7 @@ pub fn session_event(
     )
     .with_field(f("ClientUserId"), Variant::String(UaString::from(user_id)))
     .with_field(f("SessionId"), Variant::from(session_id));
-    if action != SessionAction::Close {
+    if matches!(action, SessionAction::Create | SessionAction::Activate) {
         e = e.with_field(
             f("SecureChannelId"),
             Variant::String(UaString::from(ctx.channel_id.to_string().as_str())),
@@ -160,4 +164,81 @@ pub fn audit_session(
         revised_timeout_ms,
     );
     raise(ctx, &e);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeout_and_failure_events_carry_their_fields() {
+        let config = crate::config::ServerConfig::default();
+        let sessions = crate::session::SessionTable::new(1);
+        let space = crate::address_space::AddressSpace::default();
+        let managers = crate::node_manager::NodeManagers::default();
+        let registry = crate::services::subscription::SubscriptionRegistry::new(Default::default());
+        let ctx = ServiceContext {
+            config: &config,
+            sessions: &sessions,
+            channel_id: 9,
+            now: uascale_types::DateTime::from_ticks(5),
+            instant: std::time::Instant::now(),
+            address_space: &space,
+            start_time: uascale_types::DateTime::from_ticks(3),
+            managers: &managers,
+            request_id: 1,
+            sink: None,
+            canceller: None,
+            security: crate::services::no_security().0,
+            channel: crate::services::no_security().1,
+            subscriptions: &registry,
+        };
+        let field = |e: &Event, n: &str| {
+            e.fields
+                .iter()
+                .find(|(k, _)| k.name.as_str_or_empty() == n)
+                .map(|(_, v)| v.clone())
+        };
+        let s = |x: &str| Some(Variant::String(UaString::from(x)));
+        let header = RequestHeader::default();
+        let t = session_event(
+            &ctx,
+            SessionAction::Timeout,
+            &header,
+            Ok(()),
+            NodeId::numeric(1, 4),
+            "",
+            None,
+        );
+        assert_eq!(t.event_type, NodeId::ns0(AUDIT_SESSION_EVENT_TYPE));
+        assert_eq!(field(&t, "SourceName"), s("Session/Timeout"));
+        assert_eq!(
+            field(&t, "SourceNode"),
+            Some(Variant::from(NodeId::ns0(2253)))
+        );
+        assert_eq!(
+            field(&t, "SessionId"),
+            Some(Variant::from(NodeId::numeric(1, 4)))
+        );
+        assert_eq!(field(&t, "SecureChannelId"), None);
+        let c = session_event(
+            &ctx,
+            SessionAction::Create,
+            &header,
+            Err(StatusCode::BadTooManySessions),
+            NodeId::NULL,
+            "",
+            Some(30_000.0),
+        );
+        assert_eq!(field(&c, "Status"), Some(Variant::Boolean(false)));
+        assert_eq!(field(&c, "Severity"), Some(Variant::UInt16(500)));
+        assert_eq!(field(&c, "SecureChannelId"), s("9"));
+        assert_eq!(
+            field(&c, "RevisedSessionTimeout"),
+            Some(Variant::Double(30_000.0))
+        );
+        assert_eq!(field(&c, "ServerId"), s(&config.application_uri));
+        // Unique event ids.
+        assert_ne!(field(&t, "EventId"), field(&c, "EventId"));
+    }
 }
