@@ -13,6 +13,11 @@ The server runs with --rate-ms 100 (the demo changes every 100 ms).
 - TransferSubscriptions: a second session takes the first's subscription
   with sendInitialValues; the first gets a StatusChange
   GoodSubscriptionTransferred, the second the data.
+- Audit (the server runs with auditing = true): Server.Auditing reads
+  true; an event subscription on the Server object for
+  AuditSessionEventType gets a second session's CreateSession,
+  ActivateSession and CloseSession, in order, each with its type, its
+  SourceName, Status true and that session's SessionId.
 - Bad input: an unknown node, a bad subscription id, a Publish without
   subscriptions (BadNoSubscription).
 """
@@ -91,6 +96,33 @@ async def events(client):
     first, last = got[0][0], got[-1][0]
     expected = [n for n in range(first, last + 1) if (n % 10 + 1) * 100 > 500]
     check([n for n, _ in got] == expected, f"exactly the matching events: {got} vs {expected}")
+
+
+async def audit(url, client):
+    auditing = await client.get_node(ua.ObjectIds.Server_Auditing).read_value()
+    check(auditing is True, f"Server.Auditing: {auditing}")
+    h = Changes()
+    sub = await client.create_subscription(100, h)
+    await sub.subscribe_events(client.nodes.server, ua.ObjectIds.AuditSessionEventType)
+    b = Client(url, timeout=10)
+    await b.connect()
+    await b.disconnect()
+    for _ in range(30):
+        if len(h.events) >= 3:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)
+    await sub.delete()
+    got = [(e.SourceName, e.EventType, e.Status) for e in h.events]
+    want = [
+        ("Session/CreateSession", ua.NodeId(ua.ObjectIds.AuditCreateSessionEventType), True),
+        ("Session/ActivateSession", ua.NodeId(ua.ObjectIds.AuditActivateSessionEventType), True),
+        ("Session/CloseSession", ua.NodeId(ua.ObjectIds.AuditSessionEventType), True),
+    ]
+    check(got == want, f"audit events: {got}")
+    sids = {str(e.SessionId) for e in h.events}
+    check(len(sids) == 1 and not h.events[0].SessionId.is_null(), f"one session: {sids}")
+    check(h.events[1].ClientUserId == "Anonymous", f"user: {h.events[1].ClientUserId}")
 
 
 async def publish_raw(client, acks=()):
@@ -205,6 +237,7 @@ async def main(url):
     try:
         await data_change(a)
         await events(a)
+        await audit(url, a)
         await bad_input(a)
     finally:
         await a.disconnect()

@@ -34,6 +34,8 @@ pub struct ServerSection {
     pub activation_deadline_ms: Option<u64>,
     /// Keep the Server object's diagnostics arrays.
     pub diagnostics_enabled: Option<bool>,
+    /// Raise the audit events of session establishment.
+    pub auditing: Option<bool>,
     /// Companion NodeSet2 XML files loaded at start, in order.
     pub nodesets: Option<Vec<std::path::PathBuf>>,
 }
@@ -246,6 +248,9 @@ impl FileConfig {
         }
         if let Some(v) = s.diagnostics_enabled {
             c.diagnostics_enabled = v;
+        }
+        if let Some(v) = s.auditing {
+            c.auditing = v;
         }
         let l = &self.limits;
         if let Some(v) = l.listen_backlog {
@@ -483,6 +488,7 @@ impl FileConfig {
                 max_session_count: Some(c.max_session_count),
                 activation_deadline_ms: millis(c.activation_deadline),
                 diagnostics_enabled: Some(c.diagnostics_enabled),
+                auditing: Some(c.auditing),
                 nodesets: Some(c.nodesets.clone()),
             },
             limits: LimitsSection {

@@ -33,12 +33,17 @@ struct Serve {
 
 impl Serve {
     fn start() -> Self {
-        Self::start_with_fd_limit(None)
+        Self::start_with(None, &[])
     }
 
-    /// Starts the server, optionally under `ulimit -n LIMIT`; every log line
-    /// is echoed and also kept for the test to inspect.
     fn start_with_fd_limit(limit: Option<u32>) -> Self {
+        Self::start_with(limit, &[])
+    }
+
+    /// Starts the server, optionally under `ulimit -n LIMIT` and with
+    /// `extra` arguments; every log line is echoed and also kept for the
+    /// test to inspect.
+    fn start_with(limit: Option<u32>, extra: &[&str]) -> Self {
         let bin = env!("CARGO_BIN_EXE_uascale");
         let mut cmd = match limit {
             None => Command::new(bin),
@@ -70,6 +75,7 @@ impl Serve {
             .arg(root().join("tests/nodesets/devices.NodeSet2.xml"))
             .arg("--nodeset")
             .arg(root().join("tests/nodesets/machines.NodeSet2.xml"))
+            .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stderr(Stdio::piped())
@@ -171,10 +177,15 @@ fn discovery_and_sessions_with_asyncua_and_open62541() {
 /// order; events with a where clause - exactly the matching ones; Republish
 /// of a retained message; TransferSubscriptions between sessions; bad
 /// input) and o6 (its connect() creates a subscription: session, Read,
-/// Browse, data change and a filtered event subscription).
+/// Browse, data change and a filtered event subscription). The server runs
+/// with `auditing = true`: asyncua also checks the audit events of a second
+/// session's CreateSession / ActivateSession / CloseSession.
 #[test]
 fn subscriptions_with_asyncua_and_open62541() {
-    let server = Serve::start();
+    let config = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("auditing.toml");
+    std::fs::write(&config, "[server]\nauditing = true\n").expect("write the config");
+    let config = config.to_str().expect("a UTF-8 path");
+    let server = Serve::start_with(None, &["--config", config]);
     let url = server.url();
     assert!(run_peer("subscription_asyncua.py", &url).contains("asyncua subscriptions ok"));
     assert!(run_peer("session_o6.py", &url).contains("o6 session ok"));

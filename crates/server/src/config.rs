@@ -53,6 +53,11 @@ pub struct ServerConfig {
     /// SCALABILITY.md §5): rebuilt when read, at most once a second; with
     /// false they read `BadOutOfService` and cost nothing. Default true.
     pub diagnostics_enabled: bool,
+    /// Raise the Part 5 audit events of session establishment
+    /// (AuditCreateSession, AuditActivateSession, AuditSession for close)
+    /// on the Server object; the Server's `Auditing` variable reads this.
+    /// Default false (then nothing is built or raised).
+    pub auditing: bool,
     /// Companion NodeSet2 XML files loaded at start, in order (`--nodeset`,
     /// [`crate::nodeset`]). Default none.
     pub nodesets: Vec<std::path::PathBuf>,
@@ -166,6 +171,7 @@ impl Default for ServerConfig {
             demo_rate: std::time::Duration::from_secs(1),
             subscriptions: crate::subscription::SubscriptionLimits::default(),
             diagnostics_enabled: true,
+            auditing: false,
             nodesets: Vec::new(),
             security: SecurityConfig::default(),
         }

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod address_space;
+pub mod audit;
 pub mod config;
 pub mod demo;
 pub mod fxhash;

@@ -63,7 +63,7 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         v::Server_ServerStatus_ShutdownReason => Variant::from(LocalizedText::default()),
         // Full service until load-based ServiceLevel lands (SCALABILITY.md §2).
         v::Server_ServiceLevel => Variant::Byte(255),
-        v::Server_Auditing => Variant::Boolean(false),
+        v::Server_Auditing => Variant::Boolean(ctx.config.auditing),
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {
             Variant::UInt32(crate::services::attribute::MAX_NODES_PER_READ as u32)
         }
@@ -111,6 +111,36 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         v::Server_ServerDiagnostics_SubscriptionDiagnosticsArray => {
             ctx.subscriptions.subscription_diagnostics(ctx.instant)
         }
+        v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionDiagnosticsArray => {
+            ctx.sessions.diagnostics(
+                ctx.now,
+                ctx.instant,
+                &ctx.config.application_uri,
+                ctx.config.channel.transport.max_message_size,
+                |id| ctx.subscriptions.session_counts(id),
+            )
+        }
+        v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionSecurityDiagnosticsArray => {
+            ctx.sessions.security_diagnostics(ctx.instant)
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary => {
+            Variant::from(ExtensionObject::new(diagnostics_summary(ctx)))
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CurrentSessionCount => {
+            Variant::UInt32(u32_of(ctx.sessions.len()))
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CumulatedSessionCount => {
+            Variant::UInt32(u32_of(ctx.sessions.cumulated_count()))
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_SessionTimeoutCount => {
+            Variant::UInt32(u32_of(ctx.sessions.expired_count()))
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_RejectedSessionCount => {
+            Variant::UInt32(u32_of(ctx.sessions.rejected_count()))
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_SecurityRejectedSessionCount => {
+            Variant::UInt32(u32_of(ctx.sessions.security_rejected_count()))
+        }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CurrentSubscriptionCount => {
             Variant::UInt32(u32_of(ctx.subscriptions.subscription_count()))
         }
@@ -122,6 +152,24 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         }
         _ => return None,
     })
+}
+
+/// The ServerDiagnosticsSummary structure: the counters the server keeps
+/// (sessions, rejections, timeouts, subscriptions); the request and abort
+/// counters it does not keep read 0.
+fn diagnostics_summary(
+    ctx: &ServiceContext<'_>,
+) -> uascale_types::ServerDiagnosticsSummaryDataType {
+    uascale_types::ServerDiagnosticsSummaryDataType {
+        current_session_count: u32_of(ctx.sessions.len()),
+        cumulated_session_count: u32_of(ctx.sessions.cumulated_count()),
+        security_rejected_session_count: u32_of(ctx.sessions.security_rejected_count()),
+        rejected_session_count: u32_of(ctx.sessions.rejected_count()),
+        session_timeout_count: u32_of(ctx.sessions.expired_count()),
+        current_subscription_count: u32_of(ctx.subscriptions.subscription_count()),
+        cumulated_subscription_count: u32_of(ctx.subscriptions.cumulated_subscription_count()),
+        ..Default::default()
+    }
 }
 
 fn u32_of(n: usize) -> u32 {
@@ -139,6 +187,7 @@ pub fn check_diagnostics(
         Some(
             v::Server_ServerDiagnostics_SubscriptionDiagnosticsArray
                 | v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionDiagnosticsArray
+                | v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionSecurityDiagnosticsArray
         )
     );
     if array && !ctx.config.diagnostics_enabled {

@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use uascale_types::{ByteString, NodeId, ReferenceDescription, StatusCode, UaString};
+use uascale_types::{
+    ByteString, DateTime, ExtensionObject, NodeId, ReferenceDescription,
+    SessionDiagnosticsDataType, StatusCode, UaString, Variant,
+};
 
 const SHARDS: usize = 64;
 
@@ -49,6 +52,14 @@ pub struct Session {
     pub client_uri: UaString,
     /// Who activated the session.
     pub user: crate::identity::UserIdentity,
+    /// When CreateSession made it (ClientConnectionTime in the diagnostics).
+    pub created: DateTime,
+    /// The EndpointUrl the client gave in CreateSession.
+    pub endpoint_url: UaString,
+    /// The security policy of the channel it was last activated on.
+    pub security_policy: uascale_crypto::policy::SecurityPolicy,
+    /// The security mode of that channel.
+    pub security_mode: uascale_types::MessageSecurityMode,
 }
 
 #[derive(Debug, Default)]
@@ -106,6 +117,13 @@ pub struct SessionTable {
     max: usize,
     seq: AtomicUsize,
     expired: AtomicUsize,
+    cumulated: AtomicUsize,
+    rejected: AtomicUsize,
+    security_rejected: AtomicUsize,
+    /// The last SessionDiagnosticsArray and when it was built.
+    diagnostics: Mutex<Option<(Instant, Variant)>>,
+    /// The same for the SessionSecurityDiagnosticsArray.
+    security_diagnostics: Mutex<Option<(Instant, Variant)>>,
 }
 
 fn shard_of(token: &NodeId) -> usize {
@@ -124,6 +142,11 @@ impl SessionTable {
             max,
             seq: AtomicUsize::new(0),
             expired: AtomicUsize::new(0),
+            cumulated: AtomicUsize::new(0),
+            rejected: AtomicUsize::new(0),
+            security_rejected: AtomicUsize::new(0),
+            diagnostics: Mutex::new(None),
+            security_diagnostics: Mutex::new(None),
         }
     }
 
@@ -152,6 +175,31 @@ impl SessionTable {
         self.expired.load(Ordering::Relaxed)
     }
 
+    /// Sessions created since the server started.
+    pub fn cumulated_count(&self) -> usize {
+        self.cumulated.load(Ordering::Relaxed)
+    }
+
+    /// CreateSession and ActivateSession requests rejected so far.
+    pub fn rejected_count(&self) -> usize {
+        self.rejected.load(Ordering::Relaxed)
+    }
+
+    /// The part of [`rejected_count`](Self::rejected_count) rejected for
+    /// security reasons (certificate, signature, identity, access).
+    pub fn security_rejected_count(&self) -> usize {
+        self.security_rejected.load(Ordering::Relaxed)
+    }
+
+    /// Counts a rejected CreateSession or ActivateSession (`security` when
+    /// the reason was a security check). Two relaxed atomic adds.
+    pub fn note_rejected(&self, security: bool) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        if security {
+            self.security_rejected.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Adds a session under `token`, unless the table is full.
     pub fn insert(&self, token: NodeId, session: Session) -> Result<(), SessionError> {
         if self
@@ -163,6 +211,7 @@ impl SessionTable {
         {
             return Err(SessionError::TooMany);
         }
+        self.cumulated.fetch_add(1, Ordering::Relaxed);
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) as u64;
         let mut shard = self.shard(&token);
         shard
@@ -246,6 +295,134 @@ impl SessionTable {
         gone
     }
 
+    /// The SessionDiagnosticsArray: rebuilt when asked for, at most once a
+    /// second (SCALABILITY.md §5), walking every shard; nothing in session
+    /// establishment touches it. `now`/`instant` are the same moment on the
+    /// wall and monotonic clocks; `per_session` gives a session's
+    /// subscription and monitored-item counts (called with no shard lock
+    /// held). Request counters are not kept per session and read 0.
+    pub fn diagnostics(
+        &self,
+        now: DateTime,
+        instant: Instant,
+        server_uri: &str,
+        max_response_message_size: u32,
+        per_session: impl Fn(&NodeId) -> (usize, usize),
+    ) -> Variant {
+        let mut cache = match self.diagnostics.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Some((built, v)) = cache.as_ref() {
+            if instant.saturating_duration_since(*built) < Duration::from_secs(1) {
+                return v.clone();
+            }
+        }
+        // Wall-clock time of a monotonic instant in the past.
+        let wall = |t: Instant| {
+            let ago = instant.saturating_duration_since(t).as_micros();
+            DateTime::from_ticks(
+                now.ticks()
+                    .saturating_sub(i64::try_from(ago.saturating_mul(10)).unwrap_or(i64::MAX)),
+            )
+        };
+        let mut rows: Vec<SessionDiagnosticsDataType> = Vec::new();
+        for shard in &self.shards {
+            let g = match shard.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            rows.extend(g.sessions.values().map(|s| SessionDiagnosticsDataType {
+                session_id: s.session_id.clone(),
+                session_name: s.name.clone(),
+                client_description: uascale_types::ApplicationDescription {
+                    application_uri: s.client_uri.clone(),
+                    application_type: uascale_types::ApplicationType::Client,
+                    ..Default::default()
+                },
+                server_uri: UaString::from(server_uri),
+                endpoint_url: s.endpoint_url.clone(),
+                locale_ids: Some(s.locale_ids.clone()),
+                actual_session_timeout: s.timeout.as_secs_f64() * 1000.0,
+                max_response_message_size,
+                client_connection_time: s.created,
+                // An activated session's deadline is its last request plus
+                // its timeout; before activation the last contact is the
+                // creation.
+                client_last_contact_time: if s.activated {
+                    wall(s.deadline.checked_sub(s.timeout).unwrap_or(instant))
+                } else {
+                    s.created
+                },
+                ..Default::default()
+            }));
+        }
+        let n = |x: usize| u32::try_from(x).unwrap_or(u32::MAX);
+        let rows = rows
+            .into_iter()
+            .map(|mut r| {
+                let (subs, items) = per_session(&r.session_id);
+                r.current_subscriptions_count = n(subs);
+                r.current_monitored_items_count = n(items);
+                ExtensionObject::new(r)
+            })
+            .collect();
+        // An empty array stays a (typed) array, not a null value.
+        let v = Variant::from(uascale_types::Array::new(
+            uascale_types::ArrayValues::ExtensionObject(rows),
+        ));
+        *cache = Some((instant, v.clone()));
+        v
+    }
+
+    /// The SessionSecurityDiagnosticsArray, throttled like
+    /// [`diagnostics`](Self::diagnostics). The session keeps the user it was
+    /// activated for and its channel's policy and mode, not the client
+    /// certificate (only its thumbprint) nor earlier users: ClientCertificate
+    /// is null and ClientUserIdHistory holds the current user only.
+    pub fn security_diagnostics(&self, instant: Instant) -> Variant {
+        let mut cache = match self.security_diagnostics.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Some((built, v)) = cache.as_ref() {
+            if instant.saturating_duration_since(*built) < Duration::from_secs(1) {
+                return v.clone();
+            }
+        }
+        let mut rows = Vec::new();
+        for shard in &self.shards {
+            let g = match shard.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            rows.extend(g.sessions.values().map(|s| {
+                let user = UaString::from(crate::audit::client_user_id(&s.user).as_str());
+                let mechanism = match s.user {
+                    crate::identity::UserIdentity::Anonymous => "Anonymous",
+                    crate::identity::UserIdentity::UserName(_) => "UserName",
+                    crate::identity::UserIdentity::X509 { .. } => "X509Certificate",
+                };
+                ExtensionObject::new(uascale_types::SessionSecurityDiagnosticsDataType {
+                    session_id: s.session_id.clone(),
+                    client_user_id_of_session: user.clone(),
+                    client_user_id_history: Some(vec![user]),
+                    authentication_mechanism: UaString::from(mechanism),
+                    encoding: UaString::from("UA Binary"),
+                    transport_protocol: UaString::from("opc.tcp"),
+                    security_mode: s.security_mode,
+                    security_policy_uri: UaString::from(s.security_policy.uri()),
+                    client_certificate: ByteString::null(),
+                })
+            }));
+        }
+        let v = Variant::from(uascale_types::Array::new(
+            uascale_types::ArrayValues::ExtensionObject(rows),
+        ));
+        *cache = Some((instant, v.clone()));
+        v
+    }
+
     /// The earliest deadline in the table, if any (for the reaper's sleep).
     pub fn next_deadline(&self) -> Option<Instant> {
         self.shards
@@ -281,6 +458,10 @@ mod tests {
             client_thumbprint: None,
             client_uri: UaString::null(),
             user: crate::identity::UserIdentity::Anonymous,
+            created: DateTime::MIN,
+            endpoint_url: UaString::null(),
+            security_policy: uascale_crypto::policy::SecurityPolicy::None,
+            security_mode: uascale_types::MessageSecurityMode::None,
         }
     }
 

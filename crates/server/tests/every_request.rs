@@ -65,6 +65,10 @@ fn every_request_type_gets_a_response() {
                 client_thumbprint: None,
                 client_uri: UaString::null(),
                 user: uascale_server::identity::UserIdentity::Anonymous,
+                created: uascale_types::DateTime::MIN,
+                endpoint_url: UaString::null(),
+                security_policy: uascale_crypto::policy::SecurityPolicy::None,
+                security_mode: uascale_types::MessageSecurityMode::None,
             },
         )
         .unwrap();

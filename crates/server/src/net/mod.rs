@@ -265,7 +265,11 @@ async fn reap_sessions(shared: Arc<Shared>) {
             .next_deadline()
             .unwrap_or(now + Duration::from_secs(1));
         tokio::time::sleep_until(next.min(now + Duration::from_secs(1)).into()).await;
-        for id in shared.sessions.expire(Instant::now()) {
+        let expired = shared.sessions.expire(Instant::now());
+        if shared.config.auditing && !expired.is_empty() {
+            audit_timeouts(&shared, &expired);
+        }
+        for id in expired {
             tracing::info!(session = %id, "session timed out");
             // Its subscriptions live on for a transfer until their lifetime
             // runs out (Part 4 §5.13.7).
@@ -273,6 +277,39 @@ async fn reap_sessions(shared: Arc<Shared>) {
                 .subscriptions
                 .close_session(&id, false, StatusCode::BadSessionClosed);
         }
+    }
+}
+
+/// Raises the "Session/Timeout" audit events of `expired`.
+fn audit_timeouts(shared: &Shared, expired: &[uascale_types::NodeId]) {
+    let ctx = crate::services::ServiceContext {
+        config: &shared.config,
+        sessions: &shared.sessions,
+        channel_id: 0,
+        now: DateTime::from_system_time(std::time::SystemTime::now()),
+        instant: Instant::now(),
+        address_space: &shared.address_space,
+        start_time: shared.start_time,
+        managers: &shared.managers,
+        request_id: 0,
+        sink: None,
+        canceller: None,
+        security: &shared.security,
+        // The reaper runs on no channel.
+        channel: crate::services::no_security().1,
+        subscriptions: &shared.subscriptions,
+    };
+    let header = uascale_types::RequestHeader::default();
+    for id in expired {
+        crate::audit::audit_session(
+            &ctx,
+            crate::audit::SessionAction::Timeout,
+            &header,
+            Ok(()),
+            id.clone(),
+            "",
+            None,
+        );
     }
 }
 

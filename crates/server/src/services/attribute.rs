@@ -918,6 +918,10 @@ mod tests {
             client_thumbprint: None,
             client_uri: UaString::null(),
             user: crate::identity::UserIdentity::Anonymous,
+            created: uascale_types::DateTime::MIN,
+            endpoint_url: UaString::null(),
+            security_policy: uascale_crypto::policy::SecurityPolicy::None,
+            security_mode: uascale_types::MessageSecurityMode::None,
         };
         let read_as = |locales: &[&str], attr: AttributeId| {
             w.sessions.remove(&token);

@@ -657,6 +657,10 @@ mod tests {
                         client_thumbprint: None,
                         client_uri: UaString::null(),
                         user: crate::identity::UserIdentity::Anonymous,
+                        created: uascale_types::DateTime::MIN,
+                        endpoint_url: UaString::null(),
+                        security_policy: uascale_crypto::policy::SecurityPolicy::None,
+                        security_mode: uascale_types::MessageSecurityMode::None,
                     },
                 )
                 .unwrap();
@@ -965,5 +969,316 @@ mod tests {
             read(&f, std::time::Duration::from_secs(5)).status,
             Some(StatusCode::BadOutOfService)
         );
+    }
+
+    #[test]
+    fn session_diagnostics_are_throttled_and_can_be_switched_off() {
+        use uascale_types::ids::variable as v;
+        let mut f = Fixture::new();
+        let read = |f: &Fixture, id: u32, at: std::time::Duration| {
+            let mut ctx = f.ctx();
+            ctx.instant = f.t0 + at;
+            let r = crate::services::attribute::read(
+                &ctx,
+                &uascale_types::ReadRequest {
+                    nodes_to_read: Some(vec![ReadValueId {
+                        node_id: NodeId::ns0(id),
+                        attribute_id: VALUE,
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            r.results.unwrap()[0].clone()
+        };
+        let array = v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionDiagnosticsArray;
+        let rows = |dv: &DataValue| -> Vec<uascale_types::SessionDiagnosticsDataType> {
+            let Some(Variant::Array(a)) = &dv.value else {
+                panic!("{dv:?}")
+            };
+            let uascale_types::ArrayValues::ExtensionObject(eos) = a.values() else {
+                panic!("{a:?}")
+            };
+            eos.iter()
+                .map(|e| {
+                    e.downcast_ref::<uascale_types::SessionDiagnosticsDataType>()
+                        .unwrap()
+                        .clone()
+                })
+                .collect()
+        };
+        let first = rows(&read(&f, array, std::time::Duration::ZERO));
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].session_id, NodeId::numeric(1, 1));
+        assert_eq!(first[0].session_name, UaString::from("t"));
+        assert_eq!(first[0].actual_session_timeout, 60_000.0);
+        assert_eq!(first[0].current_subscriptions_count, 0);
+        let ctx = f.ctx();
+        create_subscription(
+            &ctx,
+            &CreateSubscriptionRequest {
+                request_header: header(),
+                requested_publishing_interval: 100.0,
+                publishing_enabled: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut second = Session {
+            session_id: NodeId::numeric(1, 2),
+            ..f.sessions
+                .with(&token(), None, false, f.t0, |s| s.clone())
+                .unwrap()
+        };
+        second.continuation_points.clear();
+        f.sessions
+            .insert(NodeId::opaque(0, vec![8; 32]), second)
+            .unwrap();
+        // Within the second: the cached array; after it: rebuilt.
+        let cached = rows(&read(&f, array, std::time::Duration::from_millis(500)));
+        assert_eq!(cached, first);
+        let mut fresh = rows(&read(&f, array, std::time::Duration::from_millis(1000)));
+        fresh.sort_by_key(|r| r.session_id.clone());
+        assert_eq!(fresh.len(), 2);
+        assert_eq!(fresh[0].current_subscriptions_count, 1);
+        assert_eq!(fresh[1].current_subscriptions_count, 0);
+        let security =
+            v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionSecurityDiagnosticsArray;
+        let dv = read(&f, security, std::time::Duration::from_millis(1000));
+        let Some(Variant::Array(a)) = &dv.value else {
+            panic!("{dv:?}")
+        };
+        let uascale_types::ArrayValues::ExtensionObject(eos) = a.values() else {
+            panic!("{a:?}")
+        };
+        assert_eq!(eos.len(), 2);
+        let d = eos[0]
+            .downcast_ref::<uascale_types::SessionSecurityDiagnosticsDataType>()
+            .unwrap();
+        assert_eq!(d.authentication_mechanism, UaString::from("Anonymous"));
+        assert_eq!(
+            d.security_policy_uri,
+            UaString::from("http://opcfoundation.org/UA/SecurityPolicy#None")
+        );
+        assert_eq!(d.security_mode, uascale_types::MessageSecurityMode::None);
+        // The summary counters are live (no throttle).
+        let summary = [
+            (
+                v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CurrentSessionCount,
+                2,
+            ),
+            (
+                v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CumulatedSessionCount,
+                3,
+            ),
+            (
+                v::Server_ServerDiagnostics_ServerDiagnosticsSummary_SessionTimeoutCount,
+                0,
+            ),
+            (
+                v::Server_ServerDiagnostics_ServerDiagnosticsSummary_RejectedSessionCount,
+                0,
+            ),
+        ];
+        f.sessions.remove(&NodeId::opaque(0, vec![8; 32]));
+        f.sessions
+            .insert(
+                NodeId::opaque(0, vec![9; 32]),
+                Session {
+                    session_id: NodeId::numeric(1, 3),
+                    ..f.sessions
+                        .with(&token(), None, false, f.t0, |s| s.clone())
+                        .unwrap()
+                },
+            )
+            .unwrap();
+        for (id, want) in summary {
+            assert_eq!(
+                read(&f, id, std::time::Duration::ZERO).value,
+                Some(Variant::UInt32(want)),
+                "{id}"
+            );
+        }
+        f.config.diagnostics_enabled = false;
+        for id in [array, security] {
+            assert_eq!(
+                read(&f, id, std::time::Duration::from_secs(5)).status,
+                Some(StatusCode::BadOutOfService)
+            );
+        }
+    }
+
+    #[test]
+    fn session_audit_events_reach_server_event_items_only_with_auditing() {
+        use crate::services::session::{activate_session, close_session, create_session};
+        let mut f = Fixture::new();
+        f.config.auditing = true;
+        let ctx = f.ctx();
+        let sub = create_subscription(
+            &ctx,
+            &CreateSubscriptionRequest {
+                request_header: header(),
+                requested_publishing_interval: 100.0,
+                publishing_enabled: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .subscription_id;
+        let select = |name: &str| uascale_types::SimpleAttributeOperand {
+            type_definition_id: NodeId::ns0(BASE_EVENT_TYPE),
+            browse_path: Some(vec![QualifiedName::new(0, name)]),
+            attribute_id: VALUE,
+            index_range: UaString::null(),
+        };
+        let ef = ExtensionObject::new(EventFilter {
+            select_clauses: Some(
+                [
+                    "EventType",
+                    "SourceName",
+                    "Status",
+                    "ClientUserId",
+                    "SessionId",
+                ]
+                .iter()
+                .map(|n| select(n))
+                .collect(),
+            ),
+            where_clause: Default::default(),
+        });
+        let item_id = create_monitored_items(
+            &ctx,
+            &CreateMonitoredItemsRequest {
+                request_header: header(),
+                subscription_id: sub,
+                timestamps_to_return: TimestampsToReturn::Both,
+                items_to_create: Some(vec![item(NodeId::ns0(2253), EVENT_NOTIFIER, ef)]),
+            },
+        )
+        .unwrap()
+        .results
+        .unwrap()[0]
+            .monitored_item_id;
+        let created = create_session(
+            &ctx,
+            &uascale_types::CreateSessionRequest {
+                session_name: UaString::from("audited"),
+                requested_session_timeout: 60_000.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let other = RequestHeader {
+            authentication_token: created.authentication_token.clone(),
+            audit_entry_id: UaString::from("entry-7"),
+            ..Default::default()
+        };
+        activate_session(
+            &ctx,
+            &uascale_types::ActivateSessionRequest {
+                request_header: other.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // A close with an unknown token fails: audited with Status false.
+        let bogus = RequestHeader {
+            authentication_token: NodeId::opaque(0, vec![1; 32]),
+            ..Default::default()
+        };
+        let closed = |h: &RequestHeader| {
+            close_session(
+                &ctx,
+                &uascale_types::CloseSessionRequest {
+                    request_header: h.clone(),
+                    delete_subscriptions: true,
+                },
+            )
+        };
+        assert_eq!(closed(&bogus).unwrap_err(), StatusCode::BadSessionIdInvalid);
+        closed(&other).unwrap();
+        let drain = || {
+            f.registry
+                .with_subscription(&NodeId::numeric(1, 1), sub, |s| {
+                    let item = s.item_mut(item_id).unwrap();
+                    item.drain(100).collect::<Vec<_>>()
+                })
+                .unwrap()
+        };
+        let events: Vec<Vec<Variant>> = drain()
+            .into_iter()
+            .map(|q| match q {
+                crate::subscription::item::Queued::Event(fields) => fields,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let s = |x: &str| Variant::String(UaString::from(x));
+        let sid = Variant::from(created.session_id.clone());
+        assert_eq!(
+            events,
+            vec![
+                vec![
+                    Variant::from(NodeId::ns0(crate::audit::AUDIT_CREATE_SESSION_EVENT_TYPE)),
+                    s("Session/CreateSession"),
+                    Variant::Boolean(true),
+                    s(""),
+                    sid.clone(),
+                ],
+                vec![
+                    Variant::from(NodeId::ns0(crate::audit::AUDIT_ACTIVATE_SESSION_EVENT_TYPE)),
+                    s("Session/ActivateSession"),
+                    Variant::Boolean(true),
+                    s("Anonymous"),
+                    sid.clone(),
+                ],
+                vec![
+                    Variant::from(NodeId::ns0(crate::audit::AUDIT_SESSION_EVENT_TYPE)),
+                    s("Session/CloseSession"),
+                    Variant::Boolean(false),
+                    s(""),
+                    Variant::from(NodeId::NULL),
+                ],
+                vec![
+                    Variant::from(NodeId::ns0(crate::audit::AUDIT_SESSION_EVENT_TYPE)),
+                    s("Session/CloseSession"),
+                    Variant::Boolean(true),
+                    s("Anonymous"),
+                    sid,
+                ],
+            ]
+        );
+        // The Auditing variable reads the configuration.
+        let auditing = crate::services::attribute::read(
+            &ctx,
+            &uascale_types::ReadRequest {
+                nodes_to_read: Some(vec![ReadValueId {
+                    node_id: NodeId::ns0(uascale_types::ids::variable::Server_Auditing),
+                    attribute_id: VALUE,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .results
+        .unwrap()[0]
+            .clone();
+        assert_eq!(auditing.value, Some(Variant::Boolean(true)));
+        // Off: nothing is raised.
+        f.config.auditing = false;
+        let ctx = f.ctx();
+        let again = create_session(&ctx, &Default::default()).unwrap();
+        let _ = close_session(
+            &ctx,
+            &uascale_types::CloseSessionRequest {
+                request_header: RequestHeader {
+                    authentication_token: again.authentication_token,
+                    ..Default::default()
+                },
+                delete_subscriptions: true,
+            },
+        );
+        assert!(drain().is_empty());
     }
 }

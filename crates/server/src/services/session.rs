@@ -22,6 +22,7 @@ use uascale_types::{
 };
 
 use super::{discovery, ServiceContext};
+use crate::audit::{self, SessionAction};
 use crate::identity::{self, UserIdentity};
 use crate::session::Session;
 
@@ -71,6 +72,53 @@ fn leaf_der(chain: &[u8]) -> Result<&[u8], StatusCode> {
 
 /// CreateSession: a new, not yet activated session bound to this channel.
 pub fn create_session(
+    ctx: &ServiceContext<'_>,
+    req: &CreateSessionRequest,
+) -> Result<CreateSessionResponse, StatusCode> {
+    let r = create_session_inner(ctx, req);
+    if let Err(status) = &r {
+        ctx.sessions.note_rejected(is_security_rejection(*status));
+    }
+    if ctx.config.auditing {
+        let (result, id, timeout) = match &r {
+            Ok(resp) => (
+                Ok(()),
+                resp.session_id.clone(),
+                Some(resp.revised_session_timeout),
+            ),
+            Err(s) => (Err(*s), NodeId::NULL, None),
+        };
+        audit::audit_session(
+            ctx,
+            SessionAction::Create,
+            &req.request_header,
+            result,
+            id,
+            "",
+            timeout,
+        );
+    }
+    r
+}
+
+/// True for the rejections the SecurityRejectedSessionCount counts.
+fn is_security_rejection(status: StatusCode) -> bool {
+    [
+        StatusCode::BadSecurityChecksFailed,
+        StatusCode::BadCertificateUriInvalid,
+        StatusCode::BadNonceInvalid,
+        StatusCode::BadSecurityPolicyRejected,
+        StatusCode::BadSecureChannelIdInvalid,
+        StatusCode::BadApplicationSignatureInvalid,
+        StatusCode::BadIdentityTokenInvalid,
+        StatusCode::BadIdentityTokenRejected,
+        StatusCode::BadUserAccessDenied,
+        StatusCode::BadUserSignatureInvalid,
+    ]
+    .contains(&status)
+}
+
+fn create_session_inner(
     ctx: &ServiceContext<'_>,
     req: &CreateSessionRequest,
 ) -> Result<CreateSessionResponse, StatusCode> {
@@ -136,6 +184,10 @@ pub fn create_session(
         client_thumbprint,
         client_uri: req.client_description.application_uri.clone(),
         user: UserIdentity::Anonymous,
+        created: ctx.now,
+        endpoint_url: req.endpoint_url.clone(),
+        security_policy: ctx.channel.policy,
+        security_mode: ctx.channel.mode,
     };
     ctx.sessions
         .insert(token.clone(), session)
@@ -278,6 +330,41 @@ pub fn activate_session(
     ctx: &ServiceContext<'_>,
     req: &ActivateSessionRequest,
 ) -> Result<ActivateSessionResponse, StatusCode> {
+    let r = activate_session_inner(ctx, req);
+    if let Err(status) = &r {
+        ctx.sessions.note_rejected(is_security_rejection(*status));
+    }
+    if ctx.config.auditing {
+        // The session as it is now: its id, and (when activated by this
+        // request) the user it was activated for.
+        let (id, user) = ctx
+            .sessions
+            .with(
+                &req.request_header.authentication_token,
+                None,
+                false,
+                ctx.instant,
+                |s| (s.session_id.clone(), audit::client_user_id(&s.user)),
+            )
+            .unwrap_or_default();
+        let user = if r.is_ok() { user } else { String::new() };
+        audit::audit_session(
+            ctx,
+            SessionAction::Activate,
+            &req.request_header,
+            r.as_ref().map(|_| ()).map_err(|s| *s),
+            id,
+            &user,
+            None,
+        );
+    }
+    r
+}
+
+fn activate_session_inner(
+    ctx: &ServiceContext<'_>,
+    req: &ActivateSessionRequest,
+) -> Result<ActivateSessionResponse, StatusCode> {
     let auth = &req.request_header.authentication_token;
     let snap = ctx
         .sessions
@@ -358,6 +445,8 @@ pub fn activate_session(
                 return Err(StatusCode::BadNonceInvalid);
             }
             s.channel_id = channel_id;
+            s.security_policy = ctx.channel.policy;
+            s.security_mode = ctx.channel.mode;
             s.activated = true;
             s.deadline = ctx.instant + s.timeout;
             s.locale_ids = locales;
@@ -383,15 +472,47 @@ pub fn close_session(
     req: &CloseSessionRequest,
 ) -> Result<CloseSessionResponse, StatusCode> {
     let token = &req.request_header.authentication_token;
-    let id = ctx
+    let auditing = ctx.config.auditing;
+    let found = ctx
         .sessions
         .with(token, Some(ctx.channel_id), false, ctx.instant, |s| {
-            s.session_id.clone()
+            (
+                s.session_id.clone(),
+                auditing.then(|| audit::client_user_id(&s.user)),
+            )
         })
-        .map_err(|e| e.status_code())?;
+        .map_err(|e| e.status_code());
+    let (id, user) = match found {
+        Ok(f) => f,
+        Err(status) => {
+            if auditing {
+                audit::audit_session(
+                    ctx,
+                    SessionAction::Close,
+                    &req.request_header,
+                    Err(status),
+                    NodeId::NULL,
+                    "",
+                    None,
+                );
+            }
+            return Err(status);
+        }
+    };
     ctx.sessions.remove(token);
     ctx.subscriptions
         .close_session(&id, req.delete_subscriptions, StatusCode::BadSessionClosed);
+    if let Some(user) = user {
+        audit::audit_session(
+            ctx,
+            SessionAction::Close,
+            &req.request_header,
+            Ok(()),
+            id,
+            &user,
+            None,
+        );
+    }
     Ok(CloseSessionResponse {
         response_header: ctx.response_header(&req.request_header),
     })

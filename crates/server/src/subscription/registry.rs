@@ -196,6 +196,17 @@ impl<P: PublishSink> Registry<P> {
         v
     }
 
+    /// The subscriptions of `session` and their monitored items (for the
+    /// SessionDiagnosticsArray).
+    pub fn session_counts(&self, session: &NodeId) -> (usize, usize) {
+        let Some(set) = self.set_of(session) else {
+            return (0, 0);
+        };
+        let g = lock(&set);
+        let subs = g.subscriptions();
+        (subs.len(), subs.iter().map(|s| s.items.len()).sum())
+    }
+
     /// Monitored items in the server.
     pub fn monitored_item_count(&self) -> usize {
         self.item_count.load(Ordering::Relaxed)
