@@ -11,6 +11,17 @@ use uascale_types::{NodeId, StatusCode, Variant, VariantType};
 use crate::client_security::{parse_security, user_identity, SecurityArgs};
 use crate::values;
 
+/// `println!` that ends the process quietly when stdout is closed (e.g. the
+/// output is piped into `head`), instead of panicking on EPIPE.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 pub const USAGE: &str = "       uascale endpoints URL [--json]
        uascale browse URL [NODE] [--depth N] [--json]
        uascale read URL NODE... [--attr NAME] [--json]
@@ -264,7 +275,7 @@ impl From<ClientError> for Failure {
 }
 
 fn print_json(v: &Json) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 async fn endpoints(client: &Client, c: &Common) -> Result<(), Failure> {
@@ -297,12 +308,15 @@ async fn endpoints(client: &Client, c: &Common) -> Result<(), Failure> {
             .rsplit('#')
             .next()
             .unwrap_or("");
-        println!(
+        outln!(
             "{}  {} / {:?}  (level {})",
-            e.endpoint_url, policy, e.security_mode, e.security_level
+            e.endpoint_url,
+            policy,
+            e.security_mode,
+            e.security_level
         );
         for p in e.user_identity_tokens.iter().flatten() {
-            println!("    token {:?} ({})", p.token_type, p.policy_id);
+            outln!("    token {:?} ({})", p.token_type, p.policy_id);
         }
     }
     Ok(())
@@ -369,7 +383,7 @@ async fn browse(client: &Client, c: &Common) -> Result<(), Failure> {
         print_json(&Json::Array(list));
     } else {
         for (level, r) in &out {
-            println!(
+            outln!(
                 "{}{} ({:?}) {}",
                 "  ".repeat(*level),
                 r.browse_name,
@@ -427,8 +441,8 @@ async fn read(client: &Client, c: &Common) -> Result<(), Failure> {
         bad |= status.is_bad();
         if !c.json {
             match &dv.value {
-                Some(v) if !status.is_bad() => println!("{n} = {}", values::text(v)),
-                _ => println!("{n}: {status}"),
+                Some(v) if !status.is_bad() => outln!("{n} = {}", values::text(v)),
+                _ => outln!("{n}: {status}"),
             }
         }
     }
@@ -514,7 +528,7 @@ async fn write(client: &Client, c: &Common) -> Result<(), Failure> {
             &json!({"node": n.to_string(), "value": values::json(&value), "status": status.to_string()}),
         );
     } else {
-        println!("{n} := {}: {status}", values::text(&value));
+        outln!("{n} := {}: {status}", values::text(&value));
     }
     if status.is_bad() {
         return Err(Failure::Bad(format!("the write was refused: {status}")));
@@ -605,9 +619,9 @@ async fn call(client: &Client, c: &Common) -> Result<(), Failure> {
             "outputs": outs.iter().map(values::json).collect::<Vec<_>>(),
         }));
     } else {
-        println!("{method}: {}", r.status_code);
+        outln!("{method}: {}", r.status_code);
         for o in &outs {
-            println!("  {}", values::text(o));
+            outln!("  {}", values::text(o));
         }
     }
     if r.status_code.is_bad() {

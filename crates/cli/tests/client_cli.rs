@@ -140,3 +140,25 @@ fn unreachable_servers_are_explained() {
     assert_eq!(code, 1);
     assert!(err.contains("opc.tcp://host:port"), "{err}");
 }
+
+#[test]
+fn output_cut_short_by_the_reader_is_not_a_panic() {
+    use std::io::{BufRead, BufReader};
+    let s = serve();
+    let mut child = Command::new(BIN)
+        .args(["browse", &s.1, "i=84", "--depth", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read one line, then go away like `| head -1` does.
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(!first.is_empty());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+}
