@@ -177,22 +177,17 @@ mod tests {
         let space = crate::address_space::AddressSpace::default();
         let managers = crate::node_manager::NodeManagers::default();
         let registry = crate::services::subscription::SubscriptionRegistry::new(Default::default());
-        let ctx = ServiceContext {
-            config: &config,
-            sessions: &sessions,
-            channel_id: 9,
-            now: uascale_types::DateTime::from_ticks(5),
-            instant: std::time::Instant::now(),
-            address_space: &space,
-            start_time: uascale_types::DateTime::from_ticks(3),
-            managers: &managers,
-            request_id: 1,
-            sink: None,
-            canceller: None,
-            security: crate::services::no_security().0,
-            channel: crate::services::no_security().1,
-            subscriptions: &registry,
-        };
+        let mut ctx = ServiceContext::for_tests(
+            &config,
+            &sessions,
+            &space,
+            &managers,
+            &registry,
+            std::time::Instant::now(),
+        );
+        ctx.channel_id = 9;
+        ctx.now = uascale_types::DateTime::from_ticks(5);
+        ctx.start_time = uascale_types::DateTime::from_ticks(3);
         let field = |e: &Event, n: &str| {
             e.fields
                 .iter()

@@ -416,9 +416,9 @@ mod service_tests {
     use crate::session::SessionTable;
     use crate::ServerConfig;
     use uascale_types::{
-        Argument, AttributeId, CallMethodRequest, CallRequest, DataValue, DateTime,
-        ExtensionObject, LocalizedText, NodeClass, QualifiedName, ReadRequest, ReadValueId,
-        WriteRequest, WriteValue,
+        Argument, AttributeId, CallMethodRequest, CallRequest, DataValue, ExtensionObject,
+        LocalizedText, NodeClass, QualifiedName, ReadRequest, ReadValueId, WriteRequest,
+        WriteValue,
     };
 
     fn setup() -> (AddressSpace, NodeManagers) {
@@ -477,22 +477,14 @@ mod service_tests {
         let (space, managers) = setup();
         let config = ServerConfig::default();
         let sessions = SessionTable::new(1);
-        let ctx = ServiceContext {
-            config: &config,
-            sessions: &sessions,
-            channel_id: 1,
-            now: DateTime::from_ticks(1),
-            instant: std::time::Instant::now(),
-            address_space: &space,
-            start_time: DateTime::from_ticks(1),
-            managers: &managers,
-            request_id: 1,
-            sink: None,
-            canceller: None,
-            security: crate::services::no_security().0,
-            channel: crate::services::no_security().1,
-            subscriptions: crate::services::subscription::tests_registry(),
-        };
+        let ctx = ServiceContext::for_tests(
+            &config,
+            &sessions,
+            &space,
+            &managers,
+            crate::services::subscription::tests_registry(),
+            std::time::Instant::now(),
+        );
         let read = || {
             let r = attribute::read(
                 &ctx,

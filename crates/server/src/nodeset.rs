@@ -1688,22 +1688,14 @@ mod tests {
         let (space, managers) = loaded();
         let config = crate::ServerConfig::default();
         let sessions = crate::session::SessionTable::new(1);
-        let ctx = ServiceContext {
-            config: &config,
-            sessions: &sessions,
-            channel_id: 1,
-            now: DateTime::from_ticks(1),
-            instant: std::time::Instant::now(),
-            address_space: &space,
-            start_time: DateTime::from_ticks(1),
-            managers: &managers,
-            request_id: 1,
-            sink: None,
-            canceller: None,
-            security: crate::services::no_security().0,
-            channel: crate::services::no_security().1,
-            subscriptions: crate::services::subscription::tests_registry(),
-        };
+        let ctx = ServiceContext::for_tests(
+            &config,
+            &sessions,
+            &space,
+            &managers,
+            crate::services::subscription::tests_registry(),
+            std::time::Instant::now(),
+        );
         let write = |node: NodeId, v: Variant| {
             attribute::write(
                 &ctx,

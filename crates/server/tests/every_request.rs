@@ -14,8 +14,8 @@ use uascale_types::generated::registry::STRUCTURES;
 use uascale_types::generated::samples::sample_by_encoding_id;
 use uascale_types::sample::Gen;
 use uascale_types::{
-    decode_message, encode_message, BinaryDecode, BinaryEncode, DateTime, DecodeLimits, NodeId,
-    Reader, RequestHeader, ResponseHeader, UaString,
+    decode_message, encode_message, BinaryDecode, BinaryEncode, DecodeLimits, NodeId, Reader,
+    RequestHeader, ResponseHeader, UaString,
 };
 
 /// The message with its RequestHeader's token and handle replaced.
@@ -74,22 +74,7 @@ fn every_request_type_gets_a_response() {
         .unwrap();
     let registry =
         uascale_server::services::subscription::SubscriptionRegistry::new(Default::default());
-    let ctx = ServiceContext {
-        config: &config,
-        sessions: &sessions,
-        channel_id: 1,
-        now: DateTime::from_ticks(1),
-        instant: t0,
-        address_space: &space,
-        start_time: DateTime::from_ticks(1),
-        managers: &managers,
-        request_id: 1,
-        sink: None,
-        canceller: None,
-        security: uascale_server::services::no_security().0,
-        channel: uascale_server::services::no_security().1,
-        subscriptions: &registry,
-    };
+    let ctx = ServiceContext::for_tests(&config, &sessions, &space, &managers, &registry, t0);
     let limits = DecodeLimits::default();
     let mut requests = 0;
     // Service requests: every "...Request" except the three that are parts

@@ -708,7 +708,7 @@ mod tests {
     use crate::session::SessionTable;
     use crate::ServerConfig;
     use std::sync::Arc;
-    use uascale_types::{DateTime, WriteRequest, WriteValue};
+    use uascale_types::{WriteRequest, WriteValue};
 
     struct World {
         space: AddressSpace,
@@ -733,22 +733,14 @@ mod tests {
 
     impl World {
         fn ctx(&self) -> ServiceContext<'_> {
-            ServiceContext {
-                config: &self.config,
-                sessions: &self.sessions,
-                channel_id: 1,
-                now: DateTime::from_ticks(1),
-                instant: std::time::Instant::now(),
-                address_space: &self.space,
-                start_time: DateTime::from_ticks(1),
-                managers: &self.managers,
-                request_id: 1,
-                sink: None,
-                canceller: None,
-                security: crate::services::no_security().0,
-                channel: crate::services::no_security().1,
-                subscriptions: crate::services::subscription::tests_registry(),
-            }
+            ServiceContext::for_tests(
+                &self.config,
+                &self.sessions,
+                &self.space,
+                &self.managers,
+                crate::services::subscription::tests_registry(),
+                std::time::Instant::now(),
+            )
         }
 
         fn read(&self, node: &NodeId, attr: AttributeId, range: &str) -> DataValue {

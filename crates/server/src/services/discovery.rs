@@ -151,7 +151,7 @@ pub fn find_servers(ctx: &ServiceContext<'_>, req: &FindServersRequest) -> FindS
 mod tests {
     use super::*;
     use crate::ServerConfig;
-    use uascale_types::{DateTime, RequestHeader};
+    use uascale_types::RequestHeader;
 
     #[test]
     fn filters() {
@@ -159,24 +159,17 @@ mod tests {
         let sessions = crate::session::SessionTable::new(1);
         let space = crate::address_space::AddressSpace::default();
         let managers = crate::node_manager::NodeManagers::default();
-        let ctx = ServiceContext {
-            config: &config,
-            sessions: &sessions,
-            channel_id: 1,
-            now: DateTime::from_ticks(1),
-            // The origin of the test's time.
-            #[allow(clippy::disallowed_methods)]
-            instant: std::time::Instant::now(),
-            address_space: &space,
-            start_time: DateTime::from_ticks(1),
-            managers: &managers,
-            request_id: 1,
-            sink: None,
-            canceller: None,
-            security: crate::services::no_security().0,
-            channel: crate::services::no_security().1,
-            subscriptions: crate::services::subscription::tests_registry(),
-        };
+        // The origin of the test's time.
+        #[allow(clippy::disallowed_methods)]
+        let t0 = std::time::Instant::now();
+        let ctx = ServiceContext::for_tests(
+            &config,
+            &sessions,
+            &space,
+            &managers,
+            crate::services::subscription::tests_registry(),
+            t0,
+        );
         let mut req = GetEndpointsRequest {
             request_header: RequestHeader {
                 request_handle: 3,

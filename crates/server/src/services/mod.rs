@@ -80,6 +80,38 @@ pub fn no_security() -> (
     )
 }
 
+impl<'a> ServiceContext<'a> {
+    /// A context for tests and benchmarks: channel 1, request 1, no
+    /// response sink or canceller, SecurityPolicy None, the times at tick 1
+    /// and `instant`. Fields are public: change what a test needs.
+    pub fn for_tests(
+        config: &'a ServerConfig,
+        sessions: &'a SessionTable,
+        address_space: &'a crate::address_space::AddressSpace,
+        managers: &'a crate::node_manager::NodeManagers,
+        subscriptions: &'a subscription::SubscriptionRegistry,
+        instant: std::time::Instant,
+    ) -> Self {
+        let (security, channel) = no_security();
+        ServiceContext {
+            config,
+            sessions,
+            channel_id: 1,
+            now: DateTime::from_ticks(1),
+            instant,
+            address_space,
+            start_time: DateTime::from_ticks(1),
+            managers,
+            request_id: 1,
+            sink: None,
+            canceller: None,
+            security,
+            channel,
+            subscriptions,
+        }
+    }
+}
+
 impl ServiceContext<'_> {
     /// A Good response header for a request.
     pub fn response_header(&self, req: &RequestHeader) -> ResponseHeader {
@@ -404,24 +436,17 @@ mod tests {
     use uascale_types::{ReadRequest, Structure};
 
     fn ctx<'a>(config: &'a ServerConfig, sessions: &'a SessionTable) -> ServiceContext<'a> {
-        ServiceContext {
+        // The origin of the test's time.
+        #[allow(clippy::disallowed_methods)]
+        let t0 = std::time::Instant::now();
+        ServiceContext::for_tests(
             config,
             sessions,
-            channel_id: 1,
-            now: DateTime::from_ticks(1),
-            // The origin of the test's time.
-            #[allow(clippy::disallowed_methods)]
-            instant: std::time::Instant::now(),
-            address_space: space(),
-            start_time: DateTime::from_ticks(1),
-            managers: managers(),
-            request_id: 1,
-            sink: None,
-            canceller: None,
-            security: no_security().0,
-            channel: no_security().1,
-            subscriptions: crate::services::subscription::tests_registry(),
-        }
+            space(),
+            managers(),
+            crate::services::subscription::tests_registry(),
+            t0,
+        )
     }
 
     fn managers() -> &'static crate::node_manager::NodeManagers {

@@ -676,22 +676,14 @@ mod tests {
         }
 
         fn ctx(&self) -> ServiceContext<'_> {
-            ServiceContext {
-                config: &self.config,
-                sessions: &self.sessions,
-                channel_id: 1,
-                now: DateTime::from_ticks(1),
-                instant: self.t0,
-                address_space: &self.space,
-                start_time: DateTime::from_ticks(1),
-                managers: &self.managers,
-                request_id: 1,
-                sink: None,
-                canceller: None,
-                security: crate::services::no_security().0,
-                channel: crate::services::no_security().1,
-                subscriptions: &self.registry,
-            }
+            ServiceContext::for_tests(
+                &self.config,
+                &self.sessions,
+                &self.space,
+                &self.managers,
+                &self.registry,
+                self.t0,
+            )
         }
     }
 

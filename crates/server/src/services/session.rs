@@ -550,7 +550,7 @@ mod tests {
     use crate::session::SessionTable;
     use crate::ServerConfig;
     use std::time::Instant;
-    use uascale_types::{DateTime, ExtensionObject, RequestHeader, UaString};
+    use uascale_types::{ExtensionObject, RequestHeader, UaString};
 
     struct Fixture {
         config: ServerConfig,
@@ -571,22 +571,16 @@ mod tests {
             }
         }
         fn ctx(&self, channel_id: u32) -> ServiceContext<'_> {
-            ServiceContext {
-                config: &self.config,
-                sessions: &self.sessions,
-                channel_id,
-                now: DateTime::from_ticks(1),
-                instant: self.t0,
-                address_space: &self.space,
-                start_time: DateTime::from_ticks(1),
-                managers: &self.managers,
-                request_id: 1,
-                sink: None,
-                canceller: None,
-                security: crate::services::no_security().0,
-                channel: crate::services::no_security().1,
-                subscriptions: crate::services::subscription::tests_registry(),
-            }
+            let mut ctx = ServiceContext::for_tests(
+                &self.config,
+                &self.sessions,
+                &self.space,
+                &self.managers,
+                crate::services::subscription::tests_registry(),
+                self.t0,
+            );
+            ctx.channel_id = channel_id;
+            ctx
         }
     }
 
