@@ -53,7 +53,8 @@ use crate::security::{
     leaf_certificate, open_asymmetric, open_symmetric, ChannelSecurity, Protection, ServerSecurity,
 };
 use crate::tcp::{
-    ErrorMessage, Hello, MessageHeader, MessageType, Negotiated, TransportLimits, HEADER_LEN,
+    next_message, ErrorMessage, Hello, MessageHeader, MessageType, Negotiated, TransportLimits,
+    HEADER_LEN,
 };
 
 /// The time a step runs at: a monotonic instant for deadlines and the UTC
@@ -291,17 +292,13 @@ impl ServerConnection {
                 .map_or(self.config.transport.receive_buffer_size, |n| {
                     n.receive_buffer_size
                 });
-            let rest = input.get(consumed..).unwrap_or(&[]);
-            let header = match MessageHeader::parse(rest, max) {
-                Ok(Some(h)) => h,
+            let rest = input.get_mut(consumed..).unwrap_or_default();
+            let (header, msg) = match next_message(rest, max) {
+                Ok(Some(m)) => m,
                 Ok(None) => break Ok(()),
                 Err(e) => break Err(e),
             };
-            let size = header.message_size as usize;
-            let Some(msg) = input.get_mut(consumed..consumed + size) else {
-                break Ok(());
-            };
-            consumed += size;
+            consumed += msg.len();
             if let Err(e) = self.handle_message(now, &header, msg) {
                 break Err(e);
             }

@@ -44,7 +44,9 @@ use crate::chunk::{
 use crate::error::ChannelError;
 use crate::reassembly::{Assembled, Assembler, AssemblyLimits, ReassemblyBudget};
 use crate::security::{leaf_certificate, open_asymmetric, open_symmetric, Identity, Protection};
-use crate::tcp::{Acknowledge, ErrorMessage, Hello, MessageHeader, MessageType, HEADER_LEN};
+use crate::tcp::{
+    next_message, Acknowledge, ErrorMessage, Hello, MessageHeader, MessageType, HEADER_LEN,
+};
 
 /// What the client asks for when it connects.
 #[derive(Debug, Clone)]
@@ -443,17 +445,13 @@ impl ClientConnection {
             if self.is_closed() {
                 break Ok(());
             }
-            let rest = input.get(consumed..).unwrap_or(&[]);
-            let header = match MessageHeader::parse(rest, max) {
-                Ok(Some(h)) => h,
+            let rest = input.get_mut(consumed..).unwrap_or_default();
+            let (header, msg) = match next_message(rest, max) {
+                Ok(Some(m)) => m,
                 Ok(None) => break Ok(()),
                 Err(e) => break Err(e),
             };
-            let size = header.message_size as usize;
-            let Some(msg) = rest.get(..size) else {
-                break Ok(());
-            };
-            consumed += size;
+            consumed += msg.len();
             if let Err(e) = self.handle_message(now, &header, msg) {
                 break Err(e);
             }

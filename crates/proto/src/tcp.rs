@@ -162,6 +162,21 @@ impl MessageHeader {
     }
 }
 
+/// The whole message at the front of `buf` (header checked against
+/// `max_size`) and its bytes, which the caller may open in place; `Ok(None)`
+/// until all of it is buffered. Both sides of a connection frame their input
+/// with it.
+pub fn next_message(
+    buf: &mut [u8],
+    max_size: u32,
+) -> Result<Option<(MessageHeader, &mut [u8])>, ChannelError> {
+    let Some(header) = MessageHeader::parse(buf, max_size)? else {
+        return Ok(None);
+    };
+    let size = header.message_size as usize;
+    Ok(buf.get_mut(..size).map(|msg| (header, msg)))
+}
+
 /// Fills in the size of the message that starts at `start` in `w`.
 pub fn finish_message(w: &mut [u8], start: usize) {
     let len = u32::try_from(w.len() - start).unwrap_or(u32::MAX);
