@@ -52,6 +52,16 @@ impl Backoff {
         }
     }
 
+    /// The same policy (initial, max, jitter) with a fresh count and its
+    /// own jitter `seed`.
+    pub fn reseeded(&self, seed: u64) -> Self {
+        Backoff {
+            attempt: 0,
+            rng: seed | 1,
+            ..self.clone()
+        }
+    }
+
     /// Failures since the last success.
     pub fn attempts(&self) -> u32 {
         self.attempt

@@ -20,16 +20,26 @@
 //! method takes `&self`, so a `Client` can be shared and called
 //! concurrently. Status (issue 6): every security policy and mode of the
 //! server ([`SecurityOptions`]), the anonymous, user name and X.509
-//! identities ([`UserIdentity`]); subscriptions and automatic reconnect
-//! are still to come.
+//! identities ([`UserIdentity`]), subscriptions with a stream of
+//! notifications and events ([`Client::subscribe`], [`Subscription`]),
+//! automatic reconnect ([`ClientOptions::reconnect`]) and a connect gate
+//! shared by many clients ([`ConnectGate`]).
 #![forbid(unsafe_code)]
 
 pub mod backoff;
 pub mod error;
 pub mod net;
 pub mod security;
+pub mod subscription;
 
 pub use backoff::Backoff;
 pub use error::ClientError;
-pub use net::{Client, ClientOptions, SecurityOptions};
+pub use net::{
+    Client, ClientOptions, ConnectGate, ConnectReport, GateTurn, MonitoredItem, SecurityOptions,
+    Subscription,
+};
 pub use security::{ServerTrust, TrustListValidator, UserIdentity};
+pub use subscription::{
+    event_filter, MonitorItem, Notification, Restore, Revised, SubscriptionEvent,
+    SubscriptionSettings,
+};

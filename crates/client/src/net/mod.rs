@@ -4,13 +4,13 @@
 //! requests waiting for them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_crypto::rsa::RsaPublicKey;
 use uascale_crypto::x509::Certificate;
@@ -22,8 +22,16 @@ use uascale_types::{
     ResponseHeader, StatusCode, UaString,
 };
 
+use crate::backoff::Backoff;
 use crate::error::ClientError;
 use crate::security::{self, ServerTrust, UserIdentity};
+
+mod gate;
+mod reconnect;
+pub(crate) mod subscription;
+
+pub use gate::{ConnectGate, GateTurn};
+pub use subscription::{MonitoredItem, Subscription};
 
 fn now() -> Now {
     Now {
@@ -56,6 +64,21 @@ pub struct ClientOptions {
     /// Our ApplicationUri (must be the one in our certificate when
     /// secured). Default `urn:uascale:client`.
     pub application_uri: String,
+    /// Whether a lost connection is opened again in the background (new
+    /// channel, ActivateSession of the same session, else a new session
+    /// that takes the subscriptions over). Default true.
+    pub reconnect: bool,
+    /// The waits between reconnect attempts and between [`Client::open`]
+    /// attempts (SCALABILITY.md §7); each client draws its own jitter.
+    pub backoff: Backoff,
+    /// Attempts in all of [`Client::open`]. Default 5.
+    pub connect_attempts: u32,
+    /// A gate shared by many clients that limits how many connect at once
+    /// (initial connects, session creation and reconnects). Default none.
+    pub connect_gate: Option<ConnectGate>,
+    /// Publish requests kept outstanding per client while it has
+    /// subscriptions (at most one more than it has subscriptions). Default 2.
+    pub publish_requests: usize,
 }
 
 /// The secure channel a client asks for.
@@ -105,26 +128,86 @@ impl Default for ClientOptions {
             security: SecurityOptions::default(),
             identity: UserIdentity::Anonymous,
             application_uri: "urn:uascale:client".into(),
+            reconnect: true,
+            backoff: Backoff::default(),
+            connect_attempts: 5,
+            connect_gate: None,
+            publish_requests: 2,
         }
     }
 }
 
 type Reply = oneshot::Sender<Result<Vec<u8>, ClientError>>;
 
-enum Command {
+/// What the client sends its connection task.
+pub(crate) enum Command {
     Request { message: Vec<u8>, reply: Reply },
     Close { done: oneshot::Sender<()> },
 }
 
-/// A connection to one server, with at most one session.
+/// The sending side of one connection task.
+pub(crate) type Link = mpsc::UnboundedSender<Command>;
+
+/// Where the client's connection is.
+#[derive(Debug, Clone)]
+pub(crate) enum LinkState {
+    /// Opening the first channel.
+    Connecting,
+    /// A channel is open; requests go out.
+    Connected,
+    /// The channel was lost; a new one is being opened (requests wait).
+    Reconnecting,
+    /// Closed for good, with the reason.
+    Closed(ClientError),
+}
+
+/// The session as the client knows it: enough to activate it again on a
+/// new channel.
+#[derive(Debug, Default)]
+pub(crate) struct SessionState {
+    /// The authentication token; null without a session.
+    pub auth: NodeId,
+    /// The session's name.
+    pub name: String,
+    /// The last server nonce (CreateSession or ActivateSession response).
+    pub server_nonce: Vec<u8>,
+    /// The server's certificate as CreateSession sent it (for the
+    /// identity token's encryption and signature).
+    pub server_certificate: Vec<u8>,
+    /// The token policies the server offered for our identity kinds.
+    pub token_policies: Vec<t::UserTokenPolicy>,
+}
+
+/// The state a [`Client`] shares with its connection, reconnect and
+/// publish tasks.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub link: Mutex<Option<(u64, Link)>>,
+    pub generation: AtomicU64,
+    pub state: watch::Sender<LinkState>,
+    pub closing: AtomicBool,
+    pub endpoint_url: String,
+    pub session: Mutex<SessionState>,
+    pub next_handle: AtomicU32,
+    pub options: ClientOptions,
+    pub security: ClientSecurity,
+    pub subscriptions: Mutex<subscription::Registry>,
+}
+
+/// A connection to one server, with at most one session. With
+/// [`ClientOptions::reconnect`] set (the default), a lost connection is
+/// opened again in the background and the session activated on it (or a
+/// new session takes over the subscriptions); requests made meanwhile wait
+/// for it, up to their timeout.
 #[derive(Debug)]
 pub struct Client {
-    commands: mpsc::UnboundedSender<Command>,
-    endpoint_url: String,
-    auth: Mutex<NodeId>,
-    next_handle: AtomicU32,
-    options: ClientOptions,
-    security: ClientSecurity,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.shared.shut_down(ClientError::Closed);
+    }
 }
 
 /// Splits `opc.tcp://host:port[/path]` into host and port.
@@ -166,13 +249,103 @@ pub fn retry_after_ms(header: &ResponseHeader) -> Option<u64> {
     })
 }
 
+/// What [`Client::open`] went through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectReport {
+    /// Attempts that failed and were retried.
+    pub retries: u32,
+    /// Of those, the ones the server refused as busy (§7 busy signals).
+    pub busy_answers: u32,
+}
+
 impl Client {
     /// Connects and opens a secure channel with `options.security`. For a
     /// secured policy without a known server certificate, the endpoints are
     /// fetched over an unsecured channel first (Part 4 allows GetEndpoints
     /// there) and the one matching policy and mode gives the certificate,
-    /// which `options.security.trust` must accept.
+    /// which `options.security.trust` must accept. With a
+    /// [`ConnectGate`] in the options, this waits for its turn first.
     pub async fn connect(url: &str, options: ClientOptions) -> Result<Client, ClientError> {
+        let _turn = match &options.connect_gate {
+            Some(gate) => Some(gate.enter().await),
+            None => None,
+        };
+        Self::connect_ungated(url, options).await
+    }
+
+    /// Connects, creates and activates a session named `name`, retrying
+    /// failed attempts with the backoff of SCALABILITY.md §7 (busy signals
+    /// wait four times longer, the server's retry-after hint is a lower
+    /// bound) up to `options.connect_attempts` attempts in all. Each attempt
+    /// holds a turn of the options' [`ConnectGate`] (if any) from TCP
+    /// connect to ActivateSession; the waits between attempts hold none.
+    /// `report` counts the retries and busy answers.
+    pub async fn open(
+        url: &str,
+        options: ClientOptions,
+        name: &str,
+        report: &mut ConnectReport,
+    ) -> Result<Client, ClientError> {
+        let mut backoff = options.backoff.clone();
+        loop {
+            let attempt = async {
+                let _turn = match &options.connect_gate {
+                    Some(gate) => Some(gate.enter().await),
+                    None => None,
+                };
+                let client = Self::connect_ungated(url, options.clone()).await?;
+                client.create_session_ungated(name).await?;
+                Ok::<_, ClientError>(client)
+            };
+            let failure = match attempt.await {
+                Ok(client) => return Ok(client),
+                Err(e) => e,
+            };
+            let permanent = matches!(
+                failure,
+                ClientError::BadUrl(_)
+                    | ClientError::Security { .. }
+                    | ClientError::EndpointNotFound { .. }
+            );
+            if permanent || backoff.attempts() + 1 >= options.connect_attempts.max(1) {
+                return Err(failure);
+            }
+            report.retries += 1;
+            if crate::backoff::is_busy_signal(failure.status_code()) {
+                report.busy_answers += 1;
+            }
+            let wait = backoff.next_delay(failure.status_code(), failure.retry_after_ms());
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    async fn connect_ungated(url: &str, options: ClientOptions) -> Result<Client, ClientError> {
+        let security = Self::channel_security(url, &options).await?;
+        let (state, _) = watch::channel(LinkState::Connecting);
+        let shared = Arc::new(Shared {
+            link: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            state,
+            closing: AtomicBool::new(false),
+            endpoint_url: url.to_owned(),
+            session: Mutex::new(SessionState::default()),
+            next_handle: AtomicU32::new(1),
+            options,
+            security,
+            subscriptions: Mutex::new(Default::default()),
+        });
+        let client = Client { shared };
+        let (generation, link) = client.shared.open_link().await?;
+        client.shared.install(generation, link);
+        Ok(client)
+    }
+
+    /// The channel security of `options`, asking the server for its
+    /// certificate first when it is not given.
+    async fn channel_security(
+        url: &str,
+        options: &ClientOptions,
+    ) -> Result<ClientSecurity, ClientError> {
         let sec = &options.security;
         let config_error = |what: &str| ClientError::Security {
             status: StatusCode::BadConfigurationError,
@@ -182,7 +355,7 @@ impl Client {
             if sec.mode != t::MessageSecurityMode::None {
                 return Err(config_error("SecurityPolicy None goes only with mode None"));
             }
-            return Self::connect_with(url, options, ClientSecurity::none()).await;
+            return Ok(ClientSecurity::none());
         }
         let identity = sec
             .certificate
@@ -192,7 +365,7 @@ impl Client {
         let server_der = match &sec.server_certificate {
             Some(der) => der.clone(),
             None => {
-                let endpoint = Self::find_endpoint(url, &options).await?;
+                let endpoint = Self::find_endpoint(url, options).await?;
                 endpoint
                     .server_certificate
                     .as_bytes()
@@ -201,14 +374,12 @@ impl Client {
             }
         };
         let cert = sec.trust.check(&server_der, policy)?;
-        let security =
-            ClientSecurity::new(policy, mode, identity, Arc::new(cert)).map_err(|e| {
-                ClientError::Security {
-                    status: e.status_code(),
-                    reason: e.to_string(),
-                }
-            })?;
-        Self::connect_with(url, options, security).await
+        ClientSecurity::new(policy, mode, identity, Arc::new(cert)).map_err(|e| {
+            ClientError::Security {
+                status: e.status_code(),
+                reason: e.to_string(),
+            }
+        })
     }
 
     /// The endpoint of `options.security`'s policy and mode, asked for over
@@ -219,7 +390,8 @@ impl Client {
     ) -> Result<t::EndpointDescription, ClientError> {
         let mut plain = options.clone();
         plain.security = SecurityOptions::default();
-        let client = Self::connect_with(url, plain, ClientSecurity::none()).await?;
+        plain.reconnect = false;
+        let client = Box::pin(Self::connect_ungated(url, plain)).await?;
         let endpoints = client.get_endpoints().await;
         client.close().await;
         let endpoints = endpoints?;
@@ -244,96 +416,52 @@ impl Client {
             })
     }
 
-    async fn connect_with(
-        url: &str,
-        options: ClientOptions,
-        security: ClientSecurity,
-    ) -> Result<Client, ClientError> {
-        let (host, port) = parse_url(url)?;
-        let deadline = options.connect_timeout;
-        let stream = tokio::time::timeout(deadline, open_tcp(&host, port, options.local_addr))
-            .await
-            .map_err(|_| ClientError::Timeout)?
-            .map_err(|e| ClientError::Io(format!("{host}:{port}: {e}")))?;
-        let _ = stream.set_nodelay(true);
-        let mut config = options.channel.clone();
-        config.endpoint_url = url.to_owned();
-        config.handshake_timeout = deadline;
-        config.security = security.clone();
-        let conn = ClientConnection::new(now(), Arc::new(config));
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (opened_tx, opened_rx) = oneshot::channel();
-        tokio::spawn(drive(stream, conn, rx, opened_tx));
-        match opened_rx.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(ClientError::Closed),
-        }
-        Ok(Client {
-            commands: tx,
-            endpoint_url: url.to_owned(),
-            auth: Mutex::new(NodeId::NULL),
-            next_handle: AtomicU32::new(1),
-            options,
-            security,
-        })
-    }
-
     /// The channel's security (policy, mode, certificates).
     pub fn security(&self) -> &ClientSecurity {
-        &self.security
+        &self.shared.security
     }
 
     /// The endpoint URL it connected to.
     pub fn endpoint_url(&self) -> &str {
-        &self.endpoint_url
+        &self.shared.endpoint_url
+    }
+
+    /// Whether a channel is open now (false while reconnecting and after
+    /// close).
+    pub fn is_connected(&self) -> bool {
+        matches!(*self.shared.state.borrow(), LinkState::Connected)
+    }
+
+    /// How many channels this client has opened (1 + reconnects).
+    pub fn channels_opened(&self) -> u64 {
+        self.shared.generation.load(Ordering::Relaxed)
+    }
+
+    /// Waits until a channel is open (for instance after a reconnect), at
+    /// most `timeout`; false if it is not by then or the client is closed.
+    pub async fn wait_connected(&self, timeout: Duration) -> bool {
+        let mut rx = self.shared.state.subscribe();
+        let ready = async {
+            rx.wait_for(|s| matches!(s, LinkState::Connected | LinkState::Closed(_)))
+                .await
+                .map(|s| matches!(*s, LinkState::Connected))
+                .unwrap_or(false)
+        };
+        tokio::time::timeout(timeout, ready).await.unwrap_or(false)
     }
 
     /// A request header with the session's token and a fresh handle.
     pub fn request_header(&self) -> t::RequestHeader {
-        let auth = self.auth.lock().map(|a| a.clone()).unwrap_or(NodeId::NULL);
-        t::RequestHeader {
-            authentication_token: auth,
-            timestamp: DateTime::from_system_time(SystemTime::now()),
-            request_handle: self.next_handle.fetch_add(1, Ordering::Relaxed),
-            timeout_hint: u32::try_from(self.options.request_timeout.as_millis())
-                .unwrap_or(u32::MAX),
-            ..Default::default()
-        }
+        self.shared.request_header()
     }
 
     /// Sends any request and waits for its response of type `R`. A
     /// ServiceFault or a Bad serviceResult is [`ClientError::Service`] with
     /// the server's retry-after hint.
     pub async fn request<R: DynStructure>(&self, req: &dyn DynStructure) -> Result<R, ClientError> {
-        let mut message = Vec::with_capacity(128);
-        encode_message(req, &mut message);
-        let (reply, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Request { message, reply })
-            .map_err(|_| ClientError::Closed)?;
-        let body = tokio::time::timeout(self.options.request_timeout, rx)
+        self.shared
+            .request(req, None, self.shared.options.request_timeout)
             .await
-            .map_err(|_| ClientError::Timeout)?
-            .map_err(|_| ClientError::Closed)??;
-        let limits = &self.options.decode;
-        // The ResponseHeader first: a fault is answered by its status.
-        let mut r = Reader::new(&body, limits).map_err(ClientError::decode)?;
-        NodeId::decode(&mut r).map_err(ClientError::decode)?;
-        let header = ResponseHeader::decode(&mut r).map_err(ClientError::decode)?;
-        if header.service_result.is_bad() {
-            return Err(ClientError::Service {
-                status: header.service_result,
-                retry_after_ms: retry_after_ms(&header),
-            });
-        }
-        let mut r = Reader::new(&body, limits).map_err(ClientError::decode)?;
-        let m = t::decode_message(&mut r).map_err(ClientError::decode)?;
-        let name = m.type_name().to_owned();
-        m.into_any()
-            .downcast::<R>()
-            .map(|b| *b)
-            .map_err(|_| ClientError::Decode(format!("unexpected response {name}")))
     }
 
     /// GetEndpoints of the server.
@@ -341,7 +469,7 @@ impl Client {
         let resp: t::GetEndpointsResponse = self
             .request(&t::GetEndpointsRequest {
                 request_header: self.request_header(),
-                endpoint_url: UaString::from(self.endpoint_url.as_str()),
+                endpoint_url: UaString::from(self.shared.endpoint_url.as_str()),
                 ..Default::default()
             })
             .await?;
@@ -351,193 +479,25 @@ impl Client {
     /// Creates and activates a session as `options.identity`. On a secured
     /// channel it sends our certificate and a nonce, checks the server's
     /// signature over them, and proves our key with the ClientSignature.
+    /// With a [`ConnectGate`] in the options, this waits for its turn first.
     pub async fn create_session(
         &self,
         name: &str,
     ) -> Result<t::CreateSessionResponse, ClientError> {
-        let policy = self.security.policy();
-        let nonce =
-            SecurityPolicy::Basic256Sha256
-                .random_nonce()
-                .map_err(|e| ClientError::Security {
-                    status: e.status_code(),
-                    reason: "no random nonce".into(),
-                })?;
-        let own_der = self
-            .security
-            .identity()
-            .map(|i| i.certificate().der().to_vec());
-        let created: t::CreateSessionResponse = self
-            .request(&t::CreateSessionRequest {
-                request_header: self.request_header(),
-                client_description: t::ApplicationDescription {
-                    application_uri: UaString::from(self.options.application_uri.as_str()),
-                    product_uri: UaString::from("urn:uascale"),
-                    application_name: t::LocalizedText::new("", "uascale client"),
-                    application_type: t::ApplicationType::Client,
-                    ..Default::default()
-                },
-                endpoint_url: UaString::from(self.endpoint_url.as_str()),
-                session_name: UaString::from(name),
-                client_nonce: t::ByteString::new(nonce.clone()),
-                client_certificate: own_der
-                    .clone()
-                    .map_or_else(t::ByteString::null, t::ByteString::new),
-                requested_session_timeout: self.options.session_timeout.as_millis() as f64,
-                max_response_message_size: self.options.channel.max_message_size,
-                ..Default::default()
-            })
-            .await?;
-        let mut client_signature = t::SignatureData::default();
-        if let (Some(identity), Some(server_cert), Some(server_key), Some(own)) = (
-            self.security.identity(),
-            self.security.server_certificate(),
-            self.security.server_key(),
-            &own_der,
-        ) {
-            let sent = created.server_certificate.as_bytes().unwrap_or_default();
-            if leaf_certificate(sent).ok() != Some(server_cert.der()) {
-                return Err(ClientError::Security {
-                    status: StatusCode::BadCertificateInvalid,
-                    reason: "CreateSession names another server certificate than the channel's"
-                        .into(),
-                });
-            }
-            security::verify(server_key, policy, own, &nonce, &created.server_signature)?;
-            client_signature = security::sign(
-                identity.private_key(),
-                policy,
-                server_cert.der(),
-                created.server_nonce.as_bytes().unwrap_or_default(),
-            )?;
-        }
-        if let Ok(mut a) = self.auth.lock() {
-            *a = created.authentication_token.clone();
-        }
-        let (token, user_token_signature) = self.identity_token(&created)?;
-        let _: t::ActivateSessionResponse = self
-            .request(&t::ActivateSessionRequest {
-                request_header: self.request_header(),
-                client_signature,
-                locale_ids: Some(vec![UaString::from("en")]),
-                user_identity_token: token,
-                user_token_signature,
-                ..Default::default()
-            })
-            .await?;
+        let _turn = match &self.shared.options.connect_gate {
+            Some(gate) => Some(gate.enter().await),
+            None => None,
+        };
+        self.create_session_ungated(name).await
+    }
+
+    async fn create_session_ungated(
+        &self,
+        name: &str,
+    ) -> Result<t::CreateSessionResponse, ClientError> {
+        let created = self.shared.create_session(None, name).await?;
+        self.shared.activate(None).await?;
         Ok(created)
-    }
-
-    /// The UserTokenPolicy of `kind` the server offers on our endpoint
-    /// (falling back to any endpoint of our policy, then any endpoint).
-    fn token_policy(
-        &self,
-        created: &t::CreateSessionResponse,
-        kind: t::UserTokenType,
-    ) -> Option<t::UserTokenPolicy> {
-        let endpoints = created.server_endpoints.as_deref().unwrap_or_default();
-        let uri = self.security.policy().uri();
-        let mode = self.security.mode();
-        let exact = |e: &&t::EndpointDescription| {
-            e.security_policy_uri.as_str() == Some(uri) && e.security_mode == mode
-        };
-        let same_policy = |e: &&t::EndpointDescription| e.security_policy_uri.as_str() == Some(uri);
-        let find = |filter: &dyn Fn(&&t::EndpointDescription) -> bool| {
-            endpoints
-                .iter()
-                .filter(filter)
-                .flat_map(|e| e.user_identity_tokens.iter().flatten())
-                .find(|p| p.token_type == kind)
-                .cloned()
-        };
-        find(&exact)
-            .or_else(|| find(&same_policy))
-            .or_else(|| find(&|_| true))
-    }
-
-    /// The identity token of `options.identity` and its signature.
-    fn identity_token(
-        &self,
-        created: &t::CreateSessionResponse,
-    ) -> Result<(t::ExtensionObject, t::SignatureData), ClientError> {
-        let server_nonce = created.server_nonce.as_bytes().unwrap_or_default();
-        let not_offered = |what: &str| ClientError::Security {
-            status: StatusCode::BadIdentityTokenRejected,
-            reason: format!("the server offers no {what} token on this endpoint"),
-        };
-        // The token's policy: its own securityPolicyUri, or the channel's.
-        let token_security = |p: &t::UserTokenPolicy| match p.security_policy_uri.as_str() {
-            None | Some("") => Ok(self.security.policy()),
-            Some(uri) => SecurityPolicy::from_uri(uri).ok_or_else(|| ClientError::Security {
-                status: StatusCode::BadSecurityPolicyRejected,
-                reason: format!("user token policy {uri} is not supported"),
-            }),
-        };
-        let server_cert_der = || {
-            let sent = created.server_certificate.as_bytes().unwrap_or_default();
-            leaf_certificate(sent).map_err(|_| ClientError::Security {
-                status: StatusCode::BadCertificateInvalid,
-                reason: "the server sent no usable certificate in CreateSession".into(),
-            })
-        };
-        match &self.options.identity {
-            UserIdentity::Anonymous => {
-                let policy_id = self
-                    .token_policy(created, t::UserTokenType::Anonymous)
-                    .map(|p| p.policy_id)
-                    .unwrap_or_else(|| UaString::from("anonymous"));
-                Ok((
-                    t::ExtensionObject::new(t::AnonymousIdentityToken { policy_id }),
-                    t::SignatureData::default(),
-                ))
-            }
-            UserIdentity::UserName { user, password } => {
-                let p = self
-                    .token_policy(created, t::UserTokenType::UserName)
-                    .ok_or_else(|| not_offered("user name"))?;
-                let policy = token_security(&p)?;
-                let (data, algorithm) = if policy.is_none() {
-                    security::encrypt_secret_plain(password.as_bytes())
-                } else {
-                    let cert = Certificate::from_der(server_cert_der()?).map_err(|e| {
-                        ClientError::Security {
-                            status: e.status_code(),
-                            reason: "server certificate does not parse".into(),
-                        }
-                    })?;
-                    let key = RsaPublicKey::from_spki_der(cert.subject_public_key_info_der())
-                        .map_err(|e| ClientError::Security {
-                            status: e.status_code(),
-                            reason: "server certificate key is not RSA".into(),
-                        })?;
-                    security::encrypt_secret(&key, policy, password.as_bytes(), server_nonce)?
-                };
-                Ok((
-                    t::ExtensionObject::new(t::UserNameIdentityToken {
-                        policy_id: p.policy_id,
-                        user_name: UaString::from(user.as_str()),
-                        password: t::ByteString::new(data),
-                        encryption_algorithm: algorithm.map_or_else(UaString::null, UaString::from),
-                    }),
-                    t::SignatureData::default(),
-                ))
-            }
-            UserIdentity::X509(user) => {
-                let p = self
-                    .token_policy(created, t::UserTokenType::Certificate)
-                    .ok_or_else(|| not_offered("X.509"))?;
-                let policy = token_security(&p)?;
-                let signature =
-                    security::sign(user.private_key(), policy, server_cert_der()?, server_nonce)?;
-                Ok((
-                    t::ExtensionObject::new(t::X509IdentityToken {
-                        policy_id: p.policy_id,
-                        certificate_data: t::ByteString::new(user.certificate().der().to_vec()),
-                    }),
-                    signature,
-                ))
-            }
-        }
     }
 
     /// Read of any attributes.
@@ -660,23 +620,460 @@ impl Client {
         Ok(resp.results.unwrap_or_default())
     }
 
-    /// Closes the session (if any) and the channel.
+    /// Closes the session (if any, deleting its subscriptions) and the
+    /// channel; no reconnect follows.
     pub async fn close(&self) {
-        let has_session = self.auth.lock().map(|a| !a.is_null()).unwrap_or(false);
-        if has_session {
+        let has_session = self
+            .shared
+            .session
+            .lock()
+            .map(|s| !s.auth.is_null())
+            .unwrap_or(false);
+        if has_session && self.is_connected() {
             let _: Result<t::CloseSessionResponse, _> = self
                 .request(&t::CloseSessionRequest {
                     request_header: self.request_header(),
                     delete_subscriptions: true,
                 })
                 .await;
-            if let Ok(mut a) = self.auth.lock() {
-                *a = NodeId::NULL;
+        }
+        if let Ok(mut s) = self.shared.session.lock() {
+            s.auth = NodeId::NULL;
+        }
+        self.shared.closing.store(true, Ordering::SeqCst);
+        let link = self.shared.link.lock().ok().and_then(|mut l| l.take());
+        if let Some((_, link)) = link {
+            let (done, rx) = oneshot::channel();
+            if link.send(Command::Close { done }).is_ok() {
+                let _ = tokio::time::timeout(Duration::from_secs(5), rx).await;
             }
         }
-        let (done, rx) = oneshot::channel();
-        if self.commands.send(Command::Close { done }).is_ok() {
-            let _ = tokio::time::timeout(Duration::from_secs(5), rx).await;
+        self.shared.shut_down(ClientError::Closed);
+    }
+}
+
+impl Shared {
+    /// Opens a new connection and channel (not yet the client's link).
+    pub(crate) async fn open_link(self: &Arc<Self>) -> Result<(u64, Link), ClientError> {
+        let url = &self.endpoint_url;
+        let options = &self.options;
+        let (host, port) = parse_url(url)?;
+        let deadline = options.connect_timeout;
+        let stream = tokio::time::timeout(deadline, open_tcp(&host, port, options.local_addr))
+            .await
+            .map_err(|_| ClientError::Timeout)?
+            .map_err(|e| ClientError::Io(format!("{host}:{port}: {e}")))?;
+        let _ = stream.set_nodelay(true);
+        let mut config = options.channel.clone();
+        config.endpoint_url = url.to_owned();
+        config.handshake_timeout = deadline;
+        config.security = self.security.clone();
+        let conn = ClientConnection::new(now(), Arc::new(config));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (opened_tx, opened_rx) = oneshot::channel();
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let failure = drive(stream, conn, rx, opened_tx).await;
+            if let Some(shared) = weak.upgrade() {
+                shared.link_lost(generation, failure);
+            }
+        });
+        match opened_rx.await {
+            Ok(Ok(())) => Ok((generation, tx)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ClientError::Closed),
+        }
+    }
+
+    /// Makes `link` the one requests go to.
+    pub(crate) fn install(&self, generation: u64, link: Link) {
+        if self.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Ok(mut l) = self.link.lock() {
+            *l = Some((generation, link));
+        }
+        self.state.send_replace(LinkState::Connected);
+    }
+
+    /// The connection task of `generation` ended with `failure`.
+    fn link_lost(self: Arc<Self>, generation: u64, failure: ClientError) {
+        let current = match self.link.lock() {
+            Ok(mut l) if l.as_ref().is_some_and(|(g, _)| *g == generation) => l.take(),
+            _ => None,
+        };
+        if current.is_none() || self.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        if !self.options.reconnect {
+            self.shut_down(failure);
+            return;
+        }
+        tracing::debug!(error = %failure, "connection lost; reconnecting");
+        self.state.send_replace(LinkState::Reconnecting);
+        tokio::spawn(reconnect::run(self, failure));
+    }
+
+    /// Closed for good: requests fail with `reason`, subscription streams
+    /// end.
+    pub(crate) fn shut_down(&self, reason: ClientError) {
+        self.closing.store(true, Ordering::SeqCst);
+        if let Ok(mut l) = self.link.lock() {
+            // Dropping the sender ends the connection task, which closes
+            // the channel.
+            l.take();
+        }
+        self.state.send_replace(LinkState::Closed(reason.clone()));
+        subscription::end_all(self, reason.status_code());
+    }
+
+    /// A request header with the session's token and a fresh handle.
+    pub(crate) fn request_header(&self) -> t::RequestHeader {
+        let auth = self
+            .session
+            .lock()
+            .map(|s| s.auth.clone())
+            .unwrap_or(NodeId::NULL);
+        t::RequestHeader {
+            authentication_token: auth,
+            timestamp: DateTime::from_system_time(SystemTime::now()),
+            request_handle: self.next_handle.fetch_add(1, Ordering::Relaxed),
+            timeout_hint: u32::try_from(self.options.request_timeout.as_millis())
+                .unwrap_or(u32::MAX),
+            ..Default::default()
+        }
+    }
+
+    /// Sends an encoded request on `via` (or the client's link, waiting
+    /// for one while reconnecting) and waits for the response body.
+    pub(crate) async fn exchange(
+        &self,
+        mut message: Vec<u8>,
+        via: Option<&Link>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, ClientError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut states = self.state.subscribe();
+        loop {
+            let target = match via {
+                Some(link) => Some(link.clone()),
+                None => match states.borrow_and_update().clone() {
+                    LinkState::Closed(e) => return Err(e),
+                    LinkState::Connected => self
+                        .link
+                        .lock()
+                        .ok()
+                        .and_then(|l| l.as_ref().map(|(_, l)| l.clone())),
+                    LinkState::Connecting | LinkState::Reconnecting => None,
+                },
+            };
+            let (reply, rx) = oneshot::channel();
+            let command = Command::Request { message, reply };
+            let unsent = match target {
+                Some(link) => match link.send(command) {
+                    Ok(()) => {
+                        return match tokio::time::timeout_at(deadline, rx).await {
+                            Err(_) => Err(ClientError::Timeout),
+                            Ok(Err(_)) => Err(ClientError::Closed),
+                            Ok(Ok(result)) => result,
+                        };
+                    }
+                    Err(mpsc::error::SendError(command)) => command,
+                },
+                None => command,
+            };
+            let Command::Request { message: m, .. } = unsent else {
+                return Err(ClientError::Closed);
+            };
+            if via.is_some() {
+                return Err(ClientError::Closed);
+            }
+            message = m;
+            // No channel now: wait for the state to change (a reconnect, or
+            // the end).
+            match tokio::time::timeout_at(deadline, states.changed()).await {
+                Err(_) => return Err(ClientError::Timeout),
+                Ok(Err(_)) => return Err(ClientError::Closed),
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+
+    /// Sends `req` (on `via` or the client's link) and decodes the response
+    /// as `R`; a Bad serviceResult is [`ClientError::Service`].
+    pub(crate) async fn request<R: DynStructure>(
+        &self,
+        req: &dyn DynStructure,
+        via: Option<&Link>,
+        timeout: Duration,
+    ) -> Result<R, ClientError> {
+        let mut message = Vec::with_capacity(128);
+        encode_message(req, &mut message);
+        let body = self.exchange(message, via, timeout).await?;
+        let limits = &self.options.decode;
+        // The ResponseHeader first: a fault is answered by its status.
+        let mut r = Reader::new(&body, limits).map_err(ClientError::decode)?;
+        NodeId::decode(&mut r).map_err(ClientError::decode)?;
+        let header = ResponseHeader::decode(&mut r).map_err(ClientError::decode)?;
+        if header.service_result.is_bad() {
+            return Err(ClientError::Service {
+                status: header.service_result,
+                retry_after_ms: retry_after_ms(&header),
+            });
+        }
+        let mut r = Reader::new(&body, limits).map_err(ClientError::decode)?;
+        let m = t::decode_message(&mut r).map_err(ClientError::decode)?;
+        let name = m.type_name().to_owned();
+        m.into_any()
+            .downcast::<R>()
+            .map(|b| *b)
+            .map_err(|_| ClientError::Decode(format!("unexpected response {name}")))
+    }
+
+    /// CreateSession (on `via` or the client's link): checks the server's
+    /// signature and keeps what activating needs.
+    pub(crate) async fn create_session(
+        &self,
+        via: Option<&Link>,
+        name: &str,
+    ) -> Result<t::CreateSessionResponse, ClientError> {
+        let nonce =
+            SecurityPolicy::Basic256Sha256
+                .random_nonce()
+                .map_err(|e| ClientError::Security {
+                    status: e.status_code(),
+                    reason: "no random nonce".into(),
+                })?;
+        let own_der = self
+            .security
+            .identity()
+            .map(|i| i.certificate().der().to_vec());
+        let mut header = self.request_header();
+        header.authentication_token = NodeId::NULL;
+        let created: t::CreateSessionResponse = self
+            .request(
+                &t::CreateSessionRequest {
+                    request_header: header,
+                    client_description: t::ApplicationDescription {
+                        application_uri: UaString::from(self.options.application_uri.as_str()),
+                        product_uri: UaString::from("urn:uascale"),
+                        application_name: t::LocalizedText::new("", "uascale client"),
+                        application_type: t::ApplicationType::Client,
+                        ..Default::default()
+                    },
+                    endpoint_url: UaString::from(self.endpoint_url.as_str()),
+                    session_name: UaString::from(name),
+                    client_nonce: t::ByteString::new(nonce.clone()),
+                    client_certificate: own_der
+                        .clone()
+                        .map_or_else(t::ByteString::null, t::ByteString::new),
+                    requested_session_timeout: self.options.session_timeout.as_millis() as f64,
+                    max_response_message_size: self.options.channel.max_message_size,
+                    ..Default::default()
+                },
+                via,
+                self.options.request_timeout,
+            )
+            .await?;
+        let sent_cert = created.server_certificate.as_bytes().unwrap_or_default();
+        if let (Some(server_cert), Some(server_key), Some(own)) = (
+            self.security.server_certificate(),
+            self.security.server_key(),
+            &own_der,
+        ) {
+            if leaf_certificate(sent_cert).ok() != Some(server_cert.der()) {
+                return Err(ClientError::Security {
+                    status: StatusCode::BadCertificateInvalid,
+                    reason: "CreateSession names another server certificate than the channel's"
+                        .into(),
+                });
+            }
+            security::verify(
+                server_key,
+                self.security.policy(),
+                own,
+                &nonce,
+                &created.server_signature,
+            )?;
+        }
+        let policies = self.token_policies(&created);
+        if let Ok(mut s) = self.session.lock() {
+            *s = SessionState {
+                auth: created.authentication_token.clone(),
+                name: name.to_owned(),
+                server_nonce: created.server_nonce.as_bytes().unwrap_or_default().to_vec(),
+                server_certificate: leaf_certificate(sent_cert).unwrap_or_default().to_vec(),
+                token_policies: policies,
+            };
+        }
+        Ok(created)
+    }
+
+    /// ActivateSession of the session we have (on `via` or the client's
+    /// link): a new channel's signature over the server certificate and
+    /// the last server nonce, and our identity token.
+    pub(crate) async fn activate(&self, via: Option<&Link>) -> Result<(), ClientError> {
+        let (server_nonce, server_cert, policies) = {
+            let s = self.session.lock().map_err(|_| ClientError::Closed)?;
+            (
+                s.server_nonce.clone(),
+                s.server_certificate.clone(),
+                s.token_policies.clone(),
+            )
+        };
+        let mut client_signature = t::SignatureData::default();
+        if let (Some(identity), Some(channel_cert)) =
+            (self.security.identity(), self.security.server_certificate())
+        {
+            client_signature = security::sign(
+                identity.private_key(),
+                self.security.policy(),
+                channel_cert.der(),
+                &server_nonce,
+            )?;
+        }
+        let (token, user_token_signature) =
+            self.identity_token(&policies, &server_nonce, &server_cert)?;
+        let activated: t::ActivateSessionResponse = self
+            .request(
+                &t::ActivateSessionRequest {
+                    request_header: self.request_header(),
+                    client_signature,
+                    locale_ids: Some(vec![UaString::from("en")]),
+                    user_identity_token: token,
+                    user_token_signature,
+                    ..Default::default()
+                },
+                via,
+                self.options.request_timeout,
+            )
+            .await?;
+        if let Ok(mut s) = self.session.lock() {
+            if let Some(n) = activated.server_nonce.as_bytes() {
+                s.server_nonce = n.to_vec();
+            }
+        }
+        Ok(())
+    }
+
+    /// The UserTokenPolicies the server offers for our policy and mode
+    /// (falling back to any endpoint of our policy, then any endpoint), one
+    /// per token type.
+    fn token_policies(&self, created: &t::CreateSessionResponse) -> Vec<t::UserTokenPolicy> {
+        let endpoints = created.server_endpoints.as_deref().unwrap_or_default();
+        let uri = self.security.policy().uri();
+        let mode = self.security.mode();
+        let exact = |e: &&t::EndpointDescription| {
+            e.security_policy_uri.as_str() == Some(uri) && e.security_mode == mode
+        };
+        let same_policy = |e: &&t::EndpointDescription| e.security_policy_uri.as_str() == Some(uri);
+        let find = |kind: t::UserTokenType, filter: &dyn Fn(&&t::EndpointDescription) -> bool| {
+            endpoints
+                .iter()
+                .filter(filter)
+                .flat_map(|e| e.user_identity_tokens.iter().flatten())
+                .find(|p| p.token_type == kind)
+                .cloned()
+        };
+        [
+            t::UserTokenType::Anonymous,
+            t::UserTokenType::UserName,
+            t::UserTokenType::Certificate,
+        ]
+        .into_iter()
+        .filter_map(|kind| {
+            find(kind, &exact)
+                .or_else(|| find(kind, &same_policy))
+                .or_else(|| find(kind, &|_| true))
+        })
+        .collect()
+    }
+
+    /// The identity token of `options.identity` and its signature.
+    fn identity_token(
+        &self,
+        policies: &[t::UserTokenPolicy],
+        server_nonce: &[u8],
+        server_cert_der: &[u8],
+    ) -> Result<(t::ExtensionObject, t::SignatureData), ClientError> {
+        let offered = |kind: t::UserTokenType| policies.iter().find(|p| p.token_type == kind);
+        let not_offered = |what: &str| ClientError::Security {
+            status: StatusCode::BadIdentityTokenRejected,
+            reason: format!("the server offers no {what} token on this endpoint"),
+        };
+        // The token's policy: its own securityPolicyUri, or the channel's.
+        let token_security = |p: &t::UserTokenPolicy| match p.security_policy_uri.as_str() {
+            None | Some("") => Ok(self.security.policy()),
+            Some(uri) => SecurityPolicy::from_uri(uri).ok_or_else(|| ClientError::Security {
+                status: StatusCode::BadSecurityPolicyRejected,
+                reason: format!("user token policy {uri} is not supported"),
+            }),
+        };
+        let server_cert = || {
+            if server_cert_der.is_empty() {
+                Err(ClientError::Security {
+                    status: StatusCode::BadCertificateInvalid,
+                    reason: "the server sent no usable certificate in CreateSession".into(),
+                })
+            } else {
+                Ok(server_cert_der)
+            }
+        };
+        match &self.options.identity {
+            UserIdentity::Anonymous => {
+                let policy_id = offered(t::UserTokenType::Anonymous)
+                    .map(|p| p.policy_id.clone())
+                    .unwrap_or_else(|| UaString::from("anonymous"));
+                Ok((
+                    t::ExtensionObject::new(t::AnonymousIdentityToken { policy_id }),
+                    t::SignatureData::default(),
+                ))
+            }
+            UserIdentity::UserName { user, password } => {
+                let p =
+                    offered(t::UserTokenType::UserName).ok_or_else(|| not_offered("user name"))?;
+                let policy = token_security(p)?;
+                let (data, algorithm) = if policy.is_none() {
+                    security::encrypt_secret_plain(password.as_bytes())
+                } else {
+                    let cert = Certificate::from_der(server_cert()?).map_err(|e| {
+                        ClientError::Security {
+                            status: e.status_code(),
+                            reason: "server certificate does not parse".into(),
+                        }
+                    })?;
+                    let key = RsaPublicKey::from_spki_der(cert.subject_public_key_info_der())
+                        .map_err(|e| ClientError::Security {
+                            status: e.status_code(),
+                            reason: "server certificate key is not RSA".into(),
+                        })?;
+                    security::encrypt_secret(&key, policy, password.as_bytes(), server_nonce)?
+                };
+                Ok((
+                    t::ExtensionObject::new(t::UserNameIdentityToken {
+                        policy_id: p.policy_id.clone(),
+                        user_name: UaString::from(user.as_str()),
+                        password: t::ByteString::new(data),
+                        encryption_algorithm: algorithm.map_or_else(UaString::null, UaString::from),
+                    }),
+                    t::SignatureData::default(),
+                ))
+            }
+            UserIdentity::X509(user) => {
+                let p =
+                    offered(t::UserTokenType::Certificate).ok_or_else(|| not_offered("X.509"))?;
+                let policy = token_security(p)?;
+                let signature =
+                    security::sign(user.private_key(), policy, server_cert()?, server_nonce)?;
+                Ok((
+                    t::ExtensionObject::new(t::X509IdentityToken {
+                        policy_id: p.policy_id.clone(),
+                        certificate_data: t::ByteString::new(user.certificate().der().to_vec()),
+                    }),
+                    signature,
+                ))
+            }
         }
     }
 }
@@ -720,7 +1117,7 @@ async fn drive(
     mut conn: ClientConnection,
     mut commands: mpsc::UnboundedReceiver<Command>,
     opened: oneshot::Sender<Result<(), ClientError>>,
-) {
+) -> ClientError {
     let (mut rd, mut wr) = stream.into_split();
     let mut opened = Some(opened);
     let mut pending: HashMap<u32, Reply> = HashMap::new();
@@ -831,6 +1228,7 @@ async fn drive(
         let _ = done.send(());
     }
     tracing::debug!(error = %failure, "client connection ended");
+    failure
 }
 
 async fn sleep_until(due: Option<Instant>) {

@@ -1,0 +1,703 @@
+//! Subscriptions on the wire: [`Client::subscribe`], the [`Subscription`]
+//! handle with its stream of [`SubscriptionEvent`]s, and the one publish
+//! loop per client that keeps Publish requests outstanding, acknowledges
+//! what arrived, Republishes what was missed and routes each
+//! NotificationMessage to its subscription's stream.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use uascale_types as t;
+use uascale_types::StatusCode;
+
+use crate::error::ClientError;
+use crate::subscription::{
+    notifications, Arrival, MonitorItem, Notification, Restore, Revised, SequenceTracker,
+    SubscriptionEvent, SubscriptionSettings,
+};
+
+use super::{Client, Link, LinkState, Shared};
+
+/// One subscription as the client keeps it: enough to route its messages
+/// and to create it again.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    server_id: u32,
+    settings: SubscriptionSettings,
+    revised: Revised,
+    /// Client handle -> (what was asked, the server's item id).
+    items: BTreeMap<u32, (MonitorItem, u32)>,
+    events: mpsc::UnboundedSender<SubscriptionEvent>,
+    tracker: SequenceTracker,
+    /// After a reconnect: acknowledge the server's available sequence
+    /// numbers we had already received (their acknowledgements may have
+    /// been lost with the connection).
+    resync: bool,
+}
+
+/// The client's subscriptions.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    next_key: u64,
+    next_client_handle: u32,
+    entries: HashMap<u64, Entry>,
+    publishing: bool,
+}
+
+impl Registry {
+    fn by_server_id(&mut self, id: u32) -> Option<&mut Entry> {
+        self.entries.values_mut().find(|e| e.server_id == id)
+    }
+}
+
+/// A subscription: its server id, what the server granted, its monitored
+/// items, and the stream of what it delivers ([`Subscription::recv`]).
+/// Dropping it deletes it on the server.
+#[derive(Debug)]
+pub struct Subscription {
+    shared: Arc<Shared>,
+    key: u64,
+    events: mpsc::UnboundedReceiver<SubscriptionEvent>,
+    deleted: bool,
+}
+
+/// A monitored item as created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MonitoredItem {
+    /// The client handle its notifications carry.
+    pub client_handle: u32,
+    /// The server's answer (status, item id, revised sampling and queue).
+    pub result: t::MonitoredItemCreateResult,
+}
+
+impl Client {
+    /// Creates a subscription; its notifications arrive on the returned
+    /// handle once items are added with [`Subscription::monitor`]. The
+    /// client keeps Publish requests outstanding while it has
+    /// subscriptions.
+    pub async fn subscribe(
+        &self,
+        settings: SubscriptionSettings,
+    ) -> Result<Subscription, ClientError> {
+        let created: t::CreateSubscriptionResponse = self
+            .request(&settings.request(self.request_header()))
+            .await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let key = {
+            let mut reg = self
+                .shared
+                .subscriptions
+                .lock()
+                .map_err(|_| ClientError::Closed)?;
+            reg.next_key += 1;
+            let key = reg.next_key;
+            reg.entries.insert(
+                key,
+                Entry {
+                    server_id: created.subscription_id,
+                    revised: Revised::from_response(&created),
+                    settings,
+                    items: BTreeMap::new(),
+                    events: tx,
+                    tracker: SequenceTracker::default(),
+                    resync: false,
+                },
+            );
+            key
+        };
+        start_publishing(&self.shared);
+        Ok(Subscription {
+            shared: Arc::clone(&self.shared),
+            key,
+            events: rx,
+            deleted: false,
+        })
+    }
+}
+
+impl Subscription {
+    fn with<R>(&self, f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
+        let mut reg = self.shared.subscriptions.lock().ok()?;
+        reg.entries.get_mut(&self.key).map(f)
+    }
+
+    /// The server's id for it now (it changes when the subscription had to
+    /// be created again after a reconnect); 0 once it is gone.
+    pub fn id(&self) -> u32 {
+        self.with(|e| e.server_id).unwrap_or(0)
+    }
+
+    /// What the server granted; `None` once it is gone.
+    pub fn revised(&self) -> Option<Revised> {
+        self.with(|e| e.revised)
+    }
+
+    /// Adds monitored items; each gets a client handle (returned with the
+    /// server's result). Items the server refused are not kept.
+    pub async fn monitor(
+        &self,
+        items: Vec<MonitorItem>,
+    ) -> Result<Vec<MonitoredItem>, ClientError> {
+        let (id, handles) = {
+            let mut reg = self
+                .shared
+                .subscriptions
+                .lock()
+                .map_err(|_| ClientError::Closed)?;
+            let first = reg.next_client_handle;
+            reg.next_client_handle = first.wrapping_add(items.len() as u32);
+            let id = reg
+                .entries
+                .get(&self.key)
+                .map(|e| e.server_id)
+                .ok_or(ClientError::Closed)?;
+            let handles: Vec<u32> = (0..items.len() as u32)
+                .map(|i| first.wrapping_add(i).wrapping_add(1))
+                .collect();
+            (id, handles)
+        };
+        let resp: t::CreateMonitoredItemsResponse = self
+            .shared
+            .request(
+                &t::CreateMonitoredItemsRequest {
+                    request_header: self.shared.request_header(),
+                    subscription_id: id,
+                    timestamps_to_return: t::TimestampsToReturn::Both,
+                    items_to_create: Some(
+                        items
+                            .iter()
+                            .zip(&handles)
+                            .map(|(item, h)| item.request(*h))
+                            .collect(),
+                    ),
+                },
+                None,
+                self.shared.options.request_timeout,
+            )
+            .await?;
+        let results = resp.results.unwrap_or_default();
+        if results.len() != items.len() {
+            return Err(ClientError::Decode(format!(
+                "CreateMonitoredItems answered {} results for {} items",
+                results.len(),
+                items.len()
+            )));
+        }
+        self.with(|e| {
+            for ((item, handle), result) in items.iter().zip(&handles).zip(&results) {
+                if result.status_code.is_good() {
+                    e.items
+                        .insert(*handle, (item.clone(), result.monitored_item_id));
+                }
+            }
+        });
+        Ok(handles
+            .into_iter()
+            .zip(results)
+            .map(|(client_handle, result)| MonitoredItem {
+                client_handle,
+                result,
+            })
+            .collect())
+    }
+
+    /// Deletes monitored items by client handle; the status of each.
+    pub async fn unmonitor(&self, client_handles: &[u32]) -> Result<Vec<StatusCode>, ClientError> {
+        let (id, ids) = self
+            .with(|e| {
+                let ids: Vec<u32> = client_handles
+                    .iter()
+                    .map(|h| e.items.get(h).map_or(0, |(_, id)| *id))
+                    .collect();
+                (e.server_id, ids)
+            })
+            .ok_or(ClientError::Closed)?;
+        let resp: t::DeleteMonitoredItemsResponse = self
+            .shared
+            .request(
+                &t::DeleteMonitoredItemsRequest {
+                    request_header: self.shared.request_header(),
+                    subscription_id: id,
+                    monitored_item_ids: Some(ids),
+                },
+                None,
+                self.shared.options.request_timeout,
+            )
+            .await?;
+        self.with(|e| {
+            for h in client_handles {
+                e.items.remove(h);
+            }
+        });
+        Ok(resp.results.unwrap_or_default())
+    }
+
+    /// The next event; `None` once the subscription is gone and everything
+    /// was received.
+    pub async fn recv(&mut self) -> Option<SubscriptionEvent> {
+        self.events.recv().await
+    }
+
+    /// The next event if one is there.
+    pub fn try_recv(&mut self) -> Option<SubscriptionEvent> {
+        self.events.try_recv().ok()
+    }
+
+    /// Deletes it on the server (the stream ends).
+    pub async fn delete(mut self) -> Result<(), ClientError> {
+        self.deleted = true;
+        let entry = self
+            .shared
+            .subscriptions
+            .lock()
+            .ok()
+            .and_then(|mut r| r.entries.remove(&self.key));
+        let Some(entry) = entry else {
+            return Ok(());
+        };
+        delete_on_server(&self.shared, entry.server_id).await
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if self.deleted {
+            return;
+        }
+        let entry = self
+            .shared
+            .subscriptions
+            .lock()
+            .ok()
+            .and_then(|mut r| r.entries.remove(&self.key));
+        let (Some(entry), Ok(rt)) = (entry, tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        if self.shared.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        rt.spawn(async move {
+            let _ = delete_on_server(&shared, entry.server_id).await;
+        });
+    }
+}
+
+async fn delete_on_server(shared: &Shared, id: u32) -> Result<(), ClientError> {
+    let resp: t::DeleteSubscriptionsResponse = shared
+        .request(
+            &t::DeleteSubscriptionsRequest {
+                request_header: shared.request_header(),
+                subscription_ids: Some(vec![id]),
+            },
+            None,
+            shared.options.request_timeout,
+        )
+        .await?;
+    match resp.results.unwrap_or_default().first() {
+        Some(s) if s.is_bad() => Err(ClientError::Service {
+            status: *s,
+            retry_after_ms: None,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Every subscription ends (the client is closed).
+pub(crate) fn end_all(shared: &Shared, status: StatusCode) {
+    if let Ok(mut reg) = shared.subscriptions.lock() {
+        for (_, e) in reg.entries.drain() {
+            let _ = e.events.send(SubscriptionEvent::Ended(status));
+        }
+    }
+}
+
+/// The same session is active on a new channel.
+pub(crate) fn restored(shared: &Shared, how: Restore) {
+    if let Ok(mut reg) = shared.subscriptions.lock() {
+        for e in reg.entries.values_mut() {
+            e.resync = true;
+            let _ = e.events.send(SubscriptionEvent::Restored(how));
+        }
+    }
+}
+
+/// A new session takes the subscriptions over: TransferSubscriptions, and
+/// those the server will not transfer are created again with their items.
+pub(crate) async fn take_over(shared: &Arc<Shared>, link: &Link) -> Result<(), ClientError> {
+    let ids: Vec<(u64, u32)> = match shared.subscriptions.lock() {
+        Ok(reg) => reg.entries.iter().map(|(k, e)| (*k, e.server_id)).collect(),
+        Err(_) => return Err(ClientError::Closed),
+    };
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let transferred: Result<t::TransferSubscriptionsResponse, _> = shared
+        .request(
+            &t::TransferSubscriptionsRequest {
+                request_header: shared.request_header(),
+                subscription_ids: Some(ids.iter().map(|(_, id)| *id).collect()),
+                send_initial_values: true,
+            },
+            Some(link),
+            shared.options.request_timeout,
+        )
+        .await;
+    let results = match transferred {
+        Ok(r) => r.results.unwrap_or_default(),
+        // A server without TransferSubscriptions: create them all again.
+        Err(ClientError::Service { .. }) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    for (i, (key, _)) in ids.iter().enumerate() {
+        let moved = results.get(i).is_some_and(|r| r.status_code.is_good());
+        if moved {
+            if let Ok(mut reg) = shared.subscriptions.lock() {
+                if let Some(e) = reg.entries.get_mut(key) {
+                    e.resync = true;
+                    let _ = e
+                        .events
+                        .send(SubscriptionEvent::Restored(Restore::Transferred));
+                }
+            }
+            continue;
+        }
+        recreate(shared, Some(link), *key).await?;
+    }
+    Ok(())
+}
+
+/// Creates subscription `key` and its items again (the server lost it).
+/// A refusal by the server ends that subscription; a lost connection is
+/// an error (the caller tries again).
+async fn recreate(shared: &Shared, via: Option<&Link>, key: u64) -> Result<(), ClientError> {
+    let Some((settings, items)) = shared.subscriptions.lock().ok().and_then(|reg| {
+        reg.entries.get(&key).map(|e| {
+            let items: Vec<(u32, MonitorItem)> =
+                e.items.iter().map(|(h, (m, _))| (*h, m.clone())).collect();
+            (e.settings.clone(), items)
+        })
+    }) else {
+        return Ok(());
+    };
+    let timeout = shared.options.request_timeout;
+    let created: t::CreateSubscriptionResponse = match shared
+        .request(&settings.request(shared.request_header()), via, timeout)
+        .await
+    {
+        Ok(c) => c,
+        Err(ClientError::Service { status, .. }) => {
+            end_one(shared, key, status);
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let mut item_ids = Vec::new();
+    if !items.is_empty() {
+        let resp: t::CreateMonitoredItemsResponse = shared
+            .request(
+                &t::CreateMonitoredItemsRequest {
+                    request_header: shared.request_header(),
+                    subscription_id: created.subscription_id,
+                    timestamps_to_return: t::TimestampsToReturn::Both,
+                    items_to_create: Some(items.iter().map(|(h, m)| m.request(*h)).collect()),
+                },
+                via,
+                timeout,
+            )
+            .await?;
+        item_ids = resp.results.unwrap_or_default();
+    }
+    if let Ok(mut reg) = shared.subscriptions.lock() {
+        if let Some(e) = reg.entries.get_mut(&key) {
+            e.server_id = created.subscription_id;
+            e.revised = Revised::from_response(&created);
+            e.tracker.reset();
+            e.resync = false;
+            for ((h, _), r) in items.iter().zip(&item_ids) {
+                if r.status_code.is_good() {
+                    if let Some(slot) = e.items.get_mut(h) {
+                        slot.1 = r.monitored_item_id;
+                    }
+                } else {
+                    e.items.remove(h);
+                }
+            }
+            let _ = e
+                .events
+                .send(SubscriptionEvent::Restored(Restore::Recreated));
+        }
+    }
+    Ok(())
+}
+
+fn end_one(shared: &Shared, key: u64, status: StatusCode) {
+    if let Ok(mut reg) = shared.subscriptions.lock() {
+        if let Some(e) = reg.entries.remove(&key) {
+            let _ = e.events.send(SubscriptionEvent::Ended(status));
+        }
+    }
+}
+
+/// Starts the publish loop unless it runs.
+fn start_publishing(shared: &Arc<Shared>) {
+    let start = match shared.subscriptions.lock() {
+        Ok(mut reg) if !reg.publishing => {
+            reg.publishing = true;
+            true
+        }
+        _ => false,
+    };
+    if start {
+        tokio::spawn(publish_loop(Arc::clone(shared)));
+    }
+}
+
+/// Keeps Publish requests outstanding while the client has subscriptions.
+async fn publish_loop(shared: Arc<Shared>) {
+    let mut inflight: JoinSet<Result<t::PublishResponse, ClientError>> = JoinSet::new();
+    let mut acks: Vec<t::SubscriptionAcknowledgement> = Vec::new();
+    let mut limit = usize::MAX;
+    loop {
+        // Stop (under the registry's lock, so that a new subscription
+        // starts a new loop) when there is nothing to publish for.
+        let (count, span) = match shared.subscriptions.lock() {
+            Ok(mut reg) => {
+                if reg.entries.is_empty() || shared.closing.load(Ordering::SeqCst) {
+                    reg.publishing = false;
+                    break;
+                }
+                let span = reg
+                    .entries
+                    .values()
+                    .map(|e| e.revised.keep_alive_span())
+                    .max()
+                    .unwrap_or_default();
+                (reg.entries.len(), span)
+            }
+            Err(_) => break,
+        };
+        let target = shared
+            .options
+            .publish_requests
+            .max(1)
+            .min(count + 1)
+            .min(limit);
+        // A Publish may be held for a keep-alive span before it is answered.
+        let timeout = span.saturating_mul(2) + shared.options.request_timeout;
+        while inflight.len() < target {
+            let mut header = shared.request_header();
+            header.timeout_hint = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+            let request = t::PublishRequest {
+                request_header: header,
+                subscription_acknowledgements: Some(std::mem::take(&mut acks)),
+            };
+            let s = Arc::clone(&shared);
+            inflight.spawn(async move { s.request(&request, None, timeout).await });
+        }
+        let Some(done) = inflight.join_next().await else {
+            continue;
+        };
+        let Ok(result) = done else {
+            continue;
+        };
+        match result {
+            Ok(resp) => deliver(&shared, resp, &mut acks).await,
+            Err(e) => match e.status_code() {
+                // The server holds fewer Publishes than we sent: send fewer.
+                StatusCode::BadTooManyPublishRequests => {
+                    limit = inflight.len().max(1);
+                }
+                // Its timeout hint passed: ask again.
+                StatusCode::BadTimeout => {}
+                // The server has none of our subscriptions (they expired
+                // while we were away): create them again.
+                StatusCode::BadNoSubscription => {
+                    let keys: Vec<u64> = shared
+                        .subscriptions
+                        .lock()
+                        .map(|r| r.entries.keys().copied().collect())
+                        .unwrap_or_default();
+                    for key in keys {
+                        if recreate(&shared, None, key).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                _ => {
+                    // The channel or session is gone: wait for the
+                    // reconnect (or the end).
+                    if !wait_usable(&shared).await {
+                        break;
+                    }
+                }
+            },
+        }
+    }
+    inflight.abort_all();
+    if let Ok(mut reg) = shared.subscriptions.lock() {
+        reg.publishing = false;
+    }
+}
+
+/// After a failed Publish: waits until the client is connected again;
+/// false when it is closed.
+async fn wait_usable(shared: &Shared) -> bool {
+    let mut states = shared.state.subscribe();
+    let connected = states
+        .wait_for(|s| matches!(s, LinkState::Connected | LinkState::Closed(_)))
+        .await
+        .map(|s| matches!(*s, LinkState::Connected))
+        .unwrap_or(false);
+    // Connected but the Publish failed (the session is being replaced):
+    // do not spin.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    connected && !shared.closing.load(Ordering::SeqCst)
+}
+
+/// Routes one PublishResponse: Republishes what is missing before it,
+/// hands it to its subscription's stream, and notes the acknowledgements.
+async fn deliver(
+    shared: &Shared,
+    resp: t::PublishResponse,
+    acks: &mut Vec<t::SubscriptionAcknowledgement>,
+) {
+    let sub_id = resp.subscription_id;
+    let message = resp.notification_message;
+    let seq = message.sequence_number;
+    let keep_alive = message
+        .notification_data
+        .as_ref()
+        .is_none_or(|d| d.is_empty());
+    let ack = |n: u32| t::SubscriptionAcknowledgement {
+        subscription_id: sub_id,
+        sequence_number: n,
+    };
+    let arrival = {
+        let Ok(mut reg) = shared.subscriptions.lock() else {
+            return;
+        };
+        let Some(entry) = reg.by_server_id(sub_id) else {
+            return;
+        };
+        if entry.resync {
+            entry.resync = false;
+            for n in resp.available_sequence_numbers.iter().flatten() {
+                if entry.tracker.seen(*n) && !acks.contains(&ack(*n)) {
+                    acks.push(ack(*n));
+                }
+            }
+        }
+        if keep_alive {
+            entry.tracker.keep_alive(seq)
+        } else {
+            Some(entry.tracker.arrive(seq))
+        }
+    };
+    let mut out = Vec::new();
+    match arrival {
+        Some(Arrival::Duplicate) => {
+            acks.push(ack(seq));
+            return;
+        }
+        Some(Arrival::Gap { republish, lost }) => {
+            let mut missing: Option<(u32, u32)> = None;
+            for n in republish {
+                match republish_one(shared, sub_id, n).await {
+                    Ok(m) => {
+                        if let Some((first, count)) = missing.take() {
+                            out.push(SubscriptionEvent::Lost { first, count });
+                        }
+                        acks.push(ack(n));
+                        out.push(SubscriptionEvent::Notifications {
+                            sequence_number: n,
+                            publish_time: m.publish_time,
+                            notifications: notifications(m),
+                            republished: true,
+                        });
+                    }
+                    Err(_) => {
+                        missing = Some(match missing {
+                            Some((first, count)) => (first, count + 1),
+                            None => (n, 1),
+                        });
+                    }
+                }
+            }
+            if let Some((first, count)) = missing {
+                out.push(SubscriptionEvent::Lost { first, count });
+            }
+            if let Some((first, count)) = lost {
+                out.push(SubscriptionEvent::Lost { first, count });
+            }
+        }
+        Some(Arrival::InOrder) | None => {}
+    }
+    let mut ended = None;
+    if keep_alive {
+        out.push(SubscriptionEvent::KeepAlive {
+            next_sequence_number: seq,
+            publish_time: message.publish_time,
+        });
+    } else {
+        acks.push(ack(seq));
+        let publish_time = message.publish_time;
+        let list = notifications(message);
+        ended = list.iter().find_map(|n| match n {
+            Notification::StatusChange(s)
+                if s.is_bad() || *s == StatusCode::GoodSubscriptionTransferred =>
+            {
+                Some(*s)
+            }
+            _ => None,
+        });
+        out.push(SubscriptionEvent::Notifications {
+            sequence_number: seq,
+            publish_time,
+            notifications: list,
+            republished: false,
+        });
+    }
+    if let Ok(mut reg) = shared.subscriptions.lock() {
+        let key = reg
+            .entries
+            .iter()
+            .find(|(_, e)| e.server_id == sub_id)
+            .map(|(k, _)| *k);
+        if let Some(key) = key {
+            if let Some(e) = reg.entries.get(&key) {
+                for ev in out {
+                    let _ = e.events.send(ev);
+                }
+            }
+            if let Some(status) = ended {
+                if let Some(e) = reg.entries.remove(&key) {
+                    let _ = e.events.send(SubscriptionEvent::Ended(status));
+                }
+            }
+        }
+    }
+}
+
+async fn republish_one(
+    shared: &Shared,
+    sub_id: u32,
+    seq: u32,
+) -> Result<t::NotificationMessage, ClientError> {
+    let resp: t::RepublishResponse = shared
+        .request(
+            &t::RepublishRequest {
+                request_header: shared.request_header(),
+                subscription_id: sub_id,
+                retransmit_sequence_number: seq,
+            },
+            None,
+            shared.options.request_timeout,
+        )
+        .await?;
+    Ok(resp.notification_message)
+}
