@@ -55,9 +55,23 @@ async def asyncua_server(port: int, cert=None, key=None):
     objects = server.nodes.objects
     var = await objects.add_variable(ua.NodeId("Temperature", 1), "Temperature", 20.5)
     await var.set_writable()
+    # Events from the Server object every 200 ms (for event subscriptions).
+    evgen = await server.get_event_generator()
+
+    async def events():
+        n = 0
+        while True:
+            await asyncio.sleep(0.2)
+            n += 1
+            evgen.event.Message = ua.LocalizedText(f"peer event {n}")
+            evgen.event.Severity = 500
+            await evgen.trigger()
+
     async with server:
+        ticker = asyncio.create_task(events())
         print("READY", flush=True)
         await wait_stdin_closed()
+        ticker.cancel()
 
 
 def o6_server(port: int):

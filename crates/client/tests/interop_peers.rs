@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use uascale_client::{
-    Client, ClientError, ClientOptions, SecurityOptions, ServerTrust, TrustListValidator,
-    UserIdentity,
+    event_filter, Client, ClientError, ClientOptions, MonitorItem, Notification, SecurityOptions,
+    ServerTrust, SubscriptionEvent, SubscriptionSettings, TrustListValidator, UserIdentity,
 };
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_crypto::rsa::RsaPrivateKey;
@@ -160,6 +160,8 @@ async fn exercise(kind: &str) {
         .unwrap();
     assert_eq!(paths[0].status_code, StatusCode::Good, "{kind}");
 
+    subscriptions(kind, &client, &temp).await;
+
     // Many requests in flight at once.
     let client = std::sync::Arc::new(client);
     let tasks: Vec<_> = (0..50)
@@ -172,6 +174,100 @@ async fn exercise(kind: &str) {
         assert_eq!(task.await.unwrap().unwrap().len(), 1, "{kind}");
     }
     client.close().await;
+}
+
+/// Data changes of written values arrive in order; with asyncua, which
+/// raises an event every 200 ms, events arrive too.
+async fn subscriptions(kind: &str, client: &Client, temp: &NodeId) {
+    let mut sub = client
+        .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
+            50,
+        )))
+        .await
+        .unwrap();
+    let mut items = vec![MonitorItem::value(temp.clone()).sampling(0.0)];
+    let with_events = kind == "asyncua";
+    if with_events {
+        items.push(MonitorItem::events(
+            NodeId::ns0(2253),
+            event_filter(&["Message", "Severity"], Default::default()),
+        ));
+    }
+    let created = sub.monitor(items).await.unwrap();
+    for item in &created {
+        assert!(item.result.status_code.is_good(), "{kind}: {item:?}");
+    }
+    let mut events = 0;
+    let mut seen = Vec::new();
+    for value in [1.25, 2.5, 3.75] {
+        let status = client
+            .write(vec![t::WriteValue {
+                node_id: temp.clone(),
+                attribute_id: t::AttributeId::Value as u32,
+                value: t::DataValue::value(Variant::Double(value)),
+                ..Default::default()
+            }])
+            .await
+            .unwrap();
+        assert_eq!(status, vec![StatusCode::Good], "{kind}");
+        // Wait for this value before writing the next (queue size 1).
+        while seen.last() != Some(&value) {
+            let event = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{kind}: no notification for {value}"))
+                .unwrap();
+            let SubscriptionEvent::Notifications { notifications, .. } = event else {
+                continue;
+            };
+            for n in notifications {
+                match n {
+                    Notification::DataChange {
+                        client_handle,
+                        value,
+                    } => {
+                        assert_eq!(client_handle, created[0].client_handle, "{kind}");
+                        if let Some(Variant::Double(v)) = value.value {
+                            seen.push(v);
+                        }
+                    }
+                    Notification::Event { fields, .. } => {
+                        let Variant::LocalizedText(text) = &fields[0] else {
+                            panic!("{kind}: Message {:?}", fields[0]);
+                        };
+                        assert!(
+                            text.text.as_str().unwrap_or("").starts_with("peer event"),
+                            "{kind}: {text:?}"
+                        );
+                        assert_eq!(fields[1], Variant::UInt16(500), "{kind}");
+                        events += 1;
+                    }
+                    other => panic!("{kind}: {other:?}"),
+                }
+            }
+        }
+    }
+    let tail: Vec<f64> = seen
+        .iter()
+        .copied()
+        .filter(|v| [1.25, 2.5, 3.75].contains(v))
+        .collect();
+    assert_eq!(tail, vec![1.25, 2.5, 3.75], "{kind}: {seen:?}");
+    if with_events {
+        // Events keep coming every 200 ms.
+        while events < 2 {
+            if let Some(SubscriptionEvent::Notifications { notifications, .. }) =
+                tokio::time::timeout(Duration::from_secs(10), sub.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("{kind}: no events"))
+            {
+                events += notifications
+                    .iter()
+                    .filter(|n| matches!(n, Notification::Event { .. }))
+                    .count();
+            }
+        }
+    }
+    sub.delete().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
