@@ -1,4 +1,5 @@
-//! The client commands: `endpoints`, `browse`, `read`, `write`, `call`.
+//! The client commands: `endpoints`, `browse`, `read`, `write`, `call`
+//! (and the start of `subscribe`, which lives in `subscribe.rs`).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -27,6 +28,9 @@ pub const USAGE: &str = "       uascale endpoints URL [--json]
        uascale read URL NODE... [--attr NAME] [--json]
        uascale write URL NODE VALUE [--type TYPE] [--json]
        uascale call URL OBJECT METHOD [ARG...] [--json]
+       uascale subscribe URL [NODE...] [--events NOTIFIER] [--fields F,F,...]
+                         [--min-severity N] [--interval-ms MS] [--sampling-ms MS]
+                         [--count N] [--duration-s S] [--json]
 
   client options (every client command; --timeout-ms MS):
     --security POLICY[:MODE]  secure channel, e.g. Basic256Sha256:SignAndEncrypt,
@@ -48,16 +52,24 @@ pub const USAGE: &str = "       uascale endpoints URL [--json]
   write      VALUE (text; [a, b] for arrays) typed by the node's DataType,
              or by --type (Boolean, Int32, Double, String, DateTime, ...)
   call       METHOD on OBJECT, ARGs typed by the method's InputArguments
+  subscribe  data changes of each NODE and/or the events of NOTIFIER (i=2253
+             is the Server object) as they come, one line each (--json: one
+             JSON object per line); event --fields by browse name (default
+             Time,SourceName,Severity,Message), --min-severity filters on
+             the server; publishing every --interval-ms (500), sampling
+             every --sampling-ms (the publishing interval); ends on Ctrl-C,
+             after --count notifications or --duration-s seconds; a lost
+             connection is reopened and the subscription kept
   NODE is OPC UA text: i=2258, ns=2;s=Demo.Dynamic.Counter, g=..., b=...";
 
 /// Options every client command takes.
-struct Common {
-    url: String,
-    json: bool,
-    trust_server: bool,
-    timeout: Duration,
-    rest: Vec<String>,
-    named: Vec<(String, String)>,
+pub(crate) struct Common {
+    pub url: String,
+    pub json: bool,
+    pub trust_server: bool,
+    pub timeout: Duration,
+    pub rest: Vec<String>,
+    pub named: Vec<(String, String)>,
 }
 
 /// The security flags every client command takes (each with a value).
@@ -136,7 +148,7 @@ impl Common {
         })
     }
 
-    fn flag(&self, name: &str) -> Option<&str> {
+    pub(crate) fn flag(&self, name: &str) -> Option<&str> {
         self.named
             .iter()
             .rev()
@@ -145,7 +157,7 @@ impl Common {
     }
 }
 
-fn node(text: &str) -> Result<NodeId, String> {
+pub(crate) fn node(text: &str) -> Result<NodeId, String> {
     text.parse().map_err(|e| {
         format!("{text:?} is not a NodeId ({e}); examples: i=2258, ns=2;s=Demo.Dynamic.Counter")
     })
@@ -203,6 +215,7 @@ pub fn run(cmd: &str, args: &[&str]) -> ExitCode {
         "browse" => &["--depth"],
         "read" => &["--attr"],
         "write" => &["--type"],
+        "subscribe" => crate::subscribe::FLAGS,
         _ => &[],
     };
     let common = match parse_common(args, with_value) {
@@ -237,6 +250,10 @@ pub fn run(cmd: &str, args: &[&str]) -> ExitCode {
                 client.create_session("uascale call").await?;
                 call(&client, &common).await
             }
+            "subscribe" => {
+                client.create_session("uascale subscribe").await?;
+                crate::subscribe::subscribe(&client, &common).await
+            }
             _ => Err(Failure::Usage(format!("unknown command {cmd:?}"))),
         };
         client.close().await;
@@ -259,7 +276,7 @@ pub fn run(cmd: &str, args: &[&str]) -> ExitCode {
     }
 }
 
-enum Failure {
+pub(crate) enum Failure {
     /// The command line is wrong.
     Usage(String),
     /// Talking to the server failed.
@@ -276,6 +293,16 @@ impl From<ClientError> for Failure {
 
 fn print_json(v: &Json) {
     outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// One JSON value on one line (for streamed output).
+pub(crate) fn print_json_line(v: &Json) {
+    outln!("{}", serde_json::to_string(v).unwrap_or_default());
+}
+
+/// One line on stdout (ending quietly when stdout is closed).
+pub(crate) fn out_line(line: &str) {
+    outln!("{line}");
 }
 
 async fn endpoints(client: &Client, c: &Common) -> Result<(), Failure> {

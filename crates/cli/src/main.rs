@@ -9,6 +9,7 @@ mod cert;
 mod client_cmd;
 mod client_security;
 mod config;
+mod subscribe;
 mod values;
 
 use std::process::ExitCode;
@@ -203,7 +204,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        [cmd @ ("endpoints" | "browse" | "read" | "write" | "call"), rest @ ..] => {
+        [cmd @ ("endpoints" | "browse" | "read" | "write" | "call" | "subscribe"), rest @ ..] => {
             if rest.iter().any(|a| *a == "-h" || *a == "--help") {
                 println!("{USAGE}\n{}", client_cmd::USAGE);
                 return ExitCode::SUCCESS;

@@ -1,6 +1,6 @@
-//! The client commands (`endpoints`, `browse`, `read`, `write`, `call`) run
-//! as a user would, against `uascale serve`: their output, their exit codes
-//! and their error messages.
+//! The client commands (`endpoints`, `browse`, `read`, `write`, `call`,
+//! `subscribe`) run as a user would, against `uascale serve`: their output,
+//! their exit codes and their error messages.
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -161,4 +161,92 @@ fn output_cut_short_by_the_reader_is_not_a_panic() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert!(out.status.success(), "{:?}: {err}", out.status);
+}
+
+#[test]
+fn subscribe_prints_data_changes_and_filtered_events() {
+    let s = serve();
+    let url = s.1.as_str();
+
+    // Data changes, one JSON object per line, until --count.
+    let (code, out, err) = run(&[
+        "subscribe",
+        url,
+        "ns=2;s=Demo.Dynamic.Counter",
+        "--interval-ms",
+        "100",
+        "--count",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let values: Vec<u64> = out
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["node"], "ns=2;s=Demo.Dynamic.Counter");
+            assert_eq!(v["status"], "Good");
+            v["value"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(values.len(), 3, "{out}");
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
+
+    // Events of the Server object, filtered on the server by severity.
+    let (code, out, err) = run(&[
+        "subscribe",
+        url,
+        "--events",
+        "i=2253",
+        "--min-severity",
+        "500",
+        "--fields",
+        "Severity,Message",
+        "--count",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for line in lines {
+        assert!(line.contains("event i=2253 Severity="), "{line}");
+        let severity: u16 = line
+            .split("Severity=")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        assert!(severity >= 500, "{line}");
+        assert!(line.contains("Message=Demo event"), "{line}");
+    }
+
+    // A duration ends it too; an unknown node is reported, the rest kept.
+    let (code, out, err) = run(&[
+        "subscribe",
+        url,
+        "ns=2;s=Demo.Dynamic.Counter",
+        "ns=2;s=No.Such.Node",
+        "--duration-s",
+        "1.5",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("ns=2;s=No.Such.Node: BadNodeIdUnknown"),
+        "{err}"
+    );
+    assert!(out.contains("ns=2;s=Demo.Dynamic.Counter = "), "{out}");
+
+    // Nothing to subscribe to, or only unknown nodes: clear errors.
+    let (code, _, err) = run(&["subscribe", url]);
+    assert_eq!(code, 2);
+    assert!(err.contains("nothing to subscribe to"), "{err}");
+    let (code, _, err) = run(&["subscribe", url, "ns=2;s=No.Such.Node", "--count", "1"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("refused all 1 monitored items"), "{err}");
+    let (code, _, err) = run(&["subscribe", url, "i=2258", "--count", "many"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--count \"many\" is not a valid number"),
+        "{err}"
+    );
 }
