@@ -24,6 +24,10 @@ pub const USAGE: &str =
        uascale bench sessions URL [--sessions N] [--concurrency C] [--hold-s S]
                           [--source-ips IP,IP,...] [--max-retries R]
                           [--server-pid PID] [--json]
+       uascale bench publish URL [--sessions S] [--subscriptions N] [--items K]
+                          [--node NODE]... [--load-nodes L] [--interval-ms MS]
+                          [--sampling-ms MS] [--concurrency C] [--warmup-s S]
+                          [--duration-s S] [--max-retries R] [--server-pid PID] [--json]
 
   bench read      C connections (10) x M Reads in flight (100), K values per
                   Read (1) of the NODEs (default i=2258); --warmup-s (3) then
@@ -34,16 +38,22 @@ pub const USAGE: &str =
                   C at a time (50), each retried up to R times (4) with
                   the backoff of SCALABILITY.md §7 on failures, held
                   --hold-s (5), closed: rate, failures by status, busy
-                  answers, retries, server CPU and memory per session";
+                  answers, retries, server CPU and memory per session
+  bench publish   S sessions (10) x N subscriptions (1) x K items (10) on the
+                  NODEs (round robin; --load-nodes L adds uascale's
+                  ns=2;s=Demo.Load.Node0..L-1; default the four
+                  Demo.Dynamic nodes), publishing every --interval-ms (100):
+                  notifications/s, lateness (arrival minus source
+                  timestamp), lost messages, server CPU per notification";
 
 /// The server's CPU time so far (all its threads) and its resident memory.
 #[derive(Debug, Clone, Copy)]
-struct ServerSample {
-    cpu: Duration,
-    rss_bytes: u64,
+pub(crate) struct ServerSample {
+    pub cpu: Duration,
+    pub rss_bytes: u64,
 }
 
-fn sample_server(pid: u32) -> Option<ServerSample> {
+pub(crate) fn sample_server(pid: u32) -> Option<ServerSample> {
     // schedstat gives nanoseconds on the CPU per thread; stat's ticks are
     // 10 ms coarse, so use them only when schedstat is missing.
     let mut ns = 0u64;
@@ -153,7 +163,27 @@ pub fn run(args: &[&str]) -> ExitCode {
             ],
         )
         .and_then(|a| runtime()?.block_on(bench_sessions(a))),
-        _ => Err(format!("unknown bench; one of: read, sessions\n{USAGE}")),
+        ["publish", rest @ ..] => Args::parse(
+            rest,
+            &[
+                "--sessions",
+                "--subscriptions",
+                "--items",
+                "--node",
+                "--load-nodes",
+                "--interval-ms",
+                "--sampling-ms",
+                "--concurrency",
+                "--warmup-s",
+                "--duration-s",
+                "--server-pid",
+                "--max-retries",
+            ],
+        )
+        .and_then(|a| runtime()?.block_on(bench_publish(a))),
+        _ => Err(format!(
+            "unknown bench; one of: read, sessions, publish\n{USAGE}"
+        )),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -348,6 +378,51 @@ async fn bench_read(a: Args) -> Result<(), String> {
                 rss as f64 / 1e6
             );
         }
+    }
+    Ok(())
+}
+
+async fn bench_publish(a: Args) -> Result<(), String> {
+    let mut nodes: Vec<NodeId> = match a.flags.get("--node") {
+        None => Vec::new(),
+        Some(v) => v
+            .iter()
+            .map(|n| n.parse().map_err(|e| format!("--node {n:?}: {e}")))
+            .collect::<Result<_, String>>()?,
+    };
+    let load_nodes: usize = a.num("--load-nodes", 0)?;
+    nodes.extend((0..load_nodes).map(|i| NodeId::string(2, format!("Demo.Load.Node{i}"))));
+    if nodes.is_empty() {
+        nodes = ["Counter", "Random", "Sine", "Step"]
+            .iter()
+            .map(|n| NodeId::string(2, format!("Demo.Dynamic.{n}")))
+            .collect();
+    }
+    let params = crate::bench_publish::PublishParams {
+        url: a.url.clone(),
+        sessions: a.num("--sessions", 10)?,
+        subscriptions: a.num("--subscriptions", 1)?,
+        items: a.num("--items", 10)?,
+        nodes,
+        interval: Duration::from_secs_f64(a.num("--interval-ms", 100.0)? / 1000.0),
+        sampling_ms: a.num("--sampling-ms", -1.0)?,
+        concurrency: a.num("--concurrency", 50)?,
+        warmup: Duration::from_secs_f64(a.num("--warmup-s", 2.0)?),
+        duration: Duration::from_secs_f64(a.num("--duration-s", 5.0)?),
+        server_pid: a
+            .flags
+            .get("--server-pid")
+            .and_then(|v| v.last()?.parse().ok()),
+        max_retries: a.num("--max-retries", 4)?,
+    };
+    let report = crate::bench_publish::run(params).await?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        crate::bench_publish::print_text(&report);
     }
     Ok(())
 }

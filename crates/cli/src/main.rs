@@ -5,6 +5,7 @@
 //! message.
 
 mod bench;
+mod bench_publish;
 mod cert;
 mod client_cmd;
 mod client_security;
