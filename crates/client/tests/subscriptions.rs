@@ -293,6 +293,26 @@ async fn data_changes_events_and_keep_alives_arrive() {
             keep_alives += 1;
         }
     }
+    // Modify, pause and resume publishing, disable and enable an item.
+    let revised = sub
+        .modify(SubscriptionSettings::with_interval(Duration::from_millis(
+            200,
+        )))
+        .await
+        .unwrap();
+    assert_eq!(revised.publishing_interval, Duration::from_millis(200));
+    assert_eq!(sub.revised(), Some(revised));
+    sub.set_publishing(false).await.unwrap();
+    sub.set_publishing(true).await.unwrap();
+    let modes = sub
+        .set_monitoring_mode(&[written, 999_999], t::MonitoringMode::Disabled)
+        .await
+        .unwrap();
+    assert_eq!(
+        modes,
+        vec![StatusCode::Good, StatusCode::BadMonitoredItemIdInvalid]
+    );
+
     let id = sub.id();
     sub.delete().await.unwrap();
     // The server has no such subscription any more.

@@ -236,6 +236,107 @@ impl Subscription {
         Ok(resp.results.unwrap_or_default())
     }
 
+    /// ModifySubscription: new settings (the publishing-enabled flag is
+    /// [`Subscription::set_publishing`]'s); what the server granted.
+    pub async fn modify(&self, settings: SubscriptionSettings) -> Result<Revised, ClientError> {
+        let id = self.with(|e| e.server_id).ok_or(ClientError::Closed)?;
+        let create = settings.request(self.shared.request_header());
+        let resp: t::ModifySubscriptionResponse = self
+            .shared
+            .request(
+                &t::ModifySubscriptionRequest {
+                    request_header: create.request_header,
+                    subscription_id: id,
+                    requested_publishing_interval: create.requested_publishing_interval,
+                    requested_lifetime_count: create.requested_lifetime_count,
+                    requested_max_keep_alive_count: create.requested_max_keep_alive_count,
+                    max_notifications_per_publish: create.max_notifications_per_publish,
+                    priority: create.priority,
+                },
+                None,
+                self.shared.options.request_timeout,
+            )
+            .await?;
+        let revised = Revised::from_response(&t::CreateSubscriptionResponse {
+            revised_publishing_interval: resp.revised_publishing_interval,
+            revised_lifetime_count: resp.revised_lifetime_count,
+            revised_max_keep_alive_count: resp.revised_max_keep_alive_count,
+            ..Default::default()
+        });
+        self.with(|e| {
+            let enabled = e.settings.publishing_enabled;
+            e.settings = SubscriptionSettings {
+                publishing_enabled: enabled,
+                ..settings
+            };
+            e.revised = revised;
+        });
+        Ok(revised)
+    }
+
+    /// SetPublishingMode: pauses (false) or resumes (true) notifications;
+    /// keep-alives go on.
+    pub async fn set_publishing(&self, enabled: bool) -> Result<(), ClientError> {
+        let id = self.with(|e| e.server_id).ok_or(ClientError::Closed)?;
+        let resp: t::SetPublishingModeResponse = self
+            .shared
+            .request(
+                &t::SetPublishingModeRequest {
+                    request_header: self.shared.request_header(),
+                    publishing_enabled: enabled,
+                    subscription_ids: Some(vec![id]),
+                },
+                None,
+                self.shared.options.request_timeout,
+            )
+            .await?;
+        first_status(resp.results)?;
+        self.with(|e| e.settings.publishing_enabled = enabled);
+        Ok(())
+    }
+
+    /// SetMonitoringMode of items by client handle (kept for a re-creation
+    /// after a reconnect); the status of each.
+    pub async fn set_monitoring_mode(
+        &self,
+        client_handles: &[u32],
+        mode: t::MonitoringMode,
+    ) -> Result<Vec<StatusCode>, ClientError> {
+        let (id, ids) = self
+            .with(|e| {
+                let ids: Vec<u32> = client_handles
+                    .iter()
+                    .map(|h| e.items.get(h).map_or(0, |(_, id)| *id))
+                    .collect();
+                (e.server_id, ids)
+            })
+            .ok_or(ClientError::Closed)?;
+        let resp: t::SetMonitoringModeResponse = self
+            .shared
+            .request(
+                &t::SetMonitoringModeRequest {
+                    request_header: self.shared.request_header(),
+                    subscription_id: id,
+                    monitoring_mode: mode,
+                    monitored_item_ids: Some(ids),
+                },
+                None,
+                self.shared.options.request_timeout,
+            )
+            .await?;
+        let results = resp.results.unwrap_or_default();
+        self.with(|e| {
+            for (h, r) in client_handles.iter().zip(&results) {
+                if r.is_good() {
+                    if let Some((item, _)) = e.items.get_mut(h) {
+                        item.mode = mode;
+                    }
+                }
+            }
+        });
+        Ok(results)
+    }
+
     /// The next event; `None` once the subscription is gone and everything
     /// was received.
     pub async fn recv(&mut self) -> Option<SubscriptionEvent> {
@@ -298,12 +399,19 @@ async fn delete_on_server(shared: &Shared, id: u32) -> Result<(), ClientError> {
             shared.options.request_timeout,
         )
         .await?;
-    match resp.results.unwrap_or_default().first() {
+    first_status(resp.results)
+}
+
+/// The first status of a per-subscription result list, as an error when
+/// Bad.
+fn first_status(results: Option<Vec<StatusCode>>) -> Result<(), ClientError> {
+    match results.unwrap_or_default().first() {
         Some(s) if s.is_bad() => Err(ClientError::Service {
             status: *s,
             retry_after_ms: None,
         }),
-        _ => Ok(()),
+        Some(_) => Ok(()),
+        None => Err(ClientError::Decode("a result list without results".into())),
     }
 }
 
