@@ -15,6 +15,11 @@
 #   read100   the same with 100 values per Read (i=2258 100 times)
 #   uabench   the independent client ../shared/tools/uabench on the read1
 #             shape, as a cross-check of the uascale client's numbers
+#   scale     `uascale bench sessions` at scale: --scale-sessions (1000), 50 at
+#             a time, held; not against o6 (it caps at 100 sessions)
+#   publish   `uascale bench publish`: 50 sessions x 1 subscription x 10 items
+#             on i=2258 (CurrentTime, new at every sample), sampled and
+#             published every 100 ms: notifications/s and server CPU each
 #
 # Every server is restarted for each of the R rounds (o6 exits after 10
 # minutes without a licence key); within a round the servers take turns, so
@@ -30,6 +35,8 @@
 #   --sessions N           sessions shape size (90)
 #   --session-concurrency C   (10)
 #   --hold-s S             how long the sessions are held (2)
+#   --scale-sessions N     sessions of the scale shape (1000; 0 skips it)
+#   --no-publish           skip the publish shape
 #   --peers LIST           comma list of uascale,o6,async-opcua,asyncua
 #                          (default uascale,o6,async-opcua)
 #   --with-asyncua         add asyncua to the peers
@@ -57,6 +64,8 @@ BUILD=1
 OUT=""
 BASE_PORT=48700
 SMOKE=0
+SCALE_SESSIONS=1000
+PUBLISH=1
 
 die() {
     echo "compare.sh: $*" >&2
@@ -72,6 +81,7 @@ while [ $# -gt 0 ]; do
         DURATION=1
         SESSIONS=20
         HOLD=0.5
+        SCALE_SESSIONS=50
         PEERS="uascale,o6"
         shift
         ;;
@@ -81,6 +91,8 @@ while [ $# -gt 0 ]; do
     --sessions) SESSIONS=${2:?--sessions needs a value}; shift 2 ;;
     --session-concurrency) SESSION_CONC=${2:?--session-concurrency needs a value}; shift 2 ;;
     --hold-s) HOLD=${2:?--hold-s needs a value}; shift 2 ;;
+    --scale-sessions) SCALE_SESSIONS=${2:?--scale-sessions needs a value}; shift 2 ;;
+    --no-publish) PUBLISH=0; shift ;;
     --peers) PEERS=${2:?--peers needs a value}; shift 2 ;;
     --with-asyncua) PEERS="$PEERS,asyncua"; shift ;;
     --no-uabench) UABENCH=0; shift ;;
@@ -99,6 +111,7 @@ num_re='^[0-9]+([.][0-9]+)?$'
 for v in "$WARMUP" "$DURATION" "$HOLD"; do
     [[ $v =~ $num_re ]] || die "durations must be numbers of seconds, got $v"
 done
+[[ $SCALE_SESSIONS =~ ^[0-9]+$ ]] || die "--scale-sessions must be a count, got $SCALE_SESSIONS"
 for v in "$REPEAT" "$SESSIONS" "$SESSION_CONC" "$BASE_PORT"; do
     [[ $v =~ ^[0-9]+$ && $v -gt 0 ]] || die "counts and ports must be positive integers, got $v"
 done
@@ -226,13 +239,28 @@ run_shape() {
     local out="$OUT/raw/$name-$shape-$round.json"
     local err="$OUT/logs/$name-$shape-$round.err"
     local limit
-    limit=$(python3 -c "print(int($WARMUP + $DURATION + $HOLD) + 120)")
+    limit=$(python3 -c "print(int($WARMUP + $DURATION + $HOLD) + 300)")
     local rc=0
     case "$shape" in
     sessions)
         timeout "$limit" taskset -c 1 "$UASCALE" bench sessions "$url" --sessions "$SESSIONS" \
             --concurrency "$SESSION_CONC" --hold-s "$HOLD" --server-pid "$SERVER_PID" \
             --json >"$out" 2>"$err" || rc=$?
+        ;;
+    scale)
+        if [ "$name" = o6 ]; then
+            echo "   scale: skipped (o6 caps at 100 sessions)" >&2
+            return 0
+        fi
+        timeout "$limit" taskset -c 1 "$UASCALE" bench sessions "$url" --sessions "$SCALE_SESSIONS" \
+            --concurrency 50 --hold-s "$HOLD" --server-pid "$SERVER_PID" \
+            --json >"$out" 2>"$err" || rc=$?
+        ;;
+    publish)
+        timeout "$limit" taskset -c 1 "$UASCALE" bench publish "$url" --sessions 50 \
+            --subscriptions 1 --items 10 --node i=2258 --sampling-ms 100 --interval-ms 100 \
+            --concurrency 10 --max-retries 0 --warmup-s "$WARMUP" --duration-s "$DURATION" \
+            --server-pid "$SERVER_PID" --json >"$out" 2>"$err" || rc=$?
         ;;
     read1 | read100)
         local k=1
@@ -260,7 +288,12 @@ shape, path = sys.argv[1], sys.argv[2]
 d = json.load(open(path))
 def fmt(v):
     return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
-if shape == "sessions":
+if shape == "publish":
+    s = d.get("server") or {}
+    print(f"   publish: {d['established']}/{d['sessions']} sessions, {d['notifications_per_s']:.0f} notifications/s, "
+          f"server {fmt(s.get('cpu_us_per_notification'))} us CPU/notification, lost {d['lost_messages']}, "
+          f"errors {d['errors']}")
+elif shape in ("sessions", "scale"):
     print(f"   sessions: {d['established']}/{d['sessions']} established, "
           f"{d['sessions_per_s']:.0f}/s, server {fmt(d.get('server_cpu_ms_per_session'))} ms CPU/session, "
           f"failures {d['failures']}")
@@ -273,12 +306,14 @@ EOF
 
 SHAPES=(sessions read1 read100)
 [ "$UABENCH" = 1 ] && SHAPES+=(uabench)
+[ "$SCALE_SESSIONS" -gt 0 ] && SHAPES+=(scale)
+[ "$PUBLISH" = 1 ] && SHAPES+=(publish)
 
 {
     echo "date_utc=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "loadavg_before=$(cut -d' ' -f1-3 /proc/loadavg)"
     echo "command=bench/compare.sh $ARGS"
-    echo "repeat=$REPEAT warmup_s=$WARMUP duration_s=$DURATION sessions=$SESSIONS session_concurrency=$SESSION_CONC hold_s=$HOLD"
+    echo "repeat=$REPEAT warmup_s=$WARMUP duration_s=$DURATION sessions=$SESSIONS session_concurrency=$SESSION_CONC hold_s=$HOLD scale_sessions=$SCALE_SESSIONS publish=$PUBLISH"
     echo "servers=$PEERS"
     echo "uascale_commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 } >"$OUT/meta.txt"

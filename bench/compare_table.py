@@ -27,7 +27,7 @@ def load(out: Path):
     for p in sorted((out / "raw").glob("*.json")):
         stem = p.stem
         name_shape, _, _round = stem.rpartition("-")
-        for shape in ("sessions", "read100", "read1", "uabench"):
+        for shape in ("sessions", "read100", "read1", "uabench", "scale", "publish"):
             if name_shape.endswith("-" + shape):
                 name = name_shape[: -len(shape) - 1]
                 break
@@ -42,13 +42,25 @@ def load(out: Path):
     return runs
 
 
+def dig(d, key):
+    """d[key], where key may be a dotted path into nested objects."""
+    for part in key.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(part)
+    return d
+
+
 def med(values):
     values = [v for v in values if isinstance(v, (int, float))]
     return statistics.median(values) if values else None
 
 
 def errors_of(shape, d):
-    if shape == "sessions":
+    if shape == "publish":
+        e = d.get("errors") or {}
+        return sum(e.values()) + int(d.get("failed", 0)) + int(d.get("lost_messages", 0))
+    if shape in ("sessions", "scale"):
         f = d.get("failures") or {}
         n = sum(f.values()) if isinstance(f, dict) else int(f or 0)
         return n + max(0, d.get("sessions", 0) - d.get("established", 0))
@@ -89,6 +101,12 @@ def main():
          "server_cpu_us_per_read", 0.01, "us", "values_per_s", "values/s"),
         ("None session: establish + hold + close, server CPU", "sessions",
          "server_cpu_ms_per_session", 1.0, "ms", "sessions_per_s", "sessions/s"),
+        ("sessions at scale (--scale-sessions): server CPU per session", "scale",
+         "server_cpu_ms_per_session", 1.0, "ms", "sessions_per_s", "sessions/s"),
+        ("sessions at scale: server memory per session", "scale",
+         "server_bytes_per_session", 1 / 1024, "KiB", "established", "held"),
+        ("publish (50 x 10 items, 100 ms): server CPU per notification", "publish",
+         "server.cpu_us_per_notification", 1.0, "us", "notifications_per_s", "notif./s"),
     ]
     head = ["Shape"] + [TITLES[s] for s in servers]
     head += [f"{TITLES[s]} / uascale" for s in servers if s != "uascale"]
@@ -104,7 +122,7 @@ def main():
             if not ds:
                 cells.append("-")
                 continue
-            cpu = med([d.get(cpu_key) for d in ds])
+            cpu = med([dig(d, cpu_key) for d in ds])
             r = med([d.get(rate_key) for d in ds])
             errs = sum(errors_of(shape, d) for d in ds)
             mark = ""

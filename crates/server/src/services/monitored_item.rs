@@ -23,7 +23,7 @@ use super::attribute::{read_one, Locales};
 use super::subscription::session_of;
 use super::ServiceContext;
 use crate::subscription::event::{compile, BASE_EVENT_TYPE};
-use crate::subscription::item::{Filter, ItemTarget, MonitoredItem};
+use crate::subscription::item::{aligned_sample, Filter, ItemTarget, MonitoredItem};
 
 const VALUE: u32 = AttributeId::Value as u32;
 const EVENT_NOTIFIER: u32 = AttributeId::EventNotifier as u32;
@@ -319,7 +319,11 @@ pub fn create_monitored_items(
                     // push cannot overtake it.
                     item.offer(sample(ctx, &item.target));
                     if item.sampled {
-                        item.next_sample = Some(ctx.instant + item.sampling_interval);
+                        item.next_sample = Some(aligned_sample(
+                            ctx.instant,
+                            item.sampling_interval,
+                            s.next_publish,
+                        ));
                     }
                 }
                 let queue_size = item.queue_size;
@@ -383,6 +387,7 @@ pub fn modify_monitored_items(
                         }
                     }
                 };
+                let next_publish = s.next_publish;
                 let Some(item) = s.item_mut(m.monitored_item_id) else {
                     return MonitoredItemModifyResult {
                         status_code: StatusCode::BadMonitoredItemIdInvalid,
@@ -395,7 +400,7 @@ pub fn modify_monitored_items(
                 item.filter = p.filter;
                 item.sampling_interval = p.sampling;
                 if item.sampled && item.next_sample.is_some() {
-                    item.next_sample = Some(ctx.instant + p.sampling);
+                    item.next_sample = Some(aligned_sample(ctx.instant, p.sampling, next_publish));
                 }
                 item.resize_queue(p.queue_size, rp.discard_oldest);
                 MonitoredItemModifyResult {
@@ -434,6 +439,7 @@ pub fn set_monitoring_mode(
             let r = ids
                 .iter()
                 .map(|&id| {
+                    let next_publish = s.next_publish;
                     let Some(item) = s.item_mut(id) else {
                         return StatusCode::BadMonitoredItemIdInvalid;
                     };
@@ -442,7 +448,11 @@ pub fn set_monitoring_mode(
                     if was_disabled && mode != MonitoringMode::Disabled && !item.is_event() {
                         item.offer(sample(ctx, &item.target));
                         if item.sampled {
-                            item.next_sample = Some(ctx.instant + item.sampling_interval);
+                            item.next_sample = Some(aligned_sample(
+                                ctx.instant,
+                                item.sampling_interval,
+                                next_publish,
+                            ));
                         }
                     }
                     StatusCode::Good

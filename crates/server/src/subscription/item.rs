@@ -289,6 +289,33 @@ impl MonitoredItem {
     }
 }
 
+/// When a sampled item's next sample is due: the first point after `now`
+/// of the grid that lies half a sampling interval before the
+/// subscription's publishing times (`next_publish` is one of them).
+/// Samples then never coincide with a publishing cycle, where timer jitter
+/// would put a sample into either of two messages - with equal sampling and
+/// publishing intervals and a queue of one, every other sample would be
+/// dropped. Samples reach a message half an interval old.
+pub fn aligned_sample(now: Instant, interval: Duration, next_publish: Instant) -> Instant {
+    let iv = interval.max(Duration::from_millis(1)).as_nanos();
+    let anchor = next_publish
+        .checked_sub(Duration::from_nanos((iv / 2) as u64))
+        .unwrap_or(next_publish);
+    let steps = |d: Duration| {
+        Duration::from_nanos(u64::try_from(d.as_nanos() / iv * iv).unwrap_or(u64::MAX))
+    };
+    if anchor > now {
+        let back = anchor - steps(anchor - now);
+        if back > now {
+            back
+        } else {
+            back + Duration::from_nanos(iv as u64)
+        }
+    } else {
+        anchor + steps(now - anchor) + Duration::from_nanos(iv as u64)
+    }
+}
+
 fn set_overflow(q: &mut Queued) {
     if let Queued::Value(v) = q {
         v.status = Some(StatusCode(v.status_or_good().0 | OVERFLOW_BITS));

@@ -690,3 +690,98 @@ fn idle_cycles_are_skipped_until_keep_alive_or_data() {
     assert_eq!(out.len(), 3);
     assert!(is_keep_alive(response(&out[2])));
 }
+
+#[test]
+fn aligned_samples_fall_half_an_interval_before_publishing() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let next_publish = t0 + ms(100);
+    // The grid is 50, 150, 250 ... ms: the first point after now.
+    assert_eq!(item::aligned_sample(t0, ms(100), next_publish), t0 + ms(50));
+    assert_eq!(
+        item::aligned_sample(t0 + ms(50), ms(100), next_publish),
+        t0 + ms(150)
+    );
+    assert_eq!(
+        item::aligned_sample(t0 + ms(51), ms(100), next_publish),
+        t0 + ms(150)
+    );
+    assert_eq!(
+        item::aligned_sample(t0 + ms(420), ms(100), next_publish),
+        t0 + ms(450)
+    );
+    // Faster sampling: 10 ms apart, 5 ms before each publishing time.
+    assert_eq!(
+        item::aligned_sample(t0 + ms(1), ms(10), next_publish),
+        t0 + ms(5)
+    );
+    // Slower sampling than publishing still lands on its own grid.
+    assert_eq!(
+        item::aligned_sample(t0, ms(1000), next_publish),
+        t0 + ms(600)
+    );
+}
+
+#[test]
+fn equal_sampling_and_publishing_intervals_deliver_every_sample() {
+    // The item is created 1 ms after its subscription and the timer wakes
+    // up 0-3 ms late: without aligned sampling, samples and publishing
+    // cycles trade places and a queue of one drops every other sample.
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 300, 10);
+    clock.ms = 1;
+    let mut it = item(&s, 1, 1, true, Filter::default());
+    it.sampled = true;
+    it.sampling_interval = Duration::from_millis(100);
+    it.next_sample = Some(item::aligned_sample(
+        clock.now().instant,
+        it.sampling_interval,
+        s.next_publish,
+    ));
+    s.add_item(it);
+    set.insert(s);
+    let limits = SubscriptionLimits::default();
+    let mut out = Vec::new();
+    let mut n = 0.0;
+    let mut samples = 0;
+    let mut jitter = 7u64;
+    let mut tag = 0;
+    publish(&mut set, &clock, tag, &[], &mut out);
+    while clock.ms < 3000 {
+        let Some(due) = set.poll_timeout() else { break };
+        let due_ms = due.duration_since(clock.t0).as_millis() as u64;
+        jitter = (jitter * 1103515245 + 12345) % 2147483648;
+        clock.ms = clock.ms.max(due_ms) + jitter % 4;
+        let mut sampler = |_: &ItemTarget| {
+            n += 1.0;
+            samples += 1;
+            dv(n)
+        };
+        set.handle_timeout(clock.now(), &mut sampler, &limits, &mut out);
+        // Always one Publish waiting.
+        while out.len() > tag as usize {
+            tag += 1;
+            publish(&mut set, &clock, tag, &[], &mut out);
+        }
+    }
+    let delivered: Vec<f64> = out
+        .iter()
+        .flat_map(|r| values(response(r)))
+        .filter_map(|v| match v.value {
+            Some(Variant::Double(x)) => Some(x),
+            _ => None,
+        })
+        .collect();
+    assert!(samples >= 28, "{samples} samples in 3 s");
+    assert_eq!(
+        delivered,
+        (1..=delivered.len()).map(|i| i as f64).collect::<Vec<_>>(),
+        "every sample, in order"
+    );
+    assert!(
+        delivered.len() + 1 >= samples,
+        "{} of {samples}",
+        delivered.len()
+    );
+}
