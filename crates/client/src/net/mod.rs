@@ -23,6 +23,8 @@ use uascale_types::{
 };
 
 use crate::error::ClientError;
+
+pub mod pipeline;
 use crate::security::{self, ServerTrust, UserIdentity};
 
 fn now() -> Now {
