@@ -242,9 +242,17 @@ fn emit(a: &Args, outcome: &Outcome) -> Result<(), String> {
     Ok(())
 }
 
+/// A multi-threaded runtime, or a single-threaded one when the process may
+/// use one core only (`taskset -c 1`): one worker thread there would only
+/// add hand-offs between it and the thread that samples.
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut b = if cores == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    b.enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))
 }

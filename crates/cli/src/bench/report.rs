@@ -198,13 +198,12 @@ pub fn svg(chart: &Chart) -> String {
                 x
             );
         }
-        let lx = LEFT + 10.0 + i as f64 * 150.0;
+        // The legend, top right, one entry per line.
+        let lx = W - RIGHT - (chart.lines.len() - i) as f64 * 130.0;
         let _ = write!(
             s,
-            r#"<rect x="{lx:.1}" y="{:.1}" width="12" height="4" fill="{color}"/><text x="{:.1}" y="{:.1}" class="legend">{}</text>"#,
-            H - 14.0,
+            r#"<rect x="{lx:.1}" y="10" width="12" height="4" fill="{color}"/><text x="{:.1}" y="16" class="legend">{}</text>"#,
             lx + 16.0,
-            H - 9.0,
             escape(&line.label)
         );
     }
