@@ -27,10 +27,11 @@ pub const USAGE: &str =
     "       uascale bench read URL [--connections C] [--inflight M] [--values-per-read K]
                           [--node NODE]... [--warmup-s S] [--duration-s S]
                           [--client pipeline|library] [--server-pid PID]
-                          [--json] [--report FILE.html]
+                          [--interval-s S] [--json] [--report FILE.html]
        uascale bench sessions URL [--sessions N] [--concurrency C] [--hold-s S]
                           [--source-ips IP,IP,...] [--max-retries R]
-                          [--server-pid PID] [--json] [--report FILE.html]
+                          [--server-pid PID] [--interval-s S] [--json]
+                          [--report FILE.html]
 
   bench read      C connections (10) x M Reads in flight (100), K values per
                   Read (1) of the NODEs (default i=2258); --warmup-s (3) then
@@ -45,9 +46,10 @@ pub const USAGE: &str =
                   --hold-s (5), closed: rate, failures by status, busy
                   answers, retries, server CPU and memory per session
 
-  Progress goes to stderr (a bar on a terminal, a line a second otherwise);
-  stdout gets only the summary, or JSON with --json (with the per-second
-  series); --report writes an HTML page with the summary and plots";
+  Both sample their series every --interval-s (1). Progress goes to stderr
+  (a bar on a terminal, a line per sample otherwise); stdout gets only the
+  summary, or JSON with --json (with the series); --report writes an HTML
+  page with the summary and plots";
 
 /// The server's CPU time so far (all its threads) and its resident memory.
 #[derive(Debug, Clone, Copy)]
@@ -117,7 +119,7 @@ impl Args {
         while let Some(a) = it.next() {
             match *a {
                 "--json" => json = true,
-                f if known.contains(&f) || f == "--report" => {
+                f if known.contains(&f) || f == "--report" || f == "--interval-s" => {
                     let v = it.next().ok_or_else(|| format!("{f} needs a value"))?;
                     flags.entry(f.to_owned()).or_default().push((*v).to_owned());
                 }
@@ -155,6 +157,16 @@ impl Args {
         let s: f64 = self.num(name, default)?;
         Duration::try_from_secs_f64(s)
             .map_err(|_| format!("{name} {s} is not a duration in seconds"))
+    }
+
+    /// `--interval-s`: how often the series is sampled (1 s; at least
+    /// 50 ms).
+    fn interval(&self) -> Result<Duration, String> {
+        let d = self.seconds("--interval-s", 1.0)?;
+        if d < Duration::from_millis(50) {
+            return Err("--interval-s must be at least 0.05".into());
+        }
+        Ok(d)
     }
 
     fn server_pid(&self) -> Result<Option<u32>, String> {
@@ -262,6 +274,18 @@ type StatusCounts = BTreeMap<StatusCode, u64>;
 
 fn count_status(counts: &mut StatusCounts, status: StatusCode, n: u64) {
     *counts.entry(status).or_insert(0) += n;
+}
+
+/// `BadTimeout: 3, BadNodeIdUnknown: 1`, or `none`.
+fn list_counts(counts: &BTreeMap<String, u64>) -> String {
+    if counts.is_empty() {
+        return "none".into();
+    }
+    counts
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The counts by status name (`BadTimeout`), for output.

@@ -22,7 +22,7 @@ use uascale_types::NodeId;
 use super::progress::Progress;
 use super::report::{Chart, Line};
 use super::series::{Interval, ReadPoint};
-use super::{named, sample_server, Args, Outcome, ServerSample};
+use super::{list_counts, named, sample_server, Args, Outcome, ServerSample};
 
 /// The options `bench read` takes (besides `--json` and `--report`).
 pub const FLAGS: &[&str] = &[
@@ -178,6 +178,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let warmup = a.seconds("--warmup-s", 3.0)?;
     let duration = a.seconds("--duration-s", 5.0)?;
     let pid = a.server_pid()?;
+    let every = a.interval()?;
     let mode = match a.last("--client") {
         None | Some("pipeline") => Mode::Pipeline,
         Some("library") => Mode::Library,
@@ -259,7 +260,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             server_start = prev_server;
         }
         while prev_t < end {
-            let next = (prev_t + Duration::from_secs(1)).min(end);
+            let next = (prev_t + every).min(end);
             tokio::time::sleep_until(next.into()).await;
             let mut iv = collect(&stats);
             let at = Instant::now();
@@ -354,7 +355,14 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
                 hist.max() as f64 / 1000.0
             ),
         ),
-        ("errors".to_owned(), format!("{total_errors} {errors:?}")),
+        (
+            "errors".to_owned(),
+            if total_errors == 0 {
+                "0".to_owned()
+            } else {
+                format!("{total_errors} ({})", list_counts(&errors))
+            },
+        ),
     ];
     if let Some((us, cores, rss)) = server {
         rows.push((

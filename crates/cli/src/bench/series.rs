@@ -1,4 +1,5 @@
-//! Per-second samples of a run, for the JSON and the report's plots.
+//! Samples of a run (one per `--interval-s`, 1 s by default), for the
+//! JSON and the report's plots.
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -12,7 +13,7 @@ pub fn latency_histogram() -> Histogram<u64> {
 }
 
 /// What completed since the last sample (one per connection, taken by the
-/// sampler once a second).
+/// sampler once an interval).
 pub struct Interval {
     pub reads: u64,
     pub values: u64,
@@ -57,7 +58,7 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
-/// One second (or the rest of a phase) of `bench read`.
+/// One interval (or the rest of a phase) of `bench read`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReadPoint {
     /// End of the interval, seconds since the load started.
@@ -106,7 +107,7 @@ impl ReadPoint {
     }
 }
 
-/// One second (or the rest of a phase) of `bench sessions`; counts are
+/// One interval (or the rest of a phase) of `bench sessions`; counts are
 /// totals since the start.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionPoint {

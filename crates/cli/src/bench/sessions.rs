@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::json;
 use uascale_client::{Backoff, Client, ClientError, ClientOptions};
@@ -17,7 +17,9 @@ use uascale_types::NodeId;
 use super::progress::Progress;
 use super::report::{Chart, Line};
 use super::series::SessionPoint;
-use super::{count_status, named, sample_server, Args, Outcome, ServerSample, StatusCounts};
+use super::{
+    count_status, list_counts, named, sample_server, Args, Outcome, ServerSample, StatusCounts,
+};
 
 /// The options `bench sessions` takes (besides `--json` and `--report`).
 pub const FLAGS: &[&str] = &[
@@ -95,6 +97,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let hold = a.seconds("--hold-s", 5.0)?;
     let max_retries: u32 = a.num("--max-retries", 4)?;
     let pid = a.server_pid()?;
+    let every = a.interval()?;
     if n == 0 || concurrency == 0 {
         return Err("--sessions and --concurrency must be > 0".into());
     }
@@ -174,12 +177,12 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         clients
     });
     let mut progress = Progress::new();
-    let mut next = started + Duration::from_secs(1);
+    let mut next = started + every;
     let clients = loop {
         tokio::select! {
             joined = &mut joiner => break joined.map_err(|e| format!("the sessions task failed: {e}"))?,
             () = tokio::time::sleep_until(next.into()) => {
-                next += Duration::from_secs(1);
+                next += every;
                 let p = sampler.sample("establish", &counters);
                 let done = p.established + p.failures;
                 progress.update(
@@ -197,7 +200,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let hold_start = Instant::now();
     let hold_end = hold_start + hold;
     while Instant::now() < hold_end {
-        let next = (Instant::now() + Duration::from_secs(1)).min(hold_end);
+        let next = (Instant::now() + every).min(hold_end);
         tokio::time::sleep_until(next.into()).await;
         sampler.sample("hold", &counters);
         progress.update(
@@ -267,7 +270,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             "busy answers".to_owned(),
             format!("{busy}, retries {retries}"),
         ),
-        ("failures".to_owned(), format!("{failures:?}")),
+        ("failures".to_owned(), list_counts(&failures)),
         ("alive at end".to_owned(), alive.to_string()),
     ];
     if let Some((ms, bytes, cores)) = per_session {
