@@ -292,7 +292,7 @@ if shape == "publish":
     s = d.get("server") or {}
     print(f"   publish: {d['established']}/{d['sessions']} sessions, {d['notifications_per_s']:.0f} notifications/s, "
           f"server {fmt(s.get('cpu_us_per_notification'))} us CPU/notification, lost {d['lost_messages']}, "
-          f"errors {d['errors']}")
+          f"failures {d['failures']}")
 elif shape in ("sessions", "scale"):
     print(f"   sessions: {d['established']}/{d['sessions']} established, "
           f"{d['sessions_per_s']:.0f}/s, server {fmt(d.get('server_cpu_ms_per_session'))} ms CPU/session, "

@@ -58,8 +58,8 @@ def med(values):
 
 def errors_of(shape, d):
     if shape == "publish":
-        e = d.get("errors") or {}
-        return sum(e.values()) + int(d.get("failed", 0)) + int(d.get("lost_messages", 0))
+        e = d.get("failures") or {}
+        return sum(e.values()) + int(d.get("lost_messages", 0))
     if shape in ("sessions", "scale"):
         f = d.get("failures") or {}
         n = sum(f.values()) if isinstance(f, dict) else int(f or 0)

@@ -5,7 +5,6 @@
 //! message.
 
 mod bench;
-mod bench_publish;
 mod cert;
 mod client_cmd;
 mod client_security;

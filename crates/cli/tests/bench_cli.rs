@@ -43,6 +43,31 @@ fn serve(extra_config: &str) -> Server {
     Server(child, port)
 }
 
+/// Checks the `--report` page of a run: self-contained, with one plotted
+/// point per sample of each series (`key` in `r["series"]`).
+fn check_report(path: &std::path::Path, r: &serde_json::Value, keys: &[&str]) -> String {
+    let html = std::fs::read_to_string(path).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+    assert!(html.contains("<svg"), "{html}");
+    for external in [
+        "http://", "https://", "<script", "<link", "src=", "@import", "url(",
+    ] {
+        assert!(!html.contains(external), "{external} in {html}");
+    }
+    let series = r["series"].as_array().unwrap();
+    assert!(!series.is_empty(), "{r}");
+    for key in keys {
+        let samples = series.iter().filter(|p| !p[key].is_null()).count();
+        assert!(samples > 0, "{key}: {r}");
+        assert_eq!(
+            html.matches(&format!("data-series=\"{key}\"")).count(),
+            samples,
+            "{key}"
+        );
+    }
+    html
+}
+
 fn bench(args: &[&str]) -> serde_json::Value {
     let out = Command::new(BIN)
         .arg("bench")
@@ -63,6 +88,7 @@ fn bench_read_counts_reads_values_and_server_cost() {
     let s = serve("");
     let url = format!("opc.tcp://127.0.0.1:{}", s.1);
     let pid = s.0.id().to_string();
+    let report = std::env::temp_dir().join(format!("uascale-bench-read-{}.html", s.1));
     let r = bench(&[
         "read",
         &url,
@@ -82,8 +108,44 @@ fn bench_read_counts_reads_values_and_server_cost() {
         "0.5",
         "--server-pid",
         &pid,
+        "--interval-s",
+        "0.25",
+        "--report",
+        report.to_str().unwrap(),
     ]);
     let reads = r["reads"].as_u64().unwrap();
+    // The series: a warm-up sample, then measured ones adding up to the
+    // totals, each with latencies.
+    let series = r["series"].as_array().unwrap();
+    assert_eq!(series[0]["phase"], "warm-up", "{r}");
+    let measured: Vec<_> = series.iter().filter(|p| p["phase"] == "measure").collect();
+    // 0.5 s sampled every 0.25 s (one sample fewer if a sleep overran).
+    assert!((1..=2).contains(&measured.len()), "{r}");
+    assert_eq!(
+        measured
+            .iter()
+            .map(|p| p["reads"].as_u64().unwrap())
+            .sum::<u64>(),
+        reads,
+        "{r}"
+    );
+    assert!(
+        measured
+            .iter()
+            .all(|p| p["server_cores_busy"].as_f64().is_some()),
+        "{r}"
+    );
+    let html = check_report(
+        &report,
+        &r,
+        &["reads_per_s", "latency_p50_ms", "latency_p99_ms"],
+    );
+    assert!(
+        html.contains("ns=2;s=Demo.Dynamic.Counter"),
+        "the command is on the page"
+    );
+    assert!(html.contains("server CPU"), "{html}");
+    let _ = std::fs::remove_file(&report);
     assert!(reads > 0, "{r}");
     let values_per_s = r["values_per_s"].as_f64().unwrap();
     let reads_per_s = r["reads_per_s"].as_f64().unwrap();
@@ -93,26 +155,32 @@ fn bench_read_counts_reads_values_and_server_cost() {
     assert!(r["server_rss_bytes"].as_u64().unwrap() > 0, "{r}");
     assert!(r["latency_ms"]["p50"].as_f64().unwrap() > 0.0, "{r}");
 
-    // Unknown nodes are counted as errors by their status.
-    let r = bench(&[
-        "read",
-        &url,
-        "--connections",
-        "1",
-        "--inflight",
-        "2",
-        "--node",
-        "ns=2;s=Missing",
-        "--warmup-s",
-        "0",
-        "--duration-s",
-        "0.3",
-    ]);
-    assert_eq!(
-        r["errors"]["BadNodeIdUnknown"].as_u64(),
-        r["reads"].as_u64(),
-        "{r}"
-    );
+    // Unknown nodes are counted as errors by their status, by both clients.
+    for client in ["pipeline", "library"] {
+        let r = bench(&[
+            "read",
+            &url,
+            "--client",
+            client,
+            "--connections",
+            "1",
+            "--inflight",
+            "2",
+            "--node",
+            "ns=2;s=Missing",
+            "--warmup-s",
+            "0",
+            "--duration-s",
+            "0.3",
+        ]);
+        assert_eq!(r["client"], client, "{r}");
+        assert!(r["reads"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(
+            r["errors"]["BadNodeIdUnknown"].as_u64(),
+            r["reads"].as_u64(),
+            "{r}"
+        );
+    }
 }
 
 #[test]
@@ -120,6 +188,7 @@ fn bench_sessions_establishes_holds_and_reports_refusals() {
     let s = serve("[server]\nmax_session_count = 12\n");
     let url = format!("opc.tcp://127.0.0.1:{}", s.1);
     let pid = s.0.id().to_string();
+    let report = std::env::temp_dir().join(format!("uascale-bench-sessions-{}.html", s.1));
     let r = bench(&[
         "sessions",
         &url,
@@ -131,7 +200,14 @@ fn bench_sessions_establishes_holds_and_reports_refusals() {
         "0.2",
         "--server-pid",
         &pid,
+        "--report",
+        report.to_str().unwrap(),
     ]);
+    let last = r["series"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["established"], 10, "{r}");
+    assert_eq!(last["failures"], 0, "{r}");
+    check_report(&report, &r, &["established", "failures", "busy_answers"]);
+    let _ = std::fs::remove_file(&report);
     assert_eq!(r["established"], 10, "{r}");
     assert_eq!(r["alive_after_hold"], 10, "{r}");
     assert_eq!(r["failures"], serde_json::json!({}), "{r}");
@@ -152,6 +228,16 @@ fn bench_sessions_establishes_holds_and_reports_refusals() {
     ]);
     assert_eq!(r["established"], 12, "{r}");
     assert_eq!(r["failures"]["BadTooManySessions"], 3, "{r}");
+    let last = r["series"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (
+            &last["established"],
+            &last["failures"],
+            &last["busy_answers"]
+        ),
+        (&12.into(), &3.into(), &3.into()),
+        "{r}"
+    );
     assert_eq!(r["busy_answers"], 3, "{r}");
     assert_eq!(r["retries"], 0, "{r}");
 }

@@ -24,6 +24,8 @@ use uascale_types::{
 
 use crate::backoff::Backoff;
 use crate::error::ClientError;
+
+pub mod pipeline;
 use crate::security::{self, ServerTrust, UserIdentity};
 
 mod gate;

@@ -1,0 +1,322 @@
+//! `uascale bench`: load against any OPC UA server URL, with the server's
+//! own CPU and memory read from /proc when its PID is given.
+//!
+//! - `bench read` ([`read`]): C connections x M Reads in flight, K values
+//!   per Read; a warm-up, then a measured window.
+//! - `bench sessions` ([`sessions`]): N sessions (one connection each)
+//!   established at a bounded concurrency with the §7 backoff on busy
+//!   answers, held, closed.
+//!
+//! - `bench publish` ([`publish`]): S sessions x N subscriptions x K items
+//!   on changing nodes: notifications/s, lateness, server CPU per
+//!   notification.
+//!
+//! All sample once a second ([`series`]), show progress on stderr
+//! ([`progress`]), print a summary table or `--json` on stdout, and with
+//! `--report FILE` write a self-contained HTML page ([`report`]).
+
+mod progress;
+mod publish;
+mod read;
+mod report;
+mod series;
+mod sessions;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use uascale_types::StatusCode;
+
+pub const USAGE: &str =
+    "       uascale bench read URL [--connections C] [--inflight M] [--values-per-read K]
+                          [--node NODE]... [--warmup-s S] [--duration-s S]
+                          [--client pipeline|library] [--server-pid PID]
+                          [--interval-s S] [--json] [--report FILE.html]
+       uascale bench sessions URL [--sessions N] [--concurrency C] [--hold-s S]
+                          [--source-ips IP,IP,...] [--max-retries R]
+                          [--server-pid PID] [--interval-s S] [--json]
+                          [--report FILE.html]
+       uascale bench publish URL [--sessions S] [--subscriptions N] [--items K]
+                          [--node NODE]... [--load-nodes L] [--interval-ms MS]
+                          [--sampling-ms MS] [--concurrency C] [--warmup-s S]
+                          [--duration-s S] [--max-retries R] [--server-pid PID]
+                          [--interval-s S] [--json] [--report FILE.html]
+
+  bench read      C connections (10) x M Reads in flight (100), K values per
+                  Read (1) of the NODEs (default i=2258); --warmup-s (3) then
+                  --duration-s (5) measured: reads/s, values/s, latency
+                  percentiles, errors by status, and with --server-pid the
+                  server's CPU microseconds per Read and its RSS. --client
+                  pipeline (default) keeps the window in one task per
+                  connection; library goes through Client::read_values
+  bench sessions  N sessions (100), each on its own connection, established
+                  C at a time (50), each retried up to R times (4) with
+                  the backoff of SCALABILITY.md §7 on failures, held
+                  --hold-s (5), closed: rate, failures by status, busy
+                  answers, retries, server CPU and memory per session
+  bench publish   S sessions (10) x N subscriptions (1) x K items (10) on the
+                  NODEs (round robin; --load-nodes L adds uascale's
+                  ns=2;s=Demo.Load.Node0..L-1; default the four
+                  Demo.Dynamic nodes), publishing every --interval-ms (100),
+                  sampling every --sampling-ms (the publishing interval),
+                  C sessions opening at once through the client's connect
+                  gate: notifications/s, lateness (arrival minus source
+                  timestamp), lost messages, server CPU per notification
+
+  All sample their series every --interval-s (1). Progress goes to stderr
+  (a bar on a terminal, a line per sample otherwise); stdout gets only the
+  summary, or JSON with --json (with the series); --report writes an HTML
+  page with the summary and plots";
+
+/// The server's CPU time so far (all its threads) and its resident memory.
+#[derive(Debug, Clone, Copy)]
+struct ServerSample {
+    cpu: Duration,
+    rss_bytes: u64,
+}
+
+fn sample_server(pid: u32) -> Option<ServerSample> {
+    // schedstat gives nanoseconds on the CPU per thread; stat's ticks are
+    // 10 ms coarse, so use them only when schedstat is missing.
+    let mut ns = 0u64;
+    let mut found = false;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                if let Some(v) = s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                {
+                    ns += v;
+                    found = true;
+                }
+            }
+        }
+    }
+    let cpu = if found {
+        Duration::from_nanos(ns)
+    } else {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let after = stat.rsplit_once(')')?.1;
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        Duration::from_millis(ticks * 10)
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Some(ServerSample {
+        cpu,
+        rss_bytes: rss_kb * 1024,
+    })
+}
+
+/// The parsed command line of one bench.
+struct Args {
+    /// `read` or `sessions`.
+    kind: &'static str,
+    /// Everything after `uascale bench KIND`, for the report.
+    raw: Vec<String>,
+    url: String,
+    flags: BTreeMap<String, Vec<String>>,
+    json: bool,
+}
+
+impl Args {
+    fn parse(kind: &'static str, args: &[&str], known: &[&str]) -> Result<Self, String> {
+        let mut url = None;
+        let mut flags: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut json = false;
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match *a {
+                "--json" => json = true,
+                f if known.contains(&f) || f == "--report" || f == "--interval-s" => {
+                    let v = it.next().ok_or_else(|| format!("{f} needs a value"))?;
+                    flags.entry(f.to_owned()).or_default().push((*v).to_owned());
+                }
+                f if f.starts_with("--") => return Err(format!("unknown option {f:?}")),
+                u if url.is_none() => url = Some(u.to_owned()),
+                other => return Err(format!("unexpected argument {other:?}")),
+            }
+        }
+        Ok(Args {
+            kind,
+            raw: args.iter().map(|a| (*a).to_owned()).collect(),
+            url: url.ok_or("the server URL is missing")?,
+            flags,
+            json,
+        })
+    }
+
+    fn last(&self, name: &str) -> Option<&str> {
+        self.flags
+            .get(name)
+            .and_then(|v| v.last())
+            .map(String::as_str)
+    }
+
+    fn num<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T, String> {
+        match self.last(name) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| format!("{name} {v:?} is not a valid number")),
+        }
+    }
+
+    fn seconds(&self, name: &str, default: f64) -> Result<Duration, String> {
+        let s: f64 = self.num(name, default)?;
+        Duration::try_from_secs_f64(s)
+            .map_err(|_| format!("{name} {s} is not a duration in seconds"))
+    }
+
+    /// `--interval-s`: how often the series is sampled (1 s; at least
+    /// 50 ms).
+    fn interval(&self) -> Result<Duration, String> {
+        let d = self.seconds("--interval-s", 1.0)?;
+        if d < Duration::from_millis(50) {
+            return Err("--interval-s must be at least 0.05".into());
+        }
+        Ok(d)
+    }
+
+    fn server_pid(&self) -> Result<Option<u32>, String> {
+        self.last("--server-pid")
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| format!("--server-pid {v:?} is not a process id"))
+            })
+            .transpose()
+    }
+
+    /// The command as typed, for the report.
+    fn command_line(&self) -> String {
+        let mut s = format!("uascale bench {}", self.kind);
+        for a in &self.raw {
+            s.push(' ');
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c))
+            {
+                s.push_str(a);
+            } else {
+                s.push('\'');
+                s.push_str(&a.replace('\'', "'\\''"));
+                s.push('\'');
+            }
+        }
+        s
+    }
+}
+
+/// A finished bench: the summary as rows for the table and the report, and
+/// the JSON document.
+pub(crate) struct Outcome {
+    /// One line above the table.
+    title: String,
+    /// Label and value, in order.
+    rows: Vec<(String, String)>,
+    json: serde_json::Value,
+    /// The plots of the report.
+    charts: Vec<report::Chart>,
+}
+
+/// Runs `uascale bench KIND ARGS...`.
+pub fn run(args: &[&str]) -> ExitCode {
+    let result = match args {
+        ["read", rest @ ..] => Args::parse("read", rest, read::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(read::run(&a))?, a))),
+        ["sessions", rest @ ..] => Args::parse("sessions", rest, sessions::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(sessions::run(&a))?, a))),
+        ["publish", rest @ ..] => Args::parse("publish", rest, publish::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(publish::run(&a))?, a))),
+        _ => Err(format!(
+            "unknown bench; one of: read, sessions, publish\n{USAGE}"
+        )),
+    };
+    match result.and_then(|(outcome, a)| emit(&a, &outcome)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uascale bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints the summary (or the JSON) and writes the report.
+fn emit(a: &Args, outcome: &Outcome) -> Result<(), String> {
+    if let Some(path) = a.last("--report") {
+        let html = report::page(
+            &a.command_line(),
+            &outcome.title,
+            &outcome.rows,
+            &outcome.charts,
+        );
+        std::fs::write(path, html).map_err(|e| format!("--report {path}: {e}"))?;
+        eprintln!("report written to {path}");
+    }
+    if a.json {
+        let text = serde_json::to_string_pretty(&outcome.json)
+            .map_err(|e| format!("cannot encode the JSON: {e}"))?;
+        println!("{text}");
+    } else {
+        println!("{}", outcome.title);
+        let width = outcome.rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+        for (k, v) in &outcome.rows {
+            println!("  {k:<width$}  {v}");
+        }
+    }
+    Ok(())
+}
+
+/// A multi-threaded runtime, or a single-threaded one when the process may
+/// use one core only (`taskset -c 1`): one worker thread there would only
+/// add hand-offs between it and the thread that samples.
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut b = if cores == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    b.enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+/// Counts by status.
+type StatusCounts = BTreeMap<StatusCode, u64>;
+
+fn count_status(counts: &mut StatusCounts, status: StatusCode, n: u64) {
+    *counts.entry(status).or_insert(0) += n;
+}
+
+/// `BadTimeout: 3, BadNodeIdUnknown: 1`, or `none`.
+fn list_counts(counts: &BTreeMap<String, u64>) -> String {
+    if counts.is_empty() {
+        return "none".into();
+    }
+    counts
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The counts by status name (`BadTimeout`), for output.
+fn named(counts: &StatusCounts) -> BTreeMap<String, u64> {
+    counts.iter().map(|(s, n)| (s.to_string(), *n)).collect()
+}
+
+fn merge_counts(into: &mut StatusCounts, from: &StatusCounts) {
+    for (s, n) in from {
+        count_status(into, *s, *n);
+    }
+}

@@ -1,0 +1,582 @@
+//! `bench publish`: S sessions x N subscriptions x K monitored items on
+//! changing nodes. Reports notifications delivered per second, their
+//! lateness (arrival at the client minus the value's source timestamp),
+//! messages lost, and - given the server's PID - the server's CPU per
+//! notification; sampled every `--interval-s` for the JSON and the report.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::json;
+use uascale_client::{
+    Client, ClientError, ClientOptions, ConnectGate, ConnectReport, MonitorItem, Notification,
+    Subscription, SubscriptionEvent, SubscriptionSettings,
+};
+use uascale_types::{DateTime, NodeId};
+
+use super::progress::Progress;
+use super::report::{Chart, Line};
+use super::{list_counts, sample_server, Args, Outcome, ServerSample};
+
+/// The options `bench publish` takes (besides `--json` and `--report`).
+pub const FLAGS: &[&str] = &[
+    "--sessions",
+    "--subscriptions",
+    "--items",
+    "--node",
+    "--load-nodes",
+    "--interval-ms",
+    "--sampling-ms",
+    "--concurrency",
+    "--warmup-s",
+    "--duration-s",
+    "--max-retries",
+    "--server-pid",
+];
+
+const SETUP: u8 = 0;
+const WARMUP: u8 = 1;
+const MEASURE: u8 = 2;
+const DONE: u8 = 3;
+
+/// Lateness in microseconds, 1 us to 1 h.
+fn lateness_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant, valid bounds")
+}
+
+#[derive(Default)]
+struct Counters {
+    notifications: AtomicU64,
+    messages: AtomicU64,
+    keep_alives: AtomicU64,
+    lost: AtomicU64,
+    established: AtomicU64,
+    failed: AtomicU64,
+    retries: AtomicU64,
+    busy: AtomicU64,
+}
+
+/// Lateness of the current interval and of the measured window.
+struct Lateness {
+    interval: Histogram<u64>,
+    measured: Histogram<u64>,
+}
+
+/// One sample of the run.
+#[derive(Debug, Clone, Serialize)]
+struct PublishPoint {
+    /// Seconds since the start.
+    t_s: f64,
+    /// `setup`, `warm-up` or `measure`.
+    phase: &'static str,
+    /// Sessions subscribed so far.
+    established: u64,
+    notifications_per_s: f64,
+    messages_per_s: f64,
+    lateness_p50_ms: Option<f64>,
+    lateness_p99_ms: Option<f64>,
+    /// Messages lost so far.
+    lost: u64,
+    /// The server's CPU time over the interval / its length (with its PID).
+    server_cores_busy: Option<f64>,
+}
+
+/// Microseconds from `then` to now (0 for a null or future time).
+fn lateness_us(then: DateTime) -> u64 {
+    let now = DateTime::from_system_time(SystemTime::now());
+    if then.ticks() <= 0 {
+        return 0;
+    }
+    // DateTime ticks are 100 ns.
+    u64::try_from(now.ticks().saturating_sub(then.ticks()) / 10).unwrap_or(0)
+}
+
+fn nodes(a: &Args) -> Result<Vec<NodeId>, String> {
+    let mut nodes: Vec<NodeId> = a
+        .flags
+        .get("--node")
+        .into_iter()
+        .flatten()
+        .map(|n| n.parse().map_err(|e| format!("--node {n:?}: {e}")))
+        .collect::<Result<_, String>>()?;
+    let load: usize = a.num("--load-nodes", 0)?;
+    nodes.extend((0..load).map(|i| NodeId::string(2, format!("Demo.Load.Node{i}"))));
+    if nodes.is_empty() {
+        nodes = ["Counter", "Random", "Sine", "Step"]
+            .iter()
+            .map(|n| NodeId::string(2, format!("Demo.Dynamic.{n}")))
+            .collect();
+    }
+    Ok(nodes)
+}
+
+/// Runs `bench publish`.
+pub async fn run(a: &Args) -> Result<Outcome, String> {
+    let sessions: usize = a.num("--sessions", 10)?;
+    let per_session: usize = a.num("--subscriptions", 1)?;
+    let items: usize = a.num("--items", 10)?;
+    let interval_ms: f64 = a.num("--interval-ms", 100.0)?;
+    let sampling_ms: f64 = a.num("--sampling-ms", -1.0)?;
+    let concurrency: usize = a.num("--concurrency", 50)?;
+    let warmup = a.seconds("--warmup-s", 2.0)?;
+    let duration = a.seconds("--duration-s", 5.0)?;
+    let max_retries: u32 = a.num("--max-retries", 4)?;
+    let pid = a.server_pid()?;
+    let every = a.interval()?;
+    let nodes = Arc::new(nodes(a)?);
+    if sessions == 0 || per_session == 0 || items == 0 || duration.is_zero() || concurrency == 0 {
+        return Err(
+            "--sessions, --subscriptions, --items, --concurrency and --duration-s must be > 0"
+                .into(),
+        );
+    }
+    let interval = Duration::try_from_secs_f64(interval_ms / 1000.0)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("--interval-ms {interval_ms} is not a positive duration"))?;
+
+    let counters = Arc::new(Counters::default());
+    let lateness = Arc::new(Mutex::new(Lateness {
+        interval: lateness_histogram(),
+        measured: lateness_histogram(),
+    }));
+    let phase = Arc::new(AtomicU8::new(SETUP));
+    let gate = ConnectGate::new(concurrency);
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(sessions);
+    for s in 0..sessions {
+        let options = ClientOptions {
+            connect_gate: Some(gate.clone()),
+            connect_attempts: max_retries.saturating_add(1),
+            ..Default::default()
+        };
+        let plan = Plan {
+            url: a.url.clone(),
+            index: s,
+            subscriptions: per_session,
+            items,
+            nodes: Arc::clone(&nodes),
+            interval,
+            sampling_ms,
+        };
+        let (counters, lateness, phase) = (
+            Arc::clone(&counters),
+            Arc::clone(&lateness),
+            Arc::clone(&phase),
+        );
+        tasks.push(tokio::spawn(async move {
+            session_task(plan, options, counters, lateness, phase).await
+        }));
+    }
+
+    let mut progress = Progress::new();
+    let mut series = Vec::new();
+    let mut prev = (started, 0u64, 0u64, pid.and_then(sample_server));
+    let mut sample = |phase_name: &'static str, progress: &mut Progress, fraction: f64| {
+        let at = Instant::now();
+        let secs = at.duration_since(prev.0).as_secs_f64().max(1e-9);
+        let n = counters.notifications.load(Ordering::Relaxed);
+        let m = counters.messages.load(Ordering::Relaxed);
+        let server = pid.and_then(sample_server);
+        let cores = match (prev.3, server) {
+            (Some(a), Some(b)) => Some(b.cpu.saturating_sub(a.cpu).as_secs_f64() / secs),
+            _ => None,
+        };
+        let (p50, p99) = match lateness.lock() {
+            Ok(mut l) => {
+                let h = &l.interval;
+                let q = (!h.is_empty()).then(|| {
+                    (
+                        h.value_at_quantile(0.5) as f64 / 1000.0,
+                        h.value_at_quantile(0.99) as f64 / 1000.0,
+                    )
+                });
+                l.interval.reset();
+                (q.map(|q| q.0), q.map(|q| q.1))
+            }
+            Err(_) => (None, None),
+        };
+        let point = PublishPoint {
+            t_s: at.duration_since(started).as_secs_f64(),
+            phase: phase_name,
+            established: counters.established.load(Ordering::Relaxed),
+            notifications_per_s: n.saturating_sub(prev.1) as f64 / secs,
+            messages_per_s: m.saturating_sub(prev.2) as f64 / secs,
+            lateness_p50_ms: p50,
+            lateness_p99_ms: p99,
+            lost: counters.lost.load(Ordering::Relaxed),
+            server_cores_busy: cores,
+        };
+        progress.update(
+            phase_name,
+            fraction,
+            &format!(
+                "{} sessions, {:.0} notifications/s",
+                point.established, point.notifications_per_s
+            ),
+        );
+        series.push(point);
+        prev = (at, n, m, server);
+    };
+
+    // Set-up: until every session is subscribed or has failed.
+    let mut next = started + every;
+    loop {
+        let done =
+            counters.established.load(Ordering::Relaxed) + counters.failed.load(Ordering::Relaxed);
+        if done >= sessions as u64 {
+            break;
+        }
+        tokio::time::sleep_until(next.min(Instant::now() + Duration::from_millis(50)).into()).await;
+        if Instant::now() >= next {
+            next += every;
+            sample("setup", &mut progress, done as f64 / sessions as f64);
+        }
+    }
+    let setup = started.elapsed();
+    sample("setup", &mut progress, 1.0);
+    let established = counters.established.load(Ordering::Relaxed);
+
+    // Warm-up, then the measured window.
+    phase.store(WARMUP, Ordering::SeqCst);
+    window("warm-up", warmup, every, &mut progress, &mut sample).await;
+    let before: Option<ServerSample> = pid.and_then(sample_server);
+    let n0 = counters.notifications.load(Ordering::Relaxed);
+    let m0 = counters.messages.load(Ordering::Relaxed);
+    let lost0 = counters.lost.load(Ordering::Relaxed);
+    phase.store(MEASURE, Ordering::SeqCst);
+    let t0 = Instant::now();
+    window("measure", duration, every, &mut progress, &mut sample).await;
+    phase.store(DONE, Ordering::SeqCst);
+    let secs = t0.elapsed().as_secs_f64();
+    let after = pid.and_then(sample_server);
+    progress.finish();
+    let notifications = counters.notifications.load(Ordering::Relaxed) - n0;
+    let messages = counters.messages.load(Ordering::Relaxed) - m0;
+    let lost = counters.lost.load(Ordering::Relaxed) - lost0;
+
+    let mut failures: std::collections::BTreeMap<String, u64> = Default::default();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => *failures.entry(e).or_insert(0) += 1,
+            Err(_) => *failures.entry("task failed".into()).or_insert(0) += 1,
+        }
+    }
+    let measured = lateness
+        .lock()
+        .map(|l| l.measured.clone())
+        .unwrap_or_else(|_| lateness_histogram());
+    let q = |x: f64| (!measured.is_empty()).then(|| measured.value_at_quantile(x) as f64 / 1000.0);
+    let server = match (before, after) {
+        (Some(b), Some(e)) => Some((
+            (notifications > 0)
+                .then(|| e.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e6 / notifications as f64),
+            e.cpu.saturating_sub(b.cpu).as_secs_f64() / secs.max(1e-9),
+            e.rss_bytes,
+        )),
+        _ => None,
+    };
+    let failed = counters.failed.load(Ordering::Relaxed);
+    let retries = counters.retries.load(Ordering::Relaxed);
+    let busy = counters.busy.load(Ordering::Relaxed);
+    let json = json!({
+        "bench": "publish",
+        "command": a.command_line(),
+        "url": a.url,
+        "sessions": sessions,
+        "subscriptions_per_session": per_session,
+        "items_per_subscription": items,
+        "nodes": nodes.len(),
+        "publishing_interval_ms": interval_ms,
+        "sampling_interval_ms": sampling_ms,
+        "established": established,
+        "failed": failed,
+        "failures": failures,
+        "setup_s": setup.as_secs_f64(),
+        "retries": retries,
+        "busy_answers": busy,
+        "duration_s": secs,
+        "notifications": notifications,
+        "notifications_per_s": notifications as f64 / secs.max(1e-9),
+        "messages_per_s": messages as f64 / secs.max(1e-9),
+        "keep_alives": counters.keep_alives.load(Ordering::Relaxed),
+        "lost_messages": lost,
+        "lateness_ms": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99),
+                        "max": (!measured.is_empty()).then(|| measured.max() as f64 / 1000.0)},
+        "server": server.map(|s| json!({
+            "cpu_us_per_notification": s.0,
+            "cores_busy": s.1,
+            "rss_bytes": s.2,
+        })),
+        "series": series,
+    });
+    let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    let mut rows = vec![
+        (
+            "established".to_owned(),
+            format!(
+                "{established} of {sessions} in {:.1} s ({failed} failed, {retries} retries, {busy} busy answers)",
+                setup.as_secs_f64()
+            ),
+        ),
+        ("failures".to_owned(), list_counts(&failures)),
+        (
+            "notifications".to_owned(),
+            format!(
+                "{:.0}/s ({:.0} messages/s, {} keep-alives, {lost} lost messages)",
+                notifications as f64 / secs.max(1e-9),
+                messages as f64 / secs.max(1e-9),
+                counters.keep_alives.load(Ordering::Relaxed)
+            ),
+        ),
+        (
+            "lateness ms".to_owned(),
+            format!(
+                "p50 {}  p90 {}  p99 {}  max {}",
+                ms(q(0.5)),
+                ms(q(0.9)),
+                ms(q(0.99)),
+                ms((!measured.is_empty()).then(|| measured.max() as f64 / 1000.0))
+            ),
+        ),
+    ];
+    if let Some((us, cores, rss)) = server {
+        rows.push((
+            "server".to_owned(),
+            format!(
+                "{} us CPU per notification ({cores:.2} cores busy), RSS {:.1} MB",
+                us.map_or("-".to_owned(), |u| format!("{u:.2}")),
+                rss as f64 / 1e6
+            ),
+        ));
+    }
+    Ok(Outcome {
+        title: format!(
+            "bench publish  {}  {sessions} sessions x {per_session} subscription(s) x {items} item(s), every {interval_ms} ms, {secs:.1} s measured",
+            a.url
+        ),
+        rows,
+        charts: charts(&json, setup.as_secs_f64(), warmup.as_secs_f64()),
+        json,
+    })
+}
+
+/// Waits `length`, sampling every `every`.
+async fn window(
+    name: &'static str,
+    length: Duration,
+    every: Duration,
+    progress: &mut Progress,
+    sample: &mut dyn FnMut(&'static str, &mut Progress, f64),
+) {
+    let start = Instant::now();
+    let end = start + length;
+    while Instant::now() < end {
+        let next = (Instant::now() + every).min(end);
+        tokio::time::sleep_until(next.into()).await;
+        sample(
+            name,
+            progress,
+            start.elapsed().as_secs_f64() / length.as_secs_f64().max(1e-9),
+        );
+    }
+}
+
+/// The report's plots from the series in `json`.
+fn charts(json: &serde_json::Value, setup_s: f64, warmup_s: f64) -> Vec<Chart> {
+    let series = json["series"].as_array().cloned().unwrap_or_default();
+    let xy = |key: &str| -> Vec<(f64, f64)> {
+        series
+            .iter()
+            .filter_map(|p| Some((p["t_s"].as_f64()?, p[key].as_f64()?)))
+            .collect()
+    };
+    let shade = Some((0.0, setup_s + warmup_s, "set-up and warm-up".to_owned()));
+    vec![
+        Chart {
+            title: "Notifications delivered".into(),
+            y_label: "per second".into(),
+            lines: vec![
+                Line {
+                    key: "notifications_per_s".into(),
+                    label: "notifications/s".into(),
+                    points: xy("notifications_per_s"),
+                },
+                Line {
+                    key: "messages_per_s".into(),
+                    label: "messages/s".into(),
+                    points: xy("messages_per_s"),
+                },
+            ],
+            shade: shade.clone(),
+        },
+        Chart {
+            title: "Lateness (arrival minus source timestamp)".into(),
+            y_label: "ms".into(),
+            lines: vec![
+                Line {
+                    key: "lateness_p50_ms".into(),
+                    label: "p50".into(),
+                    points: xy("lateness_p50_ms"),
+                },
+                Line {
+                    key: "lateness_p99_ms".into(),
+                    label: "p99".into(),
+                    points: xy("lateness_p99_ms"),
+                },
+            ],
+            shade: shade.clone(),
+        },
+        Chart {
+            title: "Sessions subscribed".into(),
+            y_label: "sessions".into(),
+            lines: vec![Line {
+                key: "established".into(),
+                label: "subscribed".into(),
+                points: xy("established"),
+            }],
+            shade,
+        },
+    ]
+}
+
+/// What one session subscribes to.
+struct Plan {
+    url: String,
+    index: usize,
+    subscriptions: usize,
+    items: usize,
+    nodes: Arc<Vec<NodeId>>,
+    interval: Duration,
+    sampling_ms: f64,
+}
+
+/// Opens the session and its subscriptions.
+async fn set_up(
+    plan: &Plan,
+    options: ClientOptions,
+    report: &mut ConnectReport,
+) -> Result<(Client, Vec<Subscription>), ClientError> {
+    let client = Client::open(&plan.url, options, "uascale bench publish", report).await?;
+    let mut subs = Vec::with_capacity(plan.subscriptions);
+    for s in 0..plan.subscriptions {
+        let sub = client
+            .subscribe(SubscriptionSettings::with_interval(plan.interval))
+            .await?;
+        let first = (plan.index * plan.subscriptions + s) * plan.items;
+        let items = (0..plan.items)
+            .map(|i| {
+                let n = &plan.nodes[(first + i) % plan.nodes.len()];
+                MonitorItem::value(n.clone()).sampling(plan.sampling_ms)
+            })
+            .collect();
+        let created = sub.monitor(items).await?;
+        if let Some(bad) = created.iter().find(|c| c.result.status_code.is_bad()) {
+            client.close().await;
+            return Err(ClientError::Service {
+                status: bad.result.status_code,
+                retry_after_ms: None,
+            });
+        }
+        subs.push(sub);
+    }
+    Ok((client, subs))
+}
+
+/// One session: set up, then count what arrives until the end.
+async fn session_task(
+    plan: Plan,
+    options: ClientOptions,
+    counters: Arc<Counters>,
+    lateness: Arc<Mutex<Lateness>>,
+    phase: Arc<AtomicU8>,
+) -> Result<(), String> {
+    let mut report = ConnectReport::default();
+    let result = set_up(&plan, options, &mut report).await;
+    counters
+        .retries
+        .fetch_add(u64::from(report.retries), Ordering::Relaxed);
+    counters
+        .busy
+        .fetch_add(u64::from(report.busy_answers), Ordering::Relaxed);
+    let (client, mut subs) = match result {
+        Ok(x) => x,
+        Err(e) => {
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(e.status_code().to_string());
+        }
+    };
+    counters.established.fetch_add(1, Ordering::Relaxed);
+    let mut late = Vec::new();
+    let outcome = loop {
+        if phase.load(Ordering::Relaxed) == DONE {
+            break Ok(());
+        }
+        let event = tokio::select! {
+            e = next_event(&mut subs) => e,
+            () = tokio::time::sleep(Duration::from_millis(250)) => continue,
+        };
+        let Some(event) = event else {
+            break Err("subscription stream ended".to_owned());
+        };
+        let counting = phase.load(Ordering::Relaxed) >= WARMUP;
+        match event {
+            SubscriptionEvent::Notifications { notifications, .. } => {
+                if !counting {
+                    continue;
+                }
+                counters.messages.fetch_add(1, Ordering::Relaxed);
+                late.clear();
+                for n in notifications {
+                    if let Notification::DataChange { value, .. } = n {
+                        counters.notifications.fetch_add(1, Ordering::Relaxed);
+                        if let Some(t) = value.source_timestamp.or(value.server_timestamp) {
+                            late.push(lateness_us(t).max(1));
+                        }
+                    }
+                }
+                let measuring = phase.load(Ordering::Relaxed) == MEASURE;
+                if let Ok(mut l) = lateness.lock() {
+                    for &us in &late {
+                        l.interval.saturating_record(us);
+                        if measuring {
+                            l.measured.saturating_record(us);
+                        }
+                    }
+                }
+            }
+            SubscriptionEvent::KeepAlive { .. } => {
+                counters.keep_alives.fetch_add(1, Ordering::Relaxed);
+            }
+            SubscriptionEvent::Lost { count, .. } => {
+                counters.lost.fetch_add(u64::from(count), Ordering::Relaxed);
+            }
+            SubscriptionEvent::Restored(_) => {}
+            SubscriptionEvent::Ended(status) => break Err(format!("subscription ended: {status}")),
+        }
+    };
+    drop(subs);
+    client.close().await;
+    outcome
+}
+
+/// The next event of any of the session's subscriptions.
+async fn next_event(subs: &mut [Subscription]) -> Option<SubscriptionEvent> {
+    if let [one] = subs {
+        return one.recv().await;
+    }
+    let mut futs: Vec<_> = subs.iter_mut().map(|s| Box::pin(s.recv())).collect();
+    std::future::poll_fn(move |cx| {
+        for f in futs.iter_mut() {
+            if let std::task::Poll::Ready(v) = std::future::Future::poll(f.as_mut(), cx) {
+                return std::task::Poll::Ready(v);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}

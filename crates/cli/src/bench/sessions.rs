@@ -1,0 +1,333 @@
+//! `bench sessions`: N sessions, each on its own connection, at most C
+//! establishing at once, retried with the §7 backoff on failures, held,
+//! closed; sampled once a second.
+//!
+//! Each session is set up by [`establish`]; per-session steps beyond the
+//! session itself (e.g. a subscription) belong there, and their failures
+//! are counted like the session's.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::json;
+use uascale_client::{Backoff, Client, ClientError, ClientOptions};
+use uascale_types::NodeId;
+
+use super::progress::Progress;
+use super::report::{Chart, Line};
+use super::series::SessionPoint;
+use super::{
+    count_status, list_counts, named, sample_server, Args, Outcome, ServerSample, StatusCounts,
+};
+
+/// The options `bench sessions` takes (besides `--json` and `--report`).
+pub const FLAGS: &[&str] = &[
+    "--sessions",
+    "--concurrency",
+    "--hold-s",
+    "--source-ips",
+    "--max-retries",
+    "--server-pid",
+];
+
+#[derive(Default)]
+struct Counters {
+    established: AtomicU64,
+    busy: AtomicU64,
+    retries: AtomicU64,
+    failed: AtomicU64,
+    failures: Mutex<StatusCounts>,
+}
+
+/// One session, ready for the hold: connected, created and activated.
+async fn establish(url: &str, options: ClientOptions, i: usize) -> Result<Client, ClientError> {
+    let c = Client::connect(url, options).await?;
+    if let Err(e) = c.create_session(&format!("bench {i}")).await {
+        c.close().await;
+        return Err(e);
+    }
+    Ok(c)
+}
+
+/// Samples the counters into a point of `phase`.
+struct Sampler {
+    start: Instant,
+    prev_t: Instant,
+    prev_established: u64,
+    pid: Option<u32>,
+    prev_server: Option<ServerSample>,
+    series: Vec<SessionPoint>,
+}
+
+impl Sampler {
+    fn sample(&mut self, phase: &'static str, c: &Counters) -> &SessionPoint {
+        let at = Instant::now();
+        let secs = at.duration_since(self.prev_t).as_secs_f64();
+        let established = c.established.load(Ordering::Relaxed);
+        let server = self.pid.and_then(sample_server);
+        let cores = match (self.prev_server, server) {
+            (Some(a), Some(b)) if secs > 0.0 => {
+                Some(b.cpu.saturating_sub(a.cpu).as_secs_f64() / secs)
+            }
+            _ => None,
+        };
+        self.series.push(SessionPoint {
+            t_s: at.duration_since(self.start).as_secs_f64(),
+            phase,
+            established,
+            established_per_s: (established - self.prev_established) as f64 / secs.max(1e-9),
+            failures: c.failed.load(Ordering::Relaxed),
+            busy_answers: c.busy.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+            server_cores_busy: cores,
+            server_rss_bytes: server.map(|s| s.rss_bytes),
+        });
+        self.prev_t = at;
+        self.prev_established = established;
+        self.prev_server = server;
+        self.series.last().expect("just pushed")
+    }
+}
+
+/// Runs `bench sessions`.
+pub async fn run(a: &Args) -> Result<Outcome, String> {
+    let n: usize = a.num("--sessions", 100)?;
+    let concurrency: usize = a.num("--concurrency", 50)?;
+    let hold = a.seconds("--hold-s", 5.0)?;
+    let max_retries: u32 = a.num("--max-retries", 4)?;
+    let pid = a.server_pid()?;
+    let every = a.interval()?;
+    if n == 0 || concurrency == 0 {
+        return Err("--sessions and --concurrency must be > 0".into());
+    }
+    let sources: Vec<std::net::IpAddr> = match a.last("--source-ips") {
+        None => vec![],
+        Some(list) => list
+            .split(',')
+            .map(|ip| {
+                ip.trim()
+                    .parse()
+                    .map_err(|_| format!("--source-ips: {ip:?} is not an IP address"))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    // The client draws a nonce per session; the random generator's first
+    // use initialises it (40-70 ms here), a one-off cost of the process
+    // that would otherwise be counted in the establishment time.
+    let _ = uascale_crypto::policy::SecurityPolicy::Basic256Sha256.random_nonce();
+    let counters = Arc::new(Counters::default());
+    let gate = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let before = pid.and_then(sample_server);
+    let started = Instant::now();
+    let mut sampler = Sampler {
+        start: started,
+        prev_t: started,
+        prev_established: 0,
+        pid,
+        prev_server: before,
+        series: Vec::new(),
+    };
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let (gate, counters, url) = (Arc::clone(&gate), Arc::clone(&counters), a.url.clone());
+        let options = ClientOptions {
+            local_addr: sources.get(i % sources.len().max(1)).copied(),
+            ..Default::default()
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut backoff = Backoff::new(0x5eed_0000 + i as u64);
+            // A busy server is retried with the §7 backoff.
+            for attempt in 0..=max_retries {
+                let permit = gate.acquire().await.ok()?;
+                let result = establish(&url, options.clone(), i).await;
+                drop(permit);
+                match result {
+                    Ok(c) => {
+                        counters.established.fetch_add(1, Ordering::Relaxed);
+                        return Some(c);
+                    }
+                    Err(e) => {
+                        let status = e.status_code();
+                        if uascale_client::backoff::is_busy_signal(status) {
+                            counters.busy.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if attempt == max_retries {
+                            counters.failed.fetch_add(1, Ordering::Relaxed);
+                            if let Ok(mut f) = counters.failures.lock() {
+                                count_status(&mut f, status, 1);
+                            }
+                            return None;
+                        }
+                        counters.retries.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(backoff.next_delay(status, e.retry_after_ms())).await;
+                    }
+                }
+            }
+            None
+        }));
+    }
+    let mut joiner = tokio::spawn(async move {
+        let mut clients = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            if let Ok(Some(c)) = t.await {
+                clients.push(c);
+            }
+        }
+        clients
+    });
+    let mut progress = Progress::new();
+    let mut next = started + every;
+    let clients = loop {
+        tokio::select! {
+            joined = &mut joiner => break joined.map_err(|e| format!("the sessions task failed: {e}"))?,
+            () = tokio::time::sleep_until(next.into()) => {
+                next += every;
+                let p = sampler.sample("establish", &counters);
+                let done = p.established + p.failures;
+                progress.update(
+                    "establish",
+                    done as f64 / n as f64,
+                    &format!("{}/{n} established, {} failed, {} busy answers", p.established, p.failures, p.busy_answers),
+                );
+            }
+        }
+    };
+    let establish_time = started.elapsed();
+    let established = counters.established.load(Ordering::Relaxed);
+    sampler.sample("establish", &counters);
+    let at_hold = pid.and_then(sample_server);
+    let hold_start = Instant::now();
+    let hold_end = hold_start + hold;
+    while Instant::now() < hold_end {
+        let next = (Instant::now() + every).min(hold_end);
+        tokio::time::sleep_until(next.into()).await;
+        sampler.sample("hold", &counters);
+        progress.update(
+            "hold",
+            hold_start.elapsed().as_secs_f64() / hold.as_secs_f64().max(1e-9),
+            &format!("{established} sessions held"),
+        );
+    }
+    let held = pid.and_then(sample_server);
+    progress.finish();
+    // Each session still answers after the hold.
+    let mut alive = 0usize;
+    for c in &clients {
+        if c.read_values(&[NodeId::ns0(2258)]).await.is_ok() {
+            alive += 1;
+        }
+    }
+    for c in &clients {
+        c.close().await;
+    }
+    sampler.sample("close", &counters);
+    let failures = counters
+        .failures
+        .lock()
+        .map(|f| named(&f))
+        .unwrap_or_default();
+    let per_session = match (before, at_hold, held) {
+        (Some(b), Some(h), Some(e)) if established > 0 => Some((
+            h.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e3 / established as f64,
+            (h.rss_bytes.saturating_sub(b.rss_bytes)) as f64 / established as f64,
+            e.cpu.saturating_sub(h.cpu).as_secs_f64() / hold.as_secs_f64().max(1e-9),
+        )),
+        _ => None,
+    };
+    let rate = established as f64 / establish_time.as_secs_f64().max(1e-9);
+    let busy = counters.busy.load(Ordering::Relaxed);
+    let retries = counters.retries.load(Ordering::Relaxed);
+    let series = sampler.series;
+    let json = json!({
+        "bench": "sessions",
+        "command": a.command_line(),
+        "url": a.url,
+        "sessions": n,
+        "concurrency": concurrency,
+        "hold_s": hold.as_secs_f64(),
+        "established": established,
+        "establish_s": establish_time.as_secs_f64(),
+        "sessions_per_s": rate,
+        "busy_answers": busy,
+        "retries": retries,
+        "failures": failures,
+        "alive_after_hold": alive,
+        "server_cpu_ms_per_session": per_session.map(|p| p.0),
+        "server_bytes_per_session": per_session.map(|p| p.1),
+        "server_cores_busy_while_holding": per_session.map(|p| p.2),
+        "series": series,
+    });
+    let mut rows = vec![
+        (
+            "established".to_owned(),
+            format!(
+                "{established} of {n} in {:.2} s ({rate:.0}/s)",
+                establish_time.as_secs_f64()
+            ),
+        ),
+        (
+            "busy answers".to_owned(),
+            format!("{busy}, retries {retries}"),
+        ),
+        ("failures".to_owned(), list_counts(&failures)),
+        ("alive at end".to_owned(), alive.to_string()),
+    ];
+    if let Some((ms, bytes, cores)) = per_session {
+        rows.push((
+            "server".to_owned(),
+            format!(
+                "{ms:.3} ms CPU and {:.1} KB per session; {cores:.3} cores busy while holding",
+                bytes / 1024.0
+            ),
+        ));
+    }
+    let xy = |f: &dyn Fn(&SessionPoint) -> f64| -> Vec<(f64, f64)> {
+        series.iter().map(|p| (p.t_s, f(p))).collect()
+    };
+    let shade = Some((0.0, establish_time.as_secs_f64(), "establishing".to_owned()));
+    let charts = vec![
+        Chart {
+            title: "Sessions established".into(),
+            y_label: "sessions".into(),
+            lines: vec![
+                Line {
+                    key: "established".into(),
+                    label: "established".into(),
+                    points: xy(&|p| p.established as f64),
+                },
+                Line {
+                    key: "failures".into(),
+                    label: "failed".into(),
+                    points: xy(&|p| p.failures as f64),
+                },
+                Line {
+                    key: "busy_answers".into(),
+                    label: "busy answers".into(),
+                    points: xy(&|p| p.busy_answers as f64),
+                },
+            ],
+            shade: shade.clone(),
+        },
+        Chart {
+            title: "Establishment rate".into(),
+            y_label: "sessions/s".into(),
+            lines: vec![Line {
+                key: "established_per_s".into(),
+                label: "established/s".into(),
+                points: xy(&|p| p.established_per_s),
+            }],
+            shade,
+        },
+    ];
+    Ok(Outcome {
+        title: format!(
+            "bench sessions  {}  {n} sessions, {concurrency} at a time, held {:.0} s",
+            a.url,
+            hold.as_secs_f64()
+        ),
+        rows,
+        json,
+        charts,
+    })
+}
