@@ -23,9 +23,9 @@ use uascale_types::{
 };
 
 use crate::error::ClientError;
+use crate::security::{self, ServerTrust, UserIdentity};
 
 pub mod pipeline;
-use crate::security::{self, ServerTrust, UserIdentity};
 
 fn now() -> Now {
     Now {
