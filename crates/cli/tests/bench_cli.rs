@@ -114,6 +114,7 @@ fn bench_read_counts_reads_values_and_server_cost() {
         report.to_str().unwrap(),
     ]);
     let reads = r["reads"].as_u64().unwrap();
+    assert!(r["started_utc"].as_str().unwrap().ends_with('Z'), "{r}");
     // The series: a warm-up sample, then measured ones adding up to the
     // totals, each with latencies.
     let series = r["series"].as_array().unwrap();

@@ -230,6 +230,7 @@ pub(crate) struct Outcome {
 
 /// Runs `uascale bench KIND ARGS...`.
 pub fn run(args: &[&str]) -> ExitCode {
+    let context = Context::now();
     let result = match args {
         ["read", rest @ ..] => Args::parse("read", rest, read::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(read::run(&a))?, a))),
@@ -241,11 +242,55 @@ pub fn run(args: &[&str]) -> ExitCode {
             "unknown bench; one of: read, sessions, publish\n{USAGE}"
         )),
     };
-    match result.and_then(|(outcome, a)| emit(&a, &outcome)) {
+    match result.and_then(|(mut outcome, a)| {
+        context.add_to(&mut outcome);
+        emit(&a, &outcome)
+    }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("uascale bench: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// When a run started and how busy the machine was (numbers from a shared
+/// machine mean little without it).
+struct Context {
+    started_utc: String,
+    load_average: Option<String>,
+}
+
+impl Context {
+    fn now() -> Self {
+        let load_average = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+        Context {
+            started_utc: uascale_types::DateTime::from_system_time(std::time::SystemTime::now())
+                .to_string(),
+            load_average,
+        }
+    }
+
+    /// Adds the start and the load averages (then and now) to the rows and
+    /// the JSON.
+    fn add_to(&self, outcome: &mut Outcome) {
+        let end = Context::now();
+        let load = match (&self.load_average, &end.load_average) {
+            (Some(a), Some(b)) => Some(format!("{a} at the start, {b} at the end")),
+            _ => None,
+        };
+        outcome
+            .rows
+            .push(("started (UTC)".into(), self.started_utc.clone()));
+        if let Some(l) = &load {
+            outcome.rows.push(("load average".into(), l.clone()));
+        }
+        if let Some(o) = outcome.json.as_object_mut() {
+            o.insert("started_utc".into(), self.started_utc.clone().into());
+            o.insert("loadavg_start".into(), self.load_average.clone().into());
+            o.insert("loadavg_end".into(), end.load_average.into());
         }
     }
 }

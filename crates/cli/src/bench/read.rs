@@ -421,7 +421,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     ];
     Ok(Outcome {
         title: format!(
-            "bench read  {}  {connections} conn x {inflight} in flight, {per_read} value(s)/Read, {secs:.1} s after {:.0} s warm-up",
+            "bench read  {}  {connections} conn x {inflight} in flight, {per_read} value(s)/Read, {secs:.1} s after {:.1} s warm-up",
             a.url,
             warmup.as_secs_f64()
         ),

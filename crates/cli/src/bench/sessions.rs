@@ -211,15 +211,23 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     }
     let held = pid.and_then(sample_server);
     progress.finish();
-    // Each session still answers after the hold.
+    // Each session still answers after the hold; then all are closed, C at
+    // a time.
     let mut alive = 0usize;
-    for c in &clients {
-        if c.read_values(&[NodeId::ns0(2258)]).await.is_ok() {
+    let mut closing = tokio::task::JoinSet::new();
+    for c in clients {
+        let gate = Arc::clone(&gate);
+        closing.spawn(async move {
+            let _permit = gate.acquire().await.ok()?;
+            let ok = c.read_values(&[NodeId::ns0(2258)]).await.is_ok();
+            c.close().await;
+            Some(ok)
+        });
+    }
+    while let Some(r) = closing.join_next().await {
+        if let Ok(Some(true)) = r {
             alive += 1;
         }
-    }
-    for c in &clients {
-        c.close().await;
     }
     sampler.sample("close", &counters);
     let failures = counters
@@ -322,7 +330,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     ];
     Ok(Outcome {
         title: format!(
-            "bench sessions  {}  {n} sessions, {concurrency} at a time, held {:.0} s",
+            "bench sessions  {}  {n} sessions, {concurrency} at a time, held {:.1} s",
             a.url,
             hold.as_secs_f64()
         ),

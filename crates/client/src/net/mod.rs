@@ -24,9 +24,9 @@ use uascale_types::{
 
 use crate::backoff::Backoff;
 use crate::error::ClientError;
+use crate::security::{self, ServerTrust, UserIdentity};
 
 pub mod pipeline;
-use crate::security::{self, ServerTrust, UserIdentity};
 
 mod gate;
 mod reconnect;
