@@ -198,7 +198,9 @@ fn bench_sessions_establishes_holds_and_reports_refusals() {
         "--concurrency",
         "3",
         "--hold-s",
-        "0.2",
+        "0.6",
+        "--publishing-ms",
+        "50",
         "--server-pid",
         &pid,
         "--report",
@@ -213,6 +215,10 @@ fn bench_sessions_establishes_holds_and_reports_refusals() {
     assert_eq!(r["alive_after_hold"], 10, "{r}");
     assert_eq!(r["failures"], serde_json::json!({}), "{r}");
     assert!(r["server_bytes_per_session"].as_f64().is_some(), "{r}");
+    // Each session's subscription got a data change while held.
+    assert_eq!(r["subscribed"], true, "{r}");
+    assert_eq!(r["notified"], 10, "{r}");
+    assert_eq!(r["all_notified"], true, "{r}");
     // Over max_session_count: refused with BadTooManySessions, counted as
     // busy answers (no retries allowed here).
     let r = bench(&[
@@ -226,6 +232,8 @@ fn bench_sessions_establishes_holds_and_reports_refusals() {
         "0",
         "--max-retries",
         "0",
+        "--subscribe",
+        "off",
     ]);
     assert_eq!(r["established"], 12, "{r}");
     assert_eq!(r["failures"]["BadTooManySessions"], 3, "{r}");
@@ -241,4 +249,117 @@ fn bench_sessions_establishes_holds_and_reports_refusals() {
     );
     assert_eq!(r["busy_answers"], 3, "{r}");
     assert_eq!(r["retries"], 0, "{r}");
+    assert_eq!(r["subscribed"], false, "{r}");
+    assert_eq!(r["notified"], serde_json::Value::Null, "{r}");
+}
+
+#[test]
+fn bench_sessions_with_a_secured_policy_and_a_user() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::env::temp_dir().join(format!("uascale-bench-sec-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut hasher = Command::new(BIN)
+        .args(["user", "hash"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = hasher.stdin.take().unwrap();
+        stdin.write_all(b"bench-pass\n").unwrap();
+    }
+    let hash = hasher.wait_with_output().unwrap();
+    assert!(
+        hash.status.success(),
+        "{}",
+        String::from_utf8_lossy(&hash.stderr)
+    );
+    let hash = String::from_utf8(hash.stdout).unwrap().trim().to_owned();
+    let config = dir.join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[security]\ntrust_all_client_certificates = true\n\n[[users]]\nname = \"bench\"\npassword_hash = \"{hash}\"\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new(BIN)
+        .args(["serve", "--bind", "127.0.0.1", "--security", "all"])
+        .args(["--port", &port.to_string()])
+        .arg("--pki")
+        .arg(dir.join("server-pki"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Server(child, port);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url = format!("opc.tcp://127.0.0.1:{}", s.1);
+    let out = Command::new(BIN)
+        .arg("bench")
+        .args([
+            "sessions",
+            &url,
+            "--json",
+            "--sessions",
+            "4",
+            "--concurrency",
+            "2",
+        ])
+        .args(["--hold-s", "0.6", "--publishing-ms", "50"])
+        .args([
+            "--security",
+            "Basic256Sha256:SignAndEncrypt",
+            "--trust-server",
+        ])
+        .arg("--pki")
+        .arg(dir.join("client-pki"))
+        .args(["--user", "bench"])
+        .env("UASCALE_PASSWORD", "bench-pass")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["security"], "Basic256Sha256:SignAndEncrypt", "{r}");
+    assert_eq!(r["established"], 4, "{r}");
+    assert_eq!(r["all_notified"], true, "{r}");
+    // A wrong password: every session refused, by status.
+    let out = Command::new(BIN)
+        .arg("bench")
+        .args([
+            "sessions",
+            &url,
+            "--json",
+            "--sessions",
+            "2",
+            "--max-retries",
+            "0",
+        ])
+        .args(["--hold-s", "0", "--security", "b256:Sign", "--trust-server"])
+        .arg("--pki")
+        .arg(dir.join("client-pki"))
+        .args(["--user", "bench", "--password", "wrong"])
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["established"], 0, "{r}");
+    assert_eq!(r["failures"]["BadUserAccessDenied"], 2, "{r}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -35,6 +35,9 @@ pub const USAGE: &str =
                           [--interval-s S] [--json] [--report FILE.html]
        uascale bench sessions URL [--sessions N] [--concurrency C] [--hold-s S]
                           [--source-ips IP,IP,...] [--max-retries R]
+                          [--security POLICY[:MODE]] [--pki DIR] [--trust-server]
+                          [--user NAME | --cert FILE --key FILE]
+                          [--subscribe on|off] [--node NODE] [--publishing-ms MS]
                           [--server-pid PID] [--interval-s S] [--json]
                           [--report FILE.html]
        uascale bench publish URL [--sessions S] [--subscriptions N] [--items K]
@@ -54,7 +57,12 @@ pub const USAGE: &str =
                   C at a time (50), each retried up to R times (4) with
                   the backoff of SCALABILITY.md §7 on failures, held
                   --hold-s (5), closed: rate, failures by status, busy
-                  answers, retries, server CPU and memory per session
+                  answers, retries, server CPU and memory per session.
+                  --security/--user/--cert as for the client commands (the
+                  password from UASCALE_PASSWORD); each session subscribes
+                  to NODE (i=2258) publishing every --publishing-ms (1000)
+                  unless --subscribe off, and the sessions that get a data
+                  change while held are counted (all notified?)
   bench publish   S sessions (10) x N subscriptions (1) x K items (10) on the
                   NODEs (round robin; --load-nodes L adds uascale's
                   ns=2;s=Demo.Load.Node0..L-1; default the four
@@ -137,6 +145,13 @@ impl Args {
         while let Some(a) = it.next() {
             match *a {
                 "--json" => json = true,
+                // Switches without a value.
+                "--trust-server" if known.contains(&"--trust-server") => {
+                    flags
+                        .entry((*a).to_owned())
+                        .or_default()
+                        .push("true".into());
+                }
                 f if known.contains(&f) || f == "--report" || f == "--interval-s" => {
                     let v = it.next().ok_or_else(|| format!("{f} needs a value"))?;
                     flags.entry(f.to_owned()).or_default().push((*v).to_owned());

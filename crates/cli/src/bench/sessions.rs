@@ -1,18 +1,25 @@
-//! `bench sessions`: N sessions, each on its own connection, at most C
-//! establishing at once, retried with the §7 backoff on failures, held,
-//! closed; sampled once a second.
+//! `bench sessions`: N sessions, each on its own connection, with the
+//! chosen security policy, mode and identity, at most C establishing at
+//! once (the client's [`ConnectGate`]), retried with the §7 backoff on
+//! failures, each with one subscription and one monitored item (unless
+//! `--subscribe off`), held - counting the sessions notified while held -
+//! and closed; sampled once a second.
 //!
-//! Each session is set up by [`establish`]; per-session steps beyond the
-//! session itself (e.g. a subscription) belong there, and their failures
-//! are counted like the session's.
+//! Each session is set up by [`establish`]; its failures (of the session
+//! or of its subscription) are counted alike.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde_json::json;
-use uascale_client::{Backoff, Client, ClientError, ClientOptions};
+use uascale_client::{
+    Backoff, Client, ClientError, ClientOptions, ConnectGate, MonitorItem, Notification,
+    Subscription, SubscriptionEvent, SubscriptionSettings,
+};
 use uascale_types::NodeId;
+
+use crate::client_security::{parse_security, user_identity, SecurityArgs};
 
 use super::progress::Progress;
 use super::report::{Chart, Line};
@@ -29,6 +36,16 @@ pub const FLAGS: &[&str] = &[
     "--source-ips",
     "--max-retries",
     "--server-pid",
+    "--security",
+    "--pki",
+    "--trust-server",
+    "--user",
+    "--password",
+    "--cert",
+    "--key",
+    "--subscribe",
+    "--node",
+    "--publishing-ms",
 ];
 
 #[derive(Default)]
@@ -38,16 +55,108 @@ struct Counters {
     retries: AtomicU64,
     failed: AtomicU64,
     failures: Mutex<StatusCounts>,
+    /// Sessions that got a data change while held.
+    notified: AtomicU64,
+    /// Set when the hold begins.
+    holding: std::sync::atomic::AtomicBool,
 }
 
-/// One session, ready for the hold: connected, created and activated.
-async fn establish(url: &str, options: ClientOptions, i: usize) -> Result<Client, ClientError> {
+/// The subscription each session makes.
+#[derive(Clone)]
+struct Watch {
+    node: NodeId,
+    publishing: std::time::Duration,
+}
+
+/// One session, ready for the hold: connected, created and activated, and
+/// with its subscription and item when `watch` says so.
+async fn establish(
+    url: &str,
+    options: ClientOptions,
+    i: usize,
+    watch: Option<&Watch>,
+) -> Result<(Client, Option<Subscription>), ClientError> {
     let c = Client::connect(url, options).await?;
-    if let Err(e) = c.create_session(&format!("bench {i}")).await {
-        c.close().await;
-        return Err(e);
+    let subscribed = async {
+        c.create_session(&format!("bench {i}")).await?;
+        let Some(w) = watch else {
+            return Ok(None);
+        };
+        let sub = c
+            .subscribe(SubscriptionSettings::with_interval(w.publishing))
+            .await?;
+        let created = sub
+            .monitor(vec![MonitorItem::value(w.node.clone())])
+            .await?;
+        match created.first().map(|m| m.result.status_code) {
+            Some(s) if s.is_good() => Ok(Some(sub)),
+            Some(status) => Err(ClientError::Service {
+                status,
+                retry_after_ms: None,
+            }),
+            None => Err(ClientError::Decode("no monitored item result".into())),
+        }
     }
-    Ok(c)
+    .await;
+    match subscribed {
+        Ok(sub) => Ok((c, sub)),
+        Err(e) => {
+            c.close().await;
+            Err(e)
+        }
+    }
+}
+
+/// Counts the session once it gets a data change while held; drains its
+/// stream until the client closes.
+async fn watch_notifications(mut sub: Subscription, counters: Arc<Counters>) {
+    let mut counted = false;
+    while let Some(event) = sub.recv().await {
+        if counted || !counters.holding.load(Ordering::Relaxed) {
+            continue;
+        }
+        if let SubscriptionEvent::Notifications { notifications, .. } = event {
+            if notifications
+                .iter()
+                .any(|n| matches!(n, Notification::DataChange { .. }))
+            {
+                counted = true;
+                counters.notified.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The client options of the security and identity flags; for a secured
+/// policy the server certificate is looked up once here, not per session.
+async fn client_options(a: &Args) -> Result<ClientOptions, String> {
+    let (policy, mode) = parse_security(a.last("--security").unwrap_or("None"))?;
+    let security = SecurityArgs {
+        policy,
+        mode,
+        pki: a.last("--pki").unwrap_or("pki-client").into(),
+        trust_any: a.last("--trust-server").is_some(),
+    }
+    .options()?;
+    let mut options = ClientOptions {
+        security,
+        identity: user_identity(
+            a.last("--user"),
+            a.last("--password"),
+            a.last("--cert"),
+            a.last("--key"),
+        )?,
+        reconnect: false,
+        ..Default::default()
+    };
+    if !policy.is_none() {
+        let endpoint = Client::find_endpoint(&a.url, &options)
+            .await
+            .map_err(|e| format!("the server's endpoint for --security: {e}"))?;
+        options.security.server_certificate =
+            endpoint.server_certificate.as_bytes().map(<[u8]>::to_vec);
+    }
+    Ok(options)
 }
 
 /// Samples the counters into a point of `phase`.
@@ -101,6 +210,19 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     if n == 0 || concurrency == 0 {
         return Err("--sessions and --concurrency must be > 0".into());
     }
+    let watch = match a.last("--subscribe").unwrap_or("on") {
+        "on" => Some(Watch {
+            node: a
+                .last("--node")
+                .unwrap_or("i=2258")
+                .parse()
+                .map_err(|e| format!("--node: {e}"))?,
+            publishing: a.seconds("--publishing-ms", 1000.0)? / 1000,
+        }),
+        "off" => None,
+        other => return Err(format!("--subscribe {other:?}: give on or off")),
+    };
+    let base_options = client_options(a).await?;
     let sources: Vec<std::net::IpAddr> = match a.last("--source-ips") {
         None => vec![],
         Some(list) => list
@@ -117,7 +239,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     // that would otherwise be counted in the establishment time.
     let _ = uascale_crypto::policy::SecurityPolicy::Basic256Sha256.random_nonce();
     let counters = Arc::new(Counters::default());
-    let gate = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let gate = ConnectGate::new(concurrency);
     let before = pid.and_then(sample_server);
     let started = Instant::now();
     let mut sampler = Sampler {
@@ -130,21 +252,29 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     };
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
-        let (gate, counters, url) = (Arc::clone(&gate), Arc::clone(&counters), a.url.clone());
+        let (gate, counters, url, watch) = (
+            gate.clone(),
+            Arc::clone(&counters),
+            a.url.clone(),
+            watch.clone(),
+        );
         let options = ClientOptions {
             local_addr: sources.get(i % sources.len().max(1)).copied(),
-            ..Default::default()
+            ..base_options.clone()
         };
         tasks.push(tokio::spawn(async move {
             let mut backoff = Backoff::new(0x5eed_0000 + i as u64);
             // A busy server is retried with the §7 backoff.
             for attempt in 0..=max_retries {
-                let permit = gate.acquire().await.ok()?;
-                let result = establish(&url, options.clone(), i).await;
-                drop(permit);
+                let turn = gate.enter().await;
+                let result = establish(&url, options.clone(), i, watch.as_ref()).await;
+                drop(turn);
                 match result {
-                    Ok(c) => {
+                    Ok((c, sub)) => {
                         counters.established.fetch_add(1, Ordering::Relaxed);
+                        if let Some(sub) = sub {
+                            tokio::spawn(watch_notifications(sub, Arc::clone(&counters)));
+                        }
                         return Some(c);
                     }
                     Err(e) => {
@@ -197,6 +327,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let established = counters.established.load(Ordering::Relaxed);
     sampler.sample("establish", &counters);
     let at_hold = pid.and_then(sample_server);
+    counters.holding.store(true, Ordering::Relaxed);
     let hold_start = Instant::now();
     let hold_end = hold_start + hold;
     while Instant::now() < hold_end {
@@ -206,19 +337,23 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         progress.update(
             "hold",
             hold_start.elapsed().as_secs_f64() / hold.as_secs_f64().max(1e-9),
-            &format!("{established} sessions held"),
+            &format!(
+                "{established} sessions held, {} notified",
+                counters.notified.load(Ordering::Relaxed)
+            ),
         );
     }
     let held = pid.and_then(sample_server);
+    let notified = counters.notified.load(Ordering::Relaxed);
     progress.finish();
     // Each session still answers after the hold; then all are closed, C at
     // a time.
     let mut alive = 0usize;
     let mut closing = tokio::task::JoinSet::new();
     for c in clients {
-        let gate = Arc::clone(&gate);
+        let gate = gate.clone();
         closing.spawn(async move {
-            let _permit = gate.acquire().await.ok()?;
+            let _turn = gate.enter().await;
             let ok = c.read_values(&[NodeId::ns0(2258)]).await.is_ok();
             c.close().await;
             Some(ok)
@@ -261,6 +396,10 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         "retries": retries,
         "failures": failures,
         "alive_after_hold": alive,
+        "security": a.last("--security").unwrap_or("None"),
+        "subscribed": watch.is_some(),
+        "notified": watch.as_ref().map(|_| notified),
+        "all_notified": watch.as_ref().map(|_| established > 0 && notified == established),
         "server_cpu_ms_per_session": per_session.map(|p| p.0),
         "server_bytes_per_session": per_session.map(|p| p.1),
         "server_cores_busy_while_holding": per_session.map(|p| p.2),
@@ -281,6 +420,19 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         ("failures".to_owned(), list_counts(&failures)),
         ("alive at end".to_owned(), alive.to_string()),
     ];
+    if watch.is_some() {
+        rows.push((
+            "notified".to_owned(),
+            format!(
+                "{notified} of {established} sessions got a data change while held{}",
+                if established > 0 && notified == established {
+                    " (all)"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
     if let Some((ms, bytes, cores)) = per_session {
         rows.push((
             "server".to_owned(),

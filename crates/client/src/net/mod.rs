@@ -385,8 +385,10 @@ impl Client {
     }
 
     /// The endpoint of `options.security`'s policy and mode, asked for over
-    /// an unsecured channel.
-    async fn find_endpoint(
+    /// an unsecured channel (its certificate can then go into
+    /// `options.security.server_certificate`, so that many connects do not
+    /// each ask again).
+    pub async fn find_endpoint(
         url: &str,
         options: &ClientOptions,
     ) -> Result<t::EndpointDescription, ClientError> {
