@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use uascale_proto::reassembly::ReassemblyBudget;
 use uascale_proto::{Event, Now, PendingConnection, ServerConnection};
@@ -22,13 +22,54 @@ use crate::services::{dispatch, peek_request_handle, service_fault, Dispatched, 
 
 /// The response queue of one connection: answers produced outside the
 /// connection's task (asynchronous handlers, parked Publishes) go here and
-/// the task writes them out.
-#[derive(Debug)]
-struct ConnectionSink(mpsc::UnboundedSender<(u32, Vec<u8>)>);
+/// the task writes them out. A mutex-guarded `Vec` and a `Notify` rather
+/// than an mpsc channel: a channel allocates a block of slots up front,
+/// and this queue holds no allocation while it is empty - which is nearly
+/// always (it is multiplied by the connection count).
+#[derive(Debug, Default)]
+struct ConnectionSink {
+    queue: std::sync::Mutex<SinkQueue>,
+    ready: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct SinkQueue {
+    answers: Vec<(u32, Vec<u8>)>,
+    /// Set when the connection's task ends: later answers are refused.
+    closed: bool,
+}
+
+impl ConnectionSink {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SinkQueue> {
+        // Nothing can be left half-done under this lock (a push or a take).
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Everything queued so far, in order (the queue keeps no allocation).
+    fn take(&self) -> Vec<(u32, Vec<u8>)> {
+        std::mem::take(&mut self.lock().answers)
+    }
+
+    /// Refuses further answers and drops the queued ones.
+    fn close(&self) {
+        let mut q = self.lock();
+        q.closed = true;
+        q.answers = Vec::new();
+    }
+}
 
 impl ResponseSink for ConnectionSink {
     fn send(&self, request_id: u32, message: Vec<u8>) -> bool {
-        self.0.send((request_id, message)).is_ok()
+        {
+            let mut q = self.lock();
+            if q.closed {
+                return false;
+            }
+            q.answers.push((request_id, message));
+        }
+        // Stores a permit when the task is not waiting: no wake-up is lost.
+        self.ready.notify_one();
+        true
     }
 }
 
@@ -346,30 +387,34 @@ async fn serve(
         Arc::clone(&shared.budget),
     );
     tracing::debug!(%peer, channel = id, "connection accepted");
-    let (mut rd, mut wr) = stream.into_split();
-    let (tx, mut answers) = mpsc::unbounded_channel();
-    let sink: Arc<dyn ResponseSink> = Arc::new(ConnectionSink(tx));
+    let mut stream = stream;
+    let queue = Arc::new(ConnectionSink::default());
+    let sink: Arc<dyn ResponseSink> = Arc::clone(&queue) as Arc<dyn ResponseSink>;
     let outstanding = Outstanding::default();
-    // Buffers start empty and grow with the traffic: an idle session costs
-    // no buffer memory, a busy one keeps what it needs.
+    // No buffer is held while the connection is idle: the task waits for
+    // readability without one, reads into a buffer reserved then, and lets
+    // it go once every complete message in it was handled; the send buffer
+    // lives only while it is written. A busy connection reads in big
+    // syscalls (`room` grows to 64 KiB), an idle one holds no buffer.
     let mut input: Vec<u8> = Vec::new();
-    let mut out: Vec<u8> = Vec::new();
-    let mut room = 4096;
+    let mut room = MIN_READ;
     loop {
         let due = conn.poll_timeout();
         tokio::select! {
-            read = read_more(&mut rd, &mut input, &mut room) => match read {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
+            // Waiting on the stream's readiness directly keeps this
+            // branch's state to a reference (`readable()` is 168 bytes).
+            ready = std::future::poll_fn(|cx| stream.poll_read_ready(cx)) => match ready.and_then(|()| read_ready(&stream, &mut input, &mut room)) {
+                Ok(Some(0)) | Err(_) => break,
+                Ok(None) => {}
+                Ok(Some(_)) => {
                     if let Err(e) = conn.handle_input(now(), &mut input) {
                         tracing::debug!(%peer, channel = id, error = %e, "closing connection");
                     }
                 }
             },
-            Some((request_id, message)) = answers.recv() => {
-                send_answer(&mut conn, &outstanding, request_id, message, &shared);
-                // Whatever else is ready goes out in the same write.
-                while let Ok((request_id, message)) = answers.try_recv() {
+            () = queue.ready.notified() => {
+                // Whatever is ready goes out in the same write.
+                for (request_id, message) in queue.take() {
                     send_answer(&mut conn, &outstanding, request_id, message, &shared);
                 }
             }
@@ -380,20 +425,24 @@ async fn serve(
                 }
             }
         }
+        if input.is_empty() && input.capacity() > 0 {
+            input = Vec::new();
+        }
         handle_events(&mut conn, &shared, &sink, &outstanding);
-        out.clear();
-        if conn.poll_transmit(&mut out) && wr.write_all(&out).await.is_err() {
+        let mut out = Vec::new();
+        if conn.poll_transmit(&mut out) && stream.write_all(&out).await.is_err() {
             break;
         }
         if conn.is_closed() {
             break;
         }
     }
+    queue.close();
     // Answers still running have nowhere to go.
     for r in outstanding.running.borrow().iter() {
         r.abort.abort();
     }
-    let _ = wr.shutdown().await;
+    let _ = stream.shutdown().await;
     tracing::debug!(%peer, channel = id, status = ?conn.close_status(), "connection closed");
 }
 
@@ -439,22 +488,33 @@ fn peek_response_handle(message: &[u8], limits: &uascale_types::DecodeLimits) ->
     u32::decode(&mut r).unwrap_or(0)
 }
 
-/// Reads what the socket has into the spare capacity of `input`: at least
-/// 4 KiB, doubled (up to 64 KiB) each time a read filled all the room there
-/// was, so a busy pipelined connection reads in big syscalls while an idle
-/// one holds little memory.
-async fn read_more(
-    rd: &mut tokio::net::tcp::OwnedReadHalf,
-    input: &mut Vec<u8>,
-    room: &mut usize,
-) -> io::Result<usize> {
+/// The smallest read: a buffer of this much is reserved when the socket
+/// becomes readable (8 KiB, the smallest chunk size a peer may use, so a
+/// chunk usually arrives in one read).
+const MIN_READ: usize = 8 * 1024;
+/// The largest read of a busy connection.
+const MAX_READ: usize = 64 * 1024;
+
+/// Reads what a readable socket has into the spare capacity of `input`
+/// (`None`: it was not readable after all). The room doubles (up to
+/// [`MAX_READ`]) each time a read filled all there was and halves (down to
+/// [`MIN_READ`]) when a read used under a quarter, so a busy pipelined
+/// connection reads in big syscalls and a quiet one in small ones.
+fn read_ready(rd: &TcpStream, input: &mut Vec<u8>, room: &mut usize) -> io::Result<Option<usize>> {
     input.reserve(*room);
     let spare = input.capacity() - input.len();
-    let n = rd.read_buf(input).await?;
-    if n == spare {
-        *room = (*room * 2).min(64 * 1024);
+    match rd.try_read_buf(input) {
+        Ok(n) => {
+            if n == spare {
+                *room = (*room * 2).min(MAX_READ);
+            } else if n < spare / 4 {
+                *room = (*room / 2).max(MIN_READ);
+            }
+            Ok(Some(n))
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
     }
-    Ok(n)
 }
 
 async fn sleep_until(due: Option<Instant>) {
@@ -534,5 +594,38 @@ fn handle_events(
             }
             Dispatched::Parked => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The state of a connection's task is multiplied by the connection
+    /// count: this keeps it from growing unnoticed (an `async fn` holds
+    /// every local that lives across an await, and each `select!` branch's
+    /// future, inline).
+    #[tokio::test]
+    async fn connection_task_state_stays_small() {
+        let config = ServerConfig {
+            bind: "127.0.0.1:0".parse().expect("address"),
+            security: crate::config::SecurityConfig::none_only(),
+            ..Default::default()
+        };
+        let server = Server::bind(config).expect("bind");
+        let addr = server.local_addr().expect("address");
+        let _client = TcpStream::connect(addr).await.expect("connect");
+        let (stream, peer) = server.listener.accept().await.expect("accept");
+        let (_stop, stop_rx) = watch::channel(false);
+        let task = serve(stream, peer, 1, Arc::clone(&server.shared), stop_rx);
+        let size = std::mem::size_of_val(&task);
+        println!(
+            "serve future {size} bytes; ServerConnection {} bytes",
+            std::mem::size_of::<ServerConnection>()
+        );
+        assert!(
+            size <= 1024,
+            "the connection task's state grew to {size} bytes"
+        );
     }
 }
