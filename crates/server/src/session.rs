@@ -64,7 +64,9 @@ pub struct Session {
 
 #[derive(Debug, Default)]
 struct Shard {
-    sessions: HashMap<NodeId, Session>,
+    /// Boxed: the map's spare slots (a hash table is kept at most 7/8 full
+    /// and grows by doubling) then cost a pointer each, not a `Session`.
+    sessions: HashMap<NodeId, Box<Session>>,
     deadlines: BinaryHeap<Reverse<(Instant, u64, NodeIdKey)>>,
 }
 
@@ -217,7 +219,7 @@ impl SessionTable {
         shard
             .deadlines
             .push(Reverse((session.deadline, seq, NodeIdKey(token.clone()))));
-        if shard.sessions.insert(token, session).is_some() {
+        if shard.sessions.insert(token, Box::new(session)).is_some() {
             // Tokens are random; a duplicate replaces, so the count must not grow.
             self.count.fetch_sub(1, Ordering::AcqRel);
         }
@@ -255,7 +257,7 @@ impl SessionTable {
         if s.is_some() {
             self.count.fetch_sub(1, Ordering::AcqRel);
         }
-        s
+        s.map(|b| *b)
     }
 
     /// Closes every session whose deadline has passed; returns their ids.

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use uascale_proto::reassembly::ReassemblyBudget;
 use uascale_proto::{Event, Now, PendingConnection, ServerConnection};
@@ -37,6 +36,8 @@ struct SinkQueue {
     answers: Vec<(u32, Vec<u8>)>,
     /// Set when the connection's task ends: later answers are refused.
     closed: bool,
+    /// Set when the server shuts down: the task closes the connection.
+    stopping: bool,
 }
 
 impl ConnectionSink {
@@ -45,9 +46,17 @@ impl ConnectionSink {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Everything queued so far, in order (the queue keeps no allocation).
-    fn take(&self) -> Vec<(u32, Vec<u8>)> {
-        std::mem::take(&mut self.lock().answers)
+    /// Everything queued so far, in order (the queue keeps no allocation),
+    /// and whether the server is shutting down.
+    fn take(&self) -> (Vec<(u32, Vec<u8>)>, bool) {
+        let mut q = self.lock();
+        (std::mem::take(&mut q.answers), q.stopping)
+    }
+
+    /// Tells the task that the server is shutting down.
+    fn stop(&self) {
+        self.lock().stopping = true;
+        self.ready.notify_one();
     }
 
     /// Refuses further answers and drops the queued ones.
@@ -143,6 +152,51 @@ struct Shared {
     channel_config: Arc<uascale_proto::ChannelConfig>,
     budget: Arc<ReassemblyBudget>,
     next_channel_id: AtomicU32,
+    /// The queue of every running connection task, by channel id, so that
+    /// shutdown reaches them through the queue each task already waits on
+    /// (rather than one more future per task).
+    connections: std::sync::Mutex<crate::fxhash::FxHashMap<u32, std::sync::Weak<ConnectionSink>>>,
+    /// Set once shutdown began (a task registering later stops at once).
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn connections(
+        &self,
+    ) -> std::sync::MutexGuard<'_, crate::fxhash::FxHashMap<u32, std::sync::Weak<ConnectionSink>>>
+    {
+        // One insert or remove at a time: a poisoned lock is still usable.
+        self.connections.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a connection task's queue; true when shutdown already began.
+    fn register(&self, id: u32, queue: &Arc<ConnectionSink>) -> bool {
+        self.connections().insert(id, Arc::downgrade(queue));
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    fn deregister(&self, id: u32, queue: &Arc<ConnectionSink>) {
+        let mut all = self.connections();
+        if all
+            .get(&id)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(queue)))
+        {
+            all.remove(&id);
+        }
+    }
+
+    /// Asks every connection task to close with `BadShutdown`.
+    fn stop_all(&self) {
+        self.stopping.store(true, Ordering::Release);
+        let queues: Vec<_> = self
+            .connections()
+            .values()
+            .filter_map(|w| w.upgrade())
+            .collect();
+        for q in queues {
+            q.stop();
+        }
+    }
 }
 
 /// A bound, not yet running server.
@@ -231,6 +285,8 @@ impl Server {
                 config.reassembly_unactivated_percent,
             ),
             next_channel_id: AtomicU32::new(1),
+            connections: std::sync::Mutex::default(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             sessions: crate::session::SessionTable::new(config.max_session_count),
             subscriptions,
             address_space,
@@ -256,7 +312,6 @@ impl Server {
     /// Serves until `shutdown` completes, then closes every connection with
     /// `BadShutdown` and waits (at most 5 s) for them to flush.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
-        let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared)));
         let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared)));
@@ -268,7 +323,7 @@ impl Server {
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         let id = self.shared.next_channel_id.fetch_add(1, Ordering::Relaxed).max(1);
-                        tasks.spawn(serve(stream, peer, id, Arc::clone(&self.shared), stop_rx.clone()));
+                        tasks.spawn(serve(stream, peer, id, Arc::clone(&self.shared)));
                     }
                     Err(e) if is_resource_exhaustion(&e) => {
                         // EMFILE and friends: shed by not accepting for a moment
@@ -284,7 +339,7 @@ impl Server {
         reaper.abort();
         ticker.abort();
         publisher.abort();
-        let _ = stop_tx.send(true);
+        self.shared.stop_all();
         let drain = async { while tasks.join_next().await.is_some() {} };
         if tokio::time::timeout(Duration::from_secs(5), drain)
             .await
@@ -371,13 +426,11 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
 }
 
-async fn serve(
-    stream: TcpStream,
-    peer: SocketAddr,
-    id: u32,
-    shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
-) {
+/// One connection's task. Its state is multiplied by the connection count,
+/// so what it keeps across awaits is kept small: no buffers while idle, one
+/// timer kept armed across iterations, shutdown arriving through the
+/// response queue, the peer address only logged.
+async fn serve(stream: TcpStream, peer: SocketAddr, id: u32, shared: Arc<Shared>) {
     let _ = stream.set_nodelay(true);
     // Admission will decide here, before any work (SCALABILITY.md §2).
     let mut conn = PendingConnection::new().accept(
@@ -389,7 +442,9 @@ async fn serve(
     tracing::debug!(%peer, channel = id, "connection accepted");
     let mut stream = stream;
     let queue = Arc::new(ConnectionSink::default());
-    let sink: Arc<dyn ResponseSink> = Arc::clone(&queue) as Arc<dyn ResponseSink>;
+    if shared.register(id, &queue) {
+        conn.close_with(StatusCode::BadShutdown, "server shutting down");
+    }
     let outstanding = Outstanding::default();
     // No buffer is held while the connection is idle: the task waits for
     // readability without one, reads into a buffer reserved then, and lets
@@ -398,8 +453,16 @@ async fn serve(
     // syscalls (`room` grows to 64 KiB), an idle one holds no buffer.
     let mut input: Vec<u8> = Vec::new();
     let mut room = MIN_READ;
+    // Re-armed only when the connection's next deadline moves.
+    let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+    tokio::pin!(timer);
+    let mut armed: Option<Instant> = None;
     loop {
         let due = conn.poll_timeout();
+        if let Some(t) = due.filter(|&t| armed != Some(t)) {
+            timer.as_mut().reset(t.into());
+            armed = Some(t);
+        }
         tokio::select! {
             // Waiting on the stream's readiness directly keeps this
             // branch's state to a reference (`readable()` is 168 bytes).
@@ -408,27 +471,29 @@ async fn serve(
                 Ok(None) => {}
                 Ok(Some(_)) => {
                     if let Err(e) = conn.handle_input(now(), &mut input) {
-                        tracing::debug!(%peer, channel = id, error = %e, "closing connection");
+                        tracing::debug!(channel = id, error = %e, "closing connection");
                     }
                 }
             },
             () = queue.ready.notified() => {
                 // Whatever is ready goes out in the same write.
-                for (request_id, message) in queue.take() {
+                let (answers, stopping) = queue.take();
+                for (request_id, message) in answers {
                     send_answer(&mut conn, &outstanding, request_id, message, &shared);
                 }
-            }
-            () = sleep_until(due) => conn.handle_timeout(now()),
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
+                if stopping {
                     conn.close_with(StatusCode::BadShutdown, "server shutting down");
                 }
+            }
+            () = timer.as_mut(), if due.is_some() => {
+                armed = None;
+                conn.handle_timeout(now());
             }
         }
         if input.is_empty() && input.capacity() > 0 {
             input = Vec::new();
         }
-        handle_events(&mut conn, &shared, &sink, &outstanding);
+        handle_events(&mut conn, &shared, &queue, &outstanding);
         let mut out = Vec::new();
         if conn.poll_transmit(&mut out) && stream.write_all(&out).await.is_err() {
             break;
@@ -438,12 +503,13 @@ async fn serve(
         }
     }
     queue.close();
+    shared.deregister(id, &queue);
     // Answers still running have nowhere to go.
     for r in outstanding.running.borrow().iter() {
         r.abort.abort();
     }
     let _ = stream.shutdown().await;
-    tracing::debug!(%peer, channel = id, status = ?conn.close_status(), "connection closed");
+    tracing::debug!(channel = id, status = ?conn.close_status(), "connection closed");
 }
 
 fn send_answer(
@@ -517,19 +583,14 @@ fn read_ready(rd: &TcpStream, input: &mut Vec<u8>, room: &mut usize) -> io::Resu
     }
 }
 
-async fn sleep_until(due: Option<Instant>) {
-    match due {
-        Some(t) => tokio::time::sleep_until(t.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
 fn handle_events(
     conn: &mut ServerConnection,
     shared: &Shared,
-    sink: &Arc<dyn ResponseSink>,
+    queue: &Arc<ConnectionSink>,
     outstanding: &Outstanding,
 ) {
+    let sink: Arc<dyn ResponseSink> = Arc::clone(queue) as Arc<dyn ResponseSink>;
+    let sink = &sink;
     let now = DateTime::from_system_time(SystemTime::now());
     let cancel = |handle: u32| outstanding.cancel(handle, sink, now);
     // Arcs inside: cheap, and frees `conn` for sending.
@@ -601,6 +662,75 @@ fn handle_events(
 mod tests {
     use super::*;
 
+    /// Reads one whole message (header and body) from `s`.
+    async fn read_message(s: &mut TcpStream) -> (uascale_proto::tcp::MessageHeader, Vec<u8>) {
+        use tokio::io::AsyncReadExt;
+        let mut head = [0u8; 8];
+        s.read_exact(&mut head).await.expect("header");
+        let h = uascale_proto::tcp::MessageHeader::parse(&head, 1 << 20)
+            .expect("valid header")
+            .expect("complete header");
+        let mut body = vec![0u8; h.message_size as usize - 8];
+        s.read_exact(&mut body).await.expect("body");
+        (h, body)
+    }
+
+    /// Shutdown reaches connections through their response queues: an idle
+    /// connection and one that registers after shutdown began both get an
+    /// ERR with BadShutdown, and the server's run ends.
+    #[tokio::test]
+    async fn shutdown_closes_connections_with_bad_shutdown() {
+        use uascale_proto::tcp::{ErrorMessage, Hello, MessageType};
+        let config = ServerConfig {
+            bind: "127.0.0.1:0".parse().expect("address"),
+            security: crate::config::SecurityConfig::none_only(),
+            ..Default::default()
+        };
+        let server = Server::bind(config).expect("bind");
+        let addr = server.local_addr().expect("address");
+        let shared = Arc::clone(&server.shared);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(server.run(async {
+            let _ = stop_rx.await;
+        }));
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        let mut hello = Vec::new();
+        Hello {
+            protocol_version: 0,
+            receive_buffer_size: 65535,
+            send_buffer_size: 65535,
+            max_message_size: 0,
+            max_chunk_count: 0,
+            endpoint_url: uascale_types::UaString::from(format!("opc.tcp://{addr}")),
+        }
+        .encode_message(&mut hello);
+        client.write_all(&hello).await.expect("send Hello");
+        let (h, _) = read_message(&mut client).await;
+        assert_eq!(h.message_type, MessageType::Acknowledge);
+        stop_tx.send(()).expect("server running");
+        let (h, body) = read_message(&mut client).await;
+        assert_eq!(h.message_type, MessageType::Error);
+        let err = ErrorMessage::decode_body(&body).expect("ERR body");
+        assert_eq!(err.error, StatusCode::BadShutdown);
+        tokio::time::timeout(Duration::from_secs(5), running)
+            .await
+            .expect("run ends after shutdown")
+            .expect("run task")
+            .expect("run result");
+        assert!(shared.connections().is_empty(), "tasks deregistered");
+        // A task that registers once shutdown began closes at once.
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let mut late = TcpStream::connect(listener.local_addr().expect("address"))
+            .await
+            .expect("connect");
+        let (stream, peer) = listener.accept().await.expect("accept");
+        tokio::spawn(serve(stream, peer, 7, shared));
+        let (h, body) = read_message(&mut late).await;
+        assert_eq!(h.message_type, MessageType::Error);
+        let err = ErrorMessage::decode_body(&body).expect("ERR body");
+        assert_eq!(err.error, StatusCode::BadShutdown);
+    }
+
     /// The state of a connection's task is multiplied by the connection
     /// count: this keeps it from growing unnoticed (an `async fn` holds
     /// every local that lives across an await, and each `select!` branch's
@@ -616,15 +746,14 @@ mod tests {
         let addr = server.local_addr().expect("address");
         let _client = TcpStream::connect(addr).await.expect("connect");
         let (stream, peer) = server.listener.accept().await.expect("accept");
-        let (_stop, stop_rx) = watch::channel(false);
-        let task = serve(stream, peer, 1, Arc::clone(&server.shared), stop_rx);
+        let task = serve(stream, peer, 1, Arc::clone(&server.shared));
         let size = std::mem::size_of_val(&task);
         println!(
             "serve future {size} bytes; ServerConnection {} bytes",
             std::mem::size_of::<ServerConnection>()
         );
         assert!(
-            size <= 1024,
+            size <= 900,
             "the connection task's state grew to {size} bytes"
         );
     }
