@@ -17,6 +17,9 @@
 //! SESSIONS=10000 SHAPES=bare,subscription cargo bench -p uascale --bench session_memory
 //! ```
 //!
+//! With `SERVER_ADDR=127.0.0.1:PORT SERVER_PID=PID` it measures a server
+//! started by hand (one shape, `SHAPES=...`) instead of starting its own.
+//!
 //! Kernel socket buffers are not in a process's RSS and are not counted;
 //! the client (this process, blocking sockets, 4 threads) is not measured.
 
@@ -260,9 +263,23 @@ fn open(addr: SocketAddr, shape: Shape, n: usize, threads: usize) -> Vec<RawClie
 }
 
 fn run(shape: Shape, sessions: usize, warmup: usize, threads: usize) {
-    let server = start(shape != Shape::BareNoDiagnostics);
-    let pid = server.0.id();
-    let addr = SocketAddr::from(([127, 0, 0, 1], server.1));
+    // SERVER_ADDR and SERVER_PID: measure a server started by hand (under
+    // a heap profiler, say) instead of starting one.
+    let external = std::env::var("SERVER_ADDR")
+        .ok()
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .zip(
+            std::env::var("SERVER_PID")
+                .ok()
+                .and_then(|p| p.parse().ok()),
+        );
+    let (addr, pid, _server) = match external {
+        Some((addr, pid)) => (addr, pid, None),
+        None => {
+            let s = start(shape != Shape::BareNoDiagnostics);
+            (SocketAddr::from(([127, 0, 0, 1], s.1)), s.0.id(), Some(s))
+        }
+    };
     let warm = open(addr, shape, warmup, threads);
     std::thread::sleep(Duration::from_millis(500));
     let (rss0, anon0) = rss(pid);
@@ -280,6 +297,8 @@ fn run(shape: Shape, sessions: usize, warmup: usize, threads: usize) {
         per(rss0, rss1),
         per(anon0, anon1),
     );
+    // HOLD_S: keep them open a while (to inspect the server meanwhile).
+    std::thread::sleep(Duration::from_secs(env_or("HOLD_S", 0)));
     drop(clients);
     drop(warm);
 }

@@ -791,9 +791,14 @@ impl ServerConnection {
         true
     }
 
-    /// The next event.
+    /// The next event. Once the last one is taken the queue lets its
+    /// buffer go: an idle connection holds none.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        let event = self.events.pop_front();
+        if self.events.is_empty() && self.events.capacity() > 0 {
+            self.events = VecDeque::new();
+        }
+        event
     }
 
     /// When [`ServerConnection::handle_timeout`] must run next.

@@ -430,86 +430,93 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
 /// so what it keeps across awaits is kept small: no buffers while idle, one
 /// timer kept armed across iterations, shutdown arriving through the
 /// response queue, the peer address only logged.
-async fn serve(stream: TcpStream, peer: SocketAddr, id: u32, shared: Arc<Shared>) {
+fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: u32,
+    shared: Arc<Shared>,
+) -> impl std::future::Future<Output = ()> + Send {
     let _ = stream.set_nodelay(true);
     // Admission will decide here, before any work (SCALABILITY.md §2).
-    let mut conn = PendingConnection::new().accept(
+    let conn = PendingConnection::new().accept(
         now(),
         id,
         Arc::clone(&shared.channel_config),
         Arc::clone(&shared.budget),
     );
     tracing::debug!(%peer, channel = id, "connection accepted");
+    // An async block, not an `async fn`: the parameters of an `async fn`
+    // are copied into its state a second time when its body starts, and
+    // that state is multiplied by the connection count.
     let mut stream = stream;
-    let queue = Arc::new(ConnectionSink::default());
-    if shared.register(id, &queue) {
-        conn.close_with(StatusCode::BadShutdown, "server shutting down");
-    }
-    let outstanding = Outstanding::default();
-    // No buffer is held while the connection is idle: the task waits for
-    // readability without one, reads into a buffer reserved then, and lets
-    // it go once every complete message in it was handled; the send buffer
-    // lives only while it is written. A busy connection reads in big
-    // syscalls (`room` grows to 64 KiB), an idle one holds no buffer.
-    let mut input: Vec<u8> = Vec::new();
-    let mut room = MIN_READ;
-    // Re-armed only when the connection's next deadline moves.
-    let timer = tokio::time::sleep_until(tokio::time::Instant::now());
-    tokio::pin!(timer);
-    let mut armed: Option<Instant> = None;
-    loop {
-        let due = conn.poll_timeout();
-        if let Some(t) = due.filter(|&t| armed != Some(t)) {
-            timer.as_mut().reset(t.into());
-            armed = Some(t);
+    let mut conn = conn;
+    async move {
+        let queue = Arc::new(ConnectionSink::default());
+        if shared.register(id, &queue) {
+            conn.close_with(StatusCode::BadShutdown, "server shutting down");
         }
-        tokio::select! {
-            // Waiting on the stream's readiness directly keeps this
-            // branch's state to a reference (`readable()` is 168 bytes).
-            ready = std::future::poll_fn(|cx| stream.poll_read_ready(cx)) => match ready.and_then(|()| read_ready(&stream, &mut input, &mut room)) {
-                Ok(Some(0)) | Err(_) => break,
-                Ok(None) => {}
-                Ok(Some(_)) => {
-                    if let Err(e) = conn.handle_input(now(), &mut input) {
-                        tracing::debug!(channel = id, error = %e, "closing connection");
+        let outstanding = Outstanding::default();
+        // No buffer is held while the connection is idle: the task waits for
+        // readability without one, reads into a buffer reserved then, and lets
+        // it go once every complete message in it was handled; the send buffer
+        // lives only while it is written. A busy connection reads in big
+        // syscalls (`room` grows to 64 KiB), an idle one holds no buffer.
+        let mut input: Vec<u8> = Vec::new();
+        let mut room = MIN_READ;
+        // Re-armed only when the connection's next deadline moves (a timer
+        // that fired and is not moved fires again when polled).
+        let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(timer);
+        loop {
+            let due = conn.poll_timeout().map(tokio::time::Instant::from_std);
+            if let Some(t) = due.filter(|&t| t != timer.deadline()) {
+                timer.as_mut().reset(t);
+            }
+            tokio::select! {
+                // Waiting on the stream's readiness directly keeps this
+                // branch's state to a reference (`readable()` is 168 bytes).
+                ready = std::future::poll_fn(|cx| stream.poll_read_ready(cx)) => match ready.and_then(|()| read_ready(&stream, &mut input, &mut room)) {
+                    Ok(Some(0)) | Err(_) => break,
+                    Ok(None) => {}
+                    Ok(Some(_)) => {
+                        if let Err(e) = conn.handle_input(now(), &mut input) {
+                            tracing::debug!(channel = id, error = %e, "closing connection");
+                        }
+                    }
+                },
+                () = queue.ready.notified() => {
+                    // Whatever is ready goes out in the same write.
+                    let (answers, stopping) = queue.take();
+                    for (request_id, message) in answers {
+                        send_answer(&mut conn, &outstanding, request_id, message, &shared);
+                    }
+                    if stopping {
+                        conn.close_with(StatusCode::BadShutdown, "server shutting down");
                     }
                 }
-            },
-            () = queue.ready.notified() => {
-                // Whatever is ready goes out in the same write.
-                let (answers, stopping) = queue.take();
-                for (request_id, message) in answers {
-                    send_answer(&mut conn, &outstanding, request_id, message, &shared);
-                }
-                if stopping {
-                    conn.close_with(StatusCode::BadShutdown, "server shutting down");
-                }
+                () = timer.as_mut(), if due.is_some() => conn.handle_timeout(now()),
             }
-            () = timer.as_mut(), if due.is_some() => {
-                armed = None;
-                conn.handle_timeout(now());
+            if input.is_empty() && input.capacity() > 0 {
+                input = Vec::new();
+            }
+            handle_events(&mut conn, &shared, &queue, &outstanding);
+            let mut out = Vec::new();
+            if conn.poll_transmit(&mut out) && stream.write_all(&out).await.is_err() {
+                break;
+            }
+            if conn.is_closed() {
+                break;
             }
         }
-        if input.is_empty() && input.capacity() > 0 {
-            input = Vec::new();
+        queue.close();
+        shared.deregister(id, &queue);
+        // Answers still running have nowhere to go.
+        for r in outstanding.running.borrow().iter() {
+            r.abort.abort();
         }
-        handle_events(&mut conn, &shared, &queue, &outstanding);
-        let mut out = Vec::new();
-        if conn.poll_transmit(&mut out) && stream.write_all(&out).await.is_err() {
-            break;
-        }
-        if conn.is_closed() {
-            break;
-        }
+        let _ = stream.shutdown().await;
+        tracing::debug!(channel = id, status = ?conn.close_status(), "connection closed");
     }
-    queue.close();
-    shared.deregister(id, &queue);
-    // Answers still running have nowhere to go.
-    for r in outstanding.running.borrow().iter() {
-        r.abort.abort();
-    }
-    let _ = stream.shutdown().await;
-    tracing::debug!(channel = id, status = ?conn.close_status(), "connection closed");
 }
 
 fn send_answer(
@@ -753,7 +760,7 @@ mod tests {
             std::mem::size_of::<ServerConnection>()
         );
         assert!(
-            size <= 900,
+            size <= 700,
             "the connection task's state grew to {size} bytes"
         );
     }
