@@ -10,7 +10,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 use uascale_proto::reassembly::ReassemblyBudget;
 use uascale_proto::{Event, Now, PendingConnection, ServerConnection};
 use uascale_types::{encode_message, DateTime, StatusCode};
@@ -152,34 +151,54 @@ struct Shared {
     channel_config: Arc<uascale_proto::ChannelConfig>,
     budget: Arc<ReassemblyBudget>,
     next_channel_id: AtomicU32,
-    /// The queue of every running connection task, by channel id, so that
-    /// shutdown reaches them through the queue each task already waits on
-    /// (rather than one more future per task).
-    connections: std::sync::Mutex<crate::fxhash::FxHashMap<u32, std::sync::Weak<ConnectionSink>>>,
+    /// Every running connection task, by channel id: shutdown reaches it
+    /// through the queue it already waits on (rather than one more future
+    /// per task), waits for the map to empty and aborts what is left.
+    connections: std::sync::Mutex<Connections>,
     /// Set once shutdown began (a task registering later stops at once).
     stopping: std::sync::atomic::AtomicBool,
 }
 
+/// A running connection task (a few words each; a `JoinSet` would add an
+/// allocation per task).
+struct Registered {
+    queue: std::sync::Weak<ConnectionSink>,
+    /// Set right after the spawn.
+    abort: Option<tokio::task::AbortHandle>,
+}
+
+type Connections = crate::fxhash::FxHashMap<u32, Registered>;
+
 impl Shared {
-    fn connections(
-        &self,
-    ) -> std::sync::MutexGuard<'_, crate::fxhash::FxHashMap<u32, std::sync::Weak<ConnectionSink>>>
-    {
+    fn connections(&self) -> std::sync::MutexGuard<'_, Connections> {
         // One insert or remove at a time: a poisoned lock is still usable.
         self.connections.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Registers a connection task's queue; true when shutdown already began.
     fn register(&self, id: u32, queue: &Arc<ConnectionSink>) -> bool {
-        self.connections().insert(id, Arc::downgrade(queue));
+        self.connections().insert(
+            id,
+            Registered {
+                queue: Arc::downgrade(queue),
+                abort: None,
+            },
+        );
         self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Records how to abort the task registered as `id` (unless it ended).
+    fn spawned(&self, id: u32, abort: tokio::task::AbortHandle) {
+        if let Some(r) = self.connections().get_mut(&id) {
+            r.abort.get_or_insert(abort);
+        }
     }
 
     fn deregister(&self, id: u32, queue: &Arc<ConnectionSink>) {
         let mut all = self.connections();
         if all
             .get(&id)
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(queue)))
+            .is_some_and(|r| std::ptr::eq(r.queue.as_ptr(), Arc::as_ptr(queue)))
         {
             all.remove(&id);
         }
@@ -191,10 +210,22 @@ impl Shared {
         let queues: Vec<_> = self
             .connections()
             .values()
-            .filter_map(|w| w.upgrade())
+            .filter_map(|r| r.queue.upgrade())
             .collect();
         for q in queues {
             q.stop();
+        }
+    }
+
+    /// Aborts the connection tasks still running.
+    fn abort_all(&self) {
+        let left: Vec<_> = self
+            .connections()
+            .drain()
+            .filter_map(|(_, r)| r.abort)
+            .collect();
+        for task in left {
+            task.abort();
         }
     }
 }
@@ -312,7 +343,6 @@ impl Server {
     /// Serves until `shutdown` completes, then closes every connection with
     /// `BadShutdown` and waits (at most 5 s) for them to flush.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
-        let mut tasks = JoinSet::new();
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared)));
         let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared)));
         let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(&self.shared)));
@@ -323,7 +353,8 @@ impl Server {
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         let id = self.shared.next_channel_id.fetch_add(1, Ordering::Relaxed).max(1);
-                        tasks.spawn(serve(stream, peer, id, Arc::clone(&self.shared)));
+                        let task = tokio::spawn(serve(stream, peer, id, Arc::clone(&self.shared)));
+                        self.shared.spawned(id, task.abort_handle());
                     }
                     Err(e) if is_resource_exhaustion(&e) => {
                         // EMFILE and friends: shed by not accepting for a moment
@@ -333,19 +364,23 @@ impl Server {
                     }
                     Err(e) => tracing::debug!(error = %e, "accept failed"),
                 },
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             }
         }
         reaper.abort();
         ticker.abort();
         publisher.abort();
         self.shared.stop_all();
-        let drain = async { while tasks.join_next().await.is_some() {} };
+        // Each task deregisters when it has flushed and closed.
+        let drain = async {
+            while !self.shared.connections().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
         if tokio::time::timeout(Duration::from_secs(5), drain)
             .await
             .is_err()
         {
-            tasks.abort_all();
+            self.shared.abort_all();
         }
         Ok(())
     }
@@ -450,11 +485,11 @@ fn serve(
     // that state is multiplied by the connection count.
     let mut stream = stream;
     let mut conn = conn;
+    let queue = Arc::new(ConnectionSink::default());
+    if shared.register(id, &queue) {
+        conn.close_with(StatusCode::BadShutdown, "server shutting down");
+    }
     async move {
-        let queue = Arc::new(ConnectionSink::default());
-        if shared.register(id, &queue) {
-            conn.close_with(StatusCode::BadShutdown, "server shutting down");
-        }
         let outstanding = Outstanding::default();
         // No buffer is held while the connection is idle: the task waits for
         // readability without one, reads into a buffer reserved then, and lets
