@@ -774,17 +774,31 @@ impl ServerConnection {
     }
 
     /// Appends the bytes to send to `buf`; false when there are none.
+    ///
+    /// When `buf` is empty the connection's send buffer is handed over
+    /// whole: nothing is copied and the connection keeps no allocation, so
+    /// a caller that drops `buf` after writing holds no send buffer while
+    /// the connection is idle.
     pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> bool {
         if self.out.is_empty() {
             return false;
         }
-        buf.append(&mut self.out);
+        if buf.is_empty() {
+            *buf = std::mem::take(&mut self.out);
+        } else {
+            buf.append(&mut self.out);
+        }
         true
     }
 
-    /// The next event.
+    /// The next event. Once the last one is taken the queue lets its
+    /// buffer go: an idle connection holds none.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        let event = self.events.pop_front();
+        if self.events.is_empty() && self.events.capacity() > 0 {
+            self.events = VecDeque::new();
+        }
+        event
     }
 
     /// When [`ServerConnection::handle_timeout`] must run next.

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use uascale_types::{
-    ByteString, DateTime, ExtensionObject, NodeId, ReferenceDescription,
+    ByteString, DateTime, ExtensionObject, Identifier, NodeId, ReferenceDescription,
     SessionDiagnosticsDataType, StatusCode, UaString, Variant,
 };
 
@@ -64,21 +64,45 @@ pub struct Session {
 
 #[derive(Debug, Default)]
 struct Shard {
-    sessions: HashMap<NodeId, Session>,
-    deadlines: BinaryHeap<Reverse<(Instant, u64, NodeIdKey)>>,
+    /// Boxed: the map's spare slots (a hash table is kept at most 7/8 full
+    /// and grows by doubling) then cost a pointer each, not a `Session`.
+    sessions: HashMap<TokenKey, Box<Session>>,
+    deadlines: BinaryHeap<Reverse<(Instant, u64, HeapKey)>>,
 }
 
-/// Heap entries own a copy of the token; order does not depend on it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct NodeIdKey(NodeId);
+/// The table's key for an authentication token. The 32-byte opaque tokens
+/// this server issues are kept inline - the map and the deadline heap
+/// each hold a copy, and a `NodeId` copy would be one more allocation
+/// each; any other NodeId (a client's made-up token) as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum TokenKey {
+    Issued([u8; 32]),
+    Other(NodeId),
+}
 
-impl PartialOrd for NodeIdKey {
+impl TokenKey {
+    fn of(token: &NodeId) -> Self {
+        let issued = match &token.identifier {
+            Identifier::Opaque(b) if token.namespace == 0 => {
+                b.as_bytes().and_then(|b| <[u8; 32]>::try_from(b).ok())
+            }
+            _ => None,
+        };
+        issued.map_or_else(|| TokenKey::Other(token.clone()), TokenKey::Issued)
+    }
+}
+
+/// Heap entries own a copy of the key; order does not depend on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HeapKey(TokenKey);
+
+impl PartialOrd for HeapKey {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for NodeIdKey {
+impl Ord for HeapKey {
     fn cmp(&self, _other: &Self) -> std::cmp::Ordering {
         std::cmp::Ordering::Equal
     }
@@ -126,7 +150,7 @@ pub struct SessionTable {
     security_diagnostics: Mutex<Option<(Instant, Variant)>>,
 }
 
-fn shard_of(token: &NodeId) -> usize {
+fn shard_of(token: &TokenKey) -> usize {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     token.hash(&mut h);
@@ -150,7 +174,7 @@ impl SessionTable {
         }
     }
 
-    fn shard(&self, token: &NodeId) -> std::sync::MutexGuard<'_, Shard> {
+    fn shard(&self, token: &TokenKey) -> std::sync::MutexGuard<'_, Shard> {
         // A panic while holding a shard lock cannot leave a session half
         // written (every update is one insert or field store), so a
         // poisoned lock is still usable.
@@ -213,11 +237,12 @@ impl SessionTable {
         }
         self.cumulated.fetch_add(1, Ordering::Relaxed);
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) as u64;
-        let mut shard = self.shard(&token);
+        let key = TokenKey::of(&token);
+        let mut shard = self.shard(&key);
         shard
             .deadlines
-            .push(Reverse((session.deadline, seq, NodeIdKey(token.clone()))));
-        if shard.sessions.insert(token, session).is_some() {
+            .push(Reverse((session.deadline, seq, HeapKey(key.clone()))));
+        if shard.sessions.insert(key, Box::new(session)).is_some() {
             // Tokens are random; a duplicate replaces, so the count must not grow.
             self.count.fetch_sub(1, Ordering::AcqRel);
         }
@@ -235,8 +260,9 @@ impl SessionTable {
         now: Instant,
         f: impl FnOnce(&mut Session) -> R,
     ) -> Result<R, SessionError> {
-        let mut shard = self.shard(token);
-        let s = shard.sessions.get_mut(token).ok_or(SessionError::Unknown)?;
+        let key = TokenKey::of(token);
+        let mut shard = self.shard(&key);
+        let s = shard.sessions.get_mut(&key).ok_or(SessionError::Unknown)?;
         if channel_id.is_some_and(|c| c != s.channel_id) {
             return Err(SessionError::OtherChannel);
         }
@@ -251,11 +277,12 @@ impl SessionTable {
 
     /// Removes the session of `token`.
     pub fn remove(&self, token: &NodeId) -> Option<Session> {
-        let s = self.shard(token).sessions.remove(token);
+        let key = TokenKey::of(token);
+        let s = self.shard(&key).sessions.remove(&key);
         if s.is_some() {
             self.count.fetch_sub(1, Ordering::AcqRel);
         }
-        s
+        s.map(|b| *b)
     }
 
     /// Closes every session whose deadline has passed; returns their ids.
@@ -272,7 +299,7 @@ impl SessionTable {
                 if *due > now {
                     break;
                 }
-                let Some(Reverse((_, _, NodeIdKey(token)))) = shard.deadlines.pop() else {
+                let Some(Reverse((_, _, HeapKey(token)))) = shard.deadlines.pop() else {
                     break;
                 };
                 let deadline = shard.sessions.get(&token).map(|s| s.deadline);
@@ -287,7 +314,7 @@ impl SessionTable {
                     }
                     Some(d) => {
                         let seq = self.seq.fetch_add(1, Ordering::Relaxed) as u64;
-                        shard.deadlines.push(Reverse((d, seq, NodeIdKey(token))));
+                        shard.deadlines.push(Reverse((d, seq, HeapKey(token))));
                     }
                 }
             }
@@ -463,6 +490,44 @@ mod tests {
             security_policy: uascale_crypto::policy::SecurityPolicy::None,
             security_mode: uascale_types::MessageSecurityMode::None,
         }
+    }
+
+    /// Issued-size tokens are keyed inline, others as NodeIds; a token of
+    /// the same bytes in another namespace or of another identifier type
+    /// is a different session.
+    #[test]
+    fn tokens_of_every_shape_are_told_apart() {
+        let t = Instant::now();
+        let table = SessionTable::new(10);
+        let tokens = [
+            NodeId::opaque(0, vec![3; 32]),
+            NodeId::opaque(1, vec![3; 32]),
+            NodeId::opaque(0, vec![3; 31]),
+            NodeId::string(0, "token"),
+            NodeId::numeric(0, 3),
+        ];
+        for (i, token) in tokens.iter().enumerate() {
+            let mut s = session(t, Duration::from_secs(5));
+            s.channel_id = i as u32;
+            table.insert(token.clone(), s).unwrap();
+        }
+        assert_eq!(table.len(), tokens.len());
+        for (i, token) in tokens.iter().enumerate() {
+            assert_eq!(
+                table.with(token, None, false, t, |s| s.channel_id),
+                Ok(i as u32)
+            );
+        }
+        assert_eq!(
+            table.with(&NodeId::opaque(0, vec![4; 32]), None, false, t, |_| ()),
+            Err(SessionError::Unknown)
+        );
+        // Expiry finds them through the heap's copies of the keys.
+        assert_eq!(
+            table.expire(t + Duration::from_secs(60)).len(),
+            tokens.len()
+        );
+        assert!(table.is_empty());
     }
 
     #[test]

@@ -8,10 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
 use uascale_proto::reassembly::ReassemblyBudget;
 use uascale_proto::{Event, Now, PendingConnection, ServerConnection};
 use uascale_types::{encode_message, DateTime, StatusCode};
@@ -22,13 +20,64 @@ use crate::services::{dispatch, peek_request_handle, service_fault, Dispatched, 
 
 /// The response queue of one connection: answers produced outside the
 /// connection's task (asynchronous handlers, parked Publishes) go here and
-/// the task writes them out.
-#[derive(Debug)]
-struct ConnectionSink(mpsc::UnboundedSender<(u32, Vec<u8>)>);
+/// the task writes them out. A mutex-guarded `Vec` and a `Notify` rather
+/// than an mpsc channel: a channel allocates a block of slots up front,
+/// and this queue holds no allocation while it is empty - which is nearly
+/// always (it is multiplied by the connection count).
+#[derive(Debug, Default)]
+struct ConnectionSink {
+    queue: std::sync::Mutex<SinkQueue>,
+    ready: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct SinkQueue {
+    answers: Vec<(u32, Vec<u8>)>,
+    /// Set when the connection's task ends: later answers are refused.
+    closed: bool,
+    /// Set when the server shuts down: the task closes the connection.
+    stopping: bool,
+}
+
+impl ConnectionSink {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SinkQueue> {
+        // Nothing can be left half-done under this lock (a push or a take).
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Everything queued so far, in order (the queue keeps no allocation),
+    /// and whether the server is shutting down.
+    fn take(&self) -> (Vec<(u32, Vec<u8>)>, bool) {
+        let mut q = self.lock();
+        (std::mem::take(&mut q.answers), q.stopping)
+    }
+
+    /// Tells the task that the server is shutting down.
+    fn stop(&self) {
+        self.lock().stopping = true;
+        self.ready.notify_one();
+    }
+
+    /// Refuses further answers and drops the queued ones.
+    fn close(&self) {
+        let mut q = self.lock();
+        q.closed = true;
+        q.answers = Vec::new();
+    }
+}
 
 impl ResponseSink for ConnectionSink {
     fn send(&self, request_id: u32, message: Vec<u8>) -> bool {
-        self.0.send((request_id, message)).is_ok()
+        {
+            let mut q = self.lock();
+            if q.closed {
+                return false;
+            }
+            q.answers.push((request_id, message));
+        }
+        // Stores a permit when the task is not waiting: no wake-up is lost.
+        self.ready.notify_one();
+        true
     }
 }
 
@@ -102,6 +151,83 @@ struct Shared {
     channel_config: Arc<uascale_proto::ChannelConfig>,
     budget: Arc<ReassemblyBudget>,
     next_channel_id: AtomicU32,
+    /// Every running connection task, by channel id: shutdown reaches it
+    /// through the queue it already waits on (rather than one more future
+    /// per task), waits for the map to empty and aborts what is left.
+    connections: std::sync::Mutex<Connections>,
+    /// Set once shutdown began (a task registering later stops at once).
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+/// A running connection task (a few words each; a `JoinSet` would add an
+/// allocation per task).
+struct Registered {
+    queue: std::sync::Weak<ConnectionSink>,
+    /// Set right after the spawn.
+    abort: Option<tokio::task::AbortHandle>,
+}
+
+type Connections = crate::fxhash::FxHashMap<u32, Registered>;
+
+impl Shared {
+    fn connections(&self) -> std::sync::MutexGuard<'_, Connections> {
+        // One insert or remove at a time: a poisoned lock is still usable.
+        self.connections.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a connection task's queue; true when shutdown already began.
+    fn register(&self, id: u32, queue: &Arc<ConnectionSink>) -> bool {
+        self.connections().insert(
+            id,
+            Registered {
+                queue: Arc::downgrade(queue),
+                abort: None,
+            },
+        );
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Records how to abort the task registered as `id` (unless it ended).
+    fn spawned(&self, id: u32, abort: tokio::task::AbortHandle) {
+        if let Some(r) = self.connections().get_mut(&id) {
+            r.abort.get_or_insert(abort);
+        }
+    }
+
+    fn deregister(&self, id: u32, queue: &Arc<ConnectionSink>) {
+        let mut all = self.connections();
+        if all
+            .get(&id)
+            .is_some_and(|r| std::ptr::eq(r.queue.as_ptr(), Arc::as_ptr(queue)))
+        {
+            all.remove(&id);
+        }
+    }
+
+    /// Asks every connection task to close with `BadShutdown`.
+    fn stop_all(&self) {
+        self.stopping.store(true, Ordering::Release);
+        let queues: Vec<_> = self
+            .connections()
+            .values()
+            .filter_map(|r| r.queue.upgrade())
+            .collect();
+        for q in queues {
+            q.stop();
+        }
+    }
+
+    /// Aborts the connection tasks still running.
+    fn abort_all(&self) {
+        let left: Vec<_> = self
+            .connections()
+            .drain()
+            .filter_map(|(_, r)| r.abort)
+            .collect();
+        for task in left {
+            task.abort();
+        }
+    }
 }
 
 /// A bound, not yet running server.
@@ -190,6 +316,8 @@ impl Server {
                 config.reassembly_unactivated_percent,
             ),
             next_channel_id: AtomicU32::new(1),
+            connections: std::sync::Mutex::default(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             sessions: crate::session::SessionTable::new(config.max_session_count),
             subscriptions,
             address_space,
@@ -215,8 +343,6 @@ impl Server {
     /// Serves until `shutdown` completes, then closes every connection with
     /// `BadShutdown` and waits (at most 5 s) for them to flush.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let mut tasks = JoinSet::new();
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared)));
         let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared)));
         let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(&self.shared)));
@@ -227,7 +353,8 @@ impl Server {
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         let id = self.shared.next_channel_id.fetch_add(1, Ordering::Relaxed).max(1);
-                        tasks.spawn(serve(stream, peer, id, Arc::clone(&self.shared), stop_rx.clone()));
+                        let task = tokio::spawn(serve(stream, peer, id, Arc::clone(&self.shared)));
+                        self.shared.spawned(id, task.abort_handle());
                     }
                     Err(e) if is_resource_exhaustion(&e) => {
                         // EMFILE and friends: shed by not accepting for a moment
@@ -237,19 +364,23 @@ impl Server {
                     }
                     Err(e) => tracing::debug!(error = %e, "accept failed"),
                 },
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             }
         }
         reaper.abort();
         ticker.abort();
         publisher.abort();
-        let _ = stop_tx.send(true);
-        let drain = async { while tasks.join_next().await.is_some() {} };
+        self.shared.stop_all();
+        // Each task deregisters when it has flushed and closed.
+        let drain = async {
+            while !self.shared.connections().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
         if tokio::time::timeout(Duration::from_secs(5), drain)
             .await
             .is_err()
         {
-            tasks.abort_all();
+            self.shared.abort_all();
         }
         Ok(())
     }
@@ -330,71 +461,97 @@ fn is_resource_exhaustion(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
 }
 
-async fn serve(
+/// One connection's task. Its state is multiplied by the connection count,
+/// so what it keeps across awaits is kept small: no buffers while idle, one
+/// timer kept armed across iterations, shutdown arriving through the
+/// response queue, the peer address only logged.
+fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     id: u32,
     shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
-) {
+) -> impl std::future::Future<Output = ()> + Send {
     let _ = stream.set_nodelay(true);
     // Admission will decide here, before any work (SCALABILITY.md §2).
-    let mut conn = PendingConnection::new().accept(
+    let conn = PendingConnection::new().accept(
         now(),
         id,
         Arc::clone(&shared.channel_config),
         Arc::clone(&shared.budget),
     );
     tracing::debug!(%peer, channel = id, "connection accepted");
-    let (mut rd, mut wr) = stream.into_split();
-    let (tx, mut answers) = mpsc::unbounded_channel();
-    let sink: Arc<dyn ResponseSink> = Arc::new(ConnectionSink(tx));
-    let outstanding = Outstanding::default();
-    // Buffers start empty and grow with the traffic: an idle session costs
-    // no buffer memory, a busy one keeps what it needs.
-    let mut input: Vec<u8> = Vec::new();
-    let mut out: Vec<u8> = Vec::new();
-    let mut room = 4096;
-    loop {
-        let due = conn.poll_timeout();
-        tokio::select! {
-            read = read_more(&mut rd, &mut input, &mut room) => match read {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if let Err(e) = conn.handle_input(now(), &mut input) {
-                        tracing::debug!(%peer, channel = id, error = %e, "closing connection");
+    // An async block, not an `async fn`: the parameters of an `async fn`
+    // are copied into its state a second time when its body starts, and
+    // that state is multiplied by the connection count.
+    let mut stream = stream;
+    let mut conn = conn;
+    let queue = Arc::new(ConnectionSink::default());
+    if shared.register(id, &queue) {
+        conn.close_with(StatusCode::BadShutdown, "server shutting down");
+    }
+    async move {
+        let outstanding = Outstanding::default();
+        // No buffer is held while the connection is idle: the task waits for
+        // readability without one, reads into a buffer reserved then, and lets
+        // it go once every complete message in it was handled; the send buffer
+        // lives only while it is written. A busy connection reads in big
+        // syscalls (`room` grows to 64 KiB), an idle one holds no buffer.
+        let mut input: Vec<u8> = Vec::new();
+        let mut room = MIN_READ;
+        // Re-armed only when the connection's next deadline moves (a timer
+        // that fired and is not moved fires again when polled).
+        let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(timer);
+        loop {
+            let due = conn.poll_timeout().map(tokio::time::Instant::from_std);
+            if let Some(t) = due.filter(|&t| t != timer.deadline()) {
+                timer.as_mut().reset(t);
+            }
+            tokio::select! {
+                // Waiting on the stream's readiness directly keeps this
+                // branch's state to a reference (`readable()` is 168 bytes).
+                ready = std::future::poll_fn(|cx| stream.poll_read_ready(cx)) => match ready.and_then(|()| read_ready(&stream, &mut input, &mut room)) {
+                    Ok(Some(0)) | Err(_) => break,
+                    Ok(None) => {}
+                    Ok(Some(_)) => {
+                        if let Err(e) = conn.handle_input(now(), &mut input) {
+                            tracing::debug!(channel = id, error = %e, "closing connection");
+                        }
+                    }
+                },
+                () = queue.ready.notified() => {
+                    // Whatever is ready goes out in the same write.
+                    let (answers, stopping) = queue.take();
+                    for (request_id, message) in answers {
+                        send_answer(&mut conn, &outstanding, request_id, message, &shared);
+                    }
+                    if stopping {
+                        conn.close_with(StatusCode::BadShutdown, "server shutting down");
                     }
                 }
-            },
-            Some((request_id, message)) = answers.recv() => {
-                send_answer(&mut conn, &outstanding, request_id, message, &shared);
-                // Whatever else is ready goes out in the same write.
-                while let Ok((request_id, message)) = answers.try_recv() {
-                    send_answer(&mut conn, &outstanding, request_id, message, &shared);
-                }
+                () = timer.as_mut(), if due.is_some() => conn.handle_timeout(now()),
             }
-            () = sleep_until(due) => conn.handle_timeout(now()),
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
-                    conn.close_with(StatusCode::BadShutdown, "server shutting down");
-                }
+            if input.is_empty() && input.capacity() > 0 {
+                input = Vec::new();
+            }
+            handle_events(&mut conn, &shared, &queue, &outstanding);
+            let mut out = Vec::new();
+            if conn.poll_transmit(&mut out) && stream.write_all(&out).await.is_err() {
+                break;
+            }
+            if conn.is_closed() {
+                break;
             }
         }
-        handle_events(&mut conn, &shared, &sink, &outstanding);
-        out.clear();
-        if conn.poll_transmit(&mut out) && wr.write_all(&out).await.is_err() {
-            break;
+        queue.close();
+        shared.deregister(id, &queue);
+        // Answers still running have nowhere to go.
+        for r in outstanding.running.borrow().iter() {
+            r.abort.abort();
         }
-        if conn.is_closed() {
-            break;
-        }
+        let _ = stream.shutdown().await;
+        tracing::debug!(channel = id, status = ?conn.close_status(), "connection closed");
     }
-    // Answers still running have nowhere to go.
-    for r in outstanding.running.borrow().iter() {
-        r.abort.abort();
-    }
-    let _ = wr.shutdown().await;
-    tracing::debug!(%peer, channel = id, status = ?conn.close_status(), "connection closed");
 }
 
 fn send_answer(
@@ -439,37 +596,43 @@ fn peek_response_handle(message: &[u8], limits: &uascale_types::DecodeLimits) ->
     u32::decode(&mut r).unwrap_or(0)
 }
 
-/// Reads what the socket has into the spare capacity of `input`: at least
-/// 4 KiB, doubled (up to 64 KiB) each time a read filled all the room there
-/// was, so a busy pipelined connection reads in big syscalls while an idle
-/// one holds little memory.
-async fn read_more(
-    rd: &mut tokio::net::tcp::OwnedReadHalf,
-    input: &mut Vec<u8>,
-    room: &mut usize,
-) -> io::Result<usize> {
+/// The smallest read: a buffer of this much is reserved when the socket
+/// becomes readable (8 KiB, the smallest chunk size a peer may use, so a
+/// chunk usually arrives in one read).
+const MIN_READ: usize = 8 * 1024;
+/// The largest read of a busy connection.
+const MAX_READ: usize = 64 * 1024;
+
+/// Reads what a readable socket has into the spare capacity of `input`
+/// (`None`: it was not readable after all). The room doubles (up to
+/// [`MAX_READ`]) each time a read filled all there was and halves (down to
+/// [`MIN_READ`]) when a read used under a quarter, so a busy pipelined
+/// connection reads in big syscalls and a quiet one in small ones.
+fn read_ready(rd: &TcpStream, input: &mut Vec<u8>, room: &mut usize) -> io::Result<Option<usize>> {
     input.reserve(*room);
     let spare = input.capacity() - input.len();
-    let n = rd.read_buf(input).await?;
-    if n == spare {
-        *room = (*room * 2).min(64 * 1024);
-    }
-    Ok(n)
-}
-
-async fn sleep_until(due: Option<Instant>) {
-    match due {
-        Some(t) => tokio::time::sleep_until(t.into()).await,
-        None => std::future::pending().await,
+    match rd.try_read_buf(input) {
+        Ok(n) => {
+            if n == spare {
+                *room = (*room * 2).min(MAX_READ);
+            } else if n < spare / 4 {
+                *room = (*room / 2).max(MIN_READ);
+            }
+            Ok(Some(n))
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
 fn handle_events(
     conn: &mut ServerConnection,
     shared: &Shared,
-    sink: &Arc<dyn ResponseSink>,
+    queue: &Arc<ConnectionSink>,
     outstanding: &Outstanding,
 ) {
+    let sink: Arc<dyn ResponseSink> = Arc::clone(queue) as Arc<dyn ResponseSink>;
+    let sink = &sink;
     let now = DateTime::from_system_time(SystemTime::now());
     let cancel = |handle: u32| outstanding.cancel(handle, sink, now);
     // Arcs inside: cheap, and frees `conn` for sending.
@@ -534,5 +697,106 @@ fn handle_events(
             }
             Dispatched::Parked => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads one whole message (header and body) from `s`.
+    async fn read_message(s: &mut TcpStream) -> (uascale_proto::tcp::MessageHeader, Vec<u8>) {
+        use tokio::io::AsyncReadExt;
+        let mut head = [0u8; 8];
+        s.read_exact(&mut head).await.expect("header");
+        let h = uascale_proto::tcp::MessageHeader::parse(&head, 1 << 20)
+            .expect("valid header")
+            .expect("complete header");
+        let mut body = vec![0u8; h.message_size as usize - 8];
+        s.read_exact(&mut body).await.expect("body");
+        (h, body)
+    }
+
+    /// Shutdown reaches connections through their response queues: an idle
+    /// connection and one that registers after shutdown began both get an
+    /// ERR with BadShutdown, and the server's run ends.
+    #[tokio::test]
+    async fn shutdown_closes_connections_with_bad_shutdown() {
+        use uascale_proto::tcp::{ErrorMessage, Hello, MessageType};
+        let config = ServerConfig {
+            bind: "127.0.0.1:0".parse().expect("address"),
+            security: crate::config::SecurityConfig::none_only(),
+            ..Default::default()
+        };
+        let server = Server::bind(config).expect("bind");
+        let addr = server.local_addr().expect("address");
+        let shared = Arc::clone(&server.shared);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(server.run(async {
+            let _ = stop_rx.await;
+        }));
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        let mut hello = Vec::new();
+        Hello {
+            protocol_version: 0,
+            receive_buffer_size: 65535,
+            send_buffer_size: 65535,
+            max_message_size: 0,
+            max_chunk_count: 0,
+            endpoint_url: uascale_types::UaString::from(format!("opc.tcp://{addr}")),
+        }
+        .encode_message(&mut hello);
+        client.write_all(&hello).await.expect("send Hello");
+        let (h, _) = read_message(&mut client).await;
+        assert_eq!(h.message_type, MessageType::Acknowledge);
+        stop_tx.send(()).expect("server running");
+        let (h, body) = read_message(&mut client).await;
+        assert_eq!(h.message_type, MessageType::Error);
+        let err = ErrorMessage::decode_body(&body).expect("ERR body");
+        assert_eq!(err.error, StatusCode::BadShutdown);
+        tokio::time::timeout(Duration::from_secs(5), running)
+            .await
+            .expect("run ends after shutdown")
+            .expect("run task")
+            .expect("run result");
+        assert!(shared.connections().is_empty(), "tasks deregistered");
+        // A task that registers once shutdown began closes at once.
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let mut late = TcpStream::connect(listener.local_addr().expect("address"))
+            .await
+            .expect("connect");
+        let (stream, peer) = listener.accept().await.expect("accept");
+        tokio::spawn(serve(stream, peer, 7, shared));
+        let (h, body) = read_message(&mut late).await;
+        assert_eq!(h.message_type, MessageType::Error);
+        let err = ErrorMessage::decode_body(&body).expect("ERR body");
+        assert_eq!(err.error, StatusCode::BadShutdown);
+    }
+
+    /// The state of a connection's task is multiplied by the connection
+    /// count: this keeps it from growing unnoticed (an `async fn` holds
+    /// every local that lives across an await, and each `select!` branch's
+    /// future, inline).
+    #[tokio::test]
+    async fn connection_task_state_stays_small() {
+        let config = ServerConfig {
+            bind: "127.0.0.1:0".parse().expect("address"),
+            security: crate::config::SecurityConfig::none_only(),
+            ..Default::default()
+        };
+        let server = Server::bind(config).expect("bind");
+        let addr = server.local_addr().expect("address");
+        let _client = TcpStream::connect(addr).await.expect("connect");
+        let (stream, peer) = server.listener.accept().await.expect("accept");
+        let task = serve(stream, peer, 1, Arc::clone(&server.shared));
+        let size = std::mem::size_of_val(&task);
+        println!(
+            "serve future {size} bytes; ServerConnection {} bytes",
+            std::mem::size_of::<ServerConnection>()
+        );
+        assert!(
+            size <= 700,
+            "the connection task's state grew to {size} bytes"
+        );
     }
 }

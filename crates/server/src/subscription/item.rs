@@ -264,7 +264,10 @@ impl MonitoredItem {
         }
     }
 
-    /// Takes up to `max` queued notifications (all when `max` is 0).
+    /// Takes up to `max` queued notifications (all when `max` is 0). The
+    /// taken ones leave with their buffer: an item whose queue was emptied
+    /// holds no allocation until its next value (it is multiplied by the
+    /// item count).
     pub fn drain(&mut self, max: usize) -> impl Iterator<Item = Queued> + '_ {
         let n = if max == 0 {
             self.queue.len()
@@ -274,7 +277,9 @@ impl MonitoredItem {
         if n == self.queue.len() {
             self.triggered = false;
         }
-        self.queue.drain(..n)
+        // Nothing left: `split_off` allocates nothing.
+        let rest = self.queue.split_off(n);
+        std::mem::replace(&mut self.queue, rest).into_iter()
     }
 
     /// The sample that was due at `now` was taken: the next one is a

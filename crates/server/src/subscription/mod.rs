@@ -351,6 +351,10 @@ impl Subscription {
         {
             Some(i) => {
                 self.retransmission.remove(i);
+                if self.retransmission.is_empty() {
+                    // All acknowledged: keep no buffer while idle.
+                    self.retransmission = VecDeque::new();
+                }
                 StatusCode::Good
             }
             None => StatusCode::BadSequenceNumberUnknown,
