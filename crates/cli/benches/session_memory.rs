@@ -286,7 +286,8 @@ fn run(shape: Shape, sessions: usize, warmup: usize, threads: usize) {
     let t = Instant::now();
     let clients = open(addr, shape, sessions, threads);
     let setup_s = t.elapsed().as_secs_f64();
-    std::thread::sleep(Duration::from_secs(1));
+    // Connections let their buffers go after 0.5-1 s of quiet.
+    std::thread::sleep(Duration::from_secs(2));
     let (rss1, anon1) = rss(pid);
     let per = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1024.0 / sessions as f64;
     println!(
