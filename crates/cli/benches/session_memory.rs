@@ -96,12 +96,15 @@ fn start(diagnostics: bool) -> Server {
         "--rate-ms".into(),
         "3600000".into(),
     ];
-    if !diagnostics {
+    let config = (!diagnostics).then(|| {
         let path = std::env::temp_dir().join(format!(
             "uascale-session-memory-{}.toml",
             std::process::id()
         ));
         std::fs::write(&path, "[server]\ndiagnostics_enabled = false\n").expect("write config");
+        path
+    });
+    if let Some(path) = &config {
         args.push("--config".into());
         args.push(path.display().to_string());
     }
@@ -130,6 +133,10 @@ fn start(diagnostics: bool) -> Server {
     let port = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("server printed its address");
+    // Read at start: no longer needed.
+    if let Some(path) = config {
+        let _ = std::fs::remove_file(path);
+    }
     Server(child, port)
 }
 
