@@ -96,12 +96,15 @@ fn start(diagnostics: bool) -> Server {
         "--rate-ms".into(),
         "3600000".into(),
     ];
-    if !diagnostics {
+    let config = (!diagnostics).then(|| {
         let path = std::env::temp_dir().join(format!(
             "uascale-session-memory-{}.toml",
             std::process::id()
         ));
         std::fs::write(&path, "[server]\ndiagnostics_enabled = false\n").expect("write config");
+        path
+    });
+    if let Some(path) = &config {
         args.push("--config".into());
         args.push(path.display().to_string());
     }
@@ -130,6 +133,10 @@ fn start(diagnostics: bool) -> Server {
     let port = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("server printed its address");
+    // Read at start: no longer needed.
+    if let Some(path) = config {
+        let _ = std::fs::remove_file(path);
+    }
     Server(child, port)
 }
 
@@ -286,7 +293,8 @@ fn run(shape: Shape, sessions: usize, warmup: usize, threads: usize) {
     let t = Instant::now();
     let clients = open(addr, shape, sessions, threads);
     let setup_s = t.elapsed().as_secs_f64();
-    std::thread::sleep(Duration::from_secs(1));
+    // Connections let their buffers go after 0.5-1 s of quiet.
+    std::thread::sleep(Duration::from_secs(2));
     let (rss1, anon1) = rss(pid);
     let per = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1024.0 / sessions as f64;
     println!(

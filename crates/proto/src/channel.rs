@@ -776,19 +776,31 @@ impl ServerConnection {
     /// Appends the bytes to send to `buf`; false when there are none.
     ///
     /// When `buf` is empty the connection's send buffer is handed over
-    /// whole: nothing is copied and the connection keeps no allocation, so
-    /// a caller that drops `buf` after writing holds no send buffer while
-    /// the connection is idle.
+    /// whole, even with nothing in it: nothing is copied and the connection
+    /// keeps no allocation, so a caller that drops or reuses `buf` leaves
+    /// no send buffer with an idle connection.
     pub fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> bool {
+        if buf.is_empty() {
+            *buf = std::mem::take(&mut self.out);
+            return !buf.is_empty();
+        }
         if self.out.is_empty() {
             return false;
         }
-        if buf.is_empty() {
-            *buf = std::mem::take(&mut self.out);
-        } else {
-            buf.append(&mut self.out);
-        }
+        buf.append(&mut self.out);
         true
+    }
+
+    /// Gives the connection an empty buffer to write what it sends into
+    /// (one with capacity saves growing a fresh one per batch of answers;
+    /// the caller gets it back through
+    /// [`ServerConnection::poll_transmit`]). Ignored when bytes are already
+    /// waiting to be sent.
+    pub fn lend_send_buffer(&mut self, mut buf: Vec<u8>) {
+        if self.out.is_empty() && buf.capacity() > self.out.capacity() {
+            buf.clear();
+            self.out = buf;
+        }
     }
 
     /// The next event. Once the last one is taken the queue lets its

@@ -491,13 +491,13 @@ fn serve(
     }
     async move {
         let outstanding = Outstanding::default();
-        // No buffer is held while the connection is idle: the task waits for
-        // readability without one, reads into a buffer reserved then, and lets
-        // it go once every complete message in it was handled; the send buffer
-        // lives only while it is written. A busy connection reads in big
-        // syscalls (`room` grows to 64 KiB), an idle one holds no buffer.
+        // No buffer is held while the connection is idle, and none is
+        // allocated per message while it is busy: it reads into its worker
+        // thread's buffer and writes from another one lent to it (see
+        // `BUFFERS`); `input` holds only the start of a message still
+        // incomplete.
         let mut input: Vec<u8> = Vec::new();
-        let mut room = MIN_READ;
+        let mut room = MIN_READ as u32;
         // Re-armed only when the connection's next deadline moves (a timer
         // that fired and is not moved fires again when polled).
         let timer = tokio::time::sleep_until(tokio::time::Instant::now());
@@ -507,37 +507,64 @@ fn serve(
             if let Some(t) = due.filter(|&t| t != timer.deadline()) {
                 timer.as_mut().reset(t);
             }
-            tokio::select! {
+            let armed = due.is_some();
+            // What woke the task; the work happens after, with no await.
+            let wake = tokio::select! {
                 // Waiting on the stream's readiness directly keeps this
                 // branch's state to a reference (`readable()` is 168 bytes).
-                ready = std::future::poll_fn(|cx| stream.poll_read_ready(cx)) => match ready.and_then(|()| read_ready(&stream, &mut input, &mut room)) {
-                    Ok(Some(0)) | Err(_) => break,
-                    Ok(None) => {}
-                    Ok(Some(_)) => {
-                        if let Err(e) = conn.handle_input(now(), &mut input) {
-                            tracing::debug!(channel = id, error = %e, "closing connection");
+                ready = std::future::poll_fn(|cx| stream.poll_read_ready(cx)) => Wake::Readable(ready),
+                () = queue.ready.notified() => Wake::Answers,
+                () = timer.as_mut(), if armed => Wake::Timer,
+            };
+            let out = BUFFERS.with(|b| {
+                let mut b = b.borrow_mut();
+                conn.lend_send_buffer(std::mem::take(&mut b.write));
+                match wake {
+                    Wake::Readable(ready) => {
+                        let read = ready.and_then(|()| {
+                            read_and_handle(&stream, &mut conn, &mut b.read, &mut input, &mut room)
+                        });
+                        if matches!(read, Ok(Some(0)) | Err(_)) {
+                            return None;
                         }
                     }
-                },
-                () = queue.ready.notified() => {
-                    // Whatever is ready goes out in the same write.
-                    let (answers, stopping) = queue.take();
-                    for (request_id, message) in answers {
-                        send_answer(&mut conn, &outstanding, request_id, message, &shared);
+                    Wake::Answers => {
+                        // Whatever is ready goes out in the same write.
+                        let (answers, stopping) = queue.take();
+                        for (request_id, message) in answers {
+                            send_answer(&mut conn, &outstanding, request_id, message, &shared);
+                        }
+                        if stopping {
+                            conn.close_with(StatusCode::BadShutdown, "server shutting down");
+                        }
                     }
-                    if stopping {
-                        conn.close_with(StatusCode::BadShutdown, "server shutting down");
+                    Wake::Timer => conn.handle_timeout(now()),
+                }
+                handle_events(&mut conn, &shared, &queue, &outstanding);
+                let mut out = Vec::new();
+                conn.poll_transmit(&mut out);
+                // Most writes complete at once; the buffer then goes back to
+                // the thread. What does not stays with the task until sent.
+                match stream.try_write(&out) {
+                    Ok(n) if n == out.len() => {
+                        b.give_back_write(out);
+                        Some(Ok(Vec::new()))
+                    }
+                    Ok(n) => {
+                        out.drain(..n);
+                        Some(Ok(out))
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(Ok(out)),
+                    Err(e) => Some(Err(e)),
+                }
+            });
+            match out {
+                None | Some(Err(_)) => break,
+                Some(Ok(rest)) => {
+                    if !rest.is_empty() && stream.write_all(&rest).await.is_err() {
+                        break;
                     }
                 }
-                () = timer.as_mut(), if due.is_some() => conn.handle_timeout(now()),
-            }
-            if input.is_empty() && input.capacity() > 0 {
-                input = Vec::new();
-            }
-            handle_events(&mut conn, &shared, &queue, &outstanding);
-            let mut out = Vec::new();
-            if conn.poll_transmit(&mut out) && stream.write_all(&out).await.is_err() {
-                break;
             }
             if conn.is_closed() {
                 break;
@@ -596,33 +623,89 @@ fn peek_response_handle(message: &[u8], limits: &uascale_types::DecodeLimits) ->
     u32::decode(&mut r).unwrap_or(0)
 }
 
-/// The smallest read: a buffer of this much is reserved when the socket
-/// becomes readable (8 KiB, the smallest chunk size a peer may use, so a
-/// chunk usually arrives in one read).
+/// What woke a connection's task.
+enum Wake {
+    Readable(io::Result<()>),
+    Answers,
+    Timer,
+}
+
+/// A worker thread's read and write buffers, used by whichever connection
+/// it runs: a read and the handling of what it brought, and the answers
+/// and their (non-blocking) write, happen within one poll with no await in
+/// between, so per-connection buffers would only sit idle.
+#[derive(Default)]
+struct Buffers {
+    read: Vec<u8>,
+    write: Vec<u8>,
+}
+
+impl Buffers {
+    fn give_back_write(&mut self, mut out: Vec<u8>) {
+        out.clear();
+        if out.capacity() <= KEEP_BUFFER && out.capacity() >= self.write.capacity() {
+            self.write = out;
+        }
+    }
+}
+
+thread_local! {
+    static BUFFERS: std::cell::RefCell<Buffers> = std::cell::RefCell::new(Buffers::default());
+}
+
+/// The most a worker thread's buffers keep between uses (one huge message
+/// does not pin their size).
+const KEEP_BUFFER: usize = 256 * 1024;
+
+/// The smallest read (8 KiB, the smallest chunk size a peer may use).
 const MIN_READ: usize = 8 * 1024;
 /// The largest read of a busy connection.
 const MAX_READ: usize = 64 * 1024;
 
-/// Reads what a readable socket has into the spare capacity of `input`
-/// (`None`: it was not readable after all). The room doubles (up to
-/// [`MAX_READ`]) each time a read filled all there was and halves (down to
-/// [`MIN_READ`]) when a read used under a quarter, so a busy pipelined
-/// connection reads in big syscalls and a quiet one in small ones.
-fn read_ready(rd: &TcpStream, input: &mut Vec<u8>, room: &mut usize) -> io::Result<Option<usize>> {
-    input.reserve(*room);
-    let spare = input.capacity() - input.len();
-    match rd.try_read_buf(input) {
-        Ok(n) => {
-            if n == spare {
-                *room = (*room * 2).min(MAX_READ);
-            } else if n < spare / 4 {
-                *room = (*room / 2).max(MIN_READ);
-            }
-            Ok(Some(n))
-        }
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-        Err(e) => Err(e),
+/// Reads what a readable socket has and feeds it to `conn` (`None`: it was
+/// not readable after all; `Some(0)`: the peer closed). The bytes go into
+/// the thread's buffer `buf` after the incomplete message kept in
+/// `pending` from the last read; what is still incomplete afterwards goes
+/// back to `pending`. `room` is the read size: doubled (up to [`MAX_READ`])
+/// when a read filled it, halved (down to [`MIN_READ`]) when a read used
+/// under a quarter.
+fn read_and_handle(
+    stream: &TcpStream,
+    conn: &mut ServerConnection,
+    buf: &mut Vec<u8>,
+    pending: &mut Vec<u8>,
+    room: &mut u32,
+) -> io::Result<Option<usize>> {
+    buf.clear();
+    buf.extend_from_slice(pending);
+    let want = *room as usize;
+    buf.reserve(want);
+    let spare = buf.capacity() - buf.len();
+    let n = match stream.try_read_buf(buf) {
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if n >= spare.min(want) {
+        *room = (want * 2).min(MAX_READ) as u32;
+    } else if n < want / 4 {
+        *room = (want / 2).max(MIN_READ) as u32;
     }
+    if n > 0 {
+        if let Err(e) = conn.handle_input(now(), buf) {
+            tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
+        }
+        *pending = if buf.is_empty() {
+            Vec::new()
+        } else {
+            buf.to_vec()
+        };
+    }
+    buf.clear();
+    if buf.capacity() > KEEP_BUFFER {
+        *buf = Vec::new();
+    }
+    Ok(Some(n))
 }
 
 fn handle_events(
@@ -771,6 +854,54 @@ mod tests {
         assert_eq!(h.message_type, MessageType::Error);
         let err = ErrorMessage::decode_body(&body).expect("ERR body");
         assert_eq!(err.error, StatusCode::BadShutdown);
+    }
+
+    /// A message that arrives in pieces (the start kept by the connection
+    /// between reads, the rest read into the worker's buffer) and two that
+    /// arrive in one read are each handled once.
+    #[tokio::test]
+    async fn messages_split_across_reads_and_joined_in_one() {
+        use uascale_proto::tcp::{Hello, MessageType};
+        let config = ServerConfig {
+            bind: "127.0.0.1:0".parse().expect("address"),
+            security: crate::config::SecurityConfig::none_only(),
+            ..Default::default()
+        };
+        let server = Server::bind(config).expect("bind");
+        let addr = server.local_addr().expect("address");
+        let (_stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(server.run(async {
+            let _ = stop_rx.await;
+        }));
+        let mut hello = Vec::new();
+        Hello {
+            protocol_version: 0,
+            receive_buffer_size: 65535,
+            send_buffer_size: 65535,
+            max_message_size: 0,
+            max_chunk_count: 0,
+            endpoint_url: uascale_types::UaString::from(format!("opc.tcp://{addr}")),
+        }
+        .encode_message(&mut hello);
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        client.set_nodelay(true).expect("nodelay");
+        for piece in [&hello[..3], &hello[3..10], &hello[10..]] {
+            client.write_all(piece).await.expect("send a piece");
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        let (h, _) = read_message(&mut client).await;
+        assert_eq!(h.message_type, MessageType::Acknowledge);
+        // A second Hello on the same connection is refused, whole or split.
+        let mut twice = TcpStream::connect(addr).await.expect("connect");
+        let mut both = hello.clone();
+        both.extend_from_slice(&hello);
+        twice.write_all(&both).await.expect("send both");
+        let (h, _) = read_message(&mut twice).await;
+        assert_eq!(h.message_type, MessageType::Acknowledge);
+        let (h, body) = read_message(&mut twice).await;
+        assert_eq!(h.message_type, MessageType::Error);
+        let err = uascale_proto::tcp::ErrorMessage::decode_body(&body).expect("ERR body");
+        assert_eq!(err.error, StatusCode::BadTcpMessageTypeInvalid);
     }
 
     /// The state of a connection's task is multiplied by the connection
