@@ -43,7 +43,7 @@
 #   --no-uabench           skip the uabench cross-check
 #   --no-build             use the binaries already built
 #   --out DIR              output directory (target/compare/<UTC time>)
-#   --base-port P          first port (48700); each server takes the next
+#   --base-port P          first port (48700); each server and round takes the next
 #
 # Loopback only; every process it starts is stopped by its PID on exit.
 set -euo pipefail
@@ -322,7 +322,10 @@ echo "== $(date -u +%H:%M:%S) comparing $PEERS, $REPEAT round(s); load average $
 for round in $(seq 1 "$REPEAT"); do
     idx=0
     for name in "${SERVERS[@]}"; do
-        port=$((BASE_PORT + idx))
+        # A fresh port per server and round: a peer that does not set
+        # SO_REUSEADDR cannot bind while the last round's connections are
+        # in TIME_WAIT.
+        port=$((BASE_PORT + (round - 1) * ${#SERVERS[@]} + idx))
         idx=$((idx + 1))
         echo "== round $round/$REPEAT: $name (port $port)" >&2
         start_server "$name" "$port" "$round"
