@@ -148,6 +148,15 @@ impl Common {
         })
     }
 
+    /// The positional arguments as NodeIds.
+    pub(crate) fn nodes(&self) -> Result<Vec<NodeId>, Failure> {
+        self.rest
+            .iter()
+            .map(|n| node(n))
+            .collect::<Result<_, _>>()
+            .map_err(Failure::Usage)
+    }
+
     pub(crate) fn flag(&self, name: &str) -> Option<&str> {
         self.named
             .iter()
@@ -434,12 +443,7 @@ async fn read(client: &Client, c: &Common) -> Result<(), Failure> {
             ))
         })?,
     };
-    let nodes: Vec<NodeId> = c
-        .rest
-        .iter()
-        .map(|n| node(n))
-        .collect::<Result<_, _>>()
-        .map_err(Failure::Usage)?;
+    let nodes = c.nodes()?;
     let values = client
         .read(
             nodes

@@ -67,12 +67,7 @@ fn min_severity(min: u16) -> t::ContentFilter {
 
 /// Runs the subscription until it is told to stop.
 pub async fn subscribe(client: &Client, c: &Common) -> Result<(), Failure> {
-    let nodes: Vec<NodeId> = c
-        .rest
-        .iter()
-        .map(|n| node(n))
-        .collect::<Result<_, _>>()
-        .map_err(Failure::Usage)?;
+    let nodes = c.nodes()?;
     let events = c
         .flag("--events")
         .map(node)

@@ -2,45 +2,28 @@
 //! generator cannot rot: the counts it reports must be right. (Its numbers
 //! are for the README, measured by hand; nothing here times anything.)
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_uascale");
+use std::process::{Command, Stdio};
 
-struct Server(Child, u16);
+use common::{serve, Served, BIN};
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(extra_config: &str) -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = std::env::temp_dir().join(format!("uascale-bench-{}-{port}", std::process::id()));
+/// `uascale serve --security none` with `extra_config` as its config file.
+fn serve_none(extra_config: &str) -> Served {
+    let dir = std::env::temp_dir().join(format!(
+        "uascale-bench-{}-{}",
+        std::process::id(),
+        common::free_port()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("server.toml");
     std::fs::write(&config, extra_config).unwrap();
-    let child = Command::new(BIN)
-        .args(["serve", "--bind", "127.0.0.1", "--security", "none"])
-        .args(["--port", &port.to_string()])
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Server(child, port)
+    serve([
+        "--security".as_ref(),
+        "none".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ])
 }
 
 /// Checks the `--report` page of a run: self-contained, with one plotted
@@ -85,10 +68,10 @@ fn bench(args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn bench_read_counts_reads_values_and_server_cost() {
-    let s = serve("");
-    let url = format!("opc.tcp://127.0.0.1:{}", s.1);
-    let pid = s.0.id().to_string();
-    let report = std::env::temp_dir().join(format!("uascale-bench-read-{}.html", s.1));
+    let s = serve_none("");
+    let url = s.url();
+    let pid = s.pid();
+    let report = std::env::temp_dir().join(format!("uascale-bench-read-{}.html", s.port));
     let r = bench(&[
         "read",
         &url,
@@ -186,10 +169,10 @@ fn bench_read_counts_reads_values_and_server_cost() {
 
 #[test]
 fn bench_sessions_establishes_holds_and_reports_refusals() {
-    let s = serve("[server]\nmax_session_count = 12\n");
-    let url = format!("opc.tcp://127.0.0.1:{}", s.1);
-    let pid = s.0.id().to_string();
-    let report = std::env::temp_dir().join(format!("uascale-bench-sessions-{}.html", s.1));
+    let s = serve_none("[server]\nmax_session_count = 12\n");
+    let url = s.url();
+    let pid = s.pid();
+    let report = std::env::temp_dir().join(format!("uascale-bench-sessions-{}.html", s.port));
     let r = bench(&[
         "sessions",
         &url,
@@ -255,12 +238,11 @@ fn bench_sessions_establishes_holds_and_reports_refusals() {
 
 #[test]
 fn bench_sessions_with_a_secured_policy_and_a_user() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = std::env::temp_dir().join(format!("uascale-bench-sec-{}-{port}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "uascale-bench-sec-{}-{}",
+        std::process::id(),
+        common::free_port()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let mut hasher = Command::new(BIN)
         .args(["user", "hash"])
@@ -289,24 +271,15 @@ fn bench_sessions_with_a_secured_policy_and_a_user() {
         ),
     )
     .unwrap();
-    let child = Command::new(BIN)
-        .args(["serve", "--bind", "127.0.0.1", "--security", "all"])
-        .args(["--port", &port.to_string()])
-        .arg("--pki")
-        .arg(dir.join("server-pki"))
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let s = Server(child, port);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let url = format!("opc.tcp://127.0.0.1:{}", s.1);
+    let s = serve([
+        "--security".as_ref(),
+        "all".as_ref(),
+        "--pki".as_ref(),
+        dir.join("server-pki").as_os_str(),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ]);
+    let url = s.url();
     let out = Command::new(BIN)
         .arg("bench")
         .args([

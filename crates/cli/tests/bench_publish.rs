@@ -1,50 +1,17 @@
 //! `uascale bench publish` at a tiny size against `uascale serve`: the
 //! counts it reports must be right (nothing here times anything).
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_uascale");
+use std::process::Command;
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{serve, BIN};
 
 #[test]
 fn bench_publish_counts_what_arrives() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let server = Server(
-        Command::new(BIN)
-            .args(["serve", "--bind", "127.0.0.1", "--security", "none"])
-            .args([
-                "--port",
-                &port.to_string(),
-                "--nodes",
-                "20",
-                "--rate-ms",
-                "50",
-            ])
-            .env("RUST_LOG", "warn")
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let url = format!("opc.tcp://127.0.0.1:{port}");
-    let pid = server.0.id().to_string();
+    let server = serve(["--security", "none", "--nodes", "20", "--rate-ms", "50"]);
+    let url = server.url();
+    let pid = server.pid();
     let report = std::env::temp_dir().join(format!("uascale-publish-{}.html", std::process::id()));
     let out = Command::new(BIN)
         .args(["bench", "publish", &url, "--json"])

@@ -2,40 +2,14 @@
 //! `subscribe`) run as a user would, against `uascale serve`: their output,
 //! their exit codes and their error messages.
 
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_uascale");
+use std::process::{Command, Output, Stdio};
 
-/// `uascale serve` on a free loopback port, killed on drop.
-struct Server(Child, String);
+use common::{Served, BIN};
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve() -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(BIN)
-        .args(["serve", "--bind", "127.0.0.1", "--security", "none"])
-        .args(["--port", &port.to_string()])
-        .env("RUST_LOG", "warn")
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Server(child, format!("opc.tcp://127.0.0.1:{port}"))
+fn serve() -> Served {
+    common::serve(["--security", "none"])
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
@@ -54,7 +28,7 @@ fn run(args: &[&str]) -> (i32, String, String) {
 #[test]
 fn client_commands_against_uascale_serve() {
     let s = serve();
-    let url = s.1.as_str();
+    let url = &s.url();
 
     let (code, out, _) = run(&["endpoints", url]);
     assert_eq!(code, 0);
@@ -127,11 +101,7 @@ fn client_commands_against_uascale_serve() {
 
 #[test]
 fn unreachable_servers_are_explained() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let url = format!("opc.tcp://127.0.0.1:{port}");
     let (code, _, err) = run(&["read", &url, "i=2258"]);
     assert_eq!(code, 1);
@@ -146,7 +116,7 @@ fn output_cut_short_by_the_reader_is_not_a_panic() {
     use std::io::{BufRead, BufReader};
     let s = serve();
     let mut child = Command::new(BIN)
-        .args(["browse", &s.1, "i=84", "--depth", "4"])
+        .args(["browse", &s.url(), "i=84", "--depth", "4"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -166,7 +136,7 @@ fn output_cut_short_by_the_reader_is_not_a_panic() {
 #[test]
 fn subscribe_prints_data_changes_and_filtered_events() {
     let s = serve();
-    let url = s.1.as_str();
+    let url = &s.url();
 
     // Data changes, one JSON object per line, until --count.
     let (code, out, err) = run(&[

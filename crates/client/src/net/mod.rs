@@ -815,24 +815,7 @@ impl Shared {
         let mut message = Vec::with_capacity(128);
         encode_message(req, &mut message);
         let body = self.exchange(message, via, timeout).await?;
-        let limits = &self.options.decode;
-        // The ResponseHeader first: a fault is answered by its status.
-        let mut r = Reader::new(&body, limits).map_err(ClientError::decode)?;
-        NodeId::decode(&mut r).map_err(ClientError::decode)?;
-        let header = ResponseHeader::decode(&mut r).map_err(ClientError::decode)?;
-        if header.service_result.is_bad() {
-            return Err(ClientError::Service {
-                status: header.service_result,
-                retry_after_ms: retry_after_ms(&header),
-            });
-        }
-        let mut r = Reader::new(&body, limits).map_err(ClientError::decode)?;
-        let m = t::decode_message(&mut r).map_err(ClientError::decode)?;
-        let name = m.type_name().to_owned();
-        m.into_any()
-            .downcast::<R>()
-            .map(|b| *b)
-            .map_err(|_| ClientError::Decode(format!("unexpected response {name}")))
+        decode_response(&body, &self.options.decode)
     }
 
     /// CreateSession (on `via` or the client's link): checks the server's
@@ -1080,6 +1063,31 @@ impl Shared {
             }
         }
     }
+}
+
+/// A response body as `R`; a ServiceFault or a Bad serviceResult is
+/// [`ClientError::Service`] with the server's retry-after hint.
+pub(crate) fn decode_response<R: DynStructure>(
+    body: &[u8],
+    limits: &DecodeLimits,
+) -> Result<R, ClientError> {
+    // The ResponseHeader first: a fault is answered by its status.
+    let mut r = Reader::new(body, limits).map_err(ClientError::decode)?;
+    NodeId::decode(&mut r).map_err(ClientError::decode)?;
+    let header = ResponseHeader::decode(&mut r).map_err(ClientError::decode)?;
+    if header.service_result.is_bad() {
+        return Err(ClientError::Service {
+            status: header.service_result,
+            retry_after_ms: retry_after_ms(&header),
+        });
+    }
+    let mut r = Reader::new(body, limits).map_err(ClientError::decode)?;
+    let m = t::decode_message(&mut r).map_err(ClientError::decode)?;
+    let name = m.type_name().to_owned();
+    m.into_any()
+        .downcast::<R>()
+        .map(|b| *b)
+        .map_err(|_| ClientError::Decode(format!("unexpected response {name}")))
 }
 
 /// Connects to `host:port`, from `local` when given.

@@ -266,23 +266,7 @@ impl Pipeline {
             }
             self.receive_until(deadline).await?;
         };
-        let limits = &self.options.decode;
-        let mut r = Reader::new(&body, limits).map_err(ClientError::decode)?;
-        NodeId::decode(&mut r).map_err(ClientError::decode)?;
-        let header = ResponseHeader::decode(&mut r).map_err(ClientError::decode)?;
-        if header.service_result.is_bad() {
-            return Err(ClientError::Service {
-                status: header.service_result,
-                retry_after_ms: retry_after_ms(&header),
-            });
-        }
-        let mut r = Reader::new(&body, limits).map_err(ClientError::decode)?;
-        let m = t::decode_message(&mut r).map_err(ClientError::decode)?;
-        let name = m.type_name().to_owned();
-        m.into_any()
-            .downcast::<R>()
-            .map(|b| *b)
-            .map_err(|_| ClientError::Decode(format!("unexpected response {name}")))
+        super::decode_response(&body, &self.options.decode)
     }
 
     /// The response to `id` if it arrived; other events are dropped (only

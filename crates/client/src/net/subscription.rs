@@ -125,6 +125,19 @@ impl Subscription {
         reg.entries.get_mut(&self.key).map(f)
     }
 
+    /// The subscription's server id and the server's ids of the items of
+    /// `client_handles` (0 for an unknown handle, which the server refuses).
+    fn item_ids(&self, client_handles: &[u32]) -> Result<(u32, Vec<u32>), ClientError> {
+        self.with(|e| {
+            let ids: Vec<u32> = client_handles
+                .iter()
+                .map(|h| e.items.get(h).map_or(0, |(_, id)| *id))
+                .collect();
+            (e.server_id, ids)
+        })
+        .ok_or(ClientError::Closed)
+    }
+
     /// The server's id for it now (it changes when the subscription had to
     /// be created again after a reconnect); 0 once it is gone.
     pub fn id(&self) -> u32 {
@@ -207,15 +220,7 @@ impl Subscription {
 
     /// Deletes monitored items by client handle; the status of each.
     pub async fn unmonitor(&self, client_handles: &[u32]) -> Result<Vec<StatusCode>, ClientError> {
-        let (id, ids) = self
-            .with(|e| {
-                let ids: Vec<u32> = client_handles
-                    .iter()
-                    .map(|h| e.items.get(h).map_or(0, |(_, id)| *id))
-                    .collect();
-                (e.server_id, ids)
-            })
-            .ok_or(ClientError::Closed)?;
+        let (id, ids) = self.item_ids(client_handles)?;
         let resp: t::DeleteMonitoredItemsResponse = self
             .shared
             .request(
@@ -302,15 +307,7 @@ impl Subscription {
         client_handles: &[u32],
         mode: t::MonitoringMode,
     ) -> Result<Vec<StatusCode>, ClientError> {
-        let (id, ids) = self
-            .with(|e| {
-                let ids: Vec<u32> = client_handles
-                    .iter()
-                    .map(|h| e.items.get(h).map_or(0, |(_, id)| *id))
-                    .collect();
-                (e.server_id, ids)
-            })
-            .ok_or(ClientError::Closed)?;
+        let (id, ids) = self.item_ids(client_handles)?;
         let resp: t::SetMonitoringModeResponse = self
             .shared
             .request(
