@@ -16,6 +16,37 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Subscriptions deliver a stream of [`SubscriptionEvent`]s; the client
+//! keeps Publishes outstanding, acknowledges, Republishes gaps, and after a
+//! lost connection restores them ([`Restore`]):
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), uascale_client::ClientError> {
+//! use std::time::Duration;
+//! use uascale_client::*;
+//! let client = Client::connect("opc.tcp://localhost:4840", Default::default()).await?;
+//! client.create_session("demo").await?;
+//! let mut sub = client
+//!     .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(500)))
+//!     .await?;
+//! sub.monitor(vec![
+//!     MonitorItem::value("ns=2;s=Demo.Dynamic.Counter".parse().unwrap()),
+//!     MonitorItem::events(
+//!         "i=2253".parse().unwrap(),
+//!         event_filter(&["Severity", "Message"], Default::default()),
+//!     ),
+//! ])
+//! .await?;
+//! while let Some(event) = sub.recv().await {
+//!     if let SubscriptionEvent::Notifications { notifications, .. } = event {
+//!         for n in notifications {
+//!             println!("{n:?}");
+//!         }
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! Many requests can be in flight on one channel at once (pipelining): every
 //! method takes `&self`, so a `Client` can be shared and called
 //! concurrently. Status (issue 6): every security policy and mode of the
