@@ -515,3 +515,77 @@ async fn open_retries_busy_refusals_per_the_backoff() {
     assert!(matches!(err, ClientError::Service { .. }));
     second.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secured_session_is_reactivated_on_a_new_secured_channel() {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    use uascale_client::{SecurityOptions, ServerTrust};
+    use uascale_crypto::policy::SecurityPolicy;
+    use uascale_crypto::rsa::RsaPrivateKey;
+    use uascale_crypto::x509::{create_self_signed, Certificate, SelfSignedParams};
+    use uascale_proto::security::Identity;
+
+    let hash = uascale_server::identity::hash_password(b"secret-pw").unwrap();
+    let pki = std::env::temp_dir().join(format!("uascale-client-secure-{}", std::process::id()));
+    let mut cfg = config();
+    cfg.security = SecurityConfig {
+        pki_dir: pki.clone(),
+        users: vec![uascale_server::identity::UserAccount::new("op", &hash).unwrap()],
+        pki: uascale_server::pki::PkiOptions {
+            trust_all_client_certificates: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (addr, _stop) = start(cfg);
+    let relay = Relay::start(addr).await;
+    let start_time = SystemTime::now()
+        .checked_sub(Duration::from_secs(3600))
+        .unwrap_or(UNIX_EPOCH);
+    let made = create_self_signed(&SelfSignedParams::new(
+        "urn:uascale:client",
+        "uascale client",
+        start_time,
+    ))
+    .unwrap();
+    let identity = Arc::new(
+        Identity::new(
+            Certificate::from_der(made.certificate.der()).unwrap(),
+            RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).unwrap(),
+        )
+        .unwrap(),
+    );
+    let options = ClientOptions {
+        security: SecurityOptions {
+            policy: SecurityPolicy::Basic256Sha256,
+            mode: t::MessageSecurityMode::SignAndEncrypt,
+            certificate: Some(identity),
+            server_certificate: None,
+            trust: ServerTrust::UnsafeAcceptAny,
+        },
+        identity: UserIdentity::UserName {
+            user: "op".into(),
+            password: "secret-pw".into(),
+        },
+        ..fast_reconnect()
+    };
+    let client = Client::connect(&relay.url(), options).await.unwrap();
+    client.create_session("secure blip").await.unwrap();
+    let mut sub = counter_subscription(&client).await;
+    let id = sub.id();
+    let _ = counter_values(&mut sub, 2).await;
+
+    // A secured channel proves who the client is: the same session (and
+    // user) moves to the new channel - a new ClientSignature over the last
+    // server nonce, the password encrypted again.
+    relay.cut();
+    let (how, values) = after_restore(&mut sub, 3).await;
+    assert_eq!(how, Restore::Reactivated);
+    assert!(!values.is_empty());
+    assert_eq!(sub.id(), id);
+    assert_eq!(client.channels_opened(), 2);
+    let read = client.read_values(&[NodeId::ns0(2258)]).await.unwrap();
+    assert!(matches!(read[0].value, Some(Variant::DateTime(_))));
+    client.close().await;
+    let _ = std::fs::remove_dir_all(pki);
+}
