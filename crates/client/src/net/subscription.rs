@@ -56,7 +56,9 @@ impl Registry {
 
 /// A subscription: its server id, what the server granted, its monitored
 /// items, and the stream of what it delivers ([`Subscription::recv`]).
-/// Dropping it deletes it on the server.
+/// Dropping it deletes it on the server. Events wait in an unbounded queue
+/// until received: the publish loop never blocks on a slow reader, and a
+/// reader that falls behind holds the backlog in memory.
 #[derive(Debug)]
 pub struct Subscription {
     shared: Arc<Shared>,
