@@ -21,6 +21,7 @@ use aws_lc_rs::cipher::{
 };
 use aws_lc_rs::hmac;
 use aws_lc_rs::iv::FixedLength;
+use std::sync::OnceLock;
 use uascale_types::StatusCode;
 
 use crate::rsa::{EncryptionPadding, SignatureScheme};
@@ -213,12 +214,16 @@ pub fn p_sha256(secret: &[u8], seed: &[u8], out: &mut [u8]) {
 }
 
 /// One direction's symmetric keys for one security token: the HMAC key,
-/// the AES key (both for encrypting and decrypting) and the IV.
+/// the AES key and the IV. The AES key schedules (about 500 bytes each)
+/// are built on first use: a side only ever encrypts with one direction's
+/// keys and decrypts with the other's, so half of them are never built.
 pub struct SymmetricKeys {
     policy: SecurityPolicy,
     signing: hmac::Key,
-    encrypting: EncryptingKey,
-    decrypting: DecryptingKey,
+    aes: &'static aws_lc_rs::cipher::Algorithm,
+    aes_key: [u8; 32],
+    encrypting: OnceLock<EncryptingKey>,
+    decrypting: OnceLock<DecryptingKey>,
     iv: [u8; AES_BLOCK],
 }
 
@@ -251,19 +256,51 @@ impl SymmetricKeys {
         let iv: [u8; AES_BLOCK] = iv
             .try_into()
             .map_err(|_| local("IV must be one AES block"))?;
-        let enc = UnboundCipherKey::new(alg, encrypting_key)
-            .and_then(EncryptingKey::cbc)
-            .map_err(|_| local("AES key rejected"))?;
-        let dec = UnboundCipherKey::new(alg, encrypting_key)
-            .and_then(DecryptingKey::cbc)
-            .map_err(|_| local("AES key rejected"))?;
+        if encrypting_key.len() != policy.encrypting_key_length() {
+            return Err(local("AES key rejected"));
+        }
+        let mut aes_key = [0u8; 32];
+        aes_key
+            .get_mut(..encrypting_key.len())
+            .ok_or(local("AES key rejected"))?
+            .copy_from_slice(encrypting_key);
+        // Checked once here, so that building it later cannot fail.
+        UnboundCipherKey::new(alg, encrypting_key).map_err(|_| local("AES key rejected"))?;
         Ok(SymmetricKeys {
             policy,
             signing: hmac::Key::new(hmac::HMAC_SHA256, signing_key),
-            encrypting: enc,
-            decrypting: dec,
+            aes: alg,
+            aes_key,
+            encrypting: OnceLock::new(),
+            decrypting: OnceLock::new(),
             iv,
         })
+    }
+
+    fn aes_key(&self) -> &[u8] {
+        self.aes_key
+            .get(..self.policy.encrypting_key_length())
+            .unwrap_or(&self.aes_key)
+    }
+
+    fn encrypting_key(&self) -> Result<&EncryptingKey, CryptoError> {
+        if let Some(k) = self.encrypting.get() {
+            return Ok(k);
+        }
+        let k = UnboundCipherKey::new(self.aes, self.aes_key())
+            .and_then(EncryptingKey::cbc)
+            .map_err(|_| local("AES key rejected"))?;
+        Ok(self.encrypting.get_or_init(|| k))
+    }
+
+    fn decrypting_key(&self) -> Result<&DecryptingKey, CryptoError> {
+        if let Some(k) = self.decrypting.get() {
+            return Ok(k);
+        }
+        let k = UnboundCipherKey::new(self.aes, self.aes_key())
+            .and_then(DecryptingKey::cbc)
+            .map_err(|_| local("AES key rejected"))?;
+        Ok(self.decrypting.get_or_init(|| k))
     }
 
     /// The policy these keys belong to.
@@ -309,7 +346,7 @@ impl SymmetricKeys {
         if data.is_empty() {
             return Ok(());
         }
-        self.encrypting
+        self.encrypting_key()?
             .less_safe_encrypt(data, EncryptionContext::Iv128(FixedLength::from(self.iv)))
             .map(|_| ())
             .map_err(|_| local("AES encryption failed"))
@@ -327,7 +364,7 @@ impl SymmetricKeys {
         if data.is_empty() {
             return Ok(());
         }
-        self.decrypting
+        self.decrypting_key()?
             .decrypt(data, DecryptionContext::Iv128(FixedLength::from(self.iv)))
             .map(|_| ())
             .map_err(|_| CryptoError::Peer {

@@ -399,11 +399,11 @@ impl ServerConnection {
                         "renewal with another certificate",
                     ));
                 }
-                let key = self.security.remote_key.clone().ok_or(peer(
+                let key = self.security.remote_key()?.ok_or(peer(
                     StatusCode::BadSecurityChecksFailed,
                     "renewal on a channel without a key",
                 ))?;
-                (Arc::clone(known), key)
+                (Arc::clone(known), Arc::new(key))
             }
             (State::Open(_), None) => {
                 return Err(peer(
@@ -615,7 +615,6 @@ impl ServerConnection {
                     policy,
                     mode: req.security_mode,
                     remote_certificate: secured.as_ref().map(|(_, c, _)| Arc::clone(c)),
-                    remote_key: secured.as_ref().map(|(_, _, k)| Arc::clone(k)),
                 };
                 self.state = State::Open(Open {
                     current: token,

@@ -377,7 +377,7 @@ fn secured_channel_every_policy_and_mode() {
                 sec.remote_certificate.as_ref().unwrap().der(),
                 client_id().certificate().der()
             );
-            assert_eq!(sec.remote_key.as_ref().unwrap().bits(), 2048);
+            assert_eq!(sec.remote_key().unwrap().unwrap().bits(), 2048);
 
             // A request over several chunks.
             let req = read_request(1000);

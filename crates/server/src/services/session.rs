@@ -389,7 +389,11 @@ fn activate_session_inner(
     ctx.security.failures.check(&key, ctx.instant)?;
 
     // The client proves it holds its certificate's key.
-    if let Some(remote) = &ctx.channel.remote_key {
+    let remote_key = ctx
+        .channel
+        .remote_key()
+        .map_err(|_| StatusCode::BadCertificateInvalid)?;
+    if let Some(remote) = &remote_key {
         let identity = ctx
             .security
             .identity
@@ -784,15 +788,10 @@ mod tests {
                 ]),
                 failures: AuthFailures::new(max_failures),
             };
-            let remote_key = uascale_crypto::rsa::RsaPublicKey::from_spki_der(
-                client_cert.subject_public_key_info_der(),
-            )
-            .unwrap();
             let channel = ChannelSecurity {
                 policy: POLICY,
                 mode: MessageSecurityMode::SignAndEncrypt,
                 remote_certificate: Some(Arc::new(client_cert.clone())),
-                remote_key: Some(Arc::new(remote_key)),
             };
             Secure {
                 f: Fixture::new(10),
