@@ -39,6 +39,66 @@ pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse,
     })
 }
 
+/// Read without intermediate vectors: each ReadValueId is decoded and its
+/// DataValue encoded straight into the response message, which comes out
+/// byte for byte as [`read`]'s would. `None` hands the request to the
+/// general path, which then answers it (the same way, or with the fault):
+/// a message that is not a ReadRequest of the plain shape, a failing
+/// request-level or session check, a value of an asynchronous node
+/// manager, trailing bytes.
+pub fn read_fast(
+    ctx: &ServiceContext<'_>,
+    message: &[u8],
+    limits: &uascale_types::DecodeLimits,
+) -> Option<Vec<u8>> {
+    use uascale_types::encoding::write_length;
+    use uascale_types::{
+        BinaryDecode, BinaryEncode, Limit, Reader, RequestHeader, ResponseHeader, Structure,
+    };
+    let mut r = Reader::new(message, limits).ok()?;
+    if NodeId::decode(&mut r).ok()? != NodeId::ns0(ReadRequest::BINARY_ENCODING_ID) {
+        return None;
+    }
+    let header = RequestHeader::decode(&mut r).ok()?;
+    let max_age = f64::decode(&mut r).ok()?;
+    let ts = TimestampsToReturn::decode(&mut r).ok()?;
+    if max_age < 0.0 || max_age.is_nan() || !(0..=3).contains(&ts.0) {
+        return None;
+    }
+    let n = r.read_length(Limit::ArrayLength).ok()??;
+    if n == 0 || n > MAX_NODES_PER_READ {
+        return None;
+    }
+    ctx.sessions
+        .with(
+            &header.authentication_token,
+            Some(ctx.channel_id),
+            true,
+            ctx.instant,
+            |_| (),
+        )
+        .ok()?;
+    let mut out = Vec::with_capacity(64 + n * 24);
+    NodeId::ns0(ReadResponse::BINARY_ENCODING_ID).encode(&mut out);
+    let response_header: ResponseHeader = ctx.response_header(&header);
+    response_header.encode(&mut out);
+    write_length(&mut out, Some(n));
+    let locales = Locales::new(ctx, &header.authentication_token);
+    for _ in 0..n {
+        let rv = ReadValueId::decode(&mut r).ok()?;
+        if rv.attribute_id == AttributeId::Value as u32
+            && ctx.managers.is_async(rv.node_id.namespace)
+        {
+            return None;
+        }
+        read_one(ctx, &rv, ts, &locales).encode(&mut out);
+    }
+    // Empty diagnosticInfos, as `read` answers.
+    write_length(&mut out, Some(0));
+    r.finish().ok()?;
+    Some(out)
+}
+
 /// The session's localeIds (from ActivateSession), fetched the first time
 /// a node with translations is read - most Reads never need them.
 pub struct Locales<'c> {

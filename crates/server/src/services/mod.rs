@@ -230,6 +230,16 @@ pub(crate) fn peek_request_handle(message: &[u8], limits: &DecodeLimits) -> u32 
 /// Handles one request message (encoding id + body): the response message
 /// to send now, or how it will be answered later.
 pub fn dispatch(ctx: &ServiceContext<'_>, message: &[u8], limits: &DecodeLimits) -> Dispatched {
+    // The most frequent request, without its intermediate vectors.
+    if let Some(response) = attribute::read_fast(ctx, message, limits) {
+        return Dispatched::Now(response);
+    }
+    dispatch_general(ctx, message, limits)
+}
+
+/// Every request through its decoded message (what [`dispatch`] does when
+/// no fast path takes it).
+fn dispatch_general(ctx: &ServiceContext<'_>, message: &[u8], limits: &DecodeLimits) -> Dispatched {
     let routed = match Reader::new(message, limits).and_then(|mut r| {
         let m = decode_message(&mut r)?;
         r.finish()?;
@@ -494,6 +504,129 @@ mod tests {
             "no session"
         );
         assert_eq!(f.response_header.request_handle, 77);
+    }
+
+    #[test]
+    fn the_fast_read_answers_byte_for_byte_as_the_general_path() {
+        use uascale_types as t;
+        let config = ServerConfig::default();
+        let sessions = SessionTable::new(10);
+        let c = ctx(&config, &sessions);
+        let limits = DecodeLimits::default();
+        let call = |req: &dyn DynStructure| {
+            let mut msg = Vec::new();
+            encode_message(req, &mut msg);
+            let out = dispatch_general(&c, &msg, &limits).now().unwrap();
+            decode_message(&mut Reader::new(&out, &limits).unwrap()).unwrap()
+        };
+        let created = call(&t::CreateSessionRequest {
+            requested_session_timeout: 60_000.0,
+            ..Default::default()
+        });
+        let created = created
+            .as_any()
+            .downcast_ref::<t::CreateSessionResponse>()
+            .expect("a session");
+        let token = created.authentication_token.clone();
+        let activated = call(&t::ActivateSessionRequest {
+            request_header: RequestHeader {
+                authentication_token: token.clone(),
+                ..Default::default()
+            },
+            user_identity_token: t::ExtensionObject::new(t::AnonymousIdentityToken {
+                policy_id: "anonymous".into(),
+            }),
+            ..Default::default()
+        });
+        assert!(activated
+            .as_any()
+            .downcast_ref::<t::ActivateSessionResponse>()
+            .is_some());
+        let rv = |node: NodeId, attr: u32, range: &str, encoding: Option<&str>| t::ReadValueId {
+            node_id: node,
+            attribute_id: attr,
+            index_range: if range.is_empty() {
+                t::UaString::null()
+            } else {
+                range.into()
+            },
+            data_encoding: encoding
+                .map(|e| t::QualifiedName::new(0, e))
+                .unwrap_or_default(),
+        };
+        let nodes = vec![
+            rv(NodeId::ns0(2258), 13, "", None),
+            rv(NodeId::ns0(2256), 13, "", None),
+            rv(NodeId::ns0(85), 3, "", None),
+            rv(NodeId::ns0(85), 13, "", None),
+            rv(NodeId::ns0(999_999), 13, "", None),
+            rv(NodeId::ns0(2255), 13, "0:0", None),
+            rv(NodeId::ns0(2255), 13, "x", None),
+            rv(NodeId::ns0(2255), 99, "", None),
+            rv(NodeId::ns0(2258), 13, "", Some("Default XML")),
+            rv(NodeId::ns0(2258), 13, "", Some("Default Binary")),
+        ];
+        let message =
+            |ts: t::TimestampsToReturn, max_age: f64, nodes: Option<Vec<t::ReadValueId>>| {
+                let mut msg = Vec::new();
+                encode_message(
+                    &ReadRequest {
+                        request_header: RequestHeader {
+                            authentication_token: token.clone(),
+                            request_handle: 42,
+                            ..Default::default()
+                        },
+                        max_age,
+                        timestamps_to_return: ts,
+                        nodes_to_read: nodes,
+                    },
+                    &mut msg,
+                );
+                msg
+            };
+        for ts in [
+            t::TimestampsToReturn::Both,
+            t::TimestampsToReturn::Neither,
+            t::TimestampsToReturn::Source,
+            t::TimestampsToReturn::Server,
+        ] {
+            let msg = message(ts, 0.0, Some(nodes.clone()));
+            let fast = attribute::read_fast(&c, &msg, &limits).expect("the fast path");
+            let general = dispatch_general(&c, &msg, &limits).now().unwrap();
+            assert_eq!(fast, general, "{ts:?}");
+        }
+        // What the fast path leaves to the general one.
+        let both = t::TimestampsToReturn::Both;
+        for msg in [
+            message(both, -1.0, Some(nodes.clone())),
+            message(t::TimestampsToReturn(7), 0.0, Some(nodes.clone())),
+            message(both, 0.0, Some(vec![])),
+            message(both, 0.0, None),
+            {
+                let mut m = message(both, 0.0, Some(nodes.clone()));
+                m.push(0);
+                m
+            },
+        ] {
+            assert!(attribute::read_fast(&c, &msg, &limits).is_none());
+            assert!(dispatch(&c, &msg, &limits).now().is_some());
+        }
+        // Without the session's token: refused by the general path.
+        let mut other = Vec::new();
+        encode_message(
+            &ReadRequest {
+                request_header: RequestHeader::default(),
+                nodes_to_read: Some(nodes),
+                ..Default::default()
+            },
+            &mut other,
+        );
+        assert!(attribute::read_fast(&c, &other, &limits).is_none());
+        let f = fault_of(&dispatch(&c, &other, &limits).now().unwrap());
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadSessionIdInvalid
+        );
     }
 
     #[test]
