@@ -23,7 +23,7 @@ use super::attribute::{read_one, Locales};
 use super::subscription::session_of;
 use super::ServiceContext;
 use crate::subscription::event::{compile, BASE_EVENT_TYPE};
-use crate::subscription::item::{aligned_sample, Filter, ItemTarget, MonitoredItem};
+use crate::subscription::item::{Filter, ItemTarget, MonitoredItem};
 
 const VALUE: u32 = AttributeId::Value as u32;
 const EVENT_NOTIFIER: u32 = AttributeId::EventNotifier as u32;
@@ -318,13 +318,7 @@ pub fn create_monitored_items(
                     // The first value, read while the set is locked so a
                     // push cannot overtake it.
                     item.offer(sample(ctx, &item.target));
-                    if item.sampled {
-                        item.next_sample = Some(aligned_sample(
-                            ctx.instant,
-                            item.sampling_interval,
-                            s.next_publish,
-                        ));
-                    }
+                    item.schedule_sampling(ctx.instant, s.next_publish);
                 }
                 let queue_size = item.queue_size;
                 s.add_item(item);
@@ -399,8 +393,8 @@ pub fn modify_monitored_items(
                 item.timestamps = req.timestamps_to_return;
                 item.filter = p.filter;
                 item.sampling_interval = p.sampling;
-                if item.sampled && item.next_sample.is_some() {
-                    item.next_sample = Some(aligned_sample(ctx.instant, p.sampling, next_publish));
+                if item.next_sample.is_some() {
+                    item.schedule_sampling(ctx.instant, next_publish);
                 }
                 item.resize_queue(p.queue_size, rp.discard_oldest);
                 MonitoredItemModifyResult {
@@ -447,13 +441,7 @@ pub fn set_monitoring_mode(
                     item.set_mode(mode, ctx.instant);
                     if was_disabled && mode != MonitoringMode::Disabled && !item.is_event() {
                         item.offer(sample(ctx, &item.target));
-                        if item.sampled {
-                            item.next_sample = Some(aligned_sample(
-                                ctx.instant,
-                                item.sampling_interval,
-                                next_publish,
-                            ));
-                        }
+                        item.schedule_sampling(ctx.instant, next_publish);
                     }
                     StatusCode::Good
                 })

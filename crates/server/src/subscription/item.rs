@@ -282,6 +282,14 @@ impl MonitoredItem {
         std::mem::replace(&mut self.queue, rest).into_iter()
     }
 
+    /// A sampled item's next sample, on the grid of [`aligned_sample`]
+    /// around the subscription's publishing times (`next_publish` is one).
+    pub fn schedule_sampling(&mut self, now: Instant, next_publish: Instant) {
+        if self.sampled {
+            self.next_sample = Some(aligned_sample(now, self.sampling_interval, next_publish));
+        }
+    }
+
     /// The sample that was due at `now` was taken: the next one is a
     /// sampling interval later (or from `now` when the timer ran late).
     pub fn sampled_at(&mut self, now: Instant) {

@@ -734,11 +734,7 @@ fn equal_sampling_and_publishing_intervals_deliver_every_sample() {
     let mut it = item(&s, 1, 1, true, Filter::default());
     it.sampled = true;
     it.sampling_interval = Duration::from_millis(100);
-    it.next_sample = Some(item::aligned_sample(
-        clock.now().instant,
-        it.sampling_interval,
-        s.next_publish,
-    ));
+    it.schedule_sampling(clock.now().instant, s.next_publish);
     s.add_item(it);
     set.insert(s);
     let limits = SubscriptionLimits::default();
