@@ -25,28 +25,17 @@
 
 #[path = "../../server/tests/common/mod.rs"]
 mod common;
+#[path = "../tests/common/mod.rs"]
+mod served;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::RawClient;
+use served::{proc_status, serve_logged, Served};
 use uascale_types::{
-    AttributeId, CreateMonitoredItemsRequest, CreateMonitoredItemsResponse,
-    CreateSubscriptionRequest, CreateSubscriptionResponse, MonitoredItemCreateRequest,
-    MonitoringMode, MonitoringParameters, NodeId, PublishRequest, PublishResponse, ReadValueId,
-    SubscriptionAcknowledgement, TimestampsToReturn,
+    CreateMonitoredItemsResponse, NodeId, PublishResponse, SubscriptionAcknowledgement,
 };
-
-struct Server(Child, u16);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Shape {
@@ -85,17 +74,9 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn start(diagnostics: bool) -> Server {
-    let mut args = vec![
-        "serve".to_owned(),
-        "--bind".into(),
-        "127.0.0.1".into(),
-        "--port".into(),
-        "0".into(),
-        // The counter stays put: what is measured is the resting state.
-        "--rate-ms".into(),
-        "3600000".into(),
-    ];
+fn start(diagnostics: bool) -> Served {
+    // The counter stays put: what is measured is the resting state.
+    let mut args = vec!["--rate-ms".to_owned(), "3600000".into()];
     let config = (!diagnostics).then(|| {
         let path = std::env::temp_dir().join(format!(
             "uascale-session-memory-{}.toml",
@@ -108,104 +89,30 @@ fn start(diagnostics: bool) -> Server {
         args.push("--config".into());
         args.push(path.display().to_string());
     }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_uascale"))
-        .args(&args)
-        .env("RUST_LOG", "warn,uascale=info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start uascale serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(at) = line.find("addr=127.0.0.1:") {
-                let port: String = line[at + 15..]
-                    .chars()
-                    .take_while(char::is_ascii_digit)
-                    .collect();
-                let _ = tx.send(port.parse::<u16>().unwrap_or(0));
-            } else if line.contains("WARN") || line.contains("ERROR") {
-                eprintln!("[serve] {line}");
-            }
-        }
-    });
-    let port = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("server printed its address");
+    let served = serve_logged(&args);
     // Read at start: no longer needed.
     if let Some(path) = config {
         let _ = std::fs::remove_file(path);
     }
-    Server(child, port)
+    served
 }
 
 /// (VmRSS, RssAnon) of a process, KiB.
 fn rss(pid: u32) -> (u64, u64) {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        s.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("RssAnon:"))
-}
-
-fn publish(c: &mut RawClient, acks: Vec<SubscriptionAcknowledgement>) {
-    let mut h = c.header();
-    h.timeout_hint = 0;
-    c.send(&PublishRequest {
-        request_header: h,
-        subscription_acknowledgements: Some(acks),
-    });
+    (proc_status(pid, "VmRSS:"), proc_status(pid, "RssAnon:"))
 }
 
 /// Asks for one subscription (the answer is read by [`add_item`]).
 fn create_subscription(c: &mut RawClient) {
-    let h = c.header();
-    c.send(&CreateSubscriptionRequest {
-        request_header: h,
-        requested_publishing_interval: 100.0,
-        requested_lifetime_count: 30_000,
-        requested_max_keep_alive_count: 10_000,
-        publishing_enabled: true,
-        ..Default::default()
-    });
+    c.send_create_subscription(30_000, 10_000);
 }
 
 /// Reads the subscription, adds one item and parks two Publishes.
 fn add_item(c: &mut RawClient) {
-    let (_, m) = c.read_response();
-    let sub = m
-        .as_any()
-        .downcast_ref::<CreateSubscriptionResponse>()
-        .unwrap_or_else(|| panic!("CreateSubscription failed: {m:?}"))
-        .subscription_id;
-    let h = c.header();
-    c.send(&CreateMonitoredItemsRequest {
-        request_header: h,
-        subscription_id: sub,
-        timestamps_to_return: TimestampsToReturn::Both,
-        items_to_create: Some(vec![MonitoredItemCreateRequest {
-            item_to_monitor: ReadValueId {
-                node_id: NodeId::string(2, "Demo.Dynamic.Counter"),
-                attribute_id: AttributeId::Value as u32,
-                ..Default::default()
-            },
-            monitoring_mode: MonitoringMode::Reporting,
-            requested_parameters: MonitoringParameters {
-                client_handle: 1,
-                sampling_interval: 100.0,
-                queue_size: 1,
-                discard_oldest: true,
-                ..Default::default()
-            },
-        }]),
-    });
-    publish(c, vec![]);
-    publish(c, vec![]);
+    let sub = c.read_subscription_id();
+    c.send_monitor(sub, NodeId::string(2, "Demo.Dynamic.Counter"));
+    c.publish(vec![]);
+    c.publish(vec![]);
     let (_, m) = c.read_response();
     assert!(
         m.as_any()
@@ -226,13 +133,10 @@ fn acknowledge_first(c: &mut RawClient) {
         .as_any()
         .downcast_ref::<PublishResponse>()
         .unwrap_or_else(|| panic!("not a PublishResponse: {m:?}"));
-    publish(
-        c,
-        vec![SubscriptionAcknowledgement {
-            subscription_id: p.subscription_id,
-            sequence_number: p.notification_message.sequence_number,
-        }],
-    );
+    c.publish(vec![SubscriptionAcknowledgement {
+        subscription_id: p.subscription_id,
+        sequence_number: p.notification_message.sequence_number,
+    }]);
 }
 
 /// Opens `n` connections of `shape` from `threads` threads.
@@ -284,7 +188,11 @@ fn run(shape: Shape, sessions: usize, warmup: usize, threads: usize) {
         Some((addr, pid)) => (addr, pid, None),
         None => {
             let s = start(shape != Shape::BareNoDiagnostics);
-            (SocketAddr::from(([127, 0, 0, 1], s.1)), s.0.id(), Some(s))
+            (
+                SocketAddr::from(([127, 0, 0, 1], s.port)),
+                s.child.id(),
+                Some(s),
+            )
         }
     };
     let warm = open(addr, shape, warmup, threads);

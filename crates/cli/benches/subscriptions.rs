@@ -13,30 +13,17 @@
 
 #[path = "../../server/tests/common/mod.rs"]
 mod common;
+#[path = "../tests/common/mod.rs"]
+mod served;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::RawClient;
-use uascale_types::{
-    AttributeId, CreateMonitoredItemsRequest, CreateSubscriptionRequest,
-    CreateSubscriptionResponse, DataChangeNotification, MonitoredItemCreateRequest, MonitoringMode,
-    MonitoringParameters, NodeId, PublishRequest, PublishResponse, ReadValueId,
-    SubscriptionAcknowledgement, TimestampsToReturn,
-};
-
-struct Server(Child, u16);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use served::{proc_status, serve_logged};
+use uascale_types::{DataChangeNotification, NodeId, PublishResponse, SubscriptionAcknowledgement};
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -45,53 +32,8 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn start(rate_ms: u64) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_uascale"))
-        .args([
-            "serve",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--rate-ms",
-            &rate_ms.to_string(),
-        ])
-        .env("RUST_LOG", "warn,uascale=info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start uascale serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(at) = line.find("addr=127.0.0.1:") {
-                let port: String = line[at + 15..]
-                    .chars()
-                    .take_while(char::is_ascii_digit)
-                    .collect();
-                let _ = tx.send(port.parse::<u16>().unwrap_or(0));
-            } else if line.contains("WARN") || line.contains("ERROR") {
-                eprintln!("[serve] {line}");
-            }
-        }
-    });
-    let port = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("server printed its address");
-    Server(child, port)
-}
-
 /// (threads, resident KiB, CPU seconds) of a process.
 fn proc_stats(pid: u32) -> (u64, u64, f64) {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        s.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which ends with ')'): utime is the
     // 12th, stime the 13th; clock ticks of 1/100 s on Linux.
@@ -101,59 +43,23 @@ fn proc_stats(pid: u32) -> (u64, u64, f64) {
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-    (field("Threads:"), field("VmRSS:"), ticks as f64 / 100.0)
+    (
+        proc_status(pid, "Threads:"),
+        proc_status(pid, "VmRSS:"),
+        ticks as f64 / 100.0,
+    )
 }
 
-fn publish(c: &mut RawClient, acks: Vec<SubscriptionAcknowledgement>) {
-    let mut h = c.header();
-    h.timeout_hint = 0;
-    c.send(&PublishRequest {
-        request_header: h,
-        subscription_acknowledgements: Some(acks),
-    });
-}
-
+/// A session with one subscription and one item on the counter, and two
+/// Publishes parked.
 fn setup(c: &mut RawClient) {
     c.session();
-    let h = c.header();
-    c.send(&CreateSubscriptionRequest {
-        request_header: h,
-        requested_publishing_interval: 100.0,
-        requested_lifetime_count: 6000,
-        requested_max_keep_alive_count: 100,
-        publishing_enabled: true,
-        ..Default::default()
-    });
-    let (_, m) = c.read_response();
-    let sub = m
-        .as_any()
-        .downcast_ref::<CreateSubscriptionResponse>()
-        .unwrap_or_else(|| panic!("CreateSubscription failed: {m:?}"))
-        .subscription_id;
-    let h = c.header();
-    c.send(&CreateMonitoredItemsRequest {
-        request_header: h,
-        subscription_id: sub,
-        timestamps_to_return: TimestampsToReturn::Both,
-        items_to_create: Some(vec![MonitoredItemCreateRequest {
-            item_to_monitor: ReadValueId {
-                node_id: NodeId::string(2, "Demo.Dynamic.Counter"),
-                attribute_id: AttributeId::Value as u32,
-                ..Default::default()
-            },
-            monitoring_mode: MonitoringMode::Reporting,
-            requested_parameters: MonitoringParameters {
-                client_handle: 1,
-                sampling_interval: 100.0,
-                queue_size: 1,
-                discard_oldest: true,
-                ..Default::default()
-            },
-        }]),
-    });
+    c.send_create_subscription(6000, 100);
+    let sub = c.read_subscription_id();
+    c.send_monitor(sub, NodeId::string(2, "Demo.Dynamic.Counter"));
     let _ = c.read_response();
-    publish(c, vec![]);
-    publish(c, vec![]);
+    c.publish(vec![]);
+    c.publish(vec![]);
 }
 
 /// Reads one response of `c`, acknowledges and replaces the Publish;
@@ -179,14 +85,14 @@ fn pump(c: &mut RawClient) -> u64 {
     } else {
         vec![]
     };
-    publish(c, acks);
+    c.publish(acks);
     n
 }
 
 fn run(sessions: usize, rate_ms: u64, threads: usize, seconds: u64) {
-    let server = start(rate_ms);
-    let pid = server.0.id();
-    let addr = SocketAddr::from(([127, 0, 0, 1], server.1));
+    let server = serve_logged(["--rate-ms".to_owned(), rate_ms.to_string()]);
+    let pid = server.child.id();
+    let addr = SocketAddr::from(([127, 0, 0, 1], server.port));
     std::thread::sleep(Duration::from_millis(300));
     let (_, rss0, _) = proc_stats(pid);
     let t_setup = Instant::now();

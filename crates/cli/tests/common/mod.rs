@@ -1,9 +1,11 @@
-//! What the integration tests share: `uascale serve` on a free loopback
-//! port, waited for until it accepts connections, killed on drop.
+//! What the integration tests and benches share: `uascale serve` on a
+//! loopback port, waited for until it accepts connections, killed on drop,
+//! and a process's figures from /proc.
 // Each test binary compiles this module and uses a part of it.
 #![allow(dead_code)]
 
 use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -71,4 +73,53 @@ where
         std::thread::sleep(Duration::from_millis(50));
     }
     served
+}
+
+/// `uascale serve --bind 127.0.0.1 --port 0 ARGS...` (no race for a free
+/// port): the port comes from the address it logs. Its warnings and errors
+/// are passed on to stderr.
+pub fn serve_logged<I, S>(args: I) -> Served
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut child = Command::new(BIN)
+        .args(["serve", "--bind", "127.0.0.1", "--port", "0"])
+        .args(args)
+        .env("RUST_LOG", "warn,uascale=info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start uascale serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(at) = line.find("addr=127.0.0.1:") {
+                let port: String = line[at + 15..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                let _ = tx.send(port.parse::<u16>().unwrap_or(0));
+            } else if line.contains("WARN") || line.contains("ERROR") {
+                eprintln!("[serve] {line}");
+            }
+        }
+    });
+    let port = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("server printed its address");
+    Served { child, port }
+}
+
+/// A numeric field of `/proc/PID/status` (`Threads:`, `VmRSS:` in KiB,
+/// ...); 0 when it cannot be read.
+pub fn proc_status(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }

@@ -14,10 +14,13 @@ use uascale_proto::chunk::{
 };
 use uascale_proto::tcp::{Hello, MessageHeader, MessageType};
 use uascale_types::{
-    decode_message, encode_message, ActivateSessionRequest, AnonymousIdentityToken,
-    CreateSessionRequest, CreateSessionResponse, DecodeLimits, DynStructure, ExtensionObject,
-    MessageSecurityMode, NodeId, OpenSecureChannelRequest, OpenSecureChannelResponse, Reader,
-    RequestHeader, SecurityTokenRequestType, UaString,
+    decode_message, encode_message, ActivateSessionRequest, AnonymousIdentityToken, AttributeId,
+    CreateMonitoredItemsRequest, CreateSessionRequest, CreateSessionResponse,
+    CreateSubscriptionRequest, CreateSubscriptionResponse, DecodeLimits, DynStructure,
+    ExtensionObject, MessageSecurityMode, MonitoredItemCreateRequest, MonitoringMode,
+    MonitoringParameters, NodeId, OpenSecureChannelRequest, OpenSecureChannelResponse,
+    PublishRequest, ReadValueId, Reader, RequestHeader, SecurityTokenRequestType,
+    SubscriptionAcknowledgement, TimestampsToReturn, UaString,
 };
 
 /// A connected client with an open secure channel.
@@ -205,5 +208,64 @@ impl RawClient {
                 .is_some(),
             "activation failed: {m:?}"
         );
+    }
+
+    /// Sends a Publish (no timeout hint) acknowledging `acks`.
+    pub fn publish(&mut self, acks: Vec<SubscriptionAcknowledgement>) {
+        let mut h = self.header();
+        h.timeout_hint = 0;
+        self.send(&PublishRequest {
+            request_header: h,
+            subscription_acknowledgements: Some(acks),
+        });
+    }
+
+    /// Sends a CreateSubscription of 100 ms (its answer is for
+    /// [`RawClient::read_subscription_id`]).
+    pub fn send_create_subscription(&mut self, lifetime_count: u32, keep_alive_count: u32) {
+        let h = self.header();
+        self.send(&CreateSubscriptionRequest {
+            request_header: h,
+            requested_publishing_interval: 100.0,
+            requested_lifetime_count: lifetime_count,
+            requested_max_keep_alive_count: keep_alive_count,
+            publishing_enabled: true,
+            ..Default::default()
+        });
+    }
+
+    /// Reads the CreateSubscription answer; the subscription id.
+    pub fn read_subscription_id(&mut self) -> u32 {
+        let (_, m) = self.read_response();
+        m.as_any()
+            .downcast_ref::<CreateSubscriptionResponse>()
+            .unwrap_or_else(|| panic!("CreateSubscription failed: {m:?}"))
+            .subscription_id
+    }
+
+    /// Sends a CreateMonitoredItems of one item (client handle 1, sampled
+    /// every 100 ms, queue of one) on `node`'s Value.
+    pub fn send_monitor(&mut self, subscription_id: u32, node: NodeId) {
+        let h = self.header();
+        self.send(&CreateMonitoredItemsRequest {
+            request_header: h,
+            subscription_id,
+            timestamps_to_return: TimestampsToReturn::Both,
+            items_to_create: Some(vec![MonitoredItemCreateRequest {
+                item_to_monitor: ReadValueId {
+                    node_id: node,
+                    attribute_id: AttributeId::Value as u32,
+                    ..Default::default()
+                },
+                monitoring_mode: MonitoringMode::Reporting,
+                requested_parameters: MonitoringParameters {
+                    client_handle: 1,
+                    sampling_interval: 100.0,
+                    queue_size: 1,
+                    discard_oldest: true,
+                    ..Default::default()
+                },
+            }]),
+        });
     }
 }
