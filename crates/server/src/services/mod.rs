@@ -113,6 +113,14 @@ impl<'a> ServiceContext<'a> {
 }
 
 impl ServiceContext<'_> {
+    /// This request's clock reading, as the sans-IO engines take it.
+    pub fn clock(&self) -> uascale_proto::Now {
+        uascale_proto::Now {
+            instant: self.instant,
+            utc: self.now,
+        }
+    }
+
     /// A Good response header for a request.
     pub fn response_header(&self, req: &RequestHeader) -> ResponseHeader {
         ResponseHeader {

@@ -221,12 +221,7 @@ fn check_call(
     ts: TimestampsToReturn,
     ctx: &ServiceContext<'_>,
 ) -> Result<(), StatusCode> {
-    if n == 0 {
-        return Err(StatusCode::BadNothingToDo);
-    }
-    if n > ctx.subscriptions.limits.max_monitored_items_per_call {
-        return Err(StatusCode::BadTooManyOperations);
-    }
+    super::subscription::check_count(ctx, n)?;
     if !(0..=3).contains(&ts.0) {
         return Err(StatusCode::BadTimestampsToReturnInvalid);
     }

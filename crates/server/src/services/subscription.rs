@@ -17,8 +17,20 @@ use uascale_types::{
 use super::ServiceContext;
 use crate::reply::Responder;
 use crate::subscription::registry::{PublishSink, Registry};
-use crate::subscription::{Answer, Now, Requested};
+use crate::subscription::{Answer, Requested};
 
+/// The size checks of a call over many subscriptions or items: none is
+/// `BadNothingToDo`, more than `max_monitored_items_per_call`
+/// `BadTooManyOperations`.
+pub(crate) fn check_count(ctx: &ServiceContext<'_>, n: usize) -> Result<(), StatusCode> {
+    if n == 0 {
+        return Err(StatusCode::BadNothingToDo);
+    }
+    if n > ctx.subscriptions.limits.max_monitored_items_per_call {
+        return Err(StatusCode::BadTooManyOperations);
+    }
+    Ok(())
+}
 /// The server's subscriptions; a parked Publish holds the [`Responder`]
 /// its answer goes through.
 pub type SubscriptionRegistry = Registry<Responder>;
@@ -134,12 +146,7 @@ pub fn set_publishing_mode(
 ) -> Result<SetPublishingModeResponse, StatusCode> {
     let session = session_of(ctx, &req.request_header)?;
     let ids = req.subscription_ids.as_deref().unwrap_or(&[]);
-    if ids.is_empty() {
-        return Err(StatusCode::BadNothingToDo);
-    }
-    if ids.len() > ctx.subscriptions.limits.max_monitored_items_per_call {
-        return Err(StatusCode::BadTooManyOperations);
-    }
+    check_count(ctx, ids.len())?;
     let results = ids
         .iter()
         .map(|&id| {
@@ -178,10 +185,7 @@ pub fn publish(ctx: &ServiceContext<'_>, req: &PublishRequest, to: Responder) {
         .then(|| ctx.instant + Duration::from_millis(u64::from(h.timeout_hint)));
     let acks = req.subscription_acknowledgements.as_deref().unwrap_or(&[]);
     ctx.subscriptions.publish(
-        Now {
-            instant: ctx.instant,
-            utc: ctx.now,
-        },
+        ctx.clock(),
         ctx.channel_id,
         &session,
         h.request_handle,
@@ -221,16 +225,8 @@ pub fn delete_subscriptions(
 ) -> Result<DeleteSubscriptionsResponse, StatusCode> {
     let session = session_of(ctx, &req.request_header)?;
     let ids = req.subscription_ids.as_deref().unwrap_or(&[]);
-    if ids.is_empty() {
-        return Err(StatusCode::BadNothingToDo);
-    }
-    if ids.len() > ctx.subscriptions.limits.max_monitored_items_per_call {
-        return Err(StatusCode::BadTooManyOperations);
-    }
-    let now = Now {
-        instant: ctx.instant,
-        utc: ctx.now,
-    };
+    check_count(ctx, ids.len())?;
+    let now = ctx.clock();
     let results = ids
         .iter()
         .map(|&id| ctx.subscriptions.delete(now, &session, id))
@@ -252,16 +248,8 @@ pub fn transfer_subscriptions(
     let session = session_of(ctx, &req.request_header)?;
     let user = user_of(ctx, &req.request_header)?;
     let ids = req.subscription_ids.as_deref().unwrap_or(&[]);
-    if ids.is_empty() {
-        return Err(StatusCode::BadNothingToDo);
-    }
-    if ids.len() > ctx.subscriptions.limits.max_monitored_items_per_call {
-        return Err(StatusCode::BadTooManyOperations);
-    }
-    let now = Now {
-        instant: ctx.instant,
-        utc: ctx.now,
-    };
+    check_count(ctx, ids.len())?;
+    let now = ctx.clock();
     let results = ids
         .iter()
         .map(|&id| {
