@@ -32,9 +32,8 @@ use uascale_server::identity::{sign, UserIdentity};
 use uascale_server::pki::{OwnIdentity, Pki, PkiOptions};
 use uascale_server::security::SecurityState;
 use uascale_server::services::session::{activate_session, create_session};
-use uascale_server::services::ServiceContext;
-use uascale_server::session::SessionTable;
 use uascale_server::ServerConfig;
+use uascale_server::ServiceContext;
 use uascale_types::{
     encode_message, ActivateSessionRequest, ByteString, CreateSessionRequest, DateTime,
     MessageSecurityMode, OpenSecureChannelRequest, RequestHeader, SecurityTokenRequestType,
@@ -166,11 +165,16 @@ fn bench(c: &mut Criterion) {
         signature: ByteString::new(sig),
     };
 
-    let sessions = SessionTable::new(1000);
-    let subscriptions =
-        uascale_server::services::subscription::SubscriptionRegistry::new(Default::default());
-    let space = uascale_server::address_space::AddressSpace::default();
-    let managers = uascale_server::node_manager::NodeManagers::default();
+    let state = uascale_server::ServerState::from_parts(
+        ServerConfig {
+            max_session_count: 1000,
+            ..config
+        },
+        uascale_server::address_space::AddressSpace::default(),
+        uascale_server::node_manager::NodeManagers::default(),
+        security,
+    );
+    let sessions = &state.sessions;
     let mut id = 0u32;
     let mut establish = || {
         id = id.wrapping_add(1).max(1);
@@ -186,22 +190,7 @@ fn bench(c: &mut Criterion) {
         assert!(conn.poll_transmit(&mut out), "ACK and OPN response");
         let channel = conn.security().clone();
         assert_eq!(channel.policy, POLICY, "the channel opened secured");
-        let ctx = ServiceContext {
-            config: &config,
-            sessions: &sessions,
-            channel_id: id,
-            now: DateTime::from_system_time(SystemTime::now()),
-            instant: Instant::now(),
-            address_space: &space,
-            start_time: DateTime::from_ticks(1),
-            managers: &managers,
-            request_id: 1,
-            sink: None,
-            canceller: None,
-            security: &security,
-            channel: &channel,
-            subscriptions: &subscriptions,
-        };
+        let ctx = ServiceContext::new(Arc::clone(&state), id, channel, now(), None);
         let created = create_session(&ctx, &create).unwrap();
         let token = created.authentication_token;
         sessions
@@ -220,7 +209,7 @@ fn bench(c: &mut Criterion) {
         activate_session(&ctx, &activate).unwrap();
         let user = sessions.with(&token, Some(id), true, ctx.instant, |s| s.user.clone());
         assert_eq!(user, Ok(UserIdentity::Anonymous));
-        sessions.remove(&token);
+        sessions.close(&token, true);
     };
     establish();
     c.bench_function(

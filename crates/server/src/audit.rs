@@ -14,8 +14,26 @@ use uascale_types::{
 };
 
 use crate::identity::UserIdentity;
-use crate::services::ServiceContext;
 use crate::subscription::event::Event;
+
+/// What raising an audit event needs of the server and the request.
+#[derive(Debug, Clone, Copy)]
+pub struct AuditSite<'a> {
+    /// Whether auditing is on (`auditing`).
+    pub auditing: bool,
+    /// The server's ApplicationUri (ServerId).
+    pub server_uri: &'a str,
+    /// When the server started (the event ids' prefix).
+    pub start_time: uascale_types::DateTime,
+    /// The nodes (event type hierarchy for the filters).
+    pub address_space: &'a crate::address_space::AddressSpace,
+    /// The event items the events are offered to.
+    pub subscriptions: &'a crate::reply::SubscriptionRegistry,
+    /// The time of the action.
+    pub now: crate::subscription::Now,
+    /// The secure channel of the request (0 for the server's own actions).
+    pub channel_id: u32,
+}
 
 /// AuditSessionEventType (i=2069).
 pub const AUDIT_SESSION_EVENT_TYPE: u32 = 2069;
@@ -61,11 +79,7 @@ impl SessionAction {
 /// The ClientUserId of an identity: the user name, the certificate
 /// subject, or "Anonymous".
 pub fn client_user_id(user: &UserIdentity) -> String {
-    match user {
-        UserIdentity::Anonymous => "Anonymous".to_owned(),
-        UserIdentity::UserName(n) => n.clone(),
-        UserIdentity::X509 { subject, .. } => subject.clone(),
-    }
+    user.client_user_id()
 }
 
 /// Event ids: the server's start time and a counter, unique per server run
@@ -76,7 +90,7 @@ static NEXT_EVENT: AtomicU64 = AtomicU64::new(0);
 /// `session_id` is null when the request failed before a session was
 /// known; `revised_timeout_ms` is CreateSession's RevisedSessionTimeout.
 pub fn session_event(
-    ctx: &ServiceContext<'_>,
+    ctx: &AuditSite<'_>,
     action: SessionAction,
     header: &RequestHeader,
     result: Result<(), StatusCode>,
@@ -97,15 +111,15 @@ pub fn session_event(
         NodeId::ns0(action.event_type()),
         NodeId::ns0(SERVER_OBJECT),
         &format!("Session/{}", action.name()),
-        ctx.now,
+        ctx.now.utc,
         &message,
         severity,
     )
-    .with_field(f("ActionTimeStamp"), Variant::DateTime(ctx.now))
+    .with_field(f("ActionTimeStamp"), Variant::DateTime(ctx.now.utc))
     .with_field(f("Status"), Variant::Boolean(result.is_ok()))
     .with_field(
         f("ServerId"),
-        Variant::String(UaString::from(ctx.config.application_uri.as_str())),
+        Variant::String(UaString::from(ctx.server_uri)),
     )
     .with_field(
         f("ClientAuditEntryId"),
@@ -127,23 +141,24 @@ pub fn session_event(
 
 /// Offers `event` to the event items watching the Server object; returns
 /// how many queued it.
-pub fn raise(ctx: &ServiceContext<'_>, event: &Event) -> usize {
-    let space = ctx.address_space;
+pub fn raise(ctx: &AuditSite<'_>, event: &Event) -> usize {
+    let space = &ctx.address_space;
     let is_subtype = |a: &NodeId, b: &NodeId| space.is_subtype_of(a, b);
-    ctx.subscriptions.raise_event(
-        ctx.instant,
-        &[NodeId::ns0(SERVER_OBJECT)],
-        &|item| match &item.filter {
-            crate::subscription::item::Filter::Event(f) => f.apply(event, &is_subtype),
-            crate::subscription::item::Filter::DataChange { .. } => None,
-        },
-    )
+    ctx.subscriptions
+        .raise_event(
+            ctx.now.instant,
+            &[NodeId::ns0(SERVER_OBJECT)],
+            &|item| match &item.filter {
+                crate::subscription::item::Filter::Event(f) => f.apply(event, &is_subtype),
+                crate::subscription::item::Filter::DataChange { .. } => None,
+            },
+        )
 }
 
 /// Builds and raises the audit event of `action` when auditing is on; does
 /// nothing when it is off (callers also skip building the arguments).
 pub fn audit_session(
-    ctx: &ServiceContext<'_>,
+    ctx: &AuditSite<'_>,
     action: SessionAction,
     header: &RequestHeader,
     result: Result<(), StatusCode>,
@@ -151,7 +166,7 @@ pub fn audit_session(
     user_id: &str,
     revised_timeout_ms: Option<f64>,
 ) {
-    if !ctx.config.auditing {
+    if !ctx.auditing {
         return;
     }
     let e = session_event(
@@ -173,21 +188,20 @@ mod tests {
     #[test]
     fn timeout_and_failure_events_carry_their_fields() {
         let config = crate::config::ServerConfig::default();
-        let sessions = crate::session::SessionTable::new(1);
         let space = crate::address_space::AddressSpace::default();
-        let managers = crate::node_manager::NodeManagers::default();
-        let registry = crate::services::subscription::SubscriptionRegistry::new(Default::default());
-        let mut ctx = ServiceContext::for_tests(
-            &config,
-            &sessions,
-            &space,
-            &managers,
-            &registry,
-            std::time::Instant::now(),
-        );
-        ctx.channel_id = 9;
-        ctx.now = uascale_types::DateTime::from_ticks(5);
-        ctx.start_time = uascale_types::DateTime::from_ticks(3);
+        let registry = crate::reply::SubscriptionRegistry::new(Default::default());
+        let ctx = AuditSite {
+            auditing: true,
+            server_uri: &config.application_uri,
+            start_time: uascale_types::DateTime::from_ticks(3),
+            address_space: &space,
+            subscriptions: &registry,
+            now: crate::subscription::Now {
+                instant: std::time::Instant::now(),
+                utc: uascale_types::DateTime::from_ticks(5),
+            },
+            channel_id: 9,
+        };
         let field = |e: &Event, n: &str| {
             e.fields
                 .iter()

@@ -381,3 +381,60 @@ pub fn call_add(inputs: &[Variant]) -> Result<Vec<Variant>, StatusCode> {
         _ => Err(StatusCode::BadInvalidArgument),
     }
 }
+
+/// The demo namespace once installed: its node manager and the nodes it
+/// changes every `rate`. Installed by [`ServerState`](crate::state::ServerState)
+/// like any other node manager; a tick changes the values and raises the
+/// demo event.
+#[derive(Debug, Clone)]
+pub struct Demo {
+    /// The demo's node manager (namespace [`NS`]).
+    pub manager: Arc<InMemoryNodeManager>,
+    /// The nodes that change.
+    pub dynamic: Dynamic,
+    /// How often they change.
+    pub rate: std::time::Duration,
+}
+
+impl Demo {
+    /// Adds the demo namespace to `space` and registers its node manager
+    /// in `managers` under index [`NS`].
+    pub fn install(
+        space: &mut AddressSpace,
+        managers: &mut crate::node_manager::NodeManagers,
+        load_nodes: usize,
+        rate: std::time::Duration,
+    ) -> Demo {
+        let (manager, dynamic) = build(space, load_nodes);
+        managers.register(
+            NS,
+            Arc::clone(&manager) as Arc<dyn crate::node_manager::NodeManager>,
+        );
+        Demo {
+            manager,
+            dynamic,
+            rate,
+        }
+    }
+
+    /// Tick `n`: new values for the dynamic nodes (monitored items hear of
+    /// them through the node manager's observer), then the demo event,
+    /// offered to the event items watching the Demo folder or the Server
+    /// object.
+    pub fn tick(
+        &self,
+        n: u64,
+        seed: &mut u64,
+        space: &AddressSpace,
+        subscriptions: &crate::reply::SubscriptionRegistry,
+        now: crate::subscription::Now,
+    ) {
+        tick(&self.manager, &self.dynamic, n, seed);
+        let (event, notifiers) = event(n, now.utc);
+        let is_subtype = |a: &NodeId, b: &NodeId| space.is_subtype_of(a, b);
+        subscriptions.raise_event(now.instant, &notifiers, &|item| match &item.filter {
+            crate::subscription::item::Filter::Event(f) => f.apply(&event, &is_subtype),
+            crate::subscription::item::Filter::DataChange { .. } => None,
+        });
+    }
+}

@@ -58,6 +58,18 @@ pub enum UserIdentity {
     },
 }
 
+impl UserIdentity {
+    /// The ClientUserId of the identity (Part 5): the user name, the
+    /// certificate subject, or "Anonymous".
+    pub fn client_user_id(&self) -> String {
+        match self {
+            UserIdentity::Anonymous => "Anonymous".to_owned(),
+            UserIdentity::UserName(n) => n.clone(),
+            UserIdentity::X509 { subject, .. } => subject.clone(),
+        }
+    }
+}
+
 /// A configured user: a name and an argon2 hash in PHC string format
 /// (`$argon2id$v=19$m=...,t=...,p=...$salt$hash`). Plain-text passwords are
 /// never accepted.

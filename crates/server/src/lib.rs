@@ -16,22 +16,33 @@
 #![forbid(unsafe_code)]
 
 pub mod address_space;
+pub mod admission;
 pub mod audit;
+pub mod cluster;
 pub mod config;
+pub mod context;
 pub mod demo;
+pub mod dispatch;
+pub mod error;
 pub mod fxhash;
 pub mod identity;
+pub mod metrics;
 pub mod net;
 pub mod node_manager;
 pub mod nodeset;
 pub mod numeric_range;
 pub mod pki;
 pub mod reply;
+pub mod scheduler;
 pub mod security;
 pub mod server_object;
 pub mod services;
 pub mod session;
+pub mod state;
 pub mod subscription;
 
 pub use config::ServerConfig;
+pub use context::ServiceContext;
+pub use error::ServiceError;
 pub use net::Server;
+pub use state::ServerState;

@@ -412,9 +412,8 @@ mod tests {
 mod service_tests {
     use super::*;
     use crate::address_space::{AddressSpace, Node};
-    use crate::services::{attribute, method, ServiceContext};
-    use crate::session::SessionTable;
-    use crate::ServerConfig;
+    use crate::context::ServiceContext;
+    use crate::services::{attribute, method};
     use uascale_types::{
         Argument, AttributeId, CallMethodRequest, CallRequest, DataValue, ExtensionObject,
         LocalizedText, NodeClass, QualifiedName, ReadRequest, ReadValueId, WriteRequest,
@@ -475,14 +474,13 @@ mod service_tests {
     #[test]
     fn read_write_call_through_a_user_manager() {
         let (space, managers) = setup();
-        let config = ServerConfig::default();
-        let sessions = SessionTable::new(1);
         let ctx = ServiceContext::for_tests(
-            &config,
-            &sessions,
-            &space,
-            &managers,
-            crate::services::subscription::tests_registry(),
+            crate::state::ServerState::from_parts(
+                crate::ServerConfig::default(),
+                space,
+                managers,
+                crate::security::SecurityState::none_only(),
+            ),
             std::time::Instant::now(),
         );
         let read = || {
@@ -542,7 +540,7 @@ mod service_tests {
         let r = &c.results.unwrap()[0];
         assert_eq!(r.status_code, StatusCode::Good);
         assert_eq!(r.output_arguments, Some(vec![Variant::Double(8.0)]));
-        let ns = managers.namespace_array("urn:s");
+        let ns = ctx.managers.namespace_array("urn:s");
         assert_eq!(ns[3], "urn:user");
     }
 }

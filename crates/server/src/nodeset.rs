@@ -1681,19 +1681,19 @@ mod tests {
     // The test's time origin.
     #[allow(clippy::disallowed_methods)]
     fn companion_types_in_read_and_write() {
-        use crate::services::{attribute, ServiceContext};
+        use crate::context::ServiceContext;
+        use crate::services::attribute;
         use uascale_types::{
             AttributeId, DataValue, ReadRequest, ReadValueId, WriteRequest, WriteValue,
         };
         let (space, managers) = loaded();
-        let config = crate::ServerConfig::default();
-        let sessions = crate::session::SessionTable::new(1);
         let ctx = ServiceContext::for_tests(
-            &config,
-            &sessions,
-            &space,
-            &managers,
-            crate::services::subscription::tests_registry(),
+            crate::state::ServerState::from_parts(
+                crate::ServerConfig::default(),
+                space,
+                managers,
+                crate::security::SecurityState::none_only(),
+            ),
             std::time::Instant::now(),
         );
         let write = |node: NodeId, v: Variant| {

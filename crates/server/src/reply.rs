@@ -3,7 +3,7 @@
 //! answers asynchronously.
 //!
 //! A handler that cannot answer at once takes a [`Responder`] from the
-//! [`ServiceContext`](crate::services::ServiceContext) (the connection the
+//! [`ServiceContext`](crate::context::ServiceContext) (the connection the
 //! request came on plus the request id) and keeps it; the request then holds
 //! no worker while it waits (SCALABILITY.md §4). Whoever answers later calls
 //! [`Responder::send`]; if the connection has gone meanwhile, that returns
@@ -24,6 +24,32 @@ pub trait ResponseSink: Send + Sync + std::fmt::Debug {
     /// Queues `message` (encoding id + body) as the answer to `request_id`;
     /// false when the connection is gone.
     fn send(&self, request_id: u32, message: Vec<u8>) -> bool;
+
+    /// Cancels the outstanding requests named `request_handle` (each then
+    /// answered `BadRequestCancelledByClient` at `now`); how many there
+    /// were. A sink with nothing outstanding cancels none.
+    fn cancel(&self, request_handle: u32, now: DateTime) -> u32 {
+        let _ = (request_handle, now);
+        0
+    }
+}
+
+/// A service's answer: now, or from a future that the network layer runs
+/// without holding up the connection (asynchronous node managers).
+pub enum Answer<T> {
+    /// The response.
+    Now(T),
+    /// The response, once the future completes.
+    Later(BoxFuture<Result<T, crate::error::ServiceError>>),
+}
+
+impl<T> std::fmt::Debug for Answer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Answer::Now(_) => "Answer::Now",
+            Answer::Later(_) => "Answer::Later",
+        })
+    }
 }
 
 /// The right to answer one request later.
@@ -90,8 +116,24 @@ impl Responder {
 
     /// Answers with a ServiceFault.
     pub fn fault(self, now: DateTime, status: StatusCode) -> bool {
-        let fault = crate::services::service_fault(now, self.request_handle, status);
+        let fault = crate::error::service_fault(now, self.request_handle, status);
         self.send(&fault)
+    }
+}
+
+/// The server's subscriptions; a parked Publish holds the [`Responder`]
+/// its answer goes through.
+pub type SubscriptionRegistry = crate::subscription::registry::Registry<Responder>;
+
+impl crate::subscription::registry::PublishSink for Responder {
+    fn deliver(self, answer: crate::subscription::Answer) -> bool {
+        match answer {
+            crate::subscription::Answer::Publish(p) => self.send(p.as_ref()),
+            crate::subscription::Answer::Fault { status, .. } => self.fault(
+                uascale_types::DateTime::from_system_time(std::time::SystemTime::now()),
+                status,
+            ),
+        }
     }
 }
 

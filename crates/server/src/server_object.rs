@@ -7,10 +7,10 @@ use uascale_types::{
     ServerStatusDataType, UaString, Variant,
 };
 
-use crate::services::ServiceContext;
+use crate::context::ServiceContext;
 
 /// The product's build information (ProductUri from the configuration).
-pub fn build_info(ctx: &ServiceContext<'_>) -> BuildInfo {
+pub fn build_info(ctx: &ServiceContext) -> BuildInfo {
     BuildInfo {
         product_uri: UaString::from(ctx.config.product_uri.as_str()),
         manufacturer_name: UaString::from("uascale developers"),
@@ -23,7 +23,7 @@ pub fn build_info(ctx: &ServiceContext<'_>) -> BuildInfo {
 
 /// The value of a Server-object variable that the server computes, or
 /// `None` for nodes whose value is the address space's.
-pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
+pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
     let n = id.as_ns0()?;
     let status = || ServerStatusDataType {
         start_time: ctx.start_time,
@@ -63,7 +63,7 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         v::Server_ServerStatus_ShutdownReason => Variant::from(LocalizedText::default()),
         // Full service until load-based ServiceLevel lands (SCALABILITY.md §2).
         v::Server_ServiceLevel => Variant::Byte(255),
-        v::Server_Auditing => Variant::Boolean(ctx.config.auditing),
+        v::Server_Auditing => Variant::Boolean(ctx.auditing()),
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {
             Variant::UInt32(crate::services::attribute::MAX_NODES_PER_READ as u32)
         }
@@ -107,7 +107,7 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
         v::Server_ServerCapabilities_MaxWhereClauseParameters => {
             Variant::UInt32(crate::subscription::event::MAX_FILTER_ELEMENTS as u32)
         }
-        v::Server_ServerDiagnostics_EnabledFlag => Variant::Boolean(ctx.config.diagnostics_enabled),
+        v::Server_ServerDiagnostics_EnabledFlag => Variant::Boolean(ctx.diagnostics_enabled()),
         v::Server_ServerDiagnostics_SubscriptionDiagnosticsArray => {
             ctx.subscriptions.subscription_diagnostics(ctx.instant)
         }
@@ -157,9 +157,7 @@ pub fn live_value(ctx: &ServiceContext<'_>, id: &NodeId) -> Option<Variant> {
 /// The ServerDiagnosticsSummary structure: the counters the server keeps
 /// (sessions, rejections, timeouts, subscriptions); the request and abort
 /// counters it does not keep read 0.
-fn diagnostics_summary(
-    ctx: &ServiceContext<'_>,
-) -> uascale_types::ServerDiagnosticsSummaryDataType {
+fn diagnostics_summary(ctx: &ServiceContext) -> uascale_types::ServerDiagnosticsSummaryDataType {
     uascale_types::ServerDiagnosticsSummaryDataType {
         current_session_count: u32_of(ctx.sessions.len()),
         cumulated_session_count: u32_of(ctx.sessions.cumulated_count()),
@@ -179,7 +177,7 @@ fn u32_of(n: usize) -> u32 {
 /// With `diagnostics_enabled = false` the diagnostics arrays are not kept:
 /// reading them is `BadOutOfService` (SCALABILITY.md §5).
 pub fn check_diagnostics(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     id: &NodeId,
 ) -> Result<(), uascale_types::StatusCode> {
     let array = matches!(
@@ -190,7 +188,7 @@ pub fn check_diagnostics(
                 | v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionSecurityDiagnosticsArray
         )
     );
-    if array && !ctx.config.diagnostics_enabled {
+    if array && !ctx.diagnostics_enabled() {
         return Err(uascale_types::StatusCode::BadOutOfService);
     }
     Ok(())

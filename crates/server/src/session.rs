@@ -92,6 +92,28 @@ impl TokenKey {
     }
 }
 
+/// The table's key of an authentication token, kept by a resolved
+/// request (an issued token is inline: no allocation per request).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionKey(TokenKey);
+
+impl SessionKey {
+    /// The key of `token`.
+    pub fn of(token: &NodeId) -> Self {
+        SessionKey(TokenKey::of(token))
+    }
+}
+
+/// The activated session a request was resolved to (by the dispatcher,
+/// once, from the authentication token and the channel).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRef {
+    /// The session's public SessionId.
+    pub session_id: uascale_types::NodeId,
+    /// The table key of its authentication token.
+    pub key: SessionKey,
+}
+
 /// Heap entries own a copy of the key; order does not depend on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct HeapKey(TokenKey);
@@ -119,6 +141,9 @@ pub enum SessionError {
     OtherChannel,
     /// The server holds `max_session_count` sessions (`BadTooManySessions`).
     TooMany,
+    /// The nonce an ActivateSession was signed over was already consumed
+    /// by another ActivateSession (`BadNonceInvalid`).
+    NonceConsumed,
 }
 
 impl SessionError {
@@ -129,12 +154,128 @@ impl SessionError {
             SessionError::NotActivated => StatusCode::BadSessionNotActivated,
             SessionError::OtherChannel => StatusCode::BadSecureChannelIdInvalid,
             SessionError::TooMany => StatusCode::BadTooManySessions,
+            SessionError::NonceConsumed => StatusCode::BadNonceInvalid,
+        }
+    }
+}
+
+/// A transition of a session's life, told to every [`SessionListener`]
+/// after the table changed (no table lock is held while listeners run).
+///
+/// ```text
+///  CreateSession          ActivateSession            CloseSession
+/// -------------> Created ----------------> Activated -------------> Closed
+///                   |                       |  ^  |
+///                   | activation deadline   |  |  | ActivateSession on
+///                   v                       |  |  | another channel
+///               TimedOut (orphan)           |  +--+ Moved
+///                                           | timeout without requests
+///                                           v
+///                                        TimedOut
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum SessionEvent {
+    /// CreateSession made it on `channel_id`; not activated yet.
+    Created {
+        /// The public SessionId.
+        session_id: NodeId,
+        /// The channel it was created on.
+        channel_id: u32,
+    },
+    /// Its first ActivateSession succeeded on `channel_id`.
+    Activated {
+        /// The public SessionId.
+        session_id: NodeId,
+        /// The channel it is now bound to.
+        channel_id: u32,
+    },
+    /// An activated session was activated again on the same channel (a
+    /// new nonce, perhaps another user).
+    Reactivated {
+        /// The public SessionId.
+        session_id: NodeId,
+        /// Its channel.
+        channel_id: u32,
+    },
+    /// An activated session was activated on another channel (a client
+    /// reconnecting, or a takeover after a failover).
+    Moved {
+        /// The public SessionId.
+        session_id: NodeId,
+        /// The channel it left.
+        from: u32,
+        /// The channel it is now bound to.
+        to: u32,
+    },
+    /// CloseSession removed it.
+    Closed {
+        /// The public SessionId.
+        session_id: NodeId,
+        /// The channel it was bound to.
+        channel_id: u32,
+        /// Whether it had been activated.
+        activated: bool,
+        /// Whether the client asked to delete its subscriptions.
+        delete_subscriptions: bool,
+    },
+    /// It was closed by the server: no request within its timeout, or (when
+    /// `activated` is false) no ActivateSession before the activation
+    /// deadline - an orphan.
+    TimedOut {
+        /// The public SessionId.
+        session_id: NodeId,
+        /// The channel it was bound to.
+        channel_id: u32,
+        /// Whether it had been activated.
+        activated: bool,
+    },
+}
+
+/// Hears every [`SessionEvent`] (the connection's budget headroom,
+/// subscriptions, audit, metrics, a cluster mirror). Called on the task
+/// that made the transition: keep it short and never block.
+pub type SessionListener = std::sync::Arc<dyn Fn(&SessionEvent) + Send + Sync>;
+
+/// What a successful ActivateSession sets on the session.
+#[derive(Debug, Clone)]
+pub struct Activation {
+    /// The nonce the client's signatures covered: the activation fails
+    /// with [`SessionError::NonceConsumed`] when another ActivateSession
+    /// consumed it first.
+    pub expected_nonce: [u8; 32],
+    /// The next nonce sent to the client.
+    pub next_nonce: [u8; 32],
+    /// The channel the request came on (the session moves to it).
+    pub channel_id: u32,
+    /// That channel's security policy.
+    pub security_policy: uascale_crypto::policy::SecurityPolicy,
+    /// That channel's security mode.
+    pub security_mode: uascale_types::MessageSecurityMode,
+    /// The locale ids the client asked for.
+    pub locale_ids: Vec<UaString>,
+    /// Who the session now acts for.
+    pub user: crate::identity::UserIdentity,
+}
+
+/// A place for one more session, taken before any expensive work is done
+/// for it (SCALABILITY.md §2: limits are checked before RSA work); it is
+/// given back when dropped unless [`SessionTable::create`] used it.
+#[derive(Debug)]
+pub struct SessionSlot<'a> {
+    table: &'a SessionTable,
+    used: bool,
+}
+
+impl Drop for SessionSlot<'_> {
+    fn drop(&mut self) {
+        if !self.used {
+            self.table.count.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
 /// Every session of the server.
-#[derive(Debug)]
 pub struct SessionTable {
     shards: Vec<Mutex<Shard>>,
     count: AtomicUsize,
@@ -144,10 +285,22 @@ pub struct SessionTable {
     cumulated: AtomicUsize,
     rejected: AtomicUsize,
     security_rejected: AtomicUsize,
+    orphaned: AtomicUsize,
+    /// Who hears of each transition (see [`SessionEvent`]).
+    listeners: std::sync::RwLock<Vec<SessionListener>>,
     /// The last SessionDiagnosticsArray and when it was built.
     diagnostics: Mutex<Option<(Instant, Variant)>>,
     /// The same for the SessionSecurityDiagnosticsArray.
     security_diagnostics: Mutex<Option<(Instant, Variant)>>,
+}
+
+impl std::fmt::Debug for SessionTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionTable")
+            .field("sessions", &self.len())
+            .field("max", &self.max)
+            .finish_non_exhaustive()
+    }
 }
 
 fn shard_of(token: &TokenKey) -> usize {
@@ -169,6 +322,8 @@ impl SessionTable {
             cumulated: AtomicUsize::new(0),
             rejected: AtomicUsize::new(0),
             security_rejected: AtomicUsize::new(0),
+            orphaned: AtomicUsize::new(0),
+            listeners: std::sync::RwLock::new(Vec::new()),
             diagnostics: Mutex::new(None),
             security_diagnostics: Mutex::new(None),
         }
@@ -224,28 +379,116 @@ impl SessionTable {
         }
     }
 
-    /// Adds a session under `token`, unless the table is full.
-    pub fn insert(&self, token: NodeId, session: Session) -> Result<(), SessionError> {
-        if self
-            .count
+    /// Sessions that missed their activation deadline (orphans) so far;
+    /// a part of [`expired_count`](Self::expired_count).
+    pub fn orphaned_count(&self) -> usize {
+        self.orphaned.load(Ordering::Relaxed)
+    }
+
+    /// Adds `listener`: it hears every later transition.
+    pub fn listen(&self, listener: SessionListener) {
+        self.listeners
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(listener);
+    }
+
+    fn emit(&self, event: SessionEvent) {
+        let listeners = self.listeners.read().unwrap_or_else(|p| p.into_inner());
+        for l in listeners.iter() {
+            l(&event);
+        }
+    }
+
+    /// Takes a place for one more session: `TooMany` when the table holds
+    /// `max_session_count` (counting places taken and not yet used).
+    pub fn reserve(&self) -> Result<SessionSlot<'_>, SessionError> {
+        self.count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < self.max).then_some(n + 1)
             })
-            .is_err()
-        {
-            return Err(SessionError::TooMany);
-        }
+            .map_err(|_| SessionError::TooMany)?;
+        Ok(SessionSlot {
+            table: self,
+            used: false,
+        })
+    }
+
+    /// Adds a session under `token` in the place `slot` (the transition
+    /// [`SessionEvent::Created`]).
+    pub fn create(&self, mut slot: SessionSlot<'_>, token: NodeId, session: Session) {
+        slot.used = true;
         self.cumulated.fetch_add(1, Ordering::Relaxed);
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) as u64;
         let key = TokenKey::of(&token);
-        let mut shard = self.shard(&key);
-        shard
-            .deadlines
-            .push(Reverse((session.deadline, seq, HeapKey(key.clone()))));
-        if shard.sessions.insert(key, Box::new(session)).is_some() {
-            // Tokens are random; a duplicate replaces, so the count must not grow.
-            self.count.fetch_sub(1, Ordering::AcqRel);
+        let event = SessionEvent::Created {
+            session_id: session.session_id.clone(),
+            channel_id: session.channel_id,
+        };
+        {
+            let mut shard = self.shard(&key);
+            shard
+                .deadlines
+                .push(Reverse((session.deadline, seq, HeapKey(key.clone()))));
+            if shard.sessions.insert(key, Box::new(session)).is_some() {
+                // Tokens are random; a duplicate replaces, so the count must not grow.
+                self.count.fetch_sub(1, Ordering::AcqRel);
+            }
         }
+        self.emit(event);
+    }
+
+    /// Reserves and creates in one step, unless the table is full.
+    pub fn insert(&self, token: NodeId, session: Session) -> Result<(), SessionError> {
+        let slot = self.reserve()?;
+        self.create(slot, token, session);
+        Ok(())
+    }
+
+    /// Activates the session of `token` (the transitions
+    /// [`SessionEvent::Activated`], [`SessionEvent::Reactivated`] and
+    /// [`SessionEvent::Moved`]): binds it to the request's channel, moves
+    /// its deadline to `now` + its timeout and sets what `a` carries - if
+    /// its nonce is still `a.expected_nonce`.
+    pub fn activate(
+        &self,
+        token: &NodeId,
+        a: Activation,
+        now: Instant,
+    ) -> Result<(), SessionError> {
+        let key = TokenKey::of(token);
+        let event = {
+            let mut shard = self.shard(&key);
+            let s = shard.sessions.get_mut(&key).ok_or(SessionError::Unknown)?;
+            if s.server_nonce != a.expected_nonce {
+                return Err(SessionError::NonceConsumed);
+            }
+            let event = match (s.activated, s.channel_id == a.channel_id) {
+                (false, _) => SessionEvent::Activated {
+                    session_id: s.session_id.clone(),
+                    channel_id: a.channel_id,
+                },
+                (true, true) => SessionEvent::Reactivated {
+                    session_id: s.session_id.clone(),
+                    channel_id: a.channel_id,
+                },
+                (true, false) => SessionEvent::Moved {
+                    session_id: s.session_id.clone(),
+                    from: s.channel_id,
+                    to: a.channel_id,
+                },
+            };
+            s.channel_id = a.channel_id;
+            s.security_policy = a.security_policy;
+            s.security_mode = a.security_mode;
+            s.activated = true;
+            s.deadline = now + s.timeout;
+            s.locale_ids = a.locale_ids;
+            s.server_nonce = a.next_nonce;
+            s.user = a.user;
+            event
+        };
+        self.emit(event);
         Ok(())
     }
 
@@ -260,9 +503,20 @@ impl SessionTable {
         now: Instant,
         f: impl FnOnce(&mut Session) -> R,
     ) -> Result<R, SessionError> {
-        let key = TokenKey::of(token);
-        let mut shard = self.shard(&key);
-        let s = shard.sessions.get_mut(&key).ok_or(SessionError::Unknown)?;
+        self.with_key_checked(&SessionKey::of(token), channel_id, need_activated, now, f)
+    }
+
+    fn with_key_checked<R>(
+        &self,
+        key: &SessionKey,
+        channel_id: Option<u32>,
+        need_activated: bool,
+        now: Instant,
+        f: impl FnOnce(&mut Session) -> R,
+    ) -> Result<R, SessionError> {
+        let key = &key.0;
+        let mut shard = self.shard(key);
+        let s = shard.sessions.get_mut(key).ok_or(SessionError::Unknown)?;
         if channel_id.is_some_and(|c| c != s.channel_id) {
             return Err(SessionError::OtherChannel);
         }
@@ -275,21 +529,59 @@ impl SessionTable {
         Ok(f(s))
     }
 
-    /// Removes the session of `token`.
-    pub fn remove(&self, token: &NodeId) -> Option<Session> {
-        let key = TokenKey::of(token);
-        let s = self.shard(&key).sessions.remove(&key);
-        if s.is_some() {
-            self.count.fetch_sub(1, Ordering::AcqRel);
-        }
-        s.map(|b| *b)
+    /// Resolves a request's session: the activated session of `token`
+    /// bound to `channel_id` (its deadline moves: the request counts as
+    /// activity).
+    pub fn resolve(
+        &self,
+        token: &NodeId,
+        channel_id: u32,
+        now: Instant,
+    ) -> Result<SessionRef, SessionError> {
+        let key = SessionKey::of(token);
+        let session_id =
+            self.with_key_checked(&key, Some(channel_id), true, now, |s| s.session_id.clone())?;
+        Ok(SessionRef { session_id, key })
     }
 
-    /// Closes every session whose deadline has passed; returns their ids.
-    /// Each shard pops only due heap entries, so the cost is proportional
-    /// to what is due, not to the session count.
+    /// Runs `f` on the session of an already resolved key (`Unknown` when
+    /// it closed since).
+    pub fn with_key<R>(
+        &self,
+        key: &SessionKey,
+        f: impl FnOnce(&mut Session) -> R,
+    ) -> Result<R, SessionError> {
+        let mut shard = self.shard(&key.0);
+        let s = shard
+            .sessions
+            .get_mut(&key.0)
+            .ok_or(SessionError::Unknown)?;
+        Ok(f(s))
+    }
+
+    /// Removes the session of `token` (the transition
+    /// [`SessionEvent::Closed`]; `delete_subscriptions` is the client's
+    /// wish, passed on to the listeners).
+    pub fn close(&self, token: &NodeId, delete_subscriptions: bool) -> Option<Session> {
+        let key = TokenKey::of(token);
+        let s = self.shard(&key).sessions.remove(&key)?;
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.emit(SessionEvent::Closed {
+            session_id: s.session_id.clone(),
+            channel_id: s.channel_id,
+            activated: s.activated,
+            delete_subscriptions,
+        });
+        Some(*s)
+    }
+
+    /// Closes every session whose deadline has passed (the transition
+    /// [`SessionEvent::TimedOut`]); returns their ids. Each shard pops only
+    /// due heap entries, so the cost is proportional to what is due, not to
+    /// the session count.
     pub fn expire(&self, now: Instant) -> Vec<NodeId> {
         let mut gone = Vec::new();
+        let mut events = Vec::new();
         for shard in &self.shards {
             let mut shard = match shard.lock() {
                 Ok(g) => g,
@@ -309,6 +601,14 @@ impl SessionTable {
                         if let Some(s) = shard.sessions.remove(&token) {
                             self.count.fetch_sub(1, Ordering::AcqRel);
                             self.expired.fetch_add(1, Ordering::Relaxed);
+                            if !s.activated {
+                                self.orphaned.fetch_add(1, Ordering::Relaxed);
+                            }
+                            events.push(SessionEvent::TimedOut {
+                                session_id: s.session_id.clone(),
+                                channel_id: s.channel_id,
+                                activated: s.activated,
+                            });
                             gone.push(s.session_id);
                         }
                     }
@@ -318,6 +618,9 @@ impl SessionTable {
                     }
                 }
             }
+        }
+        for e in events {
+            self.emit(e);
         }
         gone
     }
@@ -424,7 +727,7 @@ impl SessionTable {
                 Err(p) => p.into_inner(),
             };
             rows.extend(g.sessions.values().map(|s| {
-                let user = UaString::from(crate::audit::client_user_id(&s.user).as_str());
+                let user = UaString::from(s.user.client_user_id().as_str());
                 let mechanism = match s.user {
                     crate::identity::UserIdentity::Anonymous => "Anonymous",
                     crate::identity::UserIdentity::UserName(_) => "UserName",
@@ -554,7 +857,7 @@ mod tests {
             table.with(&NodeId::opaque(0, vec![2; 32]), None, false, t, |_| ()),
             Err(SessionError::Unknown)
         );
-        assert!(table.remove(&token).is_some());
+        assert!(table.close(&token, true).is_some());
         assert!(table.is_empty());
     }
 

@@ -6,10 +6,11 @@
 use std::time::{Duration, Instant};
 
 use uascale_server::address_space::AddressSpace;
+use uascale_server::dispatch::dispatch;
 use uascale_server::node_manager::NodeManagers;
-use uascale_server::services::{dispatch, ServiceContext};
-use uascale_server::session::{Session, SessionTable};
+use uascale_server::session::Session;
 use uascale_server::ServerConfig;
+use uascale_server::{ServerState, ServiceContext};
 use uascale_types::generated::registry::STRUCTURES;
 use uascale_types::generated::samples::sample_by_encoding_id;
 use uascale_types::sample::Gen;
@@ -45,8 +46,13 @@ fn every_request_type_gets_a_response() {
     let (demo, _) = uascale_server::demo::build(&mut space, 5);
     let mut managers = NodeManagers::default();
     managers.register(uascale_server::demo::NS, demo);
-    let config = ServerConfig::default();
-    let sessions = SessionTable::new(100);
+    let state = ServerState::from_parts(
+        ServerConfig::default(),
+        space,
+        managers,
+        uascale_server::security::SecurityState::none_only(),
+    );
+    let sessions = &state.sessions;
     let t0 = now();
     let token = NodeId::opaque(0, vec![7; 32]);
     sessions
@@ -72,9 +78,7 @@ fn every_request_type_gets_a_response() {
             },
         )
         .unwrap();
-    let registry =
-        uascale_server::services::subscription::SubscriptionRegistry::new(Default::default());
-    let ctx = ServiceContext::for_tests(&config, &sessions, &space, &managers, &registry, t0);
+    let mut ctx = ServiceContext::for_tests(std::sync::Arc::clone(&state), t0);
     let limits = DecodeLimits::default();
     let mut requests = 0;
     // Service requests: every "...Request" except the three that are parts
@@ -96,7 +100,7 @@ fn every_request_type_gets_a_response() {
             for (tok, handle) in [(NodeId::NULL, 11u32), (token.clone(), 12)] {
                 let req = with_header(&msg, &tok, handle);
                 // Without a response sink nothing can be answered later.
-                let resp = dispatch(&ctx, &req, &limits)
+                let resp = dispatch(&mut ctx, &req)
                     .now()
                     .unwrap_or_else(|| panic!("{name}: not answered at once"));
                 let mut r = Reader::new(&resp, &limits).unwrap();

@@ -10,13 +10,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use uascale_proto::reassembly::ReassemblyBudget;
-use uascale_proto::{Event, Now, PendingConnection, ServerConnection};
-use uascale_types::{encode_message, DateTime, StatusCode};
+use uascale_proto::{Event, PendingConnection, ServerConnection};
+use uascale_types::{DateTime, StatusCode};
 
 use crate::config::ServerConfig;
+use crate::context::ServiceContext;
+use crate::dispatch::{dispatch, encoded_fault, Dispatched};
 use crate::reply::ResponseSink;
-use crate::services::{dispatch, peek_request_handle, service_fault, Dispatched, ServiceContext};
+use crate::session::SessionEvent;
+use crate::state::{clock, ServerState};
 
 /// The response queue of one connection: answers produced outside the
 /// connection's task (asynchronous handlers, parked Publishes) go here and
@@ -24,10 +26,27 @@ use crate::services::{dispatch, peek_request_handle, service_fault, Dispatched, 
 /// than an mpsc channel: a channel allocates a block of slots up front,
 /// and this queue holds no allocation while it is empty - which is nearly
 /// always (it is multiplied by the connection count).
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct ConnectionSink {
     queue: std::sync::Mutex<SinkQueue>,
     ready: tokio::sync::Notify,
+    /// The requests of this connection answered later by running tasks.
+    running: std::sync::Mutex<Vec<Running>>,
+    /// Activated sessions bound to this connection's channel (kept by the
+    /// session listener); while there is one, the connection may use the
+    /// whole reassembly budget (SCALABILITY.md §2).
+    activated_sessions: AtomicU32,
+}
+
+impl std::fmt::Debug for ConnectionSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionSink")
+            .field(
+                "activated_sessions",
+                &self.activated_sessions.load(Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +83,36 @@ impl ConnectionSink {
         q.closed = true;
         q.answers = Vec::new();
     }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, Vec<Running>> {
+        // One push, retain or iteration at a time.
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets a running request once its answer went out.
+    fn finished(&self, request_id: u32) {
+        self.running().retain(|r| r.request_id != request_id);
+    }
+
+    /// Aborts every running request (the connection is gone).
+    fn abort_running(&self) {
+        for r in self.running().drain(..) {
+            r.abort.abort();
+        }
+    }
+
+    /// Counts a session transition that concerns `channel`.
+    fn session_moved(&self, up: bool) {
+        if up {
+            self.activated_sessions.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let _ =
+                self.activated_sessions
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+        // The task applies the count when it wakes.
+        self.ready.notify_one();
+    }
 }
 
 impl ResponseSink for ConnectionSink {
@@ -79,6 +128,29 @@ impl ResponseSink for ConnectionSink {
         self.ready.notify_one();
         true
     }
+
+    fn cancel(&self, request_handle: u32, now: DateTime) -> u32 {
+        let cancelled: Vec<u32> = {
+            let mut running = self.running();
+            let mut ids = Vec::new();
+            running.retain(|r| {
+                if r.request_handle != request_handle {
+                    return true;
+                }
+                if !r.answered.swap(true, Ordering::AcqRel) {
+                    r.abort.abort();
+                    ids.push(r.request_id);
+                }
+                false
+            });
+            ids
+        };
+        for request_id in &cancelled {
+            let fault = encoded_fault(now, request_handle, StatusCode::BadRequestCancelledByClient);
+            self.send(*request_id, fault);
+        }
+        u32::try_from(cancelled.len()).unwrap_or(u32::MAX)
+    }
 }
 
 /// A request whose answer comes from a running task (an asynchronous node
@@ -91,69 +163,16 @@ struct Running {
     abort: tokio::task::AbortHandle,
 }
 
-/// The requests of one connection that are answered later.
-#[derive(Default)]
-struct Outstanding {
-    running: std::cell::RefCell<Vec<Running>>,
-}
-
-impl Outstanding {
-    /// Aborts the running requests with `request_handle`, answering each
-    /// `BadRequestCancelledByClient`; how many there were.
-    fn cancel(&self, request_handle: u32, sink: &Arc<dyn ResponseSink>, now: DateTime) -> u32 {
-        let mut running = self.running.borrow_mut();
-        let mut count = 0;
-        running.retain(|r| {
-            if r.request_handle != request_handle {
-                return true;
-            }
-            if !r.answered.swap(true, Ordering::AcqRel) {
-                r.abort.abort();
-                let fault =
-                    service_fault(now, request_handle, StatusCode::BadRequestCancelledByClient);
-                let mut msg = Vec::new();
-                encode_message(&fault, &mut msg);
-                sink.send(r.request_id, msg);
-                count += 1;
-            }
-            false
-        });
-        count
-    }
-
-    /// Forgets a request once its answer went out.
-    fn finished(&self, request_id: u32) {
-        self.running
-            .borrow_mut()
-            .retain(|r| r.request_id != request_id);
-    }
-}
-
-fn now() -> Now {
-    Now {
-        instant: Instant::now(),
-        utc: DateTime::from_system_time(SystemTime::now()),
-    }
-}
-
 mod timers;
 
+/// What the network layer keeps beside the server state.
 struct Shared {
-    sessions: crate::session::SessionTable,
-    subscriptions: Arc<crate::services::subscription::SubscriptionRegistry>,
-    address_space: crate::address_space::AddressSpace,
-    start_time: DateTime,
-    managers: crate::node_manager::NodeManagers,
-    demo: Arc<crate::node_manager::InMemoryNodeManager>,
-    dynamic: crate::demo::Dynamic,
-    config: ServerConfig,
-    security: crate::security::SecurityState,
-    channel_config: Arc<uascale_proto::ChannelConfig>,
-    budget: Arc<ReassemblyBudget>,
+    state: Arc<ServerState>,
     next_channel_id: AtomicU32,
     /// Every running connection task, by channel id: shutdown reaches it
     /// through the queue it already waits on (rather than one more future
-    /// per task), waits for the map to empty and aborts what is left.
+    /// per task), waits for the map to empty and aborts what is left; the
+    /// session listener finds a channel's connection here.
     connections: std::sync::Mutex<Connections>,
     /// Set once shutdown began (a task registering later stops at once).
     stopping: std::sync::atomic::AtomicBool,
@@ -204,6 +223,33 @@ impl Shared {
         }
     }
 
+    /// Keeps each connection's count of activated sessions (the budget
+    /// headroom of SCALABILITY.md §2).
+    fn session_event(&self, event: &SessionEvent) {
+        let (up, down) = match event {
+            SessionEvent::Activated { channel_id, .. } => (Some(*channel_id), None),
+            SessionEvent::Moved { from, to, .. } => (Some(*to), Some(*from)),
+            SessionEvent::Closed {
+                channel_id,
+                activated: true,
+                ..
+            }
+            | SessionEvent::TimedOut {
+                channel_id,
+                activated: true,
+                ..
+            } => (None, Some(*channel_id)),
+            _ => return,
+        };
+        let sink = |id: u32| self.connections().get(&id).and_then(|r| r.queue.upgrade());
+        if let Some(q) = up.and_then(sink) {
+            q.session_moved(true);
+        }
+        if let Some(q) = down.and_then(sink) {
+            q.session_moved(false);
+        }
+    }
+
     /// Asks every connection task to close with `BadShutdown`.
     fn stop_all(&self) {
         self.stopping.store(true, Ordering::Release);
@@ -237,8 +283,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds the listener with the configured backlog; the server has
-    /// namespace 0 and the demo namespace.
+    /// Binds the listener with the configured backlog and builds the
+    /// server's state ([`ServerState::new`]: namespace 0, the demo
+    /// namespace, NodeSets, PKI) with the port actually bound.
     pub fn bind(config: ServerConfig) -> io::Result<Self> {
         Self::bind_with(config, |_, _| {})
     }
@@ -252,87 +299,48 @@ impl Server {
             &mut crate::node_manager::NodeManagers,
         ),
     ) -> io::Result<Self> {
-        let addr = config.bind;
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(addr),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?;
-        socket.set_reuse_address(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&addr.into())?;
-        socket.listen(i32::try_from(config.listen_backlog).unwrap_or(i32::MAX))?;
-        let listener = TcpListener::from_std(socket.into())?;
-        let mut address_space = crate::address_space::AddressSpace::ns0().map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("namespace-0 table: {e}"),
-            )
-        })?;
-        let (demo, dynamic) = crate::demo::build(&mut address_space, config.demo_nodes);
-        let mut managers = crate::node_manager::NodeManagers::default();
-        managers.register(
-            crate::demo::NS,
-            Arc::clone(&demo) as Arc<dyn crate::node_manager::NodeManager>,
-        );
-        setup(&mut address_space, &mut managers);
-        crate::nodeset::load_files(
-            &config.nodesets,
-            &mut address_space,
-            &mut managers,
-            &config.application_uri,
-        )
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-        let subscriptions = Arc::new(crate::services::subscription::SubscriptionRegistry::new(
-            config.subscriptions.clone(),
-        ));
-        // Value changes reach monitored items as they happen (no sampling).
-        let registry = Arc::clone(&subscriptions);
-        let observer: crate::node_manager::ValueObserver = Arc::new(move |node, value| {
-            let now = crate::subscription::Now {
-                instant: Instant::now(),
-                utc: DateTime::from_system_time(SystemTime::now()),
-            };
-            registry.value_changed(now, node, value);
-        });
-        managers.set_observer(&observer);
+        let listener = listen(config.bind, config.listen_backlog)?;
         // With port 0 the kernel chose: publish the port actually bound.
         config.bind = listener.local_addr()?;
-        let security = crate::security::SecurityState::from_config(&config, SystemTime::now())
-            .map_err(|e| io::Error::other(format!("PKI: {e}")))?;
-        config.channel.security = uascale_proto::security::ServerSecurity {
-            identity: security.identity.clone(),
-            endpoints: security.endpoints.clone(),
-            validator: security
-                .pki
-                .clone()
-                .map(|p| p as Arc<dyn uascale_proto::security::CertificateValidator>),
-        };
+        let state = ServerState::with_setup(config, setup)?;
+        Ok(Self::serve_state(state, listener))
+    }
+
+    /// Serves an already built state on its configured address (whose
+    /// port must be the one to publish: not 0).
+    pub fn bind_state(state: Arc<ServerState>) -> io::Result<Self> {
+        let listener = listen(state.config.bind, state.config.listen_backlog)?;
+        Ok(Self::serve_state(state, listener))
+    }
+
+    fn serve_state(state: Arc<ServerState>, listener: TcpListener) -> Self {
         let shared = Arc::new(Shared {
-            security,
-            channel_config: Arc::new(config.channel.clone()),
-            budget: ReassemblyBudget::new(
-                config.reassembly_budget,
-                config.reassembly_unactivated_percent,
-            ),
+            state,
             next_channel_id: AtomicU32::new(1),
             connections: std::sync::Mutex::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
-            sessions: crate::session::SessionTable::new(config.max_session_count),
-            subscriptions,
-            address_space,
-            managers,
-            demo,
-            dynamic,
-            start_time: DateTime::from_system_time(SystemTime::now()),
-            config,
         });
-        Ok(Server { shared, listener })
+        // The connections hear which of them carry activated sessions.
+        let weak = Arc::downgrade(&shared);
+        shared
+            .state
+            .sessions
+            .listen(Arc::new(move |event: &SessionEvent| {
+                if let Some(shared) = weak.upgrade() {
+                    shared.session_event(event);
+                }
+            }));
+        Server { shared, listener }
+    }
+
+    /// The server's state.
+    pub fn state(&self) -> &Arc<ServerState> {
+        &self.shared.state
     }
 
     /// The endpoint URL clients use (with the port actually bound).
     pub fn endpoint_url(&self) -> String {
-        self.shared.config.endpoint_url()
+        self.shared.state.endpoint_url()
     }
 
     /// The address actually bound (useful with port 0).
@@ -343,9 +351,9 @@ impl Server {
     /// Serves until `shutdown` completes, then closes every connection with
     /// `BadShutdown` and waits (at most 5 s) for them to flush.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
-        let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared)));
-        let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared)));
-        let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(&self.shared)));
+        let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared.state)));
+        let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared.state)));
+        let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(&self.shared.state)));
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -386,73 +394,53 @@ impl Server {
     }
 }
 
+/// A listening socket on `addr` with `backlog` pending accepts.
+fn listen(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
+    TcpListener::from_std(socket.into())
+}
+
 /// Closes sessions past their timeout or activation deadline. It sleeps
-/// until the earliest deadline (at most 1 s, so new sessions are seen).
-async fn reap_sessions(shared: Arc<Shared>) {
+/// until the earliest deadline (at most 1 s, so new sessions are seen),
+/// and logs what each pass closed in one line.
+async fn reap_sessions(state: Arc<ServerState>) {
     loop {
         let now = Instant::now();
-        let next = shared
+        let next = state
             .sessions
             .next_deadline()
             .unwrap_or(now + Duration::from_secs(1));
         tokio::time::sleep_until(next.min(now + Duration::from_secs(1)).into()).await;
-        let expired = shared.sessions.expire(Instant::now());
-        if shared.config.auditing && !expired.is_empty() {
-            audit_timeouts(&shared, &expired);
+        let (orphans, timed_out) = state.expire_sessions(Instant::now());
+        if orphans + timed_out > 0 {
+            tracing::info!(
+                timed_out,
+                orphans,
+                "sessions closed: timed out, or not activated by the activation deadline"
+            );
         }
-        for id in expired {
-            tracing::info!(session = %id, "session timed out");
-            // Its subscriptions live on for a transfer until their lifetime
-            // runs out (Part 4 §5.13.7).
-            shared
-                .subscriptions
-                .close_session(&id, false, StatusCode::BadSessionClosed);
-        }
-    }
-}
-
-/// Raises the "Session/Timeout" audit events of `expired`.
-fn audit_timeouts(shared: &Shared, expired: &[uascale_types::NodeId]) {
-    let ctx = crate::services::ServiceContext {
-        config: &shared.config,
-        sessions: &shared.sessions,
-        channel_id: 0,
-        now: DateTime::from_system_time(std::time::SystemTime::now()),
-        instant: Instant::now(),
-        address_space: &shared.address_space,
-        start_time: shared.start_time,
-        managers: &shared.managers,
-        request_id: 0,
-        sink: None,
-        canceller: None,
-        security: &shared.security,
-        // The reaper runs on no channel.
-        channel: crate::services::no_security().1,
-        subscriptions: &shared.subscriptions,
-    };
-    let header = uascale_types::RequestHeader::default();
-    for id in expired {
-        crate::audit::audit_session(
-            &ctx,
-            crate::audit::SessionAction::Timeout,
-            &header,
-            Ok(()),
-            id.clone(),
-            "",
-            None,
-        );
     }
 }
 
 /// Changes the demo's dynamic values every `demo_rate`.
-async fn tick_demo(shared: Arc<Shared>) {
-    let mut interval = tokio::time::interval(shared.config.demo_rate.max(Duration::from_millis(1)));
+async fn tick_demo(state: Arc<ServerState>) {
+    let Some(rate) = state.demo.as_ref().map(|d| d.rate) else {
+        return;
+    };
+    let mut interval = tokio::time::interval(rate.max(Duration::from_millis(1)));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     for n in 0u64.. {
         interval.tick().await;
-        crate::demo::tick(&shared.demo, &shared.dynamic, n, &mut seed);
-        timers::raise_demo_event(&shared, n);
+        state.tick_demo(n, &mut seed);
     }
 }
 
@@ -472,25 +460,33 @@ fn serve(
     shared: Arc<Shared>,
 ) -> impl std::future::Future<Output = ()> + Send {
     let _ = stream.set_nodelay(true);
-    // Admission will decide here, before any work (SCALABILITY.md §2).
-    let conn = PendingConnection::new().accept(
-        now(),
+    let state = &shared.state;
+    let now = clock();
+    // Admission decides here, before any work (SCALABILITY.md §2).
+    let mut conn = PendingConnection::new().accept(
+        now,
         id,
-        Arc::clone(&shared.channel_config),
-        Arc::clone(&shared.budget),
+        Arc::clone(&state.channel_config),
+        Arc::clone(&state.budget),
     );
+    if let crate::admission::Decision::Refuse {
+        status,
+        retry_after,
+    } = state.admission.on_connection(peer, now.instant)
+    {
+        // The ERR goes out before anything the peer sent is read.
+        conn.close_with(status, &crate::admission::busy_reason(retry_after));
+    }
     tracing::debug!(%peer, channel = id, "connection accepted");
     // An async block, not an `async fn`: the parameters of an `async fn`
     // are copied into its state a second time when its body starts, and
     // that state is multiplied by the connection count.
     let mut stream = stream;
-    let mut conn = conn;
     let queue = Arc::new(ConnectionSink::default());
     if shared.register(id, &queue) {
         conn.close_with(StatusCode::BadShutdown, "server shutting down");
     }
     async move {
-        let outstanding = Outstanding::default();
         // No buffer is held while the connection is idle, and none is
         // allocated per message while it is busy: it reads into its worker
         // thread's buffer and writes from another one lent to it (see
@@ -519,6 +515,10 @@ fn serve(
             let out = BUFFERS.with(|b| {
                 let mut b = b.borrow_mut();
                 conn.lend_send_buffer(std::mem::take(&mut b.write));
+                // Session transitions counted since the last wake (an
+                // ActivateSession handled below counts at the next one,
+                // before the client can have seen its answer).
+                conn.set_session_activated(queue.activated_sessions.load(Ordering::Relaxed) > 0);
                 match wake {
                     Wake::Readable(ready) => {
                         let read = ready.and_then(|()| {
@@ -532,15 +532,16 @@ fn serve(
                         // Whatever is ready goes out in the same write.
                         let (answers, stopping) = queue.take();
                         for (request_id, message) in answers {
-                            send_answer(&mut conn, &outstanding, request_id, message, &shared);
+                            queue.finished(request_id);
+                            send_or_fault(&mut conn, request_id, &message);
                         }
                         if stopping {
                             conn.close_with(StatusCode::BadShutdown, "server shutting down");
                         }
                     }
-                    Wake::Timer => conn.handle_timeout(now()),
+                    Wake::Timer => conn.handle_timeout(clock()),
                 }
-                handle_events(&mut conn, &shared, &queue, &outstanding);
+                handle_events(&mut conn, &shared.state, &queue);
                 let mut out = Vec::new();
                 conn.poll_transmit(&mut out);
                 // Most writes complete at once; the buffer then goes back to
@@ -573,38 +574,22 @@ fn serve(
         queue.close();
         shared.deregister(id, &queue);
         // Answers still running have nowhere to go.
-        for r in outstanding.running.borrow().iter() {
-            r.abort.abort();
-        }
+        queue.abort_running();
         let _ = stream.shutdown().await;
         tracing::debug!(channel = id, status = ?conn.close_status(), "connection closed");
     }
 }
 
-fn send_answer(
-    conn: &mut ServerConnection,
-    outstanding: &Outstanding,
-    request_id: u32,
-    message: Vec<u8>,
-    shared: &Shared,
-) {
-    outstanding.finished(request_id);
-    send_or_fault(conn, request_id, &message, shared);
-}
-
 /// Sends a response; one too large for the client's limits becomes a
 /// `BadResponseTooLarge` ServiceFault.
-fn send_or_fault(conn: &mut ServerConnection, request_id: u32, message: &[u8], shared: &Shared) {
+fn send_or_fault(conn: &mut ServerConnection, request_id: u32, message: &[u8]) {
     if let Err(e) = conn.send_response(request_id, message) {
         if e.status_code() == StatusCode::BadResponseTooLarge {
-            let limits = &shared.channel_config.decode;
-            let fault = service_fault(
+            let small = encoded_fault(
                 DateTime::from_system_time(SystemTime::now()),
-                peek_response_handle(message, limits),
+                peek_response_handle(message),
                 StatusCode::BadResponseTooLarge,
             );
-            let mut small = Vec::new();
-            encode_message(&fault, &mut small);
             let _ = conn.send_response(request_id, &small);
         }
     }
@@ -612,9 +597,10 @@ fn send_or_fault(conn: &mut ServerConnection, request_id: u32, message: &[u8], s
 
 /// The requestHandle of an encoded response (its ResponseHeader starts the
 /// body after the encoding id, and the handle follows the timestamp).
-fn peek_response_handle(message: &[u8], limits: &uascale_types::DecodeLimits) -> u32 {
+fn peek_response_handle(message: &[u8]) -> u32 {
     use uascale_types::{BinaryDecode, NodeId, Reader};
-    let Ok(mut r) = Reader::new(message, limits) else {
+    let limits = uascale_types::DecodeLimits::default();
+    let Ok(mut r) = Reader::new(message, &limits) else {
         return 0;
     };
     if NodeId::decode(&mut r).is_err() || DateTime::decode(&mut r).is_err() {
@@ -692,7 +678,7 @@ fn read_and_handle(
         *room = (want / 2).max(MIN_READ) as u32;
     }
     if n > 0 {
-        if let Err(e) = conn.handle_input(now(), buf) {
+        if let Err(e) = conn.handle_input(clock(), buf) {
             tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
         }
         *pending = if buf.is_empty() {
@@ -708,70 +694,46 @@ fn read_and_handle(
     Ok(Some(n))
 }
 
+/// Hands each request the connection decoded to the dispatcher and sends
+/// or schedules its answer.
 fn handle_events(
     conn: &mut ServerConnection,
-    shared: &Shared,
+    state: &Arc<ServerState>,
     queue: &Arc<ConnectionSink>,
-    outstanding: &Outstanding,
 ) {
-    let sink: Arc<dyn ResponseSink> = Arc::clone(queue) as Arc<dyn ResponseSink>;
-    let sink = &sink;
-    let now = DateTime::from_system_time(SystemTime::now());
-    let cancel = |handle: u32| outstanding.cancel(handle, sink, now);
-    // Arcs inside: cheap, and frees `conn` for sending.
-    let channel = conn.security().clone();
-    // One clock reading for the requests that arrived together.
-    let mut ctx = ServiceContext {
-        config: &shared.config,
-        sessions: &shared.sessions,
-        channel_id: conn.channel_id(),
-        now,
-        instant: Instant::now(),
-        address_space: &shared.address_space,
-        start_time: shared.start_time,
-        managers: &shared.managers,
-        request_id: 0,
-        sink: Some(sink),
-        canceller: Some(&cancel),
-        security: &shared.security,
-        channel: &channel,
-        subscriptions: &shared.subscriptions,
-    };
-    let limits = &shared.channel_config.decode;
+    let mut ctx: Option<ServiceContext> = None;
     while let Some(event) = conn.poll_event() {
         let Event::Request { request_id, body } = event else {
             continue;
         };
+        // One context, and one clock reading, for the requests that
+        // arrived together.
+        let ctx = ctx.get_or_insert_with(|| {
+            ServiceContext::new(
+                Arc::clone(state),
+                conn.channel_id(),
+                conn.security().clone(),
+                clock(),
+                Some(Arc::clone(queue) as Arc<dyn ResponseSink>),
+            )
+        });
         ctx.request_id = request_id;
-        match dispatch(&ctx, &body, limits) {
-            Dispatched::Now(response) => {
-                if let Err(e) = conn.send_response(request_id, &response) {
-                    if e.status_code() == StatusCode::BadResponseTooLarge {
-                        let fault = service_fault(
-                            ctx.now,
-                            peek_request_handle(&body, limits),
-                            StatusCode::BadResponseTooLarge,
-                        );
-                        let mut small = Vec::new();
-                        encode_message(&fault, &mut small);
-                        let _ = conn.send_response(request_id, &small);
-                    }
-                }
-            }
+        match dispatch(ctx, &body) {
+            Dispatched::Now(response) => send_or_fault(conn, request_id, &response),
             Dispatched::Later {
                 request_handle,
                 future,
             } => {
                 let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let done = Arc::clone(&answered);
-                let to = Arc::clone(sink);
+                let to = Arc::clone(queue);
                 let task = tokio::spawn(async move {
                     let message = future.await;
                     if !done.swap(true, Ordering::AcqRel) {
                         to.send(request_id, message);
                     }
                 });
-                outstanding.running.borrow_mut().push(Running {
+                queue.running().push(Running {
                     request_handle,
                     request_id,
                     answered,

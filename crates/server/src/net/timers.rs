@@ -4,22 +4,19 @@
 //! timeouts. Its cost follows what is due, not the number of sessions.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
 
-use uascale_types::DateTime;
+use crate::context::ServiceContext;
+use crate::services::monitored_item;
+use crate::state::{clock, ServerState};
 
-use super::Shared;
-use crate::services::{monitored_item, ServiceContext};
-use crate::subscription::Now;
-
-pub(super) async fn run_subscriptions(shared: Arc<Shared>) {
+pub(super) async fn run_subscriptions(state: Arc<ServerState>) {
     let wake = Arc::new(tokio::sync::Notify::new());
     let w = Arc::clone(&wake);
-    shared
+    state
         .subscriptions
         .set_waker(Box::new(move || w.notify_one()));
     loop {
-        match shared.subscriptions.next_deadline() {
+        match state.subscriptions.next_deadline() {
             Some(t) => {
                 tokio::select! {
                     () = tokio::time::sleep_until(t.into()) => {}
@@ -28,44 +25,11 @@ pub(super) async fn run_subscriptions(shared: Arc<Shared>) {
             }
             None => wake.notified().await,
         }
-        let now = Now {
-            instant: Instant::now(),
-            utc: DateTime::from_system_time(SystemTime::now()),
-        };
-        let ctx = ServiceContext {
-            config: &shared.config,
-            sessions: &shared.sessions,
-            channel_id: 0,
-            now: now.utc,
-            instant: now.instant,
-            address_space: &shared.address_space,
-            start_time: shared.start_time,
-            managers: &shared.managers,
-            request_id: 0,
-            sink: None,
-            canceller: None,
-            security: &shared.security,
-            // Sampling runs on no channel.
-            channel: crate::services::no_security().1,
-            subscriptions: &shared.subscriptions,
-        };
-        shared
+        let now = clock();
+        // Sampling runs on no channel.
+        let ctx = ServiceContext::internal(Arc::clone(&state), now);
+        state
             .subscriptions
             .run_due(now, &mut |t| monitored_item::sample(&ctx, t));
     }
-}
-
-/// Raises the demo event of tick `n` to the event items watching the Demo
-/// folder or the Server object.
-pub(super) fn raise_demo_event(shared: &Shared, n: u64) {
-    let (event, notifiers) = crate::demo::event(n, DateTime::from_system_time(SystemTime::now()));
-    let space = &shared.address_space;
-    let is_subtype =
-        |a: &uascale_types::NodeId, b: &uascale_types::NodeId| space.is_subtype_of(a, b);
-    shared
-        .subscriptions
-        .raise_event(Instant::now(), &notifiers, &|item| match &item.filter {
-            crate::subscription::item::Filter::Event(f) => f.apply(&event, &is_subtype),
-            crate::subscription::item::Filter::DataChange { .. } => None,
-        });
 }

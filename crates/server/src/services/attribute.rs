@@ -5,29 +5,31 @@ use uascale_types::{
     ReadResponse, ReadValueId, StatusCode, TimestampsToReturn, UaString, Variant,
 };
 
-use super::{Answer, ServiceContext};
 use crate::address_space::{write_mask_bit, Node, SUPPORTED_WRITE_MASK};
+use crate::context::ServiceContext;
+use crate::error::ServiceError;
 use crate::numeric_range::NumericRange;
+use crate::reply::Answer;
 
 /// Most nodes in one Read (published as OperationLimits.MaxNodesPerRead).
 pub const MAX_NODES_PER_READ: usize = 10_000;
 
 /// Read: every requested attribute, with the timestamps asked for.
-pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse, StatusCode> {
+pub fn read(ctx: &ServiceContext, req: &ReadRequest) -> Result<ReadResponse, ServiceError> {
     if req.max_age < 0.0 || req.max_age.is_nan() {
-        return Err(StatusCode::BadMaxAgeInvalid);
+        return Err(StatusCode::BadMaxAgeInvalid.into());
     }
     if !(0..=3).contains(&req.timestamps_to_return.0) {
-        return Err(StatusCode::BadTimestampsToReturnInvalid);
+        return Err(StatusCode::BadTimestampsToReturnInvalid.into());
     }
     let nodes = req.nodes_to_read.as_deref().unwrap_or(&[]);
     if nodes.is_empty() {
-        return Err(StatusCode::BadNothingToDo);
+        return Err(StatusCode::BadNothingToDo.into());
     }
     if nodes.len() > MAX_NODES_PER_READ {
-        return Err(StatusCode::BadTooManyOperations);
+        return Err(StatusCode::BadTooManyOperations.into());
     }
-    let locales = Locales::new(ctx, &req.request_header.authentication_token);
+    let locales = Locales::new(ctx);
     let results = nodes
         .iter()
         .map(|r| read_one(ctx, r, req.timestamps_to_return, &locales))
@@ -47,7 +49,7 @@ pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse,
 /// request-level or session check, a value of an asynchronous node
 /// manager, trailing bytes.
 pub fn read_fast(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     message: &[u8],
     limits: &uascale_types::DecodeLimits,
 ) -> Option<Vec<u8>> {
@@ -83,7 +85,7 @@ pub fn read_fast(
     let response_header: ResponseHeader = ctx.response_header(&header);
     response_header.encode(&mut out);
     write_length(&mut out, Some(n));
-    let locales = Locales::new(ctx, &header.authentication_token);
+    let locales = Locales::new(ctx);
     for _ in 0..n {
         let rv = ReadValueId::decode(&mut r).ok()?;
         if rv.attribute_id == AttributeId::Value as u32
@@ -102,17 +104,16 @@ pub fn read_fast(
 /// The session's localeIds (from ActivateSession), fetched the first time
 /// a node with translations is read - most Reads never need them.
 pub struct Locales<'c> {
-    ctx: &'c ServiceContext<'c>,
-    token: &'c NodeId,
+    ctx: &'c ServiceContext,
     ids: std::cell::OnceCell<Vec<UaString>>,
 }
 
 impl<'c> Locales<'c> {
-    /// The locales of the session `token` names.
-    pub fn new(ctx: &'c ServiceContext<'c>, token: &'c NodeId) -> Self {
+    /// The locales of the request's session (none without one, e.g. for
+    /// sampling).
+    pub fn new(ctx: &'c ServiceContext) -> Self {
         Locales {
             ctx,
-            token,
             ids: std::cell::OnceCell::new(),
         }
     }
@@ -121,14 +122,7 @@ impl<'c> Locales<'c> {
     pub fn get(&self) -> &[UaString] {
         self.ids.get_or_init(|| {
             self.ctx
-                .sessions
-                .with(
-                    self.token,
-                    Some(self.ctx.channel_id),
-                    true,
-                    self.ctx.instant,
-                    |s| s.locale_ids.clone(),
-                )
+                .with_session(|s| s.locale_ids.clone())
                 .unwrap_or_default()
         })
     }
@@ -137,7 +131,7 @@ impl<'c> Locales<'c> {
 /// One ReadValueId read, with the timestamps asked for (also what a
 /// monitored item samples).
 pub(crate) fn read_one(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     r: &ReadValueId,
     ts: TimestampsToReturn,
     locales: &Locales<'_>,
@@ -165,7 +159,7 @@ fn text(t: &LocalizedText) -> Variant {
 }
 
 fn read_attribute(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     r: &ReadValueId,
     locales: &Locales<'_>,
 ) -> Result<Variant, StatusCode> {
@@ -264,7 +258,7 @@ fn read_attribute(
     })
 }
 
-fn value(ctx: &ServiceContext<'_>, node: &Node, r: &ReadValueId) -> Result<Variant, StatusCode> {
+fn value(ctx: &ServiceContext, node: &Node, r: &ReadValueId) -> Result<Variant, StatusCode> {
     check_value_read(node, r)?;
     crate::server_object::check_diagnostics(ctx, &node.node_id)?;
     let v = match crate::server_object::live_value(ctx, &node.node_id) {
@@ -304,8 +298,7 @@ fn apply_index_range(v: Variant, index_range: &UaString) -> Result<Variant, Stat
 }
 
 /// A short helper for tests and other services: read one Value.
-pub fn read_value(ctx: &ServiceContext<'_>, node: &NodeId) -> DataValue {
-    let no_session = NodeId::NULL;
+pub fn read_value(ctx: &ServiceContext, node: &NodeId) -> DataValue {
     read_one(
         ctx,
         &ReadValueId {
@@ -315,14 +308,14 @@ pub fn read_value(ctx: &ServiceContext<'_>, node: &NodeId) -> DataValue {
             data_encoding: QualifiedName::default(),
         },
         TimestampsToReturn::Neither,
-        &Locales::new(ctx, &no_session),
+        &Locales::new(ctx),
     )
 }
 
 /// Write: Values of variables that allow it, with type and index-range
 /// checks; other attributes are not writable on any node of this server.
 pub fn write(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &uascale_types::WriteRequest,
 ) -> Result<uascale_types::WriteResponse, StatusCode> {
     let nodes = req.nodes_to_write.as_deref().unwrap_or(&[]);
@@ -346,7 +339,7 @@ pub fn write(
 /// Most nodes in one Write (OperationLimits.MaxNodesPerWrite).
 pub const MAX_NODES_PER_WRITE: usize = 10_000;
 
-fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<(), StatusCode> {
+fn write_one(ctx: &ServiceContext, w: &uascale_types::WriteValue) -> Result<(), StatusCode> {
     let Some((node, value, range)) = check_write(ctx, w)? else {
         return Ok(());
     };
@@ -371,7 +364,7 @@ type CheckedWrite<'a> = (&'a Node, Variant, Option<NumericRange>);
 /// attribute, the access level, the type. An attribute other than Value is
 /// written here (`None`); a Value is returned to be stored.
 fn check_write<'a>(
-    ctx: &ServiceContext<'a>,
+    ctx: &'a ServiceContext,
     w: &uascale_types::WriteValue,
 ) -> Result<Option<CheckedWrite<'a>>, StatusCode> {
     let node = ctx
@@ -414,7 +407,7 @@ fn check_write<'a>(
 /// has its bit (and the server supports writing it, see
 /// [`SUPPORTED_WRITE_MASK`]); the value must be of the attribute's type.
 fn write_attribute(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     node: &Node,
     attr: AttributeId,
     w: &uascale_types::WriteValue,
@@ -492,7 +485,7 @@ fn structure_fits(
 /// The value must be of the variable's DataType (or a subtype's built-in
 /// type) and match its ValueRank (scalar vs array).
 fn check_type(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     node: &Node,
     v: &Variant,
     whole: bool,
@@ -508,7 +501,7 @@ fn check_type(
         // A structure must be of the variable's DataType or a subtype.
         if base == 22 && node.data_type != NodeId::ns0(22) {
             let fits = |eo: &uascale_types::ExtensionObject| {
-                structure_fits(ctx.address_space, eo, &node.data_type)
+                structure_fits(&ctx.address_space, eo, &node.data_type)
             };
             let ok = match v {
                 Variant::ExtensionObject(eo) => fits(eo),
@@ -549,7 +542,7 @@ fn check_type(
 /// answers `BadHistoryOperationUnsupported` (unknown ones
 /// `BadNodeIdUnknown`), after the request itself is checked.
 pub fn history_read(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &uascale_types::HistoryReadRequest,
 ) -> Result<uascale_types::HistoryReadResponse, StatusCode> {
     use uascale_types as t;
@@ -595,9 +588,9 @@ pub fn history_read(
 /// attributes held here are read at once, the asynchronous values
 /// concurrently, and the response is sent when the last one arrives.
 pub fn read_answer(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &ReadRequest,
-) -> Result<Answer<ReadResponse>, StatusCode> {
+) -> Result<Answer<ReadResponse>, ServiceError> {
     let nodes = req.nodes_to_read.as_deref().unwrap_or(&[]);
     let is_async_value = |r: &ReadValueId| {
         r.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(r.node_id.namespace)
@@ -614,15 +607,15 @@ pub fn read_answer(
         },
     );
     match checked {
-        Err(StatusCode::BadNothingToDo) => {}
-        Err(status) => return Err(status),
+        Err(e) if e.status_code() == StatusCode::BadNothingToDo => {}
+        Err(e) => return Err(e),
         Ok(_) => {}
     }
     if nodes.len() > MAX_NODES_PER_READ {
-        return Err(StatusCode::BadTooManyOperations);
+        return Err(StatusCode::BadTooManyOperations.into());
     }
     let ts = req.timestamps_to_return;
-    let locales = Locales::new(ctx, &req.request_header.authentication_token);
+    let locales = Locales::new(ctx);
     let mut results = Vec::with_capacity(nodes.len());
     let mut pending = Vec::new();
     let mut futures = Vec::new();
@@ -692,7 +685,7 @@ pub fn read_answer(
 /// Write, with the values of asynchronously served namespaces stored by
 /// their managers before the response is sent.
 pub fn write_answer(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &uascale_types::WriteRequest,
 ) -> Result<Answer<uascale_types::WriteResponse>, StatusCode> {
     let nodes = req.nodes_to_write.as_deref().unwrap_or(&[]);
@@ -717,7 +710,7 @@ pub fn write_answer(
             Err(status) => results.push(status),
             Ok(None) => results.push(StatusCode::Good),
             Ok(Some((node, value, range))) => {
-                let managers = ctx.managers;
+                let managers = &ctx.managers;
                 let id = node.node_id.clone();
                 let f = match range {
                     None => managers.write_value_async(&id, value),
@@ -765,16 +758,12 @@ mod tests {
     use super::*;
     use crate::address_space::AddressSpace;
     use crate::node_manager::NodeManagers;
-    use crate::session::SessionTable;
     use crate::ServerConfig;
     use std::sync::Arc;
     use uascale_types::{WriteRequest, WriteValue};
 
     struct World {
-        space: AddressSpace,
-        managers: NodeManagers,
-        config: ServerConfig,
-        sessions: SessionTable,
+        state: Arc<crate::state::ServerState>,
     }
 
     /// Namespace 0 and the demo namespace, as `uascale serve` has them.
@@ -784,23 +773,26 @@ mod tests {
         let mut managers = NodeManagers::default();
         managers.register(crate::demo::NS, Arc::clone(&demo) as _);
         World {
-            space,
-            managers,
-            config: ServerConfig::default(),
-            sessions: SessionTable::new(4),
+            state: crate::state::ServerState::from_parts(
+                ServerConfig::default(),
+                space,
+                managers,
+                crate::security::SecurityState::none_only(),
+            ),
         }
     }
 
     impl World {
-        fn ctx(&self) -> ServiceContext<'_> {
-            ServiceContext::for_tests(
-                &self.config,
-                &self.sessions,
-                &self.space,
-                &self.managers,
-                crate::services::subscription::tests_registry(),
-                std::time::Instant::now(),
-            )
+        fn ctx(&self) -> ServiceContext {
+            ServiceContext::for_tests(Arc::clone(&self.state), std::time::Instant::now())
+        }
+
+        /// A context whose session is the one of `token`.
+        fn ctx_of(&self, token: &NodeId) -> ServiceContext {
+            let mut ctx = self.ctx();
+            ctx.resolve(token)
+                .expect("an activated session on channel 1");
+            ctx
         }
 
         fn read(&self, node: &NodeId, attr: AttributeId, range: &str) -> DataValue {
@@ -976,10 +968,13 @@ mod tests {
             security_mode: uascale_types::MessageSecurityMode::None,
         };
         let read_as = |locales: &[&str], attr: AttributeId| {
-            w.sessions.remove(&token);
-            w.sessions.insert(token.clone(), session(locales)).unwrap();
+            w.state.sessions.close(&token, true);
+            w.state
+                .sessions
+                .insert(token.clone(), session(locales))
+                .unwrap();
             let r = read(
-                &w.ctx(),
+                &w.ctx_of(&token),
                 &ReadRequest {
                     request_header: uascale_types::RequestHeader {
                         authentication_token: token.clone(),

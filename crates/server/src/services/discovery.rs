@@ -9,7 +9,8 @@ use uascale_types::{
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_types::ByteString;
 
-use super::{session, ServiceContext};
+use super::session;
+use crate::context::ServiceContext;
 
 /// The transport profile of opc.tcp with UA Secure Conversation and the
 /// binary encoding.
@@ -17,8 +18,8 @@ pub const TRANSPORT_PROFILE_UATCP: &str =
     "http://opcfoundation.org/UA-Profile/Transport/uatcp-uasc-uabinary";
 
 /// This server's ApplicationDescription.
-pub fn application_description(ctx: &ServiceContext<'_>) -> ApplicationDescription {
-    let c = ctx.config;
+pub fn application_description(ctx: &ServiceContext) -> ApplicationDescription {
+    let c = &ctx.config;
     ApplicationDescription {
         application_uri: UaString::from(c.application_uri.as_str()),
         product_uri: UaString::from(c.product_uri.as_str()),
@@ -50,11 +51,8 @@ fn security_level(policy: SecurityPolicy, mode: MessageSecurityMode) -> u8 {
 /// UserName when users exist and X509 when a PKI exists - with
 /// Basic256Sha256 as the token's policy on the None endpoint, so the
 /// password is encrypted (and the token signed) for the server certificate.
-pub fn user_token_policies(
-    ctx: &ServiceContext<'_>,
-    policy: SecurityPolicy,
-) -> Vec<UserTokenPolicy> {
-    let sec = ctx.security;
+pub fn user_token_policies(ctx: &ServiceContext, policy: SecurityPolicy) -> Vec<UserTokenPolicy> {
+    let sec = &ctx.security;
     let token_policy_uri = match sec.token_policy(policy) {
         Some(p) if p != policy => UaString::from(p.uri()),
         _ => UaString::null(),
@@ -95,7 +93,7 @@ pub fn user_token_policies(
 
 /// The endpoints this server offers: opc.tcp with every published
 /// (policy, mode) pair, each with the server certificate.
-pub fn endpoints(ctx: &ServiceContext<'_>) -> Vec<EndpointDescription> {
+pub fn endpoints(ctx: &ServiceContext) -> Vec<EndpointDescription> {
     let certificate = ctx
         .security
         .identity
@@ -120,7 +118,7 @@ pub fn endpoints(ctx: &ServiceContext<'_>) -> Vec<EndpointDescription> {
 }
 
 /// GetEndpoints: every endpoint, filtered by `profileUris` when given.
-pub fn get_endpoints(ctx: &ServiceContext<'_>, req: &GetEndpointsRequest) -> GetEndpointsResponse {
+pub fn get_endpoints(ctx: &ServiceContext, req: &GetEndpointsRequest) -> GetEndpointsResponse {
     let wanted = req.profile_uris.as_deref().unwrap_or(&[]);
     let endpoints = endpoints(ctx)
         .into_iter()
@@ -133,7 +131,7 @@ pub fn get_endpoints(ctx: &ServiceContext<'_>, req: &GetEndpointsRequest) -> Get
 }
 
 /// FindServers: this server, unless `serverUris` names only others.
-pub fn find_servers(ctx: &ServiceContext<'_>, req: &FindServersRequest) -> FindServersResponse {
+pub fn find_servers(ctx: &ServiceContext, req: &FindServersRequest) -> FindServersResponse {
     let wanted = req.server_uris.as_deref().unwrap_or(&[]);
     let me = application_description(ctx);
     let servers = if wanted.is_empty() || wanted.contains(&me.application_uri) {
@@ -150,24 +148,20 @@ pub fn find_servers(ctx: &ServiceContext<'_>, req: &FindServersRequest) -> FindS
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ServerConfig;
     use uascale_types::RequestHeader;
 
     #[test]
     fn filters() {
-        let config = ServerConfig::default();
-        let sessions = crate::session::SessionTable::new(1);
-        let space = crate::address_space::AddressSpace::default();
-        let managers = crate::node_manager::NodeManagers::default();
         // The origin of the test's time.
         #[allow(clippy::disallowed_methods)]
         let t0 = std::time::Instant::now();
         let ctx = ServiceContext::for_tests(
-            &config,
-            &sessions,
-            &space,
-            &managers,
-            crate::services::subscription::tests_registry(),
+            crate::state::ServerState::from_parts(
+                crate::ServerConfig::default(),
+                crate::address_space::AddressSpace::default(),
+                crate::node_manager::NodeManagers::default(),
+                crate::security::SecurityState::none_only(),
+            ),
             t0,
         );
         let mut req = GetEndpointsRequest {

@@ -6,7 +6,9 @@ use uascale_types::{
     NodeClass, NodeId, StatusCode, Variant,
 };
 
-use super::{Answer, ServiceContext};
+use crate::context::ServiceContext;
+use crate::error::ServiceError;
+use crate::reply::Answer;
 
 /// Most methods per Call (OperationLimits.MaxNodesPerMethodCall).
 pub const MAX_METHODS_PER_CALL: usize = 1_000;
@@ -15,13 +17,13 @@ const HAS_COMPONENT: u32 = 47;
 const HAS_PROPERTY: u32 = 46;
 
 /// Call.
-pub fn call(ctx: &ServiceContext<'_>, req: &CallRequest) -> Result<CallResponse, StatusCode> {
+pub fn call(ctx: &ServiceContext, req: &CallRequest) -> Result<CallResponse, ServiceError> {
     let methods = req.methods_to_call.as_deref().unwrap_or(&[]);
     if methods.is_empty() {
-        return Err(StatusCode::BadNothingToDo);
+        return Err(StatusCode::BadNothingToDo.into());
     }
     if methods.len() > MAX_METHODS_PER_CALL {
-        return Err(StatusCode::BadTooManyOperations);
+        return Err(StatusCode::BadTooManyOperations.into());
     }
     Ok(CallResponse {
         response_header: ctx.response_header(&req.request_header),
@@ -39,7 +41,7 @@ fn fail(status: StatusCode) -> CallMethodResult {
     }
 }
 
-fn input_arguments(ctx: &ServiceContext<'_>, method: &NodeId) -> Vec<Argument> {
+fn input_arguments(ctx: &ServiceContext, method: &NodeId) -> Vec<Argument> {
     let Some(m) = ctx.address_space.get(method) else {
         return vec![];
     };
@@ -63,7 +65,7 @@ fn input_arguments(ctx: &ServiceContext<'_>, method: &NodeId) -> Vec<Argument> {
         .unwrap_or_default()
 }
 
-fn call_one(ctx: &ServiceContext<'_>, m: &CallMethodRequest) -> CallMethodResult {
+fn call_one(ctx: &ServiceContext, m: &CallMethodRequest) -> CallMethodResult {
     let checks = match check_call(ctx, m) {
         Ok(c) => c,
         Err(failed) => return failed,
@@ -81,11 +83,11 @@ fn call_one(ctx: &ServiceContext<'_>, m: &CallMethodRequest) -> CallMethodResult
 /// The checks before a method runs: the object, the method, its
 /// arguments. The per-argument results, or the failed method's result.
 fn check_call(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     m: &CallMethodRequest,
 ) -> Result<Vec<StatusCode>, CallMethodResult> {
     let reject = |s| Err(fail(s));
-    let space = ctx.address_space;
+    let space = &ctx.address_space;
     let Some(object) = space.get(&m.object_id) else {
         return reject(StatusCode::BadNodeIdUnknown);
     };
@@ -156,16 +158,16 @@ fn finish(checks: Vec<StatusCode>, result: Result<Vec<Variant>, StatusCode>) -> 
 
 /// Call, with the methods of asynchronously served namespaces awaited.
 pub fn call_answer(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &CallRequest,
-) -> Result<Answer<CallResponse>, StatusCode> {
+) -> Result<Answer<CallResponse>, ServiceError> {
     let methods = req.methods_to_call.as_deref().unwrap_or(&[]);
     let is_async = |m: &CallMethodRequest| ctx.managers.is_async(m.method_id.namespace);
     if !methods.iter().any(is_async) {
         return call(ctx, req).map(Answer::Now);
     }
     if methods.len() > MAX_METHODS_PER_CALL {
-        return Err(StatusCode::BadTooManyOperations);
+        return Err(StatusCode::BadTooManyOperations.into());
     }
     let mut results = Vec::with_capacity(methods.len());
     let mut pending = Vec::new();

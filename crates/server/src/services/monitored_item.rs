@@ -20,8 +20,8 @@ use uascale_types::{
 };
 
 use super::attribute::{read_one, Locales};
-use super::subscription::session_of;
-use super::ServiceContext;
+use crate::context::ServiceContext;
+use crate::error::ServiceError;
 use crate::subscription::event::{compile, BASE_EVENT_TYPE};
 use crate::subscription::item::{Filter, ItemTarget, MonitoredItem};
 
@@ -31,9 +31,8 @@ const EVENT_NOTIFIER: u32 = AttributeId::EventNotifier as u32;
 /// Reads what an item watches, as a sample: both timestamps (the item keeps
 /// the ones its client asked for). Texts come in the server's default
 /// locale: the sampling timer runs outside any session.
-pub fn sample(ctx: &ServiceContext<'_>, t: &ItemTarget) -> DataValue {
-    let no_session = NodeId::NULL;
-    let locales = Locales::new(ctx, &no_session);
+pub fn sample(ctx: &ServiceContext, t: &ItemTarget) -> DataValue {
+    let locales = Locales::new(ctx);
     let mut dv = read_one(
         ctx,
         &ReadValueId {
@@ -77,14 +76,14 @@ fn fatal_read_status(s: StatusCode) -> bool {
     .contains(&s)
 }
 
-fn is_numeric(ctx: &ServiceContext<'_>, data_type: &NodeId) -> bool {
+fn is_numeric(ctx: &ServiceContext, data_type: &NodeId) -> bool {
     // Number (i=26) and everything under it.
     ctx.address_space.is_subtype_of(data_type, &NodeId::ns0(26))
         || matches!(ctx.address_space.builtin_base(data_type), Some(2..=11))
 }
 
 /// The EURange property of a variable (for percent deadbands).
-fn eu_range(ctx: &ServiceContext<'_>, node: &NodeId) -> Option<(f64, f64)> {
+fn eu_range(ctx: &ServiceContext, node: &NodeId) -> Option<(f64, f64)> {
     let n = ctx.address_space.get(node)?;
     n.references
         .iter()
@@ -106,7 +105,7 @@ fn eu_range(ctx: &ServiceContext<'_>, node: &NodeId) -> Option<(f64, f64)> {
 /// Checks parameters for an item watching `target`; `Err` is the item's
 /// status (and a filter result, for event filters).
 fn params(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     target: &ItemTarget,
     p: &MonitoringParameters,
     publishing_interval: Duration,
@@ -216,11 +215,7 @@ fn params(
     })
 }
 
-fn check_call(
-    n: usize,
-    ts: TimestampsToReturn,
-    ctx: &ServiceContext<'_>,
-) -> Result<(), StatusCode> {
+fn check_call(n: usize, ts: TimestampsToReturn, ctx: &ServiceContext) -> Result<(), StatusCode> {
     super::subscription::check_count(ctx, n)?;
     if !(0..=3).contains(&ts.0) {
         return Err(StatusCode::BadTimestampsToReturnInvalid);
@@ -230,13 +225,13 @@ fn check_call(
 
 /// CreateMonitoredItems.
 pub fn create_monitored_items(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &CreateMonitoredItemsRequest,
-) -> Result<CreateMonitoredItemsResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
+) -> Result<CreateMonitoredItemsResponse, ServiceError> {
+    let session = ctx.session_id()?;
     let items = req.items_to_create.as_deref().unwrap_or(&[]);
     check_call(items.len(), req.timestamps_to_return, ctx)?;
-    let registry = ctx.subscriptions;
+    let registry = &ctx.subscriptions;
     let interval = registry.with_subscription(&session, req.subscription_id, |s| s.interval)?;
     let prepared: Vec<_> = items
         .iter()
@@ -254,7 +249,7 @@ pub fn create_monitored_items(
             }
             if target.attribute_id != EVENT_NOTIFIER {
                 // The first read checks attribute, range and encoding.
-                let locales = Locales::new(ctx, &req.request_header.authentication_token);
+                let locales = Locales::new(ctx);
                 let first = read_one(
                     ctx,
                     &r.item_to_monitor,
@@ -336,13 +331,13 @@ pub fn create_monitored_items(
 
 /// ModifyMonitoredItems.
 pub fn modify_monitored_items(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &ModifyMonitoredItemsRequest,
-) -> Result<ModifyMonitoredItemsResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
+) -> Result<ModifyMonitoredItemsResponse, ServiceError> {
+    let session = ctx.session_id()?;
     let items = req.items_to_modify.as_deref().unwrap_or(&[]);
     check_call(items.len(), req.timestamps_to_return, ctx)?;
-    let registry = ctx.subscriptions;
+    let registry = &ctx.subscriptions;
     let (interval, targets) = registry.with_subscription(&session, req.subscription_id, |s| {
         let targets: Vec<Option<ItemTarget>> = items
             .iter()
@@ -412,14 +407,14 @@ pub fn modify_monitored_items(
 
 /// SetMonitoringMode. An item leaving Disabled takes a new first value.
 pub fn set_monitoring_mode(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &SetMonitoringModeRequest,
-) -> Result<SetMonitoringModeResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
+) -> Result<SetMonitoringModeResponse, ServiceError> {
+    let session = ctx.session_id()?;
     let ids = req.monitored_item_ids.as_deref().unwrap_or(&[]);
     check_call(ids.len(), TimestampsToReturn::Both, ctx)?;
     if !(0..=2).contains(&req.monitoring_mode.0) {
-        return Err(StatusCode::BadMonitoringModeInvalid);
+        return Err(StatusCode::BadMonitoringModeInvalid.into());
     }
     let mode = req.monitoring_mode;
     let results = ctx
@@ -453,17 +448,17 @@ pub fn set_monitoring_mode(
 
 /// SetTriggering: links from a triggering item to items it reports.
 pub fn set_triggering(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &SetTriggeringRequest,
-) -> Result<SetTriggeringResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
+) -> Result<SetTriggeringResponse, ServiceError> {
+    let session = ctx.session_id()?;
     let add = req.links_to_add.as_deref().unwrap_or(&[]);
     let remove = req.links_to_remove.as_deref().unwrap_or(&[]);
     if add.is_empty() && remove.is_empty() {
-        return Err(StatusCode::BadNothingToDo);
+        return Err(StatusCode::BadNothingToDo.into());
     }
     if add.len() + remove.len() > ctx.subscriptions.limits.max_monitored_items_per_call {
-        return Err(StatusCode::BadTooManyOperations);
+        return Err(StatusCode::BadTooManyOperations.into());
     }
     let trig = req.triggering_item_id;
     let (add_results, remove_results) =
@@ -512,13 +507,13 @@ pub fn set_triggering(
 
 /// DeleteMonitoredItems.
 pub fn delete_monitored_items(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &DeleteMonitoredItemsRequest,
-) -> Result<DeleteMonitoredItemsResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
+) -> Result<DeleteMonitoredItemsResponse, ServiceError> {
+    let session = ctx.session_id()?;
     let ids = req.monitored_item_ids.as_deref().unwrap_or(&[]);
     check_call(ids.len(), TimestampsToReturn::Both, ctx)?;
-    let registry = ctx.subscriptions;
+    let registry = &ctx.subscriptions;
     let (sub, removed) = registry.with_subscription(&session, req.subscription_id, |s| {
         let removed: Vec<Option<MonitoredItem>> = ids.iter().map(|&id| s.remove_item(id)).collect();
         (s.id, removed)
@@ -549,24 +544,20 @@ pub fn delete_monitored_items(
 mod tests {
     use super::*;
     use crate::address_space::{AddressSpace, Node};
-    use crate::node_manager::{InMemoryNodeManager, NodeManagers, ValueObserver};
-    use crate::services::subscription::{create_subscription, SubscriptionRegistry};
-    use crate::session::{Session, SessionTable};
+    use crate::node_manager::{InMemoryNodeManager, NodeManagers};
+    use crate::services::subscription::create_subscription;
+    use crate::session::Session;
     use crate::subscription::SubscriptionLimits;
     use crate::ServerConfig;
     use std::sync::Arc;
     use std::time::Instant;
     use uascale_types::{
-        CreateSubscriptionRequest, DateTime, DeadbandType, MonitoredItemCreateRequest,
-        QualifiedName, RequestHeader, UaString,
+        CreateSubscriptionRequest, DeadbandType, MonitoredItemCreateRequest, QualifiedName,
+        RequestHeader, UaString,
     };
 
     struct Fixture {
-        space: AddressSpace,
-        managers: NodeManagers,
-        sessions: SessionTable,
-        registry: Arc<SubscriptionRegistry>,
-        config: ServerConfig,
+        state: Arc<crate::state::ServerState>,
         demo: Arc<InMemoryNodeManager>,
         t0: Instant,
     }
@@ -616,24 +607,22 @@ mod tests {
                 3,
                 Arc::clone(&demo) as Arc<dyn crate::node_manager::NodeManager>,
             );
-            let registry = Arc::new(SubscriptionRegistry::new(SubscriptionLimits {
-                max_monitored_items_per_subscription: 6,
-                ..Default::default()
-            }));
-            let r = Arc::clone(&registry);
             let t0 = Instant::now();
-            let observer: ValueObserver = Arc::new(move |node, value| {
-                r.value_changed(
-                    crate::subscription::Now {
-                        instant: t0,
-                        utc: DateTime::from_ticks(1),
-                    },
-                    node,
-                    value,
-                );
-            });
-            managers.set_observer(&observer);
-            let sessions = SessionTable::new(4);
+            let config = ServerConfig {
+                subscriptions: SubscriptionLimits {
+                    max_monitored_items_per_subscription: 6,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let state = crate::state::ServerState::from_parts(
+                config,
+                space,
+                managers,
+                crate::security::SecurityState::none_only(),
+            );
+            let sessions = &state.sessions;
+
             sessions
                 .insert(
                     token(),
@@ -657,26 +646,14 @@ mod tests {
                     },
                 )
                 .unwrap();
-            Fixture {
-                space,
-                managers,
-                sessions,
-                registry,
-                config: ServerConfig::default(),
-                demo,
-                t0,
-            }
+            Fixture { state, demo, t0 }
         }
 
-        fn ctx(&self) -> ServiceContext<'_> {
-            ServiceContext::for_tests(
-                &self.config,
-                &self.sessions,
-                &self.space,
-                &self.managers,
-                &self.registry,
-                self.t0,
-            )
+        fn ctx(&self) -> ServiceContext {
+            let mut ctx = ServiceContext::for_tests(Arc::clone(&self.state), self.t0);
+            // The fixture's session, when it is still open.
+            let _ = ctx.resolve(&token());
+            ctx
         }
     }
 
@@ -807,14 +784,15 @@ mod tests {
             results[0].revised_sampling_interval, 100.0,
             "-1: the publishing interval"
         );
-        assert_eq!(f.registry.monitored_item_count(), 6);
+        assert_eq!(f.state.subscriptions.monitored_item_count(), 6);
         // Pushed writes: the 10 % deadband passes 20 -> 45 but not 45 -> 60.
         let deadband_item = results[0].monitored_item_id;
         for v in [45.0, 60.0, 66.0] {
             assert!(f.demo.set(&temp, Variant::Double(v)));
         }
         let queued = f
-            .registry
+            .state
+            .subscriptions
             .with_subscription(&NodeId::numeric(1, 1), sub, |s| {
                 (
                     s.item(deadband_item).map(|i| i.queued()),
@@ -866,12 +844,12 @@ mod tests {
             d.results.unwrap().last(),
             Some(&StatusCode::BadMonitoredItemIdInvalid)
         );
-        assert_eq!(f.registry.monitored_item_count(), 0);
+        assert_eq!(f.state.subscriptions.monitored_item_count(), 0);
     }
 
     #[test]
     fn diagnostics_arrays_are_throttled_and_can_be_switched_off() {
-        let mut f = Fixture::new();
+        let f = Fixture::new();
         let read = |f: &Fixture, at: std::time::Duration| {
             let mut ctx = f.ctx();
             ctx.instant = f.t0 + at;
@@ -949,7 +927,7 @@ mod tests {
                 Some(Variant::UInt32(50_000))
             ]
         );
-        f.config.diagnostics_enabled = false;
+        f.state.set_diagnostics_enabled(false);
         assert_eq!(
             read(&f, std::time::Duration::from_secs(5)).status,
             Some(StatusCode::BadOutOfService)
@@ -959,7 +937,7 @@ mod tests {
     #[test]
     fn session_diagnostics_are_throttled_and_can_be_switched_off() {
         use uascale_types::ids::variable as v;
-        let mut f = Fixture::new();
+        let f = Fixture::new();
         let read = |f: &Fixture, id: u32, at: std::time::Duration| {
             let mut ctx = f.ctx();
             ctx.instant = f.t0 + at;
@@ -1012,12 +990,14 @@ mod tests {
         .unwrap();
         let mut second = Session {
             session_id: NodeId::numeric(1, 2),
-            ..f.sessions
+            ..f.state
+                .sessions
                 .with(&token(), None, false, f.t0, |s| s.clone())
                 .unwrap()
         };
         second.continuation_points.clear();
-        f.sessions
+        f.state
+            .sessions
             .insert(NodeId::opaque(0, vec![8; 32]), second)
             .unwrap();
         // Within the second: the cached array; after it: rebuilt.
@@ -1066,13 +1046,17 @@ mod tests {
                 0,
             ),
         ];
-        f.sessions.remove(&NodeId::opaque(0, vec![8; 32]));
-        f.sessions
+        f.state
+            .sessions
+            .close(&NodeId::opaque(0, vec![8; 32]), true);
+        f.state
+            .sessions
             .insert(
                 NodeId::opaque(0, vec![9; 32]),
                 Session {
                     session_id: NodeId::numeric(1, 3),
-                    ..f.sessions
+                    ..f.state
+                        .sessions
                         .with(&token(), None, false, f.t0, |s| s.clone())
                         .unwrap()
                 },
@@ -1085,7 +1069,7 @@ mod tests {
                 "{id}"
             );
         }
-        f.config.diagnostics_enabled = false;
+        f.state.set_diagnostics_enabled(false);
         for id in [array, security] {
             assert_eq!(
                 read(&f, id, std::time::Duration::from_secs(5)).status,
@@ -1097,8 +1081,8 @@ mod tests {
     #[test]
     fn session_audit_events_reach_server_event_items_only_with_auditing() {
         use crate::services::session::{activate_session, close_session, create_session};
-        let mut f = Fixture::new();
-        f.config.auditing = true;
+        let f = Fixture::new();
+        f.state.set_auditing(true);
         let ctx = f.ctx();
         let sub = create_subscription(
             &ctx,
@@ -1184,7 +1168,8 @@ mod tests {
         assert_eq!(closed(&bogus).unwrap_err(), StatusCode::BadSessionIdInvalid);
         closed(&other).unwrap();
         let drain = || {
-            f.registry
+            f.state
+                .subscriptions
                 .with_subscription(&NodeId::numeric(1, 1), sub, |s| {
                     let item = s.item_mut(item_id).unwrap();
                     item.drain(100).collect::<Vec<_>>()
@@ -1251,7 +1236,7 @@ mod tests {
             .clone();
         assert_eq!(auditing.value, Some(Variant::Boolean(true)));
         // Off: nothing is raised.
-        f.config.auditing = false;
+        f.state.set_auditing(false);
         let ctx = f.ctx();
         let again = create_session(&ctx, &Default::default()).unwrap();
         let _ = close_session(

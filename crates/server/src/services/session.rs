@@ -1,5 +1,5 @@
 //! Session service set (Part 4 §5.6): CreateSession, ActivateSession,
-//! CloseSession. Cancel answers once the request queue exists.
+//! CloseSession, Cancel.
 //!
 //! On a secured channel CreateSession checks that the client certificate is
 //! the channel's and its applicationUri the one the client claims, and
@@ -21,10 +21,12 @@ use uascale_types::{
     X509IdentityToken,
 };
 
-use super::{discovery, ServiceContext};
+use super::discovery;
 use crate::audit::{self, SessionAction};
+use crate::context::ServiceContext;
+use crate::error::ServiceError;
 use crate::identity::{self, UserIdentity};
-use crate::session::Session;
+use crate::session::{Activation, Session};
 
 /// Bounds for the revised session timeout: 10 s ..= 1 h; 0 asks for the
 /// default of 60 s.
@@ -72,24 +74,25 @@ fn leaf_der(chain: &[u8]) -> Result<&[u8], StatusCode> {
 
 /// CreateSession: a new, not yet activated session bound to this channel.
 pub fn create_session(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &CreateSessionRequest,
-) -> Result<CreateSessionResponse, StatusCode> {
+) -> Result<CreateSessionResponse, ServiceError> {
     let r = create_session_inner(ctx, req);
-    if let Err(status) = &r {
-        ctx.sessions.note_rejected(is_security_rejection(*status));
+    if let Err(e) = &r {
+        ctx.sessions
+            .note_rejected(is_security_rejection(e.status_code()));
     }
-    if ctx.config.auditing {
+    if ctx.auditing() {
         let (result, id, timeout) = match &r {
             Ok(resp) => (
                 Ok(()),
                 resp.session_id.clone(),
                 Some(resp.revised_session_timeout),
             ),
-            Err(s) => (Err(*s), NodeId::NULL, None),
+            Err(e) => (Err(e.status_code()), NodeId::NULL, None),
         };
         audit::audit_session(
-            ctx,
+            &ctx.audit_site(),
             SessionAction::Create,
             &req.request_header,
             result,
@@ -119,9 +122,15 @@ fn is_security_rejection(status: StatusCode) -> bool {
 }
 
 fn create_session_inner(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &CreateSessionRequest,
-) -> Result<CreateSessionResponse, StatusCode> {
+) -> Result<CreateSessionResponse, ServiceError> {
+    // The place for the session is taken before any certificate or
+    // signature work: a full server refuses at the cost of an atomic add
+    // (SCALABILITY.md §2).
+    let slot = ctx.sessions.reserve().map_err(|e| {
+        ServiceError::busy(e.status_code(), crate::admission::SESSION_FULL_RETRY_AFTER)
+    })?;
     let requested = req.requested_session_timeout;
     let timeout = if requested.is_finite() && requested > 0.0 {
         Duration::from_secs_f64((requested / 1000.0).min(MAX_SESSION_TIMEOUT.as_secs_f64()))
@@ -142,15 +151,15 @@ fn create_session_inner(
             .ok_or(StatusCode::BadSecurityChecksFailed)?;
         let sent = req.client_certificate.as_bytes_or_empty();
         if leaf_der(sent)? != channel_cert.der() {
-            return Err(StatusCode::BadSecurityChecksFailed);
+            return Err(StatusCode::BadSecurityChecksFailed.into());
         }
         let claimed = req.client_description.application_uri.as_str_or_empty();
         if channel_cert.application_uri() != Some(claimed) {
-            return Err(StatusCode::BadCertificateUriInvalid);
+            return Err(StatusCode::BadCertificateUriInvalid.into());
         }
         let nonce = req.client_nonce.as_bytes_or_empty();
         if nonce.len() < policy.nonce_length() {
-            return Err(StatusCode::BadNonceInvalid);
+            return Err(StatusCode::BadNonceInvalid.into());
         }
         let identity = ctx
             .security
@@ -189,9 +198,7 @@ fn create_session_inner(
         security_policy: ctx.channel.policy,
         security_mode: ctx.channel.mode,
     };
-    ctx.sessions
-        .insert(token.clone(), session)
-        .map_err(|e| e.status_code())?;
+    ctx.sessions.create(slot, token.clone(), session);
     Ok(CreateSessionResponse {
         response_header: ctx.response_header(&req.request_header),
         session_id,
@@ -222,7 +229,7 @@ struct Snapshot {
 
 /// The lockout key (SCALABILITY.md §2): client certificate thumbprint,
 /// else application URI, else channel.
-fn lockout_key(ctx: &ServiceContext<'_>, snap: &Snapshot) -> String {
+fn lockout_key(ctx: &ServiceContext, snap: &Snapshot) -> String {
     if let Some(cert) = &ctx.channel.remote_certificate {
         format!("cert:{}", cert.thumbprint_hex())
     } else if !snap.client_uri.is_null_or_empty() {
@@ -236,12 +243,12 @@ fn lockout_key(ctx: &ServiceContext<'_>, snap: &Snapshot) -> String {
 /// (answered `BadUserAccessDenied`), `Err` a malformed or unacceptable
 /// token.
 fn check_identity(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &ActivateSessionRequest,
     nonce: &[u8; 32],
 ) -> Result<Option<UserIdentity>, StatusCode> {
     let token = &req.user_identity_token;
-    let sec = ctx.security;
+    let sec = &ctx.security;
     if token.is_null() {
         // Part 4 §5.6.3: a null token means anonymous.
         return if sec.allow_anonymous {
@@ -327,14 +334,15 @@ fn check_identity(
 
 /// ActivateSession: activates (or moves to this channel) the session.
 pub fn activate_session(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &ActivateSessionRequest,
-) -> Result<ActivateSessionResponse, StatusCode> {
-    let r = activate_session_inner(ctx, req);
-    if let Err(status) = &r {
-        ctx.sessions.note_rejected(is_security_rejection(*status));
+) -> Result<ActivateSessionResponse, ServiceError> {
+    let r = activate_session_inner(ctx, req).map_err(ServiceError::from);
+    if let Err(e) = &r {
+        ctx.sessions
+            .note_rejected(is_security_rejection(e.status_code()));
     }
-    if ctx.config.auditing {
+    if ctx.auditing() {
         // The session as it is now: its id, and (when activated by this
         // request) the user it was activated for.
         let (id, user) = ctx
@@ -344,15 +352,15 @@ pub fn activate_session(
                 None,
                 false,
                 ctx.instant,
-                |s| (s.session_id.clone(), audit::client_user_id(&s.user)),
+                |s| (s.session_id.clone(), s.user.client_user_id()),
             )
             .unwrap_or_default();
         let user = if r.is_ok() { user } else { String::new() };
         audit::audit_session(
-            ctx,
+            &ctx.audit_site(),
             SessionAction::Activate,
             &req.request_header,
-            r.as_ref().map(|_| ()).map_err(|s| *s),
+            r.as_ref().map(|_| ()).map_err(|e| e.status_code()),
             id,
             &user,
             None,
@@ -362,7 +370,7 @@ pub fn activate_session(
 }
 
 fn activate_session_inner(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &ActivateSessionRequest,
 ) -> Result<ActivateSessionResponse, StatusCode> {
     let auth = &req.request_header.authentication_token;
@@ -441,24 +449,22 @@ fn activate_session_inner(
     let anonymous = user == UserIdentity::Anonymous;
     let nonce = random_bytes::<32>()?;
     let locales = req.locale_ids.clone().unwrap_or_default();
-    let channel_id = ctx.channel_id;
+    // Fails when a concurrent ActivateSession consumed the nonce first.
     ctx.sessions
-        .with(auth, None, false, ctx.instant, |s| {
-            // A concurrent ActivateSession consumed the nonce first.
-            if s.server_nonce != snap.nonce {
-                return Err(StatusCode::BadNonceInvalid);
-            }
-            s.channel_id = channel_id;
-            s.security_policy = ctx.channel.policy;
-            s.security_mode = ctx.channel.mode;
-            s.activated = true;
-            s.deadline = ctx.instant + s.timeout;
-            s.locale_ids = locales;
-            s.server_nonce = nonce;
-            s.user = user;
-            Ok(())
-        })
-        .map_err(|e| e.status_code())??;
+        .activate(
+            auth,
+            Activation {
+                expected_nonce: snap.nonce,
+                next_nonce: nonce,
+                channel_id: ctx.channel_id,
+                security_policy: ctx.channel.policy,
+                security_mode: ctx.channel.mode,
+                locale_ids: locales,
+                user,
+            },
+            ctx.instant,
+        )
+        .map_err(|e| e.status_code())?;
     if !anonymous {
         ctx.security.failures.succeeded(&key);
     }
@@ -472,17 +478,17 @@ fn activate_session_inner(
 
 /// CloseSession: removes the session (it has no subscriptions to delete yet).
 pub fn close_session(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &CloseSessionRequest,
-) -> Result<CloseSessionResponse, StatusCode> {
+) -> Result<CloseSessionResponse, ServiceError> {
     let token = &req.request_header.authentication_token;
-    let auditing = ctx.config.auditing;
+    let auditing = ctx.auditing();
     let found = ctx
         .sessions
         .with(token, Some(ctx.channel_id), false, ctx.instant, |s| {
             (
                 s.session_id.clone(),
-                auditing.then(|| audit::client_user_id(&s.user)),
+                auditing.then(|| s.user.client_user_id()),
             )
         })
         .map_err(|e| e.status_code());
@@ -491,7 +497,7 @@ pub fn close_session(
         Err(status) => {
             if auditing {
                 audit::audit_session(
-                    ctx,
+                    &ctx.audit_site(),
                     SessionAction::Close,
                     &req.request_header,
                     Err(status),
@@ -500,15 +506,15 @@ pub fn close_session(
                     None,
                 );
             }
-            return Err(status);
+            return Err(status.into());
         }
     };
-    ctx.sessions.remove(token);
-    ctx.subscriptions
-        .close_session(&id, req.delete_subscriptions, StatusCode::BadSessionClosed);
+    // Its subscriptions go (or wait for a transfer) through the session
+    // table's listeners.
+    ctx.sessions.close(token, req.delete_subscriptions);
     if let Some(user) = user {
         audit::audit_session(
-            ctx,
+            &ctx.audit_site(),
             SessionAction::Close,
             &req.request_header,
             Ok(()),
@@ -527,19 +533,14 @@ pub fn close_session(
 /// waiting in the request queue and those whose (asynchronous) handlers are
 /// still running. A request already answered is not counted.
 pub fn cancel(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &uascale_types::CancelRequest,
-) -> Result<uascale_types::CancelResponse, StatusCode> {
-    ctx.sessions
-        .with(
-            &req.request_header.authentication_token,
-            Some(ctx.channel_id),
-            true,
-            ctx.instant,
-            |_| (),
-        )
-        .map_err(|e| e.status_code())?;
-    let cancel_count = ctx.canceller.map_or(0, |c| c(req.request_handle));
+) -> Result<uascale_types::CancelResponse, ServiceError> {
+    ctx.session()?;
+    let cancel_count = ctx
+        .sink
+        .as_ref()
+        .map_or(0, |s| s.cancel(req.request_handle, ctx.now));
     Ok(uascale_types::CancelResponse {
         response_header: ctx.response_header(&req.request_header),
         cancel_count,
@@ -552,37 +553,41 @@ pub fn cancel(
 mod tests {
     use super::*;
     use crate::session::SessionTable;
+    use crate::state::ServerState;
     use crate::ServerConfig;
+    use std::sync::Arc;
     use std::time::Instant;
     use uascale_types::{ExtensionObject, RequestHeader, UaString};
 
     struct Fixture {
-        config: ServerConfig,
-        sessions: SessionTable,
+        state: Arc<ServerState>,
         t0: Instant,
-        space: crate::address_space::AddressSpace,
-        managers: crate::node_manager::NodeManagers,
     }
 
     impl Fixture {
         fn new(max: usize) -> Self {
+            Self::with_security(max, crate::security::SecurityState::none_only())
+        }
+        fn with_security(max: usize, security: crate::security::SecurityState) -> Self {
+            let config = ServerConfig {
+                max_session_count: max,
+                ..Default::default()
+            };
             Fixture {
-                config: ServerConfig::default(),
-                sessions: SessionTable::new(max),
+                state: ServerState::from_parts(
+                    config,
+                    crate::address_space::AddressSpace::default(),
+                    crate::node_manager::NodeManagers::default(),
+                    security,
+                ),
                 t0: Instant::now(),
-                space: crate::address_space::AddressSpace::default(),
-                managers: crate::node_manager::NodeManagers::default(),
             }
         }
-        fn ctx(&self, channel_id: u32) -> ServiceContext<'_> {
-            let mut ctx = ServiceContext::for_tests(
-                &self.config,
-                &self.sessions,
-                &self.space,
-                &self.managers,
-                crate::services::subscription::tests_registry(),
-                self.t0,
-            );
+        fn sessions(&self) -> &SessionTable {
+            &self.state.sessions
+        }
+        fn ctx(&self, channel_id: u32) -> ServiceContext {
+            let mut ctx = ServiceContext::for_tests(Arc::clone(&self.state), self.t0);
             ctx.channel_id = channel_id;
             ctx
         }
@@ -597,6 +602,7 @@ mod tests {
                 ..Default::default()
             },
         )
+        .map_err(|e| e.status_code())
     }
 
     fn activate(
@@ -616,6 +622,7 @@ mod tests {
                 ..Default::default()
             },
         )
+        .map_err(|e| e.status_code())
     }
 
     #[test]
@@ -686,7 +693,10 @@ mod tests {
         activate(&f, 1, &token, anon("anonymous")).unwrap();
         // A null token is anonymous too; activation may move the session to a new channel.
         activate(&f, 2, &token, ExtensionObject::null()).unwrap();
-        assert!(f.sessions.with(&token, Some(2), true, f.t0, |_| ()).is_ok());
+        assert!(f
+            .sessions()
+            .with(&token, Some(2), true, f.t0, |_| ())
+            .is_ok());
         assert_eq!(
             activate(
                 &f,
@@ -715,7 +725,7 @@ mod tests {
             StatusCode::BadSecureChannelIdInvalid
         );
         close_session(&f.ctx(1), &req).unwrap();
-        assert!(f.sessions.is_empty());
+        assert!(f.sessions().is_empty());
         assert_eq!(
             close_session(&f.ctx(1), &req).unwrap_err(),
             StatusCode::BadSessionIdInvalid
@@ -726,8 +736,11 @@ mod tests {
     fn unactivated_session_is_closed_at_the_activation_deadline() {
         let f = Fixture::new(10);
         create(&f, 0.0).unwrap();
-        assert!(f.sessions.expire(f.t0 + Duration::from_secs(9)).is_empty());
-        assert_eq!(f.sessions.expire(f.t0 + Duration::from_secs(10)).len(), 1);
+        assert!(f
+            .sessions()
+            .expire(f.t0 + Duration::from_secs(9))
+            .is_empty());
+        assert_eq!(f.sessions().expire(f.t0 + Duration::from_secs(10)).len(), 1);
     }
 
     /// Sessions on a Basic256Sha256 SignAndEncrypt channel.
@@ -758,7 +771,6 @@ mod tests {
 
         struct Secure {
             f: Fixture,
-            security: SecurityState,
             server_cert: Certificate,
             client_cert: Certificate,
             client_key: RsaPrivateKey,
@@ -794,8 +806,7 @@ mod tests {
                 remote_certificate: Some(Arc::new(client_cert.clone())),
             };
             Secure {
-                f: Fixture::new(10),
-                security,
+                f: Fixture::with_security(10, security),
                 server_cert,
                 client_cert,
                 client_key,
@@ -804,10 +815,9 @@ mod tests {
         }
 
         impl Secure {
-            fn ctx(&self, channel_id: u32) -> ServiceContext<'_> {
+            fn ctx(&self, channel_id: u32) -> ServiceContext {
                 let mut ctx = self.f.ctx(channel_id);
-                ctx.security = &self.security;
-                ctx.channel = &self.channel;
+                ctx.channel = self.channel.clone();
                 ctx
             }
 
@@ -963,7 +973,7 @@ mod tests {
             let mut stranger = s.channel.clone();
             stranger.remote_certificate = Some(Arc::new(keyed("urn:test:client").0));
             let mut ctx = s.ctx(2);
-            ctx.channel = &stranger;
+            ctx.channel = stranger.clone();
             assert_eq!(
                 activate_session(&ctx, &again).unwrap_err(),
                 StatusCode::BadSecureChannelIdInvalid
@@ -985,7 +995,7 @@ mod tests {
             let req = s.activate_req(&token, &nonce, s.password_token(b"right", &nonce));
             let next = activate_session(&s.ctx(1), &req).unwrap().server_nonce;
             let user =
-                s.f.sessions
+                s.f.sessions()
                     .with(&token, None, false, s.f.t0, |x| x.user.clone());
             assert_eq!(user, Ok(UserIdentity::UserName("op".into())));
 

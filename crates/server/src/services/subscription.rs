@@ -8,21 +8,22 @@ use std::time::Duration;
 
 use uascale_types::{
     CreateSubscriptionRequest, CreateSubscriptionResponse, DeleteSubscriptionsRequest,
-    DeleteSubscriptionsResponse, ModifySubscriptionRequest, ModifySubscriptionResponse, NodeId,
-    PublishRequest, RepublishRequest, RepublishResponse, RequestHeader, SetPublishingModeRequest,
+    DeleteSubscriptionsResponse, ModifySubscriptionRequest, ModifySubscriptionResponse,
+    PublishRequest, RepublishRequest, RepublishResponse, SetPublishingModeRequest,
     SetPublishingModeResponse, StatusCode, TransferResult, TransferSubscriptionsRequest,
     TransferSubscriptionsResponse,
 };
 
-use super::ServiceContext;
+use crate::context::ServiceContext;
+use crate::error::ServiceError;
 use crate::reply::Responder;
-use crate::subscription::registry::{PublishSink, Registry};
+use crate::subscription::registry::PublishSink;
 use crate::subscription::{Answer, Requested};
 
 /// The size checks of a call over many subscriptions or items: none is
 /// `BadNothingToDo`, more than `max_monitored_items_per_call`
 /// `BadTooManyOperations`.
-pub(crate) fn check_count(ctx: &ServiceContext<'_>, n: usize) -> Result<(), StatusCode> {
+pub(crate) fn check_count(ctx: &ServiceContext, n: usize) -> Result<(), StatusCode> {
     if n == 0 {
         return Err(StatusCode::BadNothingToDo);
     }
@@ -31,64 +32,18 @@ pub(crate) fn check_count(ctx: &ServiceContext<'_>, n: usize) -> Result<(), Stat
     }
     Ok(())
 }
-/// The server's subscriptions; a parked Publish holds the [`Responder`]
-/// its answer goes through.
-pub type SubscriptionRegistry = Registry<Responder>;
-
-impl PublishSink for Responder {
-    fn deliver(self, answer: Answer) -> bool {
-        match answer {
-            Answer::Publish(p) => self.send(p.as_ref()),
-            Answer::Fault { status, .. } => self.fault(
-                uascale_types::DateTime::from_system_time(std::time::SystemTime::now()),
-                status,
-            ),
-        }
-    }
-}
-
-/// The SessionId of the (already checked) session the request came on.
-pub(crate) fn session_of(
-    ctx: &ServiceContext<'_>,
-    h: &RequestHeader,
-) -> Result<NodeId, StatusCode> {
-    ctx.sessions
-        .with(
-            &h.authentication_token,
-            Some(ctx.channel_id),
-            true,
-            ctx.instant,
-            |s| s.session_id.clone(),
-        )
-        .map_err(|e| e.status_code())
-}
+pub use crate::reply::SubscriptionRegistry;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// The user of the (already checked) session of the request.
-fn user_of(
-    ctx: &ServiceContext<'_>,
-    h: &RequestHeader,
-) -> Result<crate::identity::UserIdentity, StatusCode> {
-    ctx.sessions
-        .with(
-            &h.authentication_token,
-            Some(ctx.channel_id),
-            true,
-            ctx.instant,
-            |s| s.user.clone(),
-        )
-        .map_err(|e| e.status_code())
-}
-
 /// CreateSubscription: revised interval, lifetime and keep-alive counts.
 pub fn create_subscription(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &CreateSubscriptionRequest,
-) -> Result<CreateSubscriptionResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
+) -> Result<CreateSubscriptionResponse, ServiceError> {
+    let session = ctx.session_id()?;
     let requested = Requested {
         publishing_interval: req.requested_publishing_interval,
         lifetime_count: req.requested_lifetime_count,
@@ -99,7 +54,7 @@ pub fn create_subscription(
     let (id, revised) =
         ctx.subscriptions
             .create(ctx.instant, &session, &requested, req.publishing_enabled)?;
-    let user = user_of(ctx, &req.request_header)?;
+    let user = ctx.with_session(|s| s.user.clone())?;
     ctx.subscriptions
         .with_set(&session, |set, _| set.set_user(user));
 
@@ -114,10 +69,10 @@ pub fn create_subscription(
 
 /// ModifySubscription.
 pub fn modify_subscription(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &ModifySubscriptionRequest,
-) -> Result<ModifySubscriptionResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
+) -> Result<ModifySubscriptionResponse, ServiceError> {
+    let session = ctx.session_id()?;
     let requested = Requested {
         publishing_interval: req.requested_publishing_interval,
         lifetime_count: req.requested_lifetime_count,
@@ -141,10 +96,10 @@ pub fn modify_subscription(
 
 /// SetPublishingMode.
 pub fn set_publishing_mode(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &SetPublishingModeRequest,
-) -> Result<SetPublishingModeResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
+) -> Result<SetPublishingModeResponse, ServiceError> {
+    let session = ctx.session_id()?;
     let ids = req.subscription_ids.as_deref().unwrap_or(&[]);
     check_count(ctx, ids.len())?;
     let results = ids
@@ -169,14 +124,14 @@ pub fn set_publishing_mode(
 /// (a late subscription, an owed StatusChange, BadNoSubscription) or
 /// parked in the engine until a subscription needs it or its timeoutHint
 /// passes. Either way the answer goes through `to`.
-pub fn publish(ctx: &ServiceContext<'_>, req: &PublishRequest, to: Responder) {
+pub fn publish(ctx: &ServiceContext, req: &PublishRequest, to: Responder) {
     let h = &req.request_header;
-    let session = match session_of(ctx, h) {
+    let session = match ctx.session_id() {
         Ok(s) => s,
-        Err(status) => {
+        Err(e) => {
             let _ = to.deliver(Answer::Fault {
                 request_handle: h.request_handle,
-                status,
+                status: e.status_code(),
             });
             return;
         }
@@ -197,10 +152,10 @@ pub fn publish(ctx: &ServiceContext<'_>, req: &PublishRequest, to: Responder) {
 
 /// Republish: a message still in the retransmission queue.
 pub fn republish(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &RepublishRequest,
-) -> Result<RepublishResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
+) -> Result<RepublishResponse, ServiceError> {
+    let session = ctx.session_id()?;
     let set = ctx
         .subscriptions
         .set_of(&session)
@@ -220,10 +175,10 @@ pub fn republish(
 
 /// DeleteSubscriptions.
 pub fn delete_subscriptions(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &DeleteSubscriptionsRequest,
-) -> Result<DeleteSubscriptionsResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
+) -> Result<DeleteSubscriptionsResponse, ServiceError> {
+    let session = ctx.session_id()?;
     let ids = req.subscription_ids.as_deref().unwrap_or(&[]);
     check_count(ctx, ids.len())?;
     let now = ctx.clock();
@@ -242,11 +197,11 @@ pub fn delete_subscriptions(
 /// same user (the same user name, X509 subject, or both anonymous) to this
 /// one; others get `BadUserAccessDenied`.
 pub fn transfer_subscriptions(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &TransferSubscriptionsRequest,
-) -> Result<TransferSubscriptionsResponse, StatusCode> {
-    let session = session_of(ctx, &req.request_header)?;
-    let user = user_of(ctx, &req.request_header)?;
+) -> Result<TransferSubscriptionsResponse, ServiceError> {
+    let session = ctx.session_id()?;
+    let user = ctx.with_session(|s| s.user.clone())?;
     let ids = req.subscription_ids.as_deref().unwrap_or(&[]);
     check_count(ctx, ids.len())?;
     let now = ctx.clock();
@@ -274,12 +229,4 @@ pub fn transfer_subscriptions(
         results: Some(results),
         diagnostic_infos: Some(vec![]),
     })
-}
-
-/// A registry with the default limits, for unit tests that build a
-/// [`ServiceContext`] by hand.
-#[cfg(test)]
-pub(crate) fn tests_registry() -> &'static SubscriptionRegistry {
-    static R: std::sync::OnceLock<SubscriptionRegistry> = std::sync::OnceLock::new();
-    R.get_or_init(|| Registry::new(Default::default()))
 }

@@ -9,9 +9,9 @@ use uascale_types::{
     UnregisterNodesRequest, UnregisterNodesResponse,
 };
 
-use super::ServiceContext;
 use crate::address_space::AddressSpace;
-use crate::session::SessionError;
+use crate::context::ServiceContext;
+use crate::error::ServiceError;
 
 /// Most nodes per Browse / BrowseNext / Translate / Register call.
 pub const MAX_NODES_PER_BROWSE: usize = 1_000;
@@ -120,8 +120,7 @@ fn references(
 /// Splits `refs` at `max`, parking the rest under a new continuation point
 /// of the session.
 fn page(
-    ctx: &ServiceContext<'_>,
-    token: &NodeId,
+    ctx: &ServiceContext,
     mut refs: Vec<ReferenceDescription>,
     max: usize,
 ) -> Result<BrowseResult, StatusCode> {
@@ -137,42 +136,40 @@ fn page(
     let mut id = [0u8; 16];
     getrandom::getrandom(&mut id).map_err(|_| StatusCode::BadInternalError)?;
     let cp = ByteString::new(id.to_vec());
-    ctx.sessions
-        .with(token, Some(ctx.channel_id), true, ctx.instant, |s| {
-            if s.continuation_points.len() >= MAX_CONTINUATION_POINTS {
-                return BrowseResult {
-                    status_code: StatusCode::BadNoContinuationPoints,
-                    continuation_point: ByteString::null(),
-                    references: None,
-                };
-            }
-            s.continuation_points.push((cp.clone(), rest, max));
-            BrowseResult {
-                status_code: StatusCode::Good,
-                continuation_point: cp,
-                references: Some(refs),
-            }
-        })
-        .map_err(SessionError::status_code)
+    ctx.with_session(|s| {
+        if s.continuation_points.len() >= MAX_CONTINUATION_POINTS {
+            return BrowseResult {
+                status_code: StatusCode::BadNoContinuationPoints,
+                continuation_point: ByteString::null(),
+                references: None,
+            };
+        }
+        s.continuation_points.push((cp.clone(), rest, max));
+        BrowseResult {
+            status_code: StatusCode::Good,
+            continuation_point: cp,
+            references: Some(refs),
+        }
+    })
+    .map_err(|e| e.status_code())
 }
 
 /// Browse.
-pub fn browse(ctx: &ServiceContext<'_>, req: &BrowseRequest) -> Result<BrowseResponse, StatusCode> {
+pub fn browse(ctx: &ServiceContext, req: &BrowseRequest) -> Result<BrowseResponse, ServiceError> {
     let nodes = req.nodes_to_browse.as_deref().unwrap_or(&[]);
     check_count(nodes.len())?;
     if !req.view.view_id.is_null() {
-        return Err(StatusCode::BadViewIdUnknown);
+        return Err(StatusCode::BadViewIdUnknown.into());
     }
     let max = match req.requested_max_references_per_node {
         0 => MAX_REFERENCES_PER_NODE,
         n => (n as usize).min(MAX_REFERENCES_PER_NODE),
     };
-    let token = &req.request_header.authentication_token;
-    let locales = super::attribute::Locales::new(ctx, token);
+    let locales = super::attribute::Locales::new(ctx);
     let mut results = Vec::with_capacity(nodes.len());
     for d in nodes {
-        results.push(match references(ctx.address_space, d, &locales) {
-            Ok(refs) => page(ctx, token, refs, max)?,
+        results.push(match references(&ctx.address_space, d, &locales) {
+            Ok(refs) => page(ctx, refs, max)?,
             Err(status) => BrowseResult {
                 status_code: status,
                 continuation_point: ByteString::null(),
@@ -189,17 +186,15 @@ pub fn browse(ctx: &ServiceContext<'_>, req: &BrowseRequest) -> Result<BrowseRes
 
 /// BrowseNext: the next page of each continuation point, or their release.
 pub fn browse_next(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &BrowseNextRequest,
-) -> Result<BrowseNextResponse, StatusCode> {
+) -> Result<BrowseNextResponse, ServiceError> {
     let cps = req.continuation_points.as_deref().unwrap_or(&[]);
     check_count(cps.len())?;
-    let token = &req.request_header.authentication_token;
     let mut results = Vec::with_capacity(cps.len());
     for cp in cps {
         let taken = ctx
-            .sessions
-            .with(token, Some(ctx.channel_id), true, ctx.instant, |s| {
+            .with_session(|s| {
                 let i = s
                     .continuation_points
                     .iter()
@@ -218,7 +213,7 @@ pub fn browse_next(
                 continuation_point: ByteString::null(),
                 references: None,
             },
-            Some((_, refs, max)) => page(ctx, token, refs, max)?,
+            Some((_, refs, max)) => page(ctx, refs, max)?,
         });
     }
     Ok(BrowseNextResponse {
@@ -230,12 +225,12 @@ pub fn browse_next(
 
 /// TranslateBrowsePathsToNodeIds.
 pub fn translate(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &TranslateBrowsePathsToNodeIdsRequest,
-) -> Result<TranslateBrowsePathsToNodeIdsResponse, StatusCode> {
+) -> Result<TranslateBrowsePathsToNodeIdsResponse, ServiceError> {
     let paths = req.browse_paths.as_deref().unwrap_or(&[]);
     check_count(paths.len())?;
-    let space = ctx.address_space;
+    let space = &ctx.address_space;
     let results = paths
         .iter()
         .map(|p| {
@@ -304,9 +299,9 @@ pub fn translate(
 /// RegisterNodes: the NodeIds are already the fastest handle this server
 /// has, so they are returned as they are (Part 4 allows that).
 pub fn register_nodes(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &RegisterNodesRequest,
-) -> Result<RegisterNodesResponse, StatusCode> {
+) -> Result<RegisterNodesResponse, ServiceError> {
     let nodes = req.nodes_to_register.as_deref().unwrap_or(&[]);
     check_count(nodes.len())?;
     Ok(RegisterNodesResponse {
@@ -317,9 +312,9 @@ pub fn register_nodes(
 
 /// UnregisterNodes: nothing is held per registration.
 pub fn unregister_nodes(
-    ctx: &ServiceContext<'_>,
+    ctx: &ServiceContext,
     req: &UnregisterNodesRequest,
-) -> Result<UnregisterNodesResponse, StatusCode> {
+) -> Result<UnregisterNodesResponse, ServiceError> {
     check_count(req.nodes_to_unregister.as_deref().unwrap_or(&[]).len())?;
     Ok(UnregisterNodesResponse {
         response_header: ctx.response_header(&req.request_header),

@@ -178,6 +178,16 @@ impl RawClient {
         (chunk.request_id, m)
     }
 
+    /// Reads the next message, which must be an ERR; returns its status.
+    #[allow(dead_code)]
+    pub fn read_error(&mut self) -> uascale_types::StatusCode {
+        let (mt, msg) = self.read_message();
+        assert_eq!(mt, MessageType::Error, "expected ERR");
+        uascale_proto::tcp::ErrorMessage::decode_body(&msg[8..])
+            .expect("ERR body")
+            .error
+    }
+
     /// Creates and activates an anonymous session.
     pub fn session(&mut self) {
         let header = self.header();

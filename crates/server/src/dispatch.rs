@@ -1,0 +1,533 @@
+//! From a request message to its answer: the request decoded into a
+//! [`Request`], routed once to its handler in [`crate::services`], the
+//! session resolved once for the services that need one, and a handler's
+//! [`ServiceError`] turned into its ServiceFault in one place.
+//!
+//! This is the seam where a decoded request becomes work: the request
+//! scheduler (isolation lanes, protected entries) sits between
+//! [`Request::decode`] and [`route`], and [`Request::class`] is what it
+//! sorts by.
+
+use uascale_types::{
+    encode_message, BinaryDecode, DecodeLimits, DynStructure, NodeId, Reader, RequestHeader,
+    StatusCode, Structure,
+};
+
+use crate::context::ServiceContext;
+use crate::error::{service_fault, ServiceError};
+use crate::reply::{Answer, BoxFuture};
+use crate::services::{attribute, discovery, method, monitored_item, session, subscription, view};
+
+macro_rules! requests {
+    ($($variant:ident($ty:ident)),* $(,)?) => {
+        /// A decoded service request this server implements (or the header
+        /// of one it does not).
+        #[derive(Debug)]
+        #[non_exhaustive]
+        pub enum Request {
+            $(
+                #[doc = concat!("`", stringify!($ty), "`.")]
+                $variant(uascale_types::$ty),
+            )*
+            /// A request of a service this server does not implement:
+            /// only its header was decoded.
+            Unsupported(RequestHeader),
+        }
+
+        impl Request {
+            /// Decodes a request message (encoding id + body), bounded by
+            /// `limits`. An unknown encoding id is `BadServiceUnsupported`.
+            pub fn decode(message: &[u8], limits: &DecodeLimits) -> Result<Request, ServiceError> {
+                let mut r = Reader::new(message, limits).map_err(|e| ServiceError::client(e.status_code()))?;
+                let id = NodeId::decode(&mut r).map_err(|e| ServiceError::client(e.status_code()))?;
+                let bad = |e: uascale_types::DecodeError| ServiceError::client(e.status_code());
+                let request = match id.as_ns0() {
+                    $(
+                        Some(<uascale_types::$ty as Structure>::BINARY_ENCODING_ID) => {
+                            Request::$variant(uascale_types::$ty::decode(&mut r).map_err(bad)?)
+                        }
+                    )*
+                    _ => {
+                        // Every request starts with a RequestHeader: enough
+                        // for the session's own error and the handle.
+                        let header = RequestHeader::decode(&mut r).map_err(|_| {
+                            ServiceError::client(StatusCode::BadServiceUnsupported)
+                        })?;
+                        return Ok(Request::Unsupported(header));
+                    }
+                };
+                r.finish().map_err(bad)?;
+                Ok(request)
+            }
+
+            /// The request's header.
+            pub fn header(&self) -> &RequestHeader {
+                match self {
+                    $(Request::$variant(r) => &r.request_header,)*
+                    Request::Unsupported(h) => h,
+                }
+            }
+
+            /// The service's name (`Read`, `CreateSession`, ...), for logs
+            /// and metrics.
+            pub fn service_name(&self) -> &'static str {
+                match self {
+                    $(Request::$variant(_) => stringify!($variant),)*
+                    Request::Unsupported(_) => "Unsupported",
+                }
+            }
+        }
+    };
+}
+
+requests! {
+    GetEndpoints(GetEndpointsRequest),
+    FindServers(FindServersRequest),
+    CreateSession(CreateSessionRequest),
+    ActivateSession(ActivateSessionRequest),
+    CloseSession(CloseSessionRequest),
+    Cancel(CancelRequest),
+    Read(ReadRequest),
+    Write(WriteRequest),
+    HistoryRead(HistoryReadRequest),
+    Call(CallRequest),
+    Browse(BrowseRequest),
+    BrowseNext(BrowseNextRequest),
+    TranslateBrowsePaths(TranslateBrowsePathsToNodeIdsRequest),
+    RegisterNodes(RegisterNodesRequest),
+    UnregisterNodes(UnregisterNodesRequest),
+    CreateSubscription(CreateSubscriptionRequest),
+    ModifySubscription(ModifySubscriptionRequest),
+    SetPublishingMode(SetPublishingModeRequest),
+    Publish(PublishRequest),
+    Republish(RepublishRequest),
+    DeleteSubscriptions(DeleteSubscriptionsRequest),
+    TransferSubscriptions(TransferSubscriptionsRequest),
+    CreateMonitoredItems(CreateMonitoredItemsRequest),
+    ModifyMonitoredItems(ModifyMonitoredItemsRequest),
+    SetMonitoringMode(SetMonitoringModeRequest),
+    SetTriggering(SetTriggeringRequest),
+    DeleteMonitoredItems(DeleteMonitoredItemsRequest),
+}
+
+/// How a request is treated when the server is busy (SCALABILITY.md §3:
+/// what a flood of ordinary requests must not crowd out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequestClass {
+    /// GetEndpoints, FindServers: no session.
+    Discovery,
+    /// CreateSession, ActivateSession: a session being established (or,
+    /// on another channel, reconnecting).
+    Bootstrap,
+    /// TransferSubscriptions, Republish: a client recovering after a
+    /// reconnect.
+    Reconnect,
+    /// CloseSession, Cancel, DeleteSubscriptions, SetPublishingMode: what
+    /// lets a client shed its own load.
+    Control,
+    /// Publish: held until there is something to send.
+    Publish,
+    /// Everything else.
+    Normal,
+}
+
+impl Request {
+    /// The class the request scheduler sorts the request by.
+    pub fn class(&self) -> RequestClass {
+        match self {
+            Request::GetEndpoints(_) | Request::FindServers(_) => RequestClass::Discovery,
+            Request::CreateSession(_) | Request::ActivateSession(_) => RequestClass::Bootstrap,
+            Request::TransferSubscriptions(_) | Request::Republish(_) => RequestClass::Reconnect,
+            Request::CloseSession(_)
+            | Request::Cancel(_)
+            | Request::DeleteSubscriptions(_)
+            | Request::SetPublishingMode(_) => RequestClass::Control,
+            Request::Publish(_) => RequestClass::Publish,
+            _ => RequestClass::Normal,
+        }
+    }
+}
+
+/// What [`dispatch`] made of a request.
+pub enum Dispatched {
+    /// The response message, to send now.
+    Now(Vec<u8>),
+    /// The response message once `future` completes; the network layer
+    /// runs it (and aborts it on Cancel: answer `BadRequestCancelledByClient`).
+    Later {
+        /// The request's requestHandle (what Cancel names it by).
+        request_handle: u32,
+        /// Produces the response message.
+        future: BoxFuture<Vec<u8>>,
+    },
+    /// A handler took a [`Responder`](crate::reply::Responder) and answers
+    /// by itself (a parked Publish); nothing to send now.
+    Parked,
+}
+
+impl std::fmt::Debug for Dispatched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dispatched::Now(m) => write!(f, "Dispatched::Now({} bytes)", m.len()),
+            Dispatched::Later { request_handle, .. } => {
+                write!(f, "Dispatched::Later(handle {request_handle})")
+            }
+            Dispatched::Parked => f.write_str("Dispatched::Parked"),
+        }
+    }
+}
+
+impl Dispatched {
+    /// The response message when it was answered at once.
+    pub fn now(self) -> Option<Vec<u8>> {
+        match self {
+            Dispatched::Now(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// What a route produced: a response, a future response, or nothing (the
+/// handler answers through a Responder).
+enum Routed {
+    Now(Box<dyn DynStructure>),
+    Later(BoxFuture<Result<Box<dyn DynStructure>, ServiceError>>),
+    Parked,
+}
+
+/// Reads the RequestHeader's handle of a request message that did not
+/// decode as a whole (0 when even that fails).
+pub fn peek_request_handle(message: &[u8], limits: &DecodeLimits) -> u32 {
+    let Ok(mut r) = Reader::new(message, limits) else {
+        return 0;
+    };
+    if NodeId::decode(&mut r).is_err() {
+        return 0;
+    }
+    RequestHeader::decode(&mut r).map_or(0, |h| h.request_handle)
+}
+
+/// Handles one request message (encoding id + body) in `ctx` (whose
+/// request id the caller set): the response message to send now, or how
+/// it will be answered later.
+pub fn dispatch(ctx: &mut ServiceContext, message: &[u8]) -> Dispatched {
+    // The most frequent request, without its intermediate vectors.
+    if let Some(response) = attribute::read_fast(ctx, message, &ctx.state.channel_config.decode) {
+        return Dispatched::Now(response);
+    }
+    dispatch_general(ctx, message)
+}
+
+/// Every request through its decoded [`Request`] (what [`dispatch`] does
+/// when no fast path takes it).
+pub fn dispatch_general(ctx: &mut ServiceContext, message: &[u8]) -> Dispatched {
+    let limits = &ctx.state.channel_config.decode;
+    let request = match Request::decode(message, limits) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(error = %e, "request did not decode");
+            let handle = peek_request_handle(message, limits);
+            return Dispatched::Now(encode(&e.to_fault(ctx.now, handle)));
+        }
+    };
+    execute(ctx, request)
+}
+
+/// Runs the handler of a decoded request in `ctx`.
+pub fn execute(ctx: &mut ServiceContext, request: Request) -> Dispatched {
+    ctx.session = None;
+    let handle = request.header().request_handle;
+    match route(ctx, request) {
+        Ok(Routed::Now(response)) => Dispatched::Now(encode(response.as_ref())),
+        Ok(Routed::Later(future)) => {
+            let now = ctx.now;
+            Dispatched::Later {
+                request_handle: handle,
+                future: Box::pin(async move {
+                    match future.await {
+                        Ok(response) => encode(response.as_ref()),
+                        Err(e) => encode(&e.to_fault(now, handle)),
+                    }
+                }),
+            }
+        }
+        Ok(Routed::Parked) => Dispatched::Parked,
+        Err(e) => Dispatched::Now(encode(&e.to_fault(ctx.now, handle))),
+    }
+}
+
+fn encode(response: &dyn DynStructure) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    encode_message(response, &mut out);
+    out
+}
+
+fn now<T: DynStructure>(r: T) -> Result<Routed, ServiceError> {
+    Ok(Routed::Now(Box::new(r)))
+}
+
+fn answer<T: DynStructure>(a: Answer<T>) -> Result<Routed, ServiceError> {
+    Ok(match a {
+        Answer::Now(v) => Routed::Now(Box::new(v)),
+        Answer::Later(f) => Routed::Later(Box::pin(async move {
+            f.await.map(|v| Box::new(v) as Box<dyn DynStructure>)
+        })),
+    })
+}
+
+/// Runs the handler of `request`. Requests other than discovery and
+/// session establishment need an activated session of this channel,
+/// resolved here once and kept in `ctx.session` for the handler.
+fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceError> {
+    use Request as R;
+    match request {
+        R::GetEndpoints(r) => return now(discovery::get_endpoints(ctx, &r)),
+        R::FindServers(r) => return now(discovery::find_servers(ctx, &r)),
+        R::CreateSession(r) => return now(session::create_session(ctx, &r)?),
+        R::ActivateSession(r) => return now(session::activate_session(ctx, &r)?),
+        R::CloseSession(r) => return now(session::close_session(ctx, &r)?),
+        _ => {}
+    }
+    ctx.resolve(&request.header().authentication_token)?;
+    let ctx = &*ctx;
+    match request {
+        R::Cancel(r) => now(session::cancel(ctx, &r)?),
+        R::Read(r) => answer(attribute::read_answer(ctx, &r)?),
+        R::Write(r) => answer(attribute::write_answer(ctx, &r)?),
+        R::Call(r) => answer(method::call_answer(ctx, &r)?),
+        R::HistoryRead(r) => now(attribute::history_read(ctx, &r)?),
+        R::Browse(r) => now(view::browse(ctx, &r)?),
+        R::BrowseNext(r) => now(view::browse_next(ctx, &r)?),
+        R::TranslateBrowsePaths(r) => now(view::translate(ctx, &r)?),
+        R::RegisterNodes(r) => now(view::register_nodes(ctx, &r)?),
+        R::UnregisterNodes(r) => now(view::unregister_nodes(ctx, &r)?),
+        R::CreateSubscription(r) => now(subscription::create_subscription(ctx, &r)?),
+        R::ModifySubscription(r) => now(subscription::modify_subscription(ctx, &r)?),
+        R::SetPublishingMode(r) => now(subscription::set_publishing_mode(ctx, &r)?),
+        R::Republish(r) => now(subscription::republish(ctx, &r)?),
+        R::DeleteSubscriptions(r) => now(subscription::delete_subscriptions(ctx, &r)?),
+        R::TransferSubscriptions(r) => now(subscription::transfer_subscriptions(ctx, &r)?),
+        R::CreateMonitoredItems(r) => now(monitored_item::create_monitored_items(ctx, &r)?),
+        R::ModifyMonitoredItems(r) => now(monitored_item::modify_monitored_items(ctx, &r)?),
+        R::SetMonitoringMode(r) => now(monitored_item::set_monitoring_mode(ctx, &r)?),
+        R::SetTriggering(r) => now(monitored_item::set_triggering(ctx, &r)?),
+        R::DeleteMonitoredItems(r) => now(monitored_item::delete_monitored_items(ctx, &r)?),
+        R::Publish(r) => {
+            // Parked without a response: the subscription engine answers
+            // through the Responder (SCALABILITY.md §4).
+            let Some(to) = ctx.responder(r.request_header.request_handle) else {
+                return Err(ServiceError::server(StatusCode::BadWouldBlock));
+            };
+            subscription::publish(ctx, &r, to);
+            Ok(Routed::Parked)
+        }
+        R::Unsupported(_) => Err(ServiceError::client(StatusCode::BadServiceUnsupported)),
+        R::GetEndpoints(_)
+        | R::FindServers(_)
+        | R::CreateSession(_)
+        | R::ActivateSession(_)
+        | R::CloseSession(_) => Err(ServiceError::server(StatusCode::BadInternalError)),
+    }
+}
+
+/// A ServiceFault for `status`, encoded (for the shell's own faults, e.g.
+/// a response too large for the client).
+pub fn encoded_fault(
+    now: uascale_types::DateTime,
+    request_handle: u32,
+    status: StatusCode,
+) -> Vec<u8> {
+    encode(&service_fault(now, request_handle, status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uascale_types::{decode_message, ReadRequest, ServiceFault};
+
+    fn ctx() -> ServiceContext {
+        // The origin of the test's time.
+        #[allow(clippy::disallowed_methods)]
+        let t0 = std::time::Instant::now();
+        ServiceContext::for_tests(
+            crate::state::ServerState::from_parts(
+                crate::ServerConfig::default(),
+                crate::address_space::AddressSpace::default(),
+                crate::node_manager::NodeManagers::default(),
+                crate::security::SecurityState::none_only(),
+            ),
+            t0,
+        )
+    }
+
+    fn fault_of(bytes: &[u8]) -> ServiceFault {
+        let limits = DecodeLimits::default();
+        let m = decode_message(&mut Reader::new(bytes, &limits).unwrap()).unwrap();
+        m.as_any()
+            .downcast_ref::<ServiceFault>()
+            .cloned()
+            .expect("a ServiceFault")
+    }
+
+    #[test]
+    fn unimplemented_service_gets_a_fault_with_the_handle() {
+        let mut msg = Vec::new();
+        let req = ReadRequest {
+            request_header: RequestHeader {
+                request_handle: 77,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        encode_message(&req, &mut msg);
+        let f = fault_of(&dispatch(&mut ctx(), &msg).now().unwrap());
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadSessionIdInvalid,
+            "no session"
+        );
+        assert_eq!(f.response_header.request_handle, 77);
+    }
+
+    #[test]
+    fn the_fast_read_answers_byte_for_byte_as_the_general_path() {
+        use uascale_types as t;
+        let mut c = ctx();
+        let limits = DecodeLimits::default();
+        let mut call = |req: &dyn DynStructure| {
+            let mut msg = Vec::new();
+            encode_message(req, &mut msg);
+            let out = dispatch_general(&mut c, &msg).now().unwrap();
+            decode_message(&mut Reader::new(&out, &limits).unwrap()).unwrap()
+        };
+        let created = call(&t::CreateSessionRequest {
+            requested_session_timeout: 60_000.0,
+            ..Default::default()
+        });
+        let created = created
+            .as_any()
+            .downcast_ref::<t::CreateSessionResponse>()
+            .expect("a session");
+        let token = created.authentication_token.clone();
+        let activated = call(&t::ActivateSessionRequest {
+            request_header: RequestHeader {
+                authentication_token: token.clone(),
+                ..Default::default()
+            },
+            user_identity_token: t::ExtensionObject::new(t::AnonymousIdentityToken {
+                policy_id: "anonymous".into(),
+            }),
+            ..Default::default()
+        });
+        assert!(activated
+            .as_any()
+            .downcast_ref::<t::ActivateSessionResponse>()
+            .is_some());
+        let rv = |node: NodeId, attr: u32, range: &str, encoding: Option<&str>| t::ReadValueId {
+            node_id: node,
+            attribute_id: attr,
+            index_range: if range.is_empty() {
+                t::UaString::null()
+            } else {
+                range.into()
+            },
+            data_encoding: encoding
+                .map(|e| t::QualifiedName::new(0, e))
+                .unwrap_or_default(),
+        };
+        let nodes = vec![
+            rv(NodeId::ns0(2258), 13, "", None),
+            rv(NodeId::ns0(2256), 13, "", None),
+            rv(NodeId::ns0(85), 3, "", None),
+            rv(NodeId::ns0(85), 13, "", None),
+            rv(NodeId::ns0(999_999), 13, "", None),
+            rv(NodeId::ns0(2255), 13, "0:0", None),
+            rv(NodeId::ns0(2255), 13, "x", None),
+            rv(NodeId::ns0(2255), 99, "", None),
+            rv(NodeId::ns0(2258), 13, "", Some("Default XML")),
+            rv(NodeId::ns0(2258), 13, "", Some("Default Binary")),
+        ];
+        let message =
+            |ts: t::TimestampsToReturn, max_age: f64, nodes: Option<Vec<t::ReadValueId>>| {
+                let mut msg = Vec::new();
+                encode_message(
+                    &ReadRequest {
+                        request_header: RequestHeader {
+                            authentication_token: token.clone(),
+                            request_handle: 42,
+                            ..Default::default()
+                        },
+                        max_age,
+                        timestamps_to_return: ts,
+                        nodes_to_read: nodes,
+                    },
+                    &mut msg,
+                );
+                msg
+            };
+        for ts in [
+            t::TimestampsToReturn::Both,
+            t::TimestampsToReturn::Neither,
+            t::TimestampsToReturn::Source,
+            t::TimestampsToReturn::Server,
+        ] {
+            let msg = message(ts, 0.0, Some(nodes.clone()));
+            let fast = attribute::read_fast(&c, &msg, &limits).expect("the fast path");
+            let general = dispatch_general(&mut c, &msg).now().unwrap();
+            assert_eq!(fast, general, "{ts:?}");
+        }
+        // What the fast path leaves to the general one.
+        let both = t::TimestampsToReturn::Both;
+        for msg in [
+            message(both, -1.0, Some(nodes.clone())),
+            message(t::TimestampsToReturn(7), 0.0, Some(nodes.clone())),
+            message(both, 0.0, Some(vec![])),
+            message(both, 0.0, None),
+            {
+                let mut m = message(both, 0.0, Some(nodes.clone()));
+                m.push(0);
+                m
+            },
+        ] {
+            assert!(attribute::read_fast(&c, &msg, &limits).is_none());
+            assert!(dispatch(&mut c, &msg).now().is_some());
+        }
+        // Without the session's token: refused by the general path.
+        let mut other = Vec::new();
+        encode_message(
+            &ReadRequest {
+                request_header: RequestHeader::default(),
+                nodes_to_read: Some(nodes),
+                ..Default::default()
+            },
+            &mut other,
+        );
+        assert!(attribute::read_fast(&c, &other, &limits).is_none());
+        let f = fault_of(&dispatch(&mut c, &other).now().unwrap());
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadSessionIdInvalid
+        );
+    }
+
+    #[test]
+    fn undecodable_and_unknown_requests_get_faults() {
+        let mut msg = Vec::new();
+        uascale_types::BinaryEncode::encode(
+            &NodeId::ns0(ReadRequest::BINARY_ENCODING_ID),
+            &mut msg,
+        );
+        msg.push(1);
+        let f = fault_of(&dispatch(&mut ctx(), &msg).now().unwrap());
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadDecodingError
+        );
+        let unknown = uascale_types::BinaryEncode::to_bytes(&NodeId::numeric(3, 9));
+        let f = fault_of(&dispatch(&mut ctx(), &unknown).now().unwrap());
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadServiceUnsupported
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! `ServerState`: everything a server is, built once from its
+//! configuration and owned - no socket, no runtime. The binary, the tests,
+//! the benchmarks and (later) a cluster mirror build it the same way; the
+//! network layer ([`crate::net`]) only moves bytes and requests to it.
+//!
+//! It holds the address space and its node managers (namespace 0, the demo
+//! namespace, companion NodeSets and whatever the embedder adds), the
+//! session table, the subscription engine, the PKI and the server's own
+//! identity, and the limits every connection shares. The session table's
+//! transitions reach their listeners from here: the subscription engine
+//! (a closed or timed-out session's subscriptions), audit and the counters
+//! of [`crate::metrics`].
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use uascale_proto::reassembly::ReassemblyBudget;
+use uascale_proto::ChannelConfig;
+use uascale_types::{DateTime, StatusCode};
+
+use crate::address_space::AddressSpace;
+use crate::config::ServerConfig;
+use crate::demo::Demo;
+use crate::node_manager::NodeManagers;
+use crate::reply::SubscriptionRegistry;
+use crate::security::SecurityState;
+use crate::session::{SessionEvent, SessionTable};
+use crate::subscription::Now;
+
+/// Why a server state could not be built (a configuration or file
+/// problem; nothing from the network).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StateError {
+    /// The embedded namespace-0 table did not decode.
+    Namespace0(String),
+    /// A companion NodeSet file did not load.
+    NodeSet(String),
+    /// The PKI could not be opened or created.
+    Pki(String),
+}
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateError::Namespace0(e) => write!(f, "namespace-0 table: {e}"),
+            StateError::NodeSet(e) => write!(f, "NodeSet: {e}"),
+            StateError::Pki(e) => write!(f, "PKI: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StateError {}
+
+impl From<StateError> for std::io::Error {
+    fn from(e: StateError) -> Self {
+        let kind = match e {
+            StateError::Pki(_) => std::io::ErrorKind::Other,
+            _ => std::io::ErrorKind::InvalidData,
+        };
+        std::io::Error::new(kind, e.to_string())
+    }
+}
+
+/// The server: its configuration and all its state.
+#[derive(Debug)]
+pub struct ServerState {
+    /// The configuration it was built from (with the port actually bound
+    /// when the listener chose one).
+    pub config: ServerConfig,
+    /// The sessions.
+    pub sessions: SessionTable,
+    /// The subscriptions.
+    pub subscriptions: Arc<SubscriptionRegistry>,
+    /// The nodes.
+    pub address_space: AddressSpace,
+    /// The node managers (values and methods by namespace).
+    pub managers: NodeManagers,
+    /// When the server started.
+    pub start_time: DateTime,
+    /// PKI, own certificate and key, users, the lockout tracker.
+    pub security: SecurityState,
+    /// Protocol limits and timers of every connection (with the server's
+    /// identity and certificate validator).
+    pub channel_config: Arc<ChannelConfig>,
+    /// Bytes of incomplete chunked messages, shared by all connections.
+    pub budget: Arc<ReassemblyBudget>,
+    /// The demo namespace (`None` in states built from parts).
+    pub demo: Option<Demo>,
+    /// Counters of what the server did (session transitions and more).
+    pub metrics: crate::metrics::ServerMetrics,
+    /// The admission stages new connections pass.
+    pub admission: crate::admission::Admission,
+    /// `auditing`, switchable while the server runs.
+    auditing: std::sync::atomic::AtomicBool,
+    /// `diagnostics_enabled`, switchable while the server runs (the
+    /// ServerDiagnostics EnabledFlag).
+    diagnostics_enabled: std::sync::atomic::AtomicBool,
+}
+
+impl ServerState {
+    /// Builds the state `config` describes: namespace 0, the demo
+    /// namespace, the configured NodeSets, and the PKI (opened, or created
+    /// on first start, when a secured endpoint is published).
+    pub fn new(config: ServerConfig) -> Result<Arc<ServerState>, StateError> {
+        Self::with_setup(config, |_, _| {})
+    }
+
+    /// Like [`ServerState::new`], and lets `setup` add nodes and register
+    /// node managers for further namespaces (index 3 and up; 2 is the
+    /// demo's) before the NodeSets load.
+    pub fn with_setup(
+        config: ServerConfig,
+        setup: impl FnOnce(&mut AddressSpace, &mut NodeManagers),
+    ) -> Result<Arc<ServerState>, StateError> {
+        let mut address_space =
+            AddressSpace::ns0().map_err(|e| StateError::Namespace0(e.to_string()))?;
+        let mut managers = NodeManagers::default();
+        let demo = Demo::install(
+            &mut address_space,
+            &mut managers,
+            config.demo_nodes,
+            config.demo_rate,
+        );
+        setup(&mut address_space, &mut managers);
+        crate::nodeset::load_files(
+            &config.nodesets,
+            &mut address_space,
+            &mut managers,
+            &config.application_uri,
+        )
+        .map_err(|e| StateError::NodeSet(e.to_string()))?;
+        let security = SecurityState::from_config(&config, SystemTime::now())
+            .map_err(|e| StateError::Pki(e.to_string()))?;
+        Ok(Self::assemble(
+            config,
+            address_space,
+            managers,
+            security,
+            Some(demo),
+        ))
+    }
+
+    /// A state from an address space, node managers and security state the
+    /// caller built - no demo, nothing read from files (tests, benchmarks,
+    /// and embedders that bring their own nodes;
+    /// [`SecurityState::none_only`] for SecurityPolicy None without a PKI).
+    pub fn from_parts(
+        config: ServerConfig,
+        address_space: AddressSpace,
+        managers: NodeManagers,
+        security: SecurityState,
+    ) -> Arc<ServerState> {
+        Self::assemble(config, address_space, managers, security, None)
+    }
+
+    fn assemble(
+        mut config: ServerConfig,
+        address_space: AddressSpace,
+        managers: NodeManagers,
+        security: SecurityState,
+        demo: Option<Demo>,
+    ) -> Arc<ServerState> {
+        let subscriptions = Arc::new(SubscriptionRegistry::new(config.subscriptions.clone()));
+        // Value changes reach monitored items as they happen (no sampling).
+        let registry = Arc::clone(&subscriptions);
+        let observer: crate::node_manager::ValueObserver = Arc::new(move |node, value| {
+            registry.value_changed(clock(), node, value);
+        });
+        managers.set_observer(&observer);
+        config.channel.security = uascale_proto::security::ServerSecurity {
+            identity: security.identity.clone(),
+            endpoints: security.endpoints.clone(),
+            validator: security
+                .pki
+                .clone()
+                .map(|p| p as Arc<dyn uascale_proto::security::CertificateValidator>),
+        };
+        let state = Arc::new(ServerState {
+            channel_config: Arc::new(config.channel.clone()),
+            budget: ReassemblyBudget::new(
+                config.reassembly_budget,
+                config.reassembly_unactivated_percent,
+            ),
+            sessions: SessionTable::new(config.max_session_count),
+            subscriptions,
+            address_space,
+            managers,
+            security,
+            demo,
+            start_time: DateTime::from_system_time(SystemTime::now()),
+            metrics: crate::metrics::ServerMetrics::default(),
+            admission: crate::admission::Admission::new(),
+            auditing: config.auditing.into(),
+            diagnostics_enabled: config.diagnostics_enabled.into(),
+            config,
+        });
+        Self::listen_to_sessions(&state);
+        state
+    }
+
+    /// The listeners of the session transitions that the state itself
+    /// has: the subscription engine, the counters, and audit.
+    fn listen_to_sessions(state: &Arc<ServerState>) {
+        let weak = Arc::downgrade(state);
+        state.sessions.listen(Arc::new(move |event: &SessionEvent| {
+            let Some(state) = weak.upgrade() else {
+                return;
+            };
+            state.metrics.sessions.record(event);
+            match event {
+                SessionEvent::Closed {
+                    session_id,
+                    delete_subscriptions,
+                    ..
+                } => state.subscriptions.close_session(
+                    session_id,
+                    *delete_subscriptions,
+                    StatusCode::BadSessionClosed,
+                ),
+                SessionEvent::TimedOut { session_id, .. } => {
+                    // Its subscriptions live on for a transfer until their
+                    // lifetime runs out (Part 4 §5.13.7).
+                    state.subscriptions.close_session(
+                        session_id,
+                        false,
+                        StatusCode::BadSessionClosed,
+                    );
+                    if state.auditing() {
+                        crate::audit::audit_session(
+                            &state.audit_site(0, clock()),
+                            crate::audit::SessionAction::Timeout,
+                            &uascale_types::RequestHeader::default(),
+                            Ok(()),
+                            session_id.clone(),
+                            "",
+                            None,
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }));
+    }
+
+    /// Whether audit events are raised now (initially `auditing`).
+    pub fn auditing(&self) -> bool {
+        self.auditing.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns the audit events on or off.
+    pub fn set_auditing(&self, on: bool) {
+        self.auditing
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the diagnostics arrays are kept now (initially
+    /// `diagnostics_enabled`).
+    pub fn diagnostics_enabled(&self) -> bool {
+        self.diagnostics_enabled
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns the diagnostics arrays on or off.
+    pub fn set_diagnostics_enabled(&self, on: bool) {
+        self.diagnostics_enabled
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The endpoint URL clients connect to.
+    pub fn endpoint_url(&self) -> String {
+        self.config.endpoint_url()
+    }
+
+    /// Closes the sessions past their timeout or activation deadline at
+    /// `now` (their listeners hear `TimedOut`); returns how many were
+    /// orphans (never activated) and how many timed out after activation.
+    pub fn expire_sessions(&self, now: Instant) -> (usize, usize) {
+        let before = self.sessions.orphaned_count();
+        let expired = self.sessions.expire(now);
+        let orphans = self.sessions.orphaned_count() - before;
+        (orphans, expired.len().saturating_sub(orphans))
+    }
+
+    /// Where audit events of a request on `channel_id` at `now` go.
+    pub fn audit_site(&self, channel_id: u32, now: Now) -> crate::audit::AuditSite<'_> {
+        crate::audit::AuditSite {
+            auditing: self.auditing(),
+            server_uri: &self.config.application_uri,
+            start_time: self.start_time,
+            address_space: &self.address_space,
+            subscriptions: &self.subscriptions,
+            now,
+            channel_id,
+        }
+    }
+
+    /// Demo tick `n` (nothing without the demo namespace).
+    pub fn tick_demo(&self, n: u64, seed: &mut u64) {
+        if let Some(demo) = &self.demo {
+            demo.tick(n, seed, &self.address_space, &self.subscriptions, clock());
+        }
+    }
+}
+
+/// The current time on both clocks (the shell's reading; the engines take
+/// it as an argument).
+pub fn clock() -> Now {
+    Now {
+        instant: Instant::now(),
+        utc: DateTime::from_system_time(SystemTime::now()),
+    }
+}
