@@ -145,6 +145,10 @@ pub fn ci(root: &Path) -> Result<(), String> {
         ]))?;
     }
     {
+        let _s = Step::new("module cycles");
+        crate::modules::check(root, &[])?;
+    }
+    {
         let _s = Step::new("codegen --check");
         crate::codegen::run(&crate::schema_dir(root), root, true)?;
     }

@@ -6,19 +6,25 @@
 //! `--check` it writes nothing and fails when a committed file differs from
 //! what the schema gives.
 //!
+//! `cargo xtask modules [SRC_DIR...]` lists the `use` cycles between the
+//! modules of each crate and fails when there is one (see `modules.rs`).
+//!
 //! `cargo xtask ci` runs everything CI checks (see `ci.rs`).
 
 mod bsd;
 mod ci;
 mod codegen;
 mod csv;
+mod modules;
 mod nodeset;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 fn usage() -> ExitCode {
-    eprintln!("usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask ci");
+    eprintln!(
+        "usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask modules [SRC_DIR...]\n       cargo xtask ci"
+    );
     ExitCode::from(2)
 }
 
@@ -42,6 +48,16 @@ fn main() -> ExitCode {
     let root = workspace_root();
     match args.next().as_deref() {
         Some("codegen") => {}
+        Some("modules") => {
+            let dirs: Vec<PathBuf> = args.map(PathBuf::from).collect();
+            return match modules::check(&root, &dirs) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("xtask modules: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Some("ci") => {
             return match ci::ci(&root) {
                 Ok(()) => ExitCode::SUCCESS,
