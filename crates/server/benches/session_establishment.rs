@@ -73,7 +73,7 @@ fn bench(c: &mut Criterion) {
     // The server: its PKI, identity and security state.
     let config = ServerConfig::default();
     let own = OwnIdentity {
-        application_uri: config.application_uri.clone(),
+        application_uri: config.server.application_uri.clone(),
         application_name: "bench".into(),
         host_names: vec!["localhost".into()],
         ip_addresses: vec![],

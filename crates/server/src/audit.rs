@@ -105,7 +105,7 @@ pub fn session_event(
     .with_field(f("Status"), Variant::Boolean(result.is_ok()))
     .with_field(
         f("ServerId"),
-        Variant::String(UaString::from(ctx.config.application_uri.as_str())),
+        Variant::String(UaString::from(ctx.config.server.application_uri.as_str())),
     )
     .with_field(
         f("ClientAuditEntryId"),
@@ -151,7 +151,7 @@ pub fn audit_session(
     user_id: &str,
     revised_timeout_ms: Option<f64>,
 ) {
-    if !ctx.config.auditing {
+    if !ctx.config.server.auditing {
         return;
     }
     let e = session_event(
@@ -232,7 +232,7 @@ mod tests {
             field(&c, "RevisedSessionTimeout"),
             Some(Variant::Double(30_000.0))
         );
-        assert_eq!(field(&c, "ServerId"), s(&config.application_uri));
+        assert_eq!(field(&c, "ServerId"), s(&config.server.application_uri));
         // Unique event ids.
         assert_ne!(field(&t, "EventId"), field(&c, "EventId"));
     }

@@ -252,7 +252,10 @@ impl Server {
             &mut crate::node_manager::NodeManagers,
         ),
     ) -> io::Result<Self> {
-        let addr = config.bind;
+        config
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let addr = config.server.socket_addr();
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
             socket2::Type::STREAM,
@@ -261,7 +264,7 @@ impl Server {
         socket.set_reuse_address(true)?;
         socket.set_nonblocking(true)?;
         socket.bind(&addr.into())?;
-        socket.listen(i32::try_from(config.listen_backlog).unwrap_or(i32::MAX))?;
+        socket.listen(i32::try_from(config.limits.listen_backlog).unwrap_or(i32::MAX))?;
         let listener = TcpListener::from_std(socket.into())?;
         let mut address_space = crate::address_space::AddressSpace::ns0().map_err(|e| {
             io::Error::new(
@@ -269,7 +272,7 @@ impl Server {
                 format!("namespace-0 table: {e}"),
             )
         })?;
-        let (demo, dynamic) = crate::demo::build(&mut address_space, config.demo_nodes);
+        let (demo, dynamic) = crate::demo::build(&mut address_space, config.demo.nodes);
         let mut managers = crate::node_manager::NodeManagers::default();
         managers.register(
             crate::demo::NS,
@@ -277,10 +280,10 @@ impl Server {
         );
         setup(&mut address_space, &mut managers);
         crate::nodeset::load_files(
-            &config.nodesets,
+            &config.server.nodesets,
             &mut address_space,
             &mut managers,
-            &config.application_uri,
+            &config.server.application_uri,
         )
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
         let subscriptions = Arc::new(crate::services::subscription::SubscriptionRegistry::new(
@@ -297,10 +300,11 @@ impl Server {
         });
         managers.set_observer(&observer);
         // With port 0 the kernel chose: publish the port actually bound.
-        config.bind = listener.local_addr()?;
+        config.server.port = listener.local_addr()?.port();
         let security = crate::security::SecurityState::from_config(&config, SystemTime::now())
             .map_err(|e| io::Error::other(format!("PKI: {e}")))?;
-        config.channel.security = uascale_proto::security::ServerSecurity {
+        let mut channel_config = config.limits.channel_config();
+        channel_config.security = uascale_proto::security::ServerSecurity {
             identity: security.identity.clone(),
             endpoints: security.endpoints.clone(),
             validator: security
@@ -310,15 +314,15 @@ impl Server {
         };
         let shared = Arc::new(Shared {
             security,
-            channel_config: Arc::new(config.channel.clone()),
+            channel_config: Arc::new(channel_config),
             budget: ReassemblyBudget::new(
-                config.reassembly_budget,
-                config.reassembly_unactivated_percent,
+                config.limits.reassembly_budget,
+                config.limits.reassembly_unactivated_percent,
             ),
             next_channel_id: AtomicU32::new(1),
             connections: std::sync::Mutex::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
-            sessions: crate::session::SessionTable::new(config.max_session_count),
+            sessions: crate::session::SessionTable::new(config.server.max_session_count),
             subscriptions,
             address_space,
             managers,
@@ -397,7 +401,7 @@ async fn reap_sessions(shared: Arc<Shared>) {
             .unwrap_or(now + Duration::from_secs(1));
         tokio::time::sleep_until(next.min(now + Duration::from_secs(1)).into()).await;
         let expired = shared.sessions.expire(Instant::now());
-        if shared.config.auditing && !expired.is_empty() {
+        if shared.config.server.auditing && !expired.is_empty() {
             audit_timeouts(&shared, &expired);
         }
         for id in expired {
@@ -444,9 +448,9 @@ fn audit_timeouts(shared: &Shared, expired: &[uascale_types::NodeId]) {
     }
 }
 
-/// Changes the demo's dynamic values every `demo_rate`.
+/// Changes the demo's dynamic values every `demo.rate`.
 async fn tick_demo(shared: Arc<Shared>) {
-    let mut interval = tokio::time::interval(shared.config.demo_rate.max(Duration::from_millis(1)));
+    let mut interval = tokio::time::interval(shared.config.demo.rate.max(Duration::from_millis(1)));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     for n in 0u64.. {
@@ -807,7 +811,11 @@ mod tests {
     async fn shutdown_closes_connections_with_bad_shutdown() {
         use uascale_proto::tcp::{ErrorMessage, Hello, MessageType};
         let config = ServerConfig {
-            bind: "127.0.0.1:0".parse().expect("address"),
+            server: crate::config::ServerSection {
+                bind: [127, 0, 0, 1].into(),
+                port: 0,
+                ..Default::default()
+            },
             security: crate::config::SecurityConfig::none_only(),
             ..Default::default()
         };
@@ -863,7 +871,11 @@ mod tests {
     async fn messages_split_across_reads_and_joined_in_one() {
         use uascale_proto::tcp::{Hello, MessageType};
         let config = ServerConfig {
-            bind: "127.0.0.1:0".parse().expect("address"),
+            server: crate::config::ServerSection {
+                bind: [127, 0, 0, 1].into(),
+                port: 0,
+                ..Default::default()
+            },
             security: crate::config::SecurityConfig::none_only(),
             ..Default::default()
         };
@@ -911,7 +923,11 @@ mod tests {
     #[tokio::test]
     async fn connection_task_state_stays_small() {
         let config = ServerConfig {
-            bind: "127.0.0.1:0".parse().expect("address"),
+            server: crate::config::ServerSection {
+                bind: [127, 0, 0, 1].into(),
+                port: 0,
+                ..Default::default()
+            },
             security: crate::config::SecurityConfig::none_only(),
             ..Default::default()
         };

@@ -9,9 +9,6 @@ use super::{Answer, ServiceContext};
 use crate::address_space::{write_mask_bit, Node, SUPPORTED_WRITE_MASK};
 use crate::numeric_range::NumericRange;
 
-/// Most nodes in one Read (published as OperationLimits.MaxNodesPerRead).
-pub const MAX_NODES_PER_READ: usize = 10_000;
-
 /// Read: every requested attribute, with the timestamps asked for.
 pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse, StatusCode> {
     if req.max_age < 0.0 || req.max_age.is_nan() {
@@ -24,7 +21,7 @@ pub fn read(ctx: &ServiceContext<'_>, req: &ReadRequest) -> Result<ReadResponse,
     if nodes.is_empty() {
         return Err(StatusCode::BadNothingToDo);
     }
-    if nodes.len() > MAX_NODES_PER_READ {
+    if nodes.len() > ctx.config.operation_limits.max_nodes_per_read {
         return Err(StatusCode::BadTooManyOperations);
     }
     let locales = Locales::new(ctx, &req.request_header.authentication_token);
@@ -66,7 +63,7 @@ pub fn read_fast(
         return None;
     }
     let n = r.read_length(Limit::ArrayLength).ok()??;
-    if n == 0 || n > MAX_NODES_PER_READ {
+    if n == 0 || n > ctx.config.operation_limits.max_nodes_per_read {
         return None;
     }
     ctx.sessions
@@ -329,7 +326,7 @@ pub fn write(
     if nodes.is_empty() {
         return Err(StatusCode::BadNothingToDo);
     }
-    if nodes.len() > MAX_NODES_PER_WRITE {
+    if nodes.len() > ctx.config.operation_limits.max_nodes_per_write {
         return Err(StatusCode::BadTooManyOperations);
     }
     let results = nodes
@@ -342,9 +339,6 @@ pub fn write(
         diagnostic_infos: Some(vec![]),
     })
 }
-
-/// Most nodes in one Write (OperationLimits.MaxNodesPerWrite).
-pub const MAX_NODES_PER_WRITE: usize = 10_000;
 
 fn write_one(ctx: &ServiceContext<'_>, w: &uascale_types::WriteValue) -> Result<(), StatusCode> {
     let Some((node, value, range)) = check_write(ctx, w)? else {
@@ -557,7 +551,7 @@ pub fn history_read(
     if nodes.is_empty() {
         return Err(StatusCode::BadNothingToDo);
     }
-    if nodes.len() > MAX_NODES_PER_READ {
+    if nodes.len() > ctx.config.operation_limits.max_nodes_per_read {
         return Err(StatusCode::BadTooManyOperations);
     }
     if !(0..=3).contains(&req.timestamps_to_return.0) {
@@ -618,7 +612,7 @@ pub fn read_answer(
         Err(status) => return Err(status),
         Ok(_) => {}
     }
-    if nodes.len() > MAX_NODES_PER_READ {
+    if nodes.len() > ctx.config.operation_limits.max_nodes_per_read {
         return Err(StatusCode::BadTooManyOperations);
     }
     let ts = req.timestamps_to_return;
@@ -702,7 +696,7 @@ pub fn write_answer(
     if !nodes.iter().any(is_async_value) {
         return write(ctx, req).map(Answer::Now);
     }
-    if nodes.len() > MAX_NODES_PER_WRITE {
+    if nodes.len() > ctx.config.operation_limits.max_nodes_per_write {
         return Err(StatusCode::BadTooManyOperations);
     }
     let mut results = Vec::with_capacity(nodes.len());

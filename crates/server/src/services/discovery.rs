@@ -20,9 +20,9 @@ pub const TRANSPORT_PROFILE_UATCP: &str =
 pub fn application_description(ctx: &ServiceContext<'_>) -> ApplicationDescription {
     let c = ctx.config;
     ApplicationDescription {
-        application_uri: UaString::from(c.application_uri.as_str()),
-        product_uri: UaString::from(c.product_uri.as_str()),
-        application_name: LocalizedText::new("en", c.application_name.as_str()),
+        application_uri: UaString::from(c.server.application_uri.as_str()),
+        product_uri: UaString::from(c.server.product_uri.as_str()),
+        application_name: LocalizedText::new("en", c.server.application_name.as_str()),
         application_type: ApplicationType::Server,
         gateway_server_uri: UaString::null(),
         discovery_profile_uri: UaString::null(),

@@ -8,9 +8,6 @@ use uascale_types::{
 
 use super::{Answer, ServiceContext};
 
-/// Most methods per Call (OperationLimits.MaxNodesPerMethodCall).
-pub const MAX_METHODS_PER_CALL: usize = 1_000;
-
 const HAS_COMPONENT: u32 = 47;
 const HAS_PROPERTY: u32 = 46;
 
@@ -20,7 +17,7 @@ pub fn call(ctx: &ServiceContext<'_>, req: &CallRequest) -> Result<CallResponse,
     if methods.is_empty() {
         return Err(StatusCode::BadNothingToDo);
     }
-    if methods.len() > MAX_METHODS_PER_CALL {
+    if methods.len() > ctx.config.operation_limits.max_nodes_per_method_call {
         return Err(StatusCode::BadTooManyOperations);
     }
     Ok(CallResponse {
@@ -164,7 +161,7 @@ pub fn call_answer(
     if !methods.iter().any(is_async) {
         return call(ctx, req).map(Answer::Now);
     }
-    if methods.len() > MAX_METHODS_PER_CALL {
+    if methods.len() > ctx.config.operation_limits.max_nodes_per_method_call {
         return Err(StatusCode::BadTooManyOperations);
     }
     let mut results = Vec::with_capacity(methods.len());

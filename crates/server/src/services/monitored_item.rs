@@ -949,7 +949,7 @@ mod tests {
                 Some(Variant::UInt32(50_000))
             ]
         );
-        f.config.diagnostics_enabled = false;
+        f.config.server.diagnostics_enabled = false;
         assert_eq!(
             read(&f, std::time::Duration::from_secs(5)).status,
             Some(StatusCode::BadOutOfService)
@@ -1085,7 +1085,7 @@ mod tests {
                 "{id}"
             );
         }
-        f.config.diagnostics_enabled = false;
+        f.config.server.diagnostics_enabled = false;
         for id in [array, security] {
             assert_eq!(
                 read(&f, id, std::time::Duration::from_secs(5)).status,
@@ -1098,7 +1098,7 @@ mod tests {
     fn session_audit_events_reach_server_event_items_only_with_auditing() {
         use crate::services::session::{activate_session, close_session, create_session};
         let mut f = Fixture::new();
-        f.config.auditing = true;
+        f.config.server.auditing = true;
         let ctx = f.ctx();
         let sub = create_subscription(
             &ctx,
@@ -1251,7 +1251,7 @@ mod tests {
             .clone();
         assert_eq!(auditing.value, Some(Variant::Boolean(true)));
         // Off: nothing is raised.
-        f.config.auditing = false;
+        f.config.server.auditing = false;
         let ctx = f.ctx();
         let again = create_session(&ctx, &Default::default()).unwrap();
         let _ = close_session(

@@ -79,7 +79,7 @@ pub fn create_session(
     if let Err(status) = &r {
         ctx.sessions.note_rejected(is_security_rejection(*status));
     }
-    if ctx.config.auditing {
+    if ctx.config.server.auditing {
         let (result, id, timeout) = match &r {
             Ok(resp) => (
                 Ok(()),
@@ -175,7 +175,7 @@ fn create_session_inner(
         session_id: session_id.clone(),
         channel_id: ctx.channel_id,
         timeout,
-        deadline: ctx.instant + ctx.config.activation_deadline,
+        deadline: ctx.instant + ctx.config.server.activation_deadline,
         activated: false,
         name: req.session_name.clone(),
         locale_ids: Vec::new(),
@@ -208,7 +208,7 @@ fn create_session_inner(
         server_endpoints: Some(discovery::endpoints(ctx)),
         server_software_certificates: Some(vec![]),
         server_signature,
-        max_request_message_size: ctx.config.channel.transport.max_message_size,
+        max_request_message_size: ctx.config.limits.max_message_size,
     })
 }
 
@@ -334,7 +334,7 @@ pub fn activate_session(
     if let Err(status) = &r {
         ctx.sessions.note_rejected(is_security_rejection(*status));
     }
-    if ctx.config.auditing {
+    if ctx.config.server.auditing {
         // The session as it is now: its id, and (when activated by this
         // request) the user it was activated for.
         let (id, user) = ctx
@@ -476,7 +476,7 @@ pub fn close_session(
     req: &CloseSessionRequest,
 ) -> Result<CloseSessionResponse, StatusCode> {
     let token = &req.request_header.authentication_token;
-    let auditing = ctx.config.auditing;
+    let auditing = ctx.config.server.auditing;
     let found = ctx
         .sessions
         .with(token, Some(ctx.channel_id), false, ctx.instant, |s| {
