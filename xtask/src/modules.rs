@@ -213,7 +213,9 @@ fn tree(tokens: &[String], mut i: usize) -> (Vec<Vec<String>>, usize) {
 }
 
 fn is_ident(t: &str) -> bool {
-    t.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
+    t.chars()
+        .next()
+        .is_some_and(|c| c.is_alphabetic() || c == '_')
         && t.chars().all(|c| c.is_alphanumeric() || c == '_')
 }
 
@@ -367,7 +369,13 @@ mod tests {
         let joined: Vec<String> = p.iter().map(|p| p.join("::")).collect();
         assert_eq!(
             joined,
-            ["crate::a::B", "crate::a::c", "crate::d", "super::x", "crate::e::g"]
+            [
+                "crate::a::B",
+                "crate::a::c",
+                "crate::d",
+                "super::x",
+                "crate::e::g"
+            ]
         );
     }
 

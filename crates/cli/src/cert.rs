@@ -42,9 +42,8 @@ fn parse(args: &[&str]) -> Result<Options, String> {
     if let Some(pos) = args.iter().position(|a| *a == "--config") {
         let path = args.get(pos + 1).ok_or("--config needs a file")?;
         let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-        crate::config::FileConfig::parse(&text)
-            .and_then(|f| f.apply(&mut config))
-            .map_err(|e| format!("{path}: {e}"))?;
+        config = crate::config::parse(&text).map_err(|e| format!("{path}: {e}"))?;
+        config.validate().map_err(|e| format!("{path}: {e}"))?;
     }
     let mut pki = None;
     let mut positional = Vec::new();
@@ -62,8 +61,8 @@ fn parse(args: &[&str]) -> Result<Options, String> {
             "--config" => {
                 value("--config")?;
             }
-            "--uri" => config.application_uri = value("--uri")?,
-            "--name" => config.application_name = value("--name")?,
+            "--uri" => config.server.application_uri = value("--uri")?,
+            "--name" => config.server.application_name = value("--name")?,
             "--host" => hosts.push(value("--host")?),
             "--force" => force = true,
             flag if flag.starts_with("--") => return Err(format!("unknown option {flag:?}")),

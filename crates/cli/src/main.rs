@@ -30,7 +30,8 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            changing load-test nodes, --rate-ms how often demo values change;
            --nodeset loads a companion NodeSet2 XML file (repeatable, in
            order; added to the config file's server.nodesets);
-           --config reads a TOML file (keys as --print-config shows them),
+           --config reads a TOML file (keys as --print-config shows them,
+           docs/configuration.md describes them),
            flags override it; --pki DIR is the PKI directory (default ./pki,
            created with a self-signed certificate on first start);
            --security none publishes only the unsecured endpoint (no PKI),
@@ -70,18 +71,18 @@ fn decode(arg: &str) -> Result<String, String> {
 }
 
 /// The configuration from defaults, then `--config FILE`, then the other
-/// flags; and whether to print it instead of serving.
+/// flags, validated; and whether to print it instead of serving.
 fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
     let mut config = ServerConfig::default();
     let mut print = false;
     let mut it = args.iter();
     // The file first, so that flags override it wherever they stand.
+    let mut file = None;
     if let Some(pos) = args.iter().position(|a| *a == "--config") {
         let path = args.get(pos + 1).ok_or("--config needs a file")?;
         let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-        config::FileConfig::parse(&text)
-            .and_then(|f| f.apply(&mut config))
-            .map_err(|e| format!("{path}: {e}"))?;
+        config = config::parse(&text).map_err(|e| format!("{path}: {e}"))?;
+        file = Some(path);
     }
     while let Some(flag) = it.next() {
         let mut value = |name: &str| {
@@ -90,17 +91,16 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
                 .ok_or_else(|| format!("{name} needs a value"))
         };
         match *flag {
-            "--host" => config.host_name = value("--host")?.to_owned(),
+            "--host" => config.server.host_name = value("--host")?.to_owned(),
             "--port" => {
                 let v = value("--port")?;
-                let port: u16 = v
+                config.server.port = v
                     .parse()
                     .map_err(|_| format!("--port {v:?} is not a port number"))?;
-                config.bind.set_port(port);
             }
             "--nodes" => {
                 let v = value("--nodes")?;
-                config.demo_nodes = v
+                config.demo.nodes = v
                     .parse()
                     .map_err(|_| format!("--nodes {v:?} is not a count"))?;
             }
@@ -111,16 +111,15 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
                     .ok()
                     .filter(|m| *m > 0)
                     .ok_or_else(|| format!("--rate-ms {v:?} is not a positive number"))?;
-                config.demo_rate = std::time::Duration::from_millis(ms);
+                config.demo.rate = std::time::Duration::from_millis(ms);
             }
             "--bind" => {
                 let v = value("--bind")?;
-                let ip: std::net::IpAddr = v
+                config.server.bind = v
                     .parse()
                     .map_err(|_| format!("--bind {v:?} is not an IP address"))?;
-                config.bind.set_ip(ip);
             }
-            "--nodeset" => config.nodesets.push(value("--nodeset")?.into()),
+            "--nodeset" => config.server.nodesets.push(value("--nodeset")?.into()),
             "--config" => {
                 value("--config")?;
             }
@@ -141,6 +140,10 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
             other => return Err(format!("unknown option {other:?}")),
         }
     }
+    config.validate().map_err(|e| match file {
+        Some(path) => format!("{path}: {e}"),
+        None => e.to_string(),
+    })?;
     Ok((config, print))
 }
 
@@ -160,7 +163,10 @@ fn serve(config: ServerConfig) -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        tracing::info!(?config, "effective configuration");
+        tracing::info!(
+            "effective configuration:\n{}",
+            config::for_log(&config).trim_end()
+        );
         let server = match Server::bind(config) {
             Ok(s) => s,
             Err(e) => {
@@ -222,7 +228,7 @@ fn main() -> ExitCode {
         }
         ["serve", rest @ ..] => match serve_config(rest) {
             Ok((config, true)) => {
-                print!("{}", config::FileConfig::effective(&config).to_toml());
+                print!("{}", config::to_toml(&config));
                 ExitCode::SUCCESS
             }
             Ok((config, false)) => serve(config),

@@ -1,7 +1,11 @@
 //! The command line: configuration errors name the key, `--print-config`
-//! prints what `--config` reads back.
+//! prints what `--config` reads back, the start logs the configuration as
+//! TOML, and `[operation_limits]` reach the address space and the services.
 
-use std::process::Command;
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 
 fn uascale(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_uascale"))
@@ -50,4 +54,83 @@ fn print_config_reads_back() {
         "--print-config",
     ]);
     assert_eq!(String::from_utf8_lossy(&again.stdout), text);
+}
+
+#[test]
+fn the_start_logs_the_effective_configuration_as_toml() {
+    let mut child = Command::new(common::BIN)
+        .args(["serve", "--bind", "127.0.0.1", "--port", "0"])
+        .args(["--security", "none", "--nodes", "3"])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start uascale serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = Vec::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        if line.contains("listening") {
+            break;
+        }
+        lines.push(line);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let start = lines
+        .iter()
+        .position(|l| l.contains("INFO") && l.ends_with("effective configuration:"))
+        .unwrap_or_else(|| panic!("no configuration event in {lines:#?}"));
+    // The event's message is the TOML text, one key per line.
+    let toml_text: String = lines[start + 1..]
+        .iter()
+        .take_while(|l| !l.contains(" INFO ") && !l.contains(" WARN "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let config: toml::Table = toml::from_str(&toml_text)
+        .unwrap_or_else(|e| panic!("the logged configuration is TOML: {e}\n{toml_text}"));
+    assert_eq!(config["demo"]["nodes"].as_integer(), Some(3), "{toml_text}");
+    assert_eq!(config["server"]["bind"].as_str(), Some("127.0.0.1"));
+    assert!(config.contains_key("operation_limits"), "{toml_text}");
+}
+
+#[test]
+fn operation_limits_are_published_and_enforced() {
+    let dir = std::env::temp_dir().join(format!("uascale-cli-ol-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.toml");
+    std::fs::write(
+        &file,
+        "[operation_limits]\nmax_nodes_per_read = 8\nmax_nodes_per_write = 2\n\
+         max_nodes_per_method_call = 3\nmax_nodes_per_browse = 4\n\
+         max_nodes_per_register_nodes = 5\n\
+         max_nodes_per_translate_browse_paths_to_node_ids = 6\n\
+         max_browse_continuation_points = 7\n\
+         [subscriptions]\nmax_monitored_items_per_call = 9\n",
+    )
+    .unwrap();
+    let served = common::serve_logged(["--security", "none", "--config", file.to_str().unwrap()]);
+    let url = served.url();
+    // ServerCapabilities/OperationLimits and MaxBrowseContinuationPoints.
+    let ids = [
+        "i=11705", "i=11707", "i=11709", "i=11710", "i=11711", "i=11712", "i=11714", "i=2735",
+    ];
+    let out = uascale(&[&["read", &url][..], &ids, &["--json"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let values: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got: Vec<_> = (0..ids.len())
+        .map(|i| (values[i]["value"].as_u64(), values[i]["type"].as_str()))
+        .collect();
+    let u32s = [8, 2, 3, 4, 5, 6, 9].map(|v| (Some(v), Some("UInt32")));
+    assert_eq!(got[..7], u32s, "{values}");
+    assert_eq!(got[7], (Some(7), Some("UInt16")), "{values}");
+    // One node over max_nodes_per_read.
+    let out = uascale(&[&["read", &url][..], &ids, &["i=2735"]].concat());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("BadTooManyOperations"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,10 +12,17 @@ use uascale_types::{NodeId, StatusCode, Variant};
 
 async fn start() -> String {
     let config = ServerConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        host_name: "127.0.0.1".into(),
+        server: uascale_server::config::ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            host_name: "127.0.0.1".into(),
+            ..Default::default()
+        },
         // More references than one Browse page holds: BrowseNext is needed.
-        demo_nodes: 1500,
+        demo: uascale_server::config::DemoSection {
+            nodes: 1500,
+            ..Default::default()
+        },
         security: uascale_server::config::SecurityConfig::none_only(),
         ..Default::default()
     };

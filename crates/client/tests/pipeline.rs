@@ -16,8 +16,12 @@ use uascale_types::{BinaryDecode, NodeId, Reader, ResponseHeader, StatusCode};
 
 async fn start() -> String {
     let config = ServerConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        host_name: "127.0.0.1".into(),
+        server: uascale_server::config::ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            host_name: "127.0.0.1".into(),
+            ..Default::default()
+        },
         security: uascale_server::config::SecurityConfig::none_only(),
         ..Default::default()
     };

@@ -13,7 +13,7 @@ use uascale_client::{
     event_filter, Backoff, Client, ClientError, ClientOptions, ConnectReport, MonitorItem,
     Notification, Restore, Subscription, SubscriptionEvent, SubscriptionSettings, UserIdentity,
 };
-use uascale_server::config::SecurityConfig;
+use uascale_server::config::{DemoSection, SecurityConfig, ServerSection, UserConfig};
 use uascale_server::{Server, ServerConfig};
 use uascale_types as t;
 use uascale_types::{NodeId, StatusCode, Variant};
@@ -22,9 +22,16 @@ const COUNTER: &str = "Demo.Dynamic.Counter";
 
 fn config() -> ServerConfig {
     ServerConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        host_name: "127.0.0.1".into(),
-        demo_rate: Duration::from_millis(50),
+        server: ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            host_name: "127.0.0.1".into(),
+            ..Default::default()
+        },
+        demo: DemoSection {
+            rate: Duration::from_millis(50),
+            ..Default::default()
+        },
         security: SecurityConfig::none_only(),
         ..Default::default()
     }
@@ -405,9 +412,9 @@ async fn a_session_that_may_not_move_is_replaced_and_its_subscription_transferre
     let pki = std::env::temp_dir().join(format!("uascale-client-transfer-{}", std::process::id()));
     cfg.security = SecurityConfig {
         pki_dir: pki.clone(),
-        users: vec![uascale_server::identity::UserAccount::new("op", &hash).unwrap()],
         ..Default::default()
     };
+    cfg.users = vec![UserConfig::new("op", &hash)];
     let (addr, _stop) = start(cfg);
     let relay = Relay::start(addr).await;
     let options = ClientOptions {
@@ -473,7 +480,7 @@ async fn without_reconnect_a_cut_ends_the_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_retries_busy_refusals_per_the_backoff() {
     let mut cfg = config();
-    cfg.max_session_count = 1;
+    cfg.server.max_session_count = 1;
     let (addr, _stop) = start(cfg);
     let url = format!("opc.tcp://{addr}");
     let mut report = ConnectReport::default();
@@ -530,13 +537,10 @@ async fn a_secured_session_is_reactivated_on_a_new_secured_channel() {
     let mut cfg = config();
     cfg.security = SecurityConfig {
         pki_dir: pki.clone(),
-        users: vec![uascale_server::identity::UserAccount::new("op", &hash).unwrap()],
-        pki: uascale_server::pki::PkiOptions {
-            trust_all_client_certificates: true,
-            ..Default::default()
-        },
+        trust_all_client_certificates: true,
         ..Default::default()
     };
+    cfg.users = vec![UserConfig::new("op", &hash)];
     let (addr, _stop) = start(cfg);
     let relay = Relay::start(addr).await;
     let start_time = SystemTime::now()

@@ -72,7 +72,7 @@ fn bench(c: &mut Criterion) {
     // The server: its PKI, identity and security state.
     let config = ServerConfig::default();
     let own = OwnIdentity {
-        application_uri: config.application_uri.clone(),
+        application_uri: config.server.application_uri.clone(),
         application_name: "bench".into(),
         host_names: vec!["localhost".into()],
         ip_addresses: vec![],
@@ -166,9 +166,10 @@ fn bench(c: &mut Criterion) {
     };
 
     let state = uascale_server::ServerState::from_parts(
-        ServerConfig {
-            max_session_count: 1000,
-            ..config
+        {
+            let mut c = config;
+            c.server.max_session_count = 1000;
+            c
         },
         uascale_server::address_space::AddressSpace::default(),
         uascale_server::node_manager::NodeManagers::default(),

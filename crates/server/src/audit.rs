@@ -192,7 +192,7 @@ mod tests {
         let registry = crate::reply::SubscriptionRegistry::new(Default::default());
         let ctx = AuditSite {
             auditing: true,
-            server_uri: &config.application_uri,
+            server_uri: &config.server.application_uri,
             start_time: uascale_types::DateTime::from_ticks(3),
             address_space: &space,
             subscriptions: &registry,
@@ -246,7 +246,7 @@ mod tests {
             field(&c, "RevisedSessionTimeout"),
             Some(Variant::Double(30_000.0))
         );
-        assert_eq!(field(&c, "ServerId"), s(&config.application_uri));
+        assert_eq!(field(&c, "ServerId"), s(&config.server.application_uri));
         // Unique event ids.
         assert_ne!(field(&t, "EventId"), field(&c, "EventId"));
     }

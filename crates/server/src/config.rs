@@ -1,104 +1,381 @@
-//! Server configuration: plain structs with documented defaults.
+//! Server configuration: one struct per section of the TOML file that
+//! `uascale serve --config` reads and `--print-config` prints, with
+//! documented defaults. Every key is defined once, here (serde derives
+//! name it); a key missing from a file keeps its default, an unknown key
+//! is an error. [`ServerConfig::validate`] checks the ranges, naming the
+//! key. Durations are `Duration`s here and whole milliseconds in the file,
+//! under keys ending in `_ms`. `docs/configuration.md` lists every key
+//! (checked against `--print-config` by a test of the `uascale` crate).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_proto::ChannelConfig;
 use uascale_types::MessageSecurityMode;
 
 use crate::identity::UserAccount;
 use crate::pki::PkiOptions;
+use crate::subscription::SubscriptionLimits;
 
-/// What the server is and where it listens.
-#[derive(Debug, Clone)]
+/// The whole configuration: the sections of the file.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Address to bind. Default `0.0.0.0:4840`, the IANA port for opc.tcp.
-    pub bind: SocketAddr,
-    /// Host name published in endpoint URLs. Default `localhost`.
+    /// `[server]`: what the server is and where it listens.
+    pub server: ServerSection,
+    /// `[limits]`: protocol limits and timers of every connection.
+    pub limits: LimitsSection,
+    /// `[operation_limits]`: items per service call (published as the
+    /// Server object's ServerCapabilities/OperationLimits).
+    pub operation_limits: OperationLimits,
+    /// `[demo]`: the demo namespace's changing nodes.
+    pub demo: DemoSection,
+    /// `[security]`: endpoint security, the PKI and user authentication.
+    pub security: SecurityConfig,
+    /// `[[users]]`: accounts for UserName tokens. Default none: UserName
+    /// tokens are not offered.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<UserConfig>,
+    /// `[subscriptions]`: subscription and monitored-item limits
+    /// (SCALABILITY.md §4).
+    pub subscriptions: SubscriptionLimits,
+}
+
+/// `[server]`: what the server is and where it listens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// IP address to bind (`bind`). Default `0.0.0.0`: every interface.
+    pub bind: IpAddr,
+    /// TCP port (`port`); 0 lets the kernel choose. Default 4840, the IANA
+    /// port for opc.tcp.
+    pub port: u16,
+    /// Host name published in endpoint URLs (`host_name`). Default
+    /// `localhost`.
     pub host_name: String,
-    /// The server's ApplicationUri. Default `urn:uascale:server`.
+    /// The server's ApplicationUri (`application_uri`). Default
+    /// `urn:uascale:server`.
     pub application_uri: String,
-    /// ProductUri. Default `urn:uascale`.
+    /// ProductUri (`product_uri`). Default `urn:uascale`.
     pub product_uri: String,
-    /// ApplicationName. Default `uascale`.
+    /// ApplicationName (`application_name`). Default `uascale`.
     pub application_name: String,
-    /// Pending accepts the kernel keeps (SCALABILITY.md §2 `listen_backlog`).
-    /// Default 512: tokio's 128 is too small for connect bursts; the kernel
-    /// caps it at `somaxconn` (4096 here).
-    pub listen_backlog: u32,
-    /// Protocol limits and timers of every connection.
-    pub channel: ChannelConfig,
-    /// Bytes of incomplete chunked messages kept across all connections.
-    /// Default 64 MiB.
-    pub reassembly_budget: usize,
-    /// Percent of that budget channels without an activated session may use.
-    /// Default 50.
-    pub reassembly_unactivated_percent: u8,
     /// Most open sessions (`max_session_count`); over it CreateSession
     /// answers `BadTooManySessions`. Default 20,000: about what one process
     /// can hold connections for here (20,000 open files).
     pub max_session_count: usize,
     /// A session not activated this long after CreateSession is closed
-    /// (SCALABILITY.md "no orphans"). Default 10 s.
-    pub activation_deadline: std::time::Duration,
-    /// Changing demo nodes under `Demo.Load` (`uascale serve --nodes N`).
-    /// Default 0.
-    pub demo_nodes: usize,
-    /// How often the demo's dynamic values change. Default 1 s.
-    pub demo_rate: std::time::Duration,
-    /// Subscription and monitored-item limits (SCALABILITY.md §4).
-    pub subscriptions: crate::subscription::SubscriptionLimits,
+    /// (`activation_deadline_ms`; SCALABILITY.md "no orphans"). Default
+    /// 10 s.
+    #[serde(rename = "activation_deadline_ms", with = "millis")]
+    pub activation_deadline: Duration,
     /// The diagnostics arrays of the Server object (`diagnostics_enabled`,
     /// SCALABILITY.md §5): rebuilt when read, at most once a second; with
     /// false they read `BadOutOfService` and cost nothing. Default true.
     pub diagnostics_enabled: bool,
     /// Raise the Part 5 audit events of session establishment
-    /// (AuditCreateSession, AuditActivateSession, AuditSession for close)
-    /// on the Server object; the Server's `Auditing` variable reads this.
-    /// Default false (then nothing is built or raised).
+    /// (`auditing`: AuditCreateSession, AuditActivateSession, AuditSession
+    /// for close) on the Server object; the Server's `Auditing` variable
+    /// reads this. Default false (then nothing is built or raised).
     pub auditing: bool,
-    /// Companion NodeSet2 XML files loaded at start, in order (`--nodeset`,
-    /// [`crate::nodeset`]). Default none.
-    pub nodesets: Vec<std::path::PathBuf>,
-    /// Security policies, certificates and user identity.
-    pub security: SecurityConfig,
+    /// Companion NodeSet2 XML files loaded at start, in order (`nodesets`,
+    /// `--nodeset`, [`crate::nodeset`]). Default none.
+    pub nodesets: Vec<PathBuf>,
 }
 
-/// Endpoint security, the PKI and user authentication.
-#[derive(Debug, Clone)]
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            // Every interface: a server is there to be reached.
+            bind: IpAddr::from([0, 0, 0, 0]),
+            // The IANA-registered opc.tcp port.
+            port: 4840,
+            host_name: "localhost".into(),
+            application_uri: "urn:uascale:server".into(),
+            product_uri: "urn:uascale".into(),
+            application_name: "uascale".into(),
+            // About the connections one process can hold here (20,000 open
+            // files).
+            max_session_count: 20_000,
+            // Long enough for a slow client's ActivateSession, short enough
+            // that orphaned sessions of a connect storm go soon.
+            activation_deadline: Duration::from_secs(10),
+            // Cheap: rebuilt at most once a second, only when read.
+            diagnostics_enabled: true,
+            // Off: the events cost work per session for no reader.
+            auditing: false,
+            nodesets: Vec::new(),
+        }
+    }
+}
+
+impl ServerSection {
+    /// The socket address to bind: `bind` and `port`.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.bind, self.port)
+    }
+}
+
+/// `[limits]`: protocol limits and timers of every connection (the
+/// secure channel's [`ChannelConfig`], [`LimitsSection::channel_config`]),
+/// and the server-wide reassembly budget.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Pending accepts the kernel keeps (`listen_backlog`, SCALABILITY.md
+    /// §2). Default 512: tokio's 128 is too small for connect bursts; the
+    /// kernel caps it at `somaxconn` (4096 here).
+    pub listen_backlog: u32,
+    /// Largest chunk received, bytes (`receive_buffer_size`, at least
+    /// 8192, the Part 6 minimum). Default 65,535: the common choice of the
+    /// .NET and open62541 stacks; one read syscall holds a chunk.
+    pub receive_buffer_size: u32,
+    /// Largest chunk sent, bytes (`send_buffer_size`, at least 8192).
+    /// Default 65,535.
+    pub send_buffer_size: u32,
+    /// Largest request message, bytes (`max_message_size`); 0 = no limit
+    /// but the reassembly budget. Default 16 MiB.
+    pub max_message_size: u32,
+    /// Most chunks per request (`max_chunk_count`); 0 = no limit. Default
+    /// 4096 (16 MiB in 4 KiB chunks).
+    pub max_chunk_count: u32,
+    /// Time from accept to Hello, and from Acknowledge to
+    /// OpenSecureChannel (`handshake_timeout_ms`). Default 10 s: long
+    /// enough for a slow client, short enough that idle sockets do not pile
+    /// up during a storm.
+    #[serde(rename = "handshake_timeout_ms", with = "millis")]
+    pub handshake_timeout: Duration,
+    /// Lower bound of the revised security token lifetime
+    /// (`min_token_lifetime_ms`). Default 10 s: renewals more often than
+    /// that are asymmetric-crypto load for nothing.
+    #[serde(rename = "min_token_lifetime_ms", with = "millis")]
+    pub min_token_lifetime: Duration,
+    /// Upper bound of the revised token lifetime (`max_token_lifetime_ms`).
+    /// Default 1 h: keys are renewed at least hourly.
+    #[serde(rename = "max_token_lifetime_ms", with = "millis")]
+    pub max_token_lifetime: Duration,
+    /// Bytes of incomplete chunked messages kept across all connections
+    /// (`reassembly_budget`). Default 64 MiB: four largest messages at
+    /// once.
+    pub reassembly_budget: usize,
+    /// Percent of that budget that channels without an activated session
+    /// may use (`reassembly_unactivated_percent`, 0..=100). Default 50:
+    /// strangers cannot starve the sessions.
+    pub reassembly_unactivated_percent: u8,
+    /// Time from a message's first chunk to its last
+    /// (`assembly_deadline_ms`). Default 10 s: a trickling sender does not
+    /// hold budget for long.
+    #[serde(rename = "assembly_deadline_ms", with = "millis")]
+    pub assembly_deadline: Duration,
+    /// Largest String in a request, bytes (`max_string_length`). Default
+    /// 1 MiB, as the OPC Foundation .NET stack's `MaxStringLength`.
+    pub max_string_length: usize,
+    /// Largest ByteString in a request, bytes (`max_byte_string_length`).
+    /// Default 16 MiB: certificate chains and file-transfer chunks stay
+    /// well below it.
+    pub max_byte_string_length: usize,
+    /// Most elements of one array in a request (`max_array_length`).
+    /// Default 1,000,000; a call with that many operations is stopped
+    /// earlier by `[operation_limits]`.
+    pub max_array_length: usize,
+}
+
+impl Default for LimitsSection {
+    /// The reasons are on each field.
+    fn default() -> Self {
+        // The protocol defaults are uascale-proto's and uascale-types', so
+        // that a connection built without a configuration behaves the same.
+        let channel = ChannelConfig::default();
+        LimitsSection {
+            listen_backlog: 512,
+            receive_buffer_size: channel.transport.receive_buffer_size,
+            send_buffer_size: channel.transport.send_buffer_size,
+            max_message_size: channel.transport.max_message_size,
+            max_chunk_count: channel.transport.max_chunk_count,
+            handshake_timeout: channel.handshake_timeout,
+            min_token_lifetime: channel.min_token_lifetime,
+            max_token_lifetime: channel.max_token_lifetime,
+            reassembly_budget: 64 << 20,
+            reassembly_unactivated_percent: 50,
+            assembly_deadline: channel.assembly.deadline,
+            max_string_length: channel.decode.max_string_length,
+            max_byte_string_length: channel.decode.max_byte_string_length,
+            max_array_length: channel.decode.max_array_length,
+        }
+    }
+}
+
+impl LimitsSection {
+    /// The secure channel's configuration from these limits (its
+    /// `security` is filled in when the server binds).
+    pub fn channel_config(&self) -> ChannelConfig {
+        let mut c = ChannelConfig::default();
+        c.transport.receive_buffer_size = self.receive_buffer_size;
+        c.transport.send_buffer_size = self.send_buffer_size;
+        c.transport.max_message_size = self.max_message_size;
+        c.transport.max_chunk_count = self.max_chunk_count;
+        c.handshake_timeout = self.handshake_timeout;
+        c.min_token_lifetime = self.min_token_lifetime;
+        c.max_token_lifetime = self.max_token_lifetime;
+        c.assembly.max_message_size =
+            (self.max_message_size != 0).then_some(self.max_message_size as usize);
+        c.assembly.max_chunk_count = (self.max_chunk_count != 0).then_some(self.max_chunk_count);
+        c.assembly.deadline = self.assembly_deadline;
+        // With no message limit the decoder keeps its own default.
+        if self.max_message_size != 0 {
+            c.decode.max_message_size = self.max_message_size as usize;
+        }
+        c.decode.max_string_length = self.max_string_length;
+        c.decode.max_byte_string_length = self.max_byte_string_length;
+        c.decode.max_array_length = self.max_array_length;
+        c
+    }
+}
+
+/// `[operation_limits]`: the most operations one service call may carry;
+/// over a limit the call is answered `BadTooManyOperations`. Published in
+/// the Server object's ServerCapabilities (OperationLimits and
+/// MaxBrowseContinuationPoints); Part 5 requires published limits to be
+/// non-zero, so every value must be at least 1. MonitoredItem calls are
+/// limited by `[subscriptions] max_monitored_items_per_call`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OperationLimits {
+    /// Nodes per Read, and per HistoryRead (`max_nodes_per_read`).
+    /// Default 10,000: a Read of that many values is a few MB of response.
+    pub max_nodes_per_read: usize,
+    /// Nodes per Write (`max_nodes_per_write`). Default 10,000, as Read.
+    pub max_nodes_per_write: usize,
+    /// Methods per Call (`max_nodes_per_method_call`). Default 1,000:
+    /// methods run application code, each may be slow.
+    pub max_nodes_per_method_call: usize,
+    /// Nodes per Browse, continuation points per BrowseNext
+    /// (`max_nodes_per_browse`). Default 1,000: each node may answer up to
+    /// `max_references_per_node` references.
+    pub max_nodes_per_browse: usize,
+    /// Nodes per RegisterNodes and UnregisterNodes
+    /// (`max_nodes_per_register_nodes`). Default 10,000: registering costs
+    /// nothing here (the NodeIds come back as they are), and clients
+    /// register the nodes they then Read, so the same as
+    /// `max_nodes_per_read`.
+    pub max_nodes_per_register_nodes: usize,
+    /// Browse paths per TranslateBrowsePathsToNodeIds
+    /// (`max_nodes_per_translate_browse_paths_to_node_ids`). Default 1,000:
+    /// each path walks references as a Browse does, so the same as
+    /// `max_nodes_per_browse`.
+    pub max_nodes_per_translate_browse_paths_to_node_ids: usize,
+    /// References returned per node in one Browse page
+    /// (`max_references_per_node`), when the client asks for more or sets
+    /// no limit; the rest follow with BrowseNext. Default 1,000.
+    pub max_references_per_node: usize,
+    /// Continuation points one session may hold
+    /// (`max_browse_continuation_points`, ServerCapabilities
+    /// MaxBrowseContinuationPoints, UInt16). Default 10: each holds the
+    /// rest of a Browse result in memory.
+    pub max_browse_continuation_points: u16,
+}
+
+impl Default for OperationLimits {
+    /// The reasons are on each field.
+    fn default() -> Self {
+        OperationLimits {
+            // A response of a few MB at most.
+            max_nodes_per_read: 10_000,
+            max_nodes_per_write: 10_000,
+            // Methods run application code; each may be slow.
+            max_nodes_per_method_call: 1_000,
+            // Each node may answer max_references_per_node references.
+            max_nodes_per_browse: 1_000,
+            // Free here; clients register what they then Read.
+            max_nodes_per_register_nodes: 10_000,
+            // Each path walks references as a Browse does.
+            max_nodes_per_translate_browse_paths_to_node_ids: 1_000,
+            max_references_per_node: 1_000,
+            // Each holds the rest of a Browse result in memory.
+            max_browse_continuation_points: 10,
+        }
+    }
+}
+
+/// `[demo]`: the demo namespace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DemoSection {
+    /// Changing load-test nodes under `Demo.Load` (`nodes`, `uascale serve
+    /// --nodes N`). Default 0: none unless asked for.
+    pub nodes: usize,
+    /// How often the demo's dynamic values change (`rate_ms`). Default
+    /// 1 s: visible change without load.
+    #[serde(rename = "rate_ms", with = "millis")]
+    pub rate: Duration,
+}
+
+impl Default for DemoSection {
+    fn default() -> Self {
+        DemoSection {
+            nodes: 0,
+            rate: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `[security]`: endpoint security, the PKI and user authentication.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SecurityConfig {
-    /// The PKI directory (own/, trusted/, issuers/, rejected/). Default
-    /// `pki`, relative to the working directory.
+    /// The PKI directory (own/, trusted/, issuers/, rejected/) (`pki_dir`).
+    /// Default `pki`, relative to the working directory.
     pub pki_dir: PathBuf,
-    /// Security policies published, each with every mode of `modes`.
-    /// Default: Basic256Sha256, Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss.
+    /// Security policies published, each with every mode of `modes`
+    /// (`policies`; in the file by the name their URI ends with, e.g.
+    /// `"Basic256Sha256"`, or the full URI). Default: Basic256Sha256,
+    /// Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss.
+    #[serde(with = "policy_names")]
     pub policies: Vec<SecurityPolicy>,
-    /// Message security modes published for each policy. Default Sign and
-    /// SignAndEncrypt.
+    /// Message security modes published for each policy (`modes`: `"Sign"`,
+    /// `"SignAndEncrypt"`). Default both.
+    #[serde(with = "mode_names")]
     pub modes: Vec<MessageSecurityMode>,
-    /// Also publish the unsecured None/None endpoint. Unsafe: traffic and
-    /// identity are unprotected. Default true while the secured endpoints
-    /// are being brought up in the server, so existing deployments and
-    /// tools keep working; set false in production.
+    /// Also publish the unsecured None/None endpoint
+    /// (`allow_security_none`). Unsafe: traffic and identity are
+    /// unprotected. Default true while the secured endpoints are being
+    /// brought up in the server, so existing deployments and tools keep
+    /// working; set false in production.
     pub allow_security_none: bool,
-    /// Validation and rejected-store options (including
-    /// `trust_all_client_certificates`, default false).
-    pub pki: PkiOptions,
-    /// Offer the Anonymous user token. Default true.
+    /// Accept client certificates that no trust list vouches for
+    /// (`trust_all_client_certificates`). Unsafe: any client with any
+    /// certificate gets in. Default false.
+    pub trust_all_client_certificates: bool,
+    /// Reject CA-issued certificates whose CA has no CRL in the PKI
+    /// (`reject_unknown_revocation_status`,
+    /// BadCertificateRevocationUnknown). Default true.
+    pub reject_unknown_revocation_status: bool,
+    /// Most files kept in rejected/certs; the oldest go first
+    /// (`max_rejected_certificates`). Default 100: enough for an operator
+    /// to find a new client, bounded so a storm of distinct certificates
+    /// cannot fill the disk (100 x 32 KiB at most).
+    pub max_rejected_certificates: usize,
+    /// How often the PKI directory is checked for changes
+    /// (`pki_reload_interval_ms`). Default 5 s.
+    #[serde(rename = "pki_reload_interval_ms", with = "millis")]
+    pub pki_reload_interval: Duration,
+    /// Offer the Anonymous user token (`allow_anonymous`). Default true.
     pub allow_anonymous: bool,
-    /// Users for UserName tokens (argon2 hashes). Default none: UserName
-    /// tokens are not offered.
-    pub users: Vec<UserAccount>,
     /// Failed activations per client within a minute before a five-minute
-    /// lockout (SCALABILITY.md §2). Default 5; 0 disables.
+    /// lockout (`max_failed_authentication_attempts`, SCALABILITY.md §2).
+    /// Default 5; 0 disables.
     pub max_failed_authentication_attempts: u32,
 }
 
 impl Default for SecurityConfig {
     fn default() -> Self {
+        let pki = PkiOptions::default();
         SecurityConfig {
             pki_dir: PathBuf::from("pki"),
+            // The RSA policies Part 7 does not deprecate.
             policies: vec![
                 SecurityPolicy::Basic256Sha256,
                 SecurityPolicy::Aes128Sha256RsaOaep,
@@ -109,9 +386,13 @@ impl Default for SecurityConfig {
                 MessageSecurityMode::SignAndEncrypt,
             ],
             allow_security_none: true,
-            pki: PkiOptions::default(),
+            // The PKI's own defaults (documented on PkiOptions).
+            trust_all_client_certificates: pki.trust_all_client_certificates,
+            reject_unknown_revocation_status: pki.reject_unknown_revocation_status,
+            max_rejected_certificates: pki.max_rejected_certificates,
+            pki_reload_interval: pki.reload_interval,
             allow_anonymous: true,
-            users: Vec::new(),
+            // A guessing client is stopped quickly; a typo is forgiven.
             max_failed_authentication_attempts: 5,
         }
     }
@@ -151,36 +432,358 @@ impl SecurityConfig {
     pub fn needs_pki(&self) -> bool {
         self.endpoints().iter().any(|(p, _)| !p.is_none())
     }
-}
 
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            bind: SocketAddr::from(([0, 0, 0, 0], 4840)),
-            host_name: "localhost".into(),
-            application_uri: "urn:uascale:server".into(),
-            product_uri: "urn:uascale".into(),
-            application_name: "uascale".into(),
-            listen_backlog: 512,
-            channel: ChannelConfig::default(),
-            reassembly_budget: 64 << 20,
-            reassembly_unactivated_percent: 50,
-            max_session_count: 20_000,
-            activation_deadline: std::time::Duration::from_secs(10),
-            demo_nodes: 0,
-            demo_rate: std::time::Duration::from_secs(1),
-            subscriptions: crate::subscription::SubscriptionLimits::default(),
-            diagnostics_enabled: true,
-            auditing: false,
-            nodesets: Vec::new(),
-            security: SecurityConfig::default(),
+    /// The PKI's validation and rejected-store options.
+    pub fn pki_options(&self) -> PkiOptions {
+        PkiOptions {
+            trust_all_client_certificates: self.trust_all_client_certificates,
+            reject_unknown_revocation_status: self.reject_unknown_revocation_status,
+            max_rejected_certificates: self.max_rejected_certificates,
+            reload_interval: self.pki_reload_interval,
         }
     }
+}
+
+/// `[[users]]`: one account for UserName tokens. Both keys are required.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// The user name (`name`), unique.
+    pub name: String,
+    /// The password's argon2 PHC hash (`password_hash`, from `uascale user
+    /// hash`); plain-text passwords are never accepted.
+    pub password_hash: String,
+}
+
+impl UserConfig {
+    /// A user entry (checked by [`ServerConfig::validate`]).
+    pub fn new(name: &str, password_hash: &str) -> Self {
+        UserConfig {
+            name: name.to_owned(),
+            password_hash: password_hash.to_owned(),
+        }
+    }
+
+    /// The account, with its hash checked.
+    pub fn account(&self) -> Result<UserAccount, &'static str> {
+        UserAccount::new(&self.name, &self.password_hash)
+    }
+}
+
+/// A configuration value out of range, named by its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// `section.key` as in the file (`limits.receive_buffer_size`,
+    /// `users[0].name`), or the section when no one key is at fault.
+    pub key: String,
+    /// The value, as the file writes it, when one value is at fault.
+    pub value: Option<String>,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "{} = {v}: {}", self.key, self.problem),
+            None => write!(f, "{}: {}", self.key, self.problem),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn fail<T>(key: &str, value: impl std::fmt::Display, problem: &str) -> Result<T, ConfigError> {
+    Err(ConfigError {
+        key: key.to_owned(),
+        value: Some(value.to_string()),
+        problem: problem.to_owned(),
+    })
+}
+
+fn at_least(key: &str, value: u64, min: u64) -> Result<(), ConfigError> {
+    if value < min {
+        let problem = if min == 1 {
+            "must be greater than 0".to_owned()
+        } else {
+            format!("must be at least {min}")
+        };
+        return fail(key, value, &problem);
+    }
+    Ok(())
+}
+
+fn positive_ms(key: &str, d: Duration) -> Result<(), ConfigError> {
+    at_least(key, millis::of(d), 1)
+}
+
+fn count(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 impl ServerConfig {
     /// The endpoint URL clients connect to.
     pub fn endpoint_url(&self) -> String {
-        format!("opc.tcp://{}:{}", self.host_name, self.bind.port())
+        format!("opc.tcp://{}:{}", self.server.host_name, self.server.port)
+    }
+
+    /// Checks every range the types do not: the first value out of range,
+    /// named by its key (`limits.receive_buffer_size = 100: must be at
+    /// least 8192`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        positive_ms(
+            "server.activation_deadline_ms",
+            self.server.activation_deadline,
+        )?;
+
+        let l = &self.limits;
+        at_least(
+            "limits.receive_buffer_size",
+            l.receive_buffer_size.into(),
+            8192,
+        )?;
+        at_least("limits.send_buffer_size", l.send_buffer_size.into(), 8192)?;
+        positive_ms("limits.handshake_timeout_ms", l.handshake_timeout)?;
+        positive_ms("limits.min_token_lifetime_ms", l.min_token_lifetime)?;
+        positive_ms("limits.max_token_lifetime_ms", l.max_token_lifetime)?;
+        if l.min_token_lifetime > l.max_token_lifetime {
+            return fail(
+                "limits.min_token_lifetime_ms",
+                millis::of(l.min_token_lifetime),
+                "must not exceed limits.max_token_lifetime_ms",
+            );
+        }
+        if l.reassembly_unactivated_percent > 100 {
+            return fail(
+                "limits.reassembly_unactivated_percent",
+                l.reassembly_unactivated_percent,
+                "must be 0..=100",
+            );
+        }
+        positive_ms("limits.assembly_deadline_ms", l.assembly_deadline)?;
+
+        let o = &self.operation_limits;
+        for (key, v) in [
+            ("max_nodes_per_read", o.max_nodes_per_read),
+            ("max_nodes_per_write", o.max_nodes_per_write),
+            ("max_nodes_per_method_call", o.max_nodes_per_method_call),
+            ("max_nodes_per_browse", o.max_nodes_per_browse),
+            (
+                "max_nodes_per_register_nodes",
+                o.max_nodes_per_register_nodes,
+            ),
+            (
+                "max_nodes_per_translate_browse_paths_to_node_ids",
+                o.max_nodes_per_translate_browse_paths_to_node_ids,
+            ),
+            ("max_references_per_node", o.max_references_per_node),
+            (
+                "max_browse_continuation_points",
+                o.max_browse_continuation_points.into(),
+            ),
+        ] {
+            at_least(&format!("operation_limits.{key}"), count(v), 1)?;
+        }
+
+        positive_ms("demo.rate_ms", self.demo.rate)?;
+
+        self.validate_security()?;
+        self.validate_subscriptions()
+    }
+
+    fn validate_security(&self) -> Result<(), ConfigError> {
+        let s = &self.security;
+        if s.pki_dir.as_os_str().is_empty() {
+            return fail("security.pki_dir", "\"\"", "must not be empty");
+        }
+        if let Some(p) = s.policies.iter().find(|p| p.is_none()) {
+            return fail(
+                "security.policies",
+                format!("[{:?}]", policy_names::name(*p)),
+                "None is not a policy here (it is allow_security_none)",
+            );
+        }
+        if let Some(m) = s.modes.iter().find(|m| {
+            **m != MessageSecurityMode::Sign && **m != MessageSecurityMode::SignAndEncrypt
+        }) {
+            return fail(
+                "security.modes",
+                format!("[{:?}]", mode_names::name(*m)),
+                "is not Sign or SignAndEncrypt",
+            );
+        }
+        positive_ms("security.pki_reload_interval_ms", s.pki_reload_interval)?;
+        if s.endpoints().is_empty() {
+            return Err(ConfigError {
+                key: "security".into(),
+                value: None,
+                problem: "no endpoint left (policies or modes empty and \
+                          allow_security_none = false)"
+                    .into(),
+            });
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, u) in self.users.iter().enumerate() {
+            if !names.insert(u.name.as_str()) {
+                return fail(
+                    &format!("users[{i}].name"),
+                    format!("{:?}", u.name),
+                    "appears twice",
+                );
+            }
+            if let Err(e) = u.account() {
+                let key = if u.name.is_empty() {
+                    "name"
+                } else {
+                    "password_hash"
+                };
+                return Err(ConfigError {
+                    key: format!("users[{i}].{key}"),
+                    value: None,
+                    problem: e.into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_subscriptions(&self) -> Result<(), ConfigError> {
+        let s = &self.subscriptions;
+        positive_ms(
+            "subscriptions.min_publishing_interval_ms",
+            s.min_publishing_interval,
+        )?;
+        positive_ms(
+            "subscriptions.max_publishing_interval_ms",
+            s.max_publishing_interval,
+        )?;
+        if s.min_publishing_interval > s.max_publishing_interval {
+            return fail(
+                "subscriptions.min_publishing_interval_ms",
+                millis::of(s.min_publishing_interval),
+                "must not exceed subscriptions.max_publishing_interval_ms",
+            );
+        }
+        at_least(
+            "subscriptions.max_keep_alive_count",
+            s.max_keep_alive_count.into(),
+            1,
+        )?;
+        at_least(
+            "subscriptions.max_lifetime_count",
+            s.max_lifetime_count.into(),
+            3,
+        )?;
+        at_least(
+            "subscriptions.max_publish_request_count",
+            count(s.max_publish_request_count),
+            1,
+        )?;
+        positive_ms(
+            "subscriptions.min_sampling_interval_ms",
+            s.min_sampling_interval,
+        )?;
+        at_least("subscriptions.max_queue_size", s.max_queue_size.into(), 1)?;
+        at_least(
+            "subscriptions.default_event_queue_size",
+            s.default_event_queue_size.into(),
+            1,
+        )?;
+        at_least(
+            "subscriptions.max_monitored_items_per_call",
+            count(s.max_monitored_items_per_call),
+            1,
+        )
+    }
+}
+
+/// A `Duration` as whole milliseconds (`#[serde(with = "millis")]`), for
+/// the keys ending in `_ms`.
+pub(crate) mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// `d` in whole milliseconds, at most what a TOML integer holds.
+    pub fn of(d: Duration) -> u64 {
+        u64::try_from(d.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(i64::MAX as u64)
+    }
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(of(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+/// Security policies by the name their URI ends with (`"Basic256Sha256"`);
+/// the full URI is read too.
+mod policy_names {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use uascale_crypto::policy::SecurityPolicy;
+
+    pub fn name(p: SecurityPolicy) -> &'static str {
+        p.uri().rsplit('#').next().unwrap_or(p.uri())
+    }
+
+    pub fn serialize<S: Serializer>(v: &[SecurityPolicy], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|p| name(*p)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SecurityPolicy>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|n| {
+                SecurityPolicy::from_uri(n)
+                    .or_else(|| {
+                        SecurityPolicy::from_uri(&format!(
+                            "http://opcfoundation.org/UA/SecurityPolicy#{n}"
+                        ))
+                    })
+                    .filter(|p| !p.is_none())
+                    .ok_or_else(|| {
+                        D::Error::custom(format!(
+                            "security.policies: {n:?} is not one of Basic256Sha256, \
+                             Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss (None is \
+                             allow_security_none)"
+                        ))
+                    })
+            })
+            .collect()
+    }
+}
+
+/// Message security modes by name (`"Sign"`, `"SignAndEncrypt"`).
+mod mode_names {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use uascale_types::MessageSecurityMode;
+
+    pub fn name(m: MessageSecurityMode) -> String {
+        m.name().map_or_else(|| m.0.to_string(), str::to_owned)
+    }
+
+    pub fn serialize<S: Serializer>(v: &[MessageSecurityMode], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|m| name(*m)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<MessageSecurityMode>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|n| match n.as_str() {
+                "Sign" => Ok(MessageSecurityMode::Sign),
+                "SignAndEncrypt" => Ok(MessageSecurityMode::SignAndEncrypt),
+                _ => Err(D::Error::custom(format!(
+                    "security.modes: {n:?} is not Sign or SignAndEncrypt"
+                ))),
+            })
+            .collect()
     }
 }

@@ -42,6 +42,13 @@ pub fn encryption_algorithm_uri(policy: SecurityPolicy) -> Option<&'static str> 
     })
 }
 
+/// PolicyIds of the UserTokenPolicies this server publishes.
+pub const POLICY_ANONYMOUS: &str = "anonymous";
+/// See [`POLICY_ANONYMOUS`].
+pub const POLICY_USERNAME: &str = "username";
+/// See [`POLICY_ANONYMOUS`].
+pub const POLICY_X509: &str = "x509";
+
 /// Who activated a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UserIdentity {

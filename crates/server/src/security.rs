@@ -52,7 +52,7 @@ impl SecurityState {
             let (pki, key) = Pki::open(
                 &sec.pki_dir,
                 &OwnIdentity::for_config(config),
-                sec.pki.clone(),
+                sec.pki_options(),
                 now,
             )?;
             let identity =
@@ -66,7 +66,15 @@ impl SecurityState {
             identity,
             endpoints: sec.endpoints(),
             allow_anonymous: sec.allow_anonymous,
-            users: UserDatabase::new(sec.users.clone()),
+            // Checked by ServerConfig::validate; an entry that is not an
+            // account cannot be logged in with.
+            users: UserDatabase::new(
+                config
+                    .users
+                    .iter()
+                    .filter_map(|u| u.account().ok())
+                    .collect(),
+            ),
             failures: AuthFailures::new(sec.max_failed_authentication_attempts),
         })
     }

@@ -12,7 +12,7 @@ use crate::context::ServiceContext;
 /// The product's build information (ProductUri from the configuration).
 pub fn build_info(ctx: &ServiceContext) -> BuildInfo {
     BuildInfo {
-        product_uri: UaString::from(ctx.config.product_uri.as_str()),
+        product_uri: UaString::from(ctx.config.server.product_uri.as_str()),
         manufacturer_name: UaString::from("uascale developers"),
         product_name: UaString::from("uascale"),
         software_version: UaString::from(env!("CARGO_PKG_VERSION")),
@@ -34,12 +34,13 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         shutdown_reason: LocalizedText::default(),
     };
     Some(match n {
-        v::Server_NamespaceArray => {
-            Variant::from(ctx.managers.namespace_array(&ctx.config.application_uri))
-        }
-        v::Server_ServerArray => {
-            Variant::from(vec![UaString::from(ctx.config.application_uri.as_str())])
-        }
+        v::Server_NamespaceArray => Variant::from(
+            ctx.managers
+                .namespace_array(&ctx.config.server.application_uri),
+        ),
+        v::Server_ServerArray => Variant::from(vec![UaString::from(
+            ctx.config.server.application_uri.as_str(),
+        )]),
         v::Server_ServerStatus => Variant::from(ExtensionObject::new(status())),
         v::Server_ServerStatus_StartTime => Variant::DateTime(ctx.start_time),
         v::Server_ServerStatus_CurrentTime => Variant::DateTime(ctx.now),
@@ -64,24 +65,31 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         // Full service until load-based ServiceLevel lands (SCALABILITY.md §2).
         v::Server_ServiceLevel => Variant::Byte(255),
         v::Server_Auditing => Variant::Boolean(ctx.auditing()),
+        // The configured `[operation_limits]`.
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {
-            Variant::UInt32(crate::services::attribute::MAX_NODES_PER_READ as u32)
+            Variant::UInt32(u32_of(ctx.config.operation_limits.max_nodes_per_read))
         }
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerWrite => {
-            Variant::UInt32(crate::services::attribute::MAX_NODES_PER_WRITE as u32)
+            Variant::UInt32(u32_of(ctx.config.operation_limits.max_nodes_per_write))
         }
-        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerMethodCall => {
-            Variant::UInt32(crate::services::method::MAX_METHODS_PER_CALL as u32)
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerMethodCall => Variant::UInt32(
+            u32_of(ctx.config.operation_limits.max_nodes_per_method_call),
+        ),
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerBrowse => {
+            Variant::UInt32(u32_of(ctx.config.operation_limits.max_nodes_per_browse))
         }
-        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerTranslateBrowsePathsToNodeIds
-        | v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRegisterNodes => {
-            Variant::UInt32(crate::services::view::MAX_NODES_PER_BROWSE as u32)
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRegisterNodes => Variant::UInt32(
+            u32_of(ctx.config.operation_limits.max_nodes_per_register_nodes),
+        ),
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerTranslateBrowsePathsToNodeIds => {
+            Variant::UInt32(u32_of(
+                ctx.config
+                    .operation_limits
+                    .max_nodes_per_translate_browse_paths_to_node_ids,
+            ))
         }
         v::Server_ServerCapabilities_MaxBrowseContinuationPoints => {
-            Variant::UInt16(crate::services::view::MAX_CONTINUATION_POINTS as u16)
-        }
-        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerBrowse => {
-            Variant::UInt32(crate::services::view::MAX_NODES_PER_BROWSE as u32)
+            Variant::UInt16(ctx.config.operation_limits.max_browse_continuation_points)
         }
         // Subscription limits (SCALABILITY.md §4); 0 = no limit.
         v::Server_ServerCapabilities_MaxSubscriptions => {
@@ -115,8 +123,8 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
             ctx.sessions.diagnostics(
                 ctx.now,
                 ctx.instant,
-                &ctx.config.application_uri,
-                ctx.config.channel.transport.max_message_size,
+                &ctx.config.server.application_uri,
+                ctx.config.limits.max_message_size,
                 |id| ctx.subscriptions.session_counts(id),
             )
         }
@@ -192,4 +200,302 @@ pub fn check_diagnostics(
         return Err(uascale_types::StatusCode::BadOutOfService);
     }
     Ok(())
+}
+
+#[cfg(test)]
+// Tests take one real instant as the origin of their simulated time.
+#[allow(clippy::disallowed_methods)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use uascale_types as t;
+    use uascale_types::{ids::variable as v, NodeId, StatusCode, Variant};
+
+    use crate::address_space::AddressSpace;
+    use crate::config::OperationLimits;
+    use crate::context::ServiceContext;
+    use crate::error::ServiceError;
+    use crate::node_manager::NodeManagers;
+    use crate::services::{attribute, method, view};
+    use crate::session::Session;
+    use crate::state::ServerState;
+    use crate::ServerConfig;
+
+    struct World {
+        state: Arc<ServerState>,
+        t0: Instant,
+    }
+
+    const TOKEN: [u8; 32] = [7; 32];
+
+    /// The demo server with small, distinct operation limits and one
+    /// activated session (token [`TOKEN`], channel 1).
+    fn world() -> World {
+        let mut space = AddressSpace::ns0().unwrap();
+        let (demo, _) = crate::demo::build(&mut space, 0);
+        let mut managers = NodeManagers::default();
+        managers.register(crate::demo::NS, Arc::clone(&demo) as _);
+        let config = ServerConfig {
+            operation_limits: OperationLimits {
+                max_nodes_per_read: 8,
+                max_nodes_per_write: 2,
+                max_nodes_per_method_call: 3,
+                max_nodes_per_browse: 4,
+                max_nodes_per_register_nodes: 5,
+                max_nodes_per_translate_browse_paths_to_node_ids: 6,
+                max_references_per_node: 2,
+                max_browse_continuation_points: 1,
+            },
+            ..Default::default()
+        };
+        config.validate().unwrap();
+        let state = ServerState::from_parts(
+            config,
+            space,
+            managers,
+            crate::security::SecurityState::none_only(),
+        );
+        let t0 = Instant::now();
+        state
+            .sessions
+            .insert(
+                NodeId::opaque(0, TOKEN.to_vec()),
+                Session {
+                    session_id: NodeId::numeric(1, 1),
+                    channel_id: 1,
+                    timeout: Duration::from_secs(3600),
+                    deadline: t0 + Duration::from_secs(3600),
+                    activated: true,
+                    name: t::UaString::from("t"),
+                    locale_ids: vec![],
+                    continuation_points: vec![],
+                    server_nonce: [0; 32],
+                    client_thumbprint: None,
+                    client_uri: t::UaString::null(),
+                    user: crate::identity::UserIdentity::Anonymous,
+                    created: t::DateTime::MIN,
+                    endpoint_url: t::UaString::null(),
+                    security_policy: uascale_crypto::policy::SecurityPolicy::None,
+                    security_mode: t::MessageSecurityMode::None,
+                },
+            )
+            .unwrap();
+        World { state, t0 }
+    }
+
+    impl World {
+        fn ctx(&self) -> ServiceContext {
+            let mut ctx = ServiceContext::for_tests(Arc::clone(&self.state), self.t0);
+            ctx.resolve(&NodeId::opaque(0, TOKEN.to_vec()))
+                .expect("the world's session");
+            ctx
+        }
+    }
+
+    fn header() -> t::RequestHeader {
+        t::RequestHeader {
+            authentication_token: NodeId::opaque(0, TOKEN.to_vec()),
+            ..Default::default()
+        }
+    }
+
+    fn read_request(ids: &[u32]) -> t::ReadRequest {
+        t::ReadRequest {
+            request_header: header(),
+            nodes_to_read: Some(
+                ids.iter()
+                    .map(|id| t::ReadValueId {
+                        node_id: NodeId::ns0(*id),
+                        attribute_id: t::AttributeId::Value as u32,
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    /// `n` operations, and `n + 1`: the limit is reached, then exceeded.
+    fn at_and_over<T>(limit: usize, call: impl Fn(usize) -> Result<T, ServiceError>) {
+        if let Err(e) = call(limit) {
+            panic!("{limit} operations are allowed, not {e}");
+        }
+        assert_eq!(
+            call(limit + 1).err().map(|e| e.status_code()),
+            Some(StatusCode::BadTooManyOperations),
+            "{} operations are too many",
+            limit + 1
+        );
+    }
+
+    #[test]
+    fn server_capabilities_read_the_configured_limits() {
+        let w = world();
+        let ids = [
+            v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead,
+            v::Server_ServerCapabilities_OperationLimits_MaxNodesPerWrite,
+            v::Server_ServerCapabilities_OperationLimits_MaxNodesPerMethodCall,
+            v::Server_ServerCapabilities_OperationLimits_MaxNodesPerBrowse,
+            v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRegisterNodes,
+            v::Server_ServerCapabilities_OperationLimits_MaxNodesPerTranslateBrowsePathsToNodeIds,
+            v::Server_ServerCapabilities_OperationLimits_MaxMonitoredItemsPerCall,
+            v::Server_ServerCapabilities_MaxBrowseContinuationPoints,
+        ];
+        assert_eq!(
+            ids,
+            [11705, 11707, 11709, 11710, 11711, 11712, 11714, 2735],
+            "the namespace-0 ids"
+        );
+        let r = attribute::read(&w.ctx(), &read_request(&ids)).unwrap();
+        let values: Vec<_> = r
+            .results
+            .unwrap()
+            .into_iter()
+            .map(|dv| dv.value.unwrap())
+            .collect();
+        let per_call = w.state.subscriptions.limits.max_monitored_items_per_call;
+        assert_eq!(
+            values,
+            [
+                Variant::UInt32(8),
+                Variant::UInt32(2),
+                Variant::UInt32(3),
+                Variant::UInt32(4),
+                Variant::UInt32(5),
+                Variant::UInt32(6),
+                Variant::UInt32(per_call as u32),
+                Variant::UInt16(1),
+            ]
+        );
+    }
+
+    #[test]
+    fn calls_over_a_configured_limit_are_too_many_operations() {
+        let w = world();
+        let ctx = w.ctx();
+        let many = |n: usize| vec![v::Server_ServerStatus_State; n];
+        at_and_over(8, |n| attribute::read(&ctx, &read_request(&many(n))));
+        // The fast path leaves a Read over the limit to the general one.
+        let fast = |n: usize| {
+            let mut msg = Vec::new();
+            t::encode_message(&read_request(&many(n)), &mut msg);
+            attribute::read_fast(&ctx, &msg, &t::DecodeLimits::default()).ok_or(
+                attribute::read(&ctx, &read_request(&many(n)))
+                    .err()
+                    .unwrap_or(ServiceError::from(StatusCode::Good)),
+            )
+        };
+        at_and_over(8, fast);
+        at_and_over(8, |n| {
+            attribute::history_read(
+                &ctx,
+                &t::HistoryReadRequest {
+                    request_header: header(),
+                    history_read_details: t::ExtensionObject::new(
+                        t::ReadRawModifiedDetails::default(),
+                    ),
+                    nodes_to_read: Some(vec![Default::default(); n]),
+                    ..Default::default()
+                },
+            )
+        });
+        at_and_over(2, |n| {
+            attribute::write(
+                &ctx,
+                &t::WriteRequest {
+                    request_header: header(),
+                    nodes_to_write: Some(vec![Default::default(); n]),
+                },
+            )
+        });
+        at_and_over(3, |n| {
+            method::call(
+                &ctx,
+                &t::CallRequest {
+                    request_header: header(),
+                    methods_to_call: Some(vec![Default::default(); n]),
+                },
+            )
+        });
+        at_and_over(4, |n| {
+            view::browse(
+                &ctx,
+                &t::BrowseRequest {
+                    request_header: header(),
+                    nodes_to_browse: Some(vec![Default::default(); n]),
+                    ..Default::default()
+                },
+            )
+        });
+        at_and_over(4, |n| {
+            view::browse_next(
+                &ctx,
+                &t::BrowseNextRequest {
+                    request_header: header(),
+                    continuation_points: Some(vec![t::ByteString::new(vec![1]); n]),
+                    ..Default::default()
+                },
+            )
+        });
+        at_and_over(5, |n| {
+            view::register_nodes(
+                &ctx,
+                &t::RegisterNodesRequest {
+                    request_header: header(),
+                    nodes_to_register: Some(vec![NodeId::ns0(85); n]),
+                },
+            )
+        });
+        at_and_over(5, |n| {
+            view::unregister_nodes(
+                &ctx,
+                &t::UnregisterNodesRequest {
+                    request_header: header(),
+                    nodes_to_unregister: Some(vec![NodeId::ns0(85); n]),
+                },
+            )
+        });
+        at_and_over(6, |n| {
+            view::translate(
+                &ctx,
+                &t::TranslateBrowsePathsToNodeIdsRequest {
+                    request_header: header(),
+                    browse_paths: Some(vec![Default::default(); n]),
+                },
+            )
+        });
+    }
+
+    #[test]
+    fn browse_pages_and_continuation_points_follow_the_configuration() {
+        let w = world();
+        let ctx = w.ctx();
+        let browse = || {
+            view::browse(
+                &ctx,
+                &t::BrowseRequest {
+                    request_header: header(),
+                    nodes_to_browse: Some(vec![t::BrowseDescription {
+                        node_id: NodeId::ns0(85),
+                        browse_direction: t::BrowseDirection::Both,
+                        result_mask: 0x3f,
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+            .results
+            .unwrap()
+            .remove(0)
+        };
+        // Objects has more references than max_references_per_node (2).
+        let first = browse();
+        assert_eq!(first.status_code, StatusCode::Good);
+        assert_eq!(first.references.unwrap().len(), 2);
+        assert!(!first.continuation_point.is_null());
+        // max_browse_continuation_points (1) is held.
+        assert_eq!(browse().status_code, StatusCode::BadNoContinuationPoints);
+    }
 }

@@ -119,15 +119,15 @@ impl ServerState {
         let demo = Demo::install(
             &mut address_space,
             &mut managers,
-            config.demo_nodes,
-            config.demo_rate,
+            config.demo.nodes,
+            config.demo.rate,
         );
         setup(&mut address_space, &mut managers);
         crate::nodeset::load_files(
-            &config.nodesets,
+            &config.server.nodesets,
             &mut address_space,
             &mut managers,
-            &config.application_uri,
+            &config.server.application_uri,
         )
         .map_err(|e| StateError::NodeSet(e.to_string()))?;
         let security = SecurityState::from_config(&config, SystemTime::now())
@@ -155,7 +155,7 @@ impl ServerState {
     }
 
     fn assemble(
-        mut config: ServerConfig,
+        config: ServerConfig,
         address_space: AddressSpace,
         managers: NodeManagers,
         security: SecurityState,
@@ -168,7 +168,8 @@ impl ServerState {
             registry.value_changed(clock(), node, value);
         });
         managers.set_observer(&observer);
-        config.channel.security = uascale_proto::security::ServerSecurity {
+        let mut channel_config = config.limits.channel_config();
+        channel_config.security = uascale_proto::security::ServerSecurity {
             identity: security.identity.clone(),
             endpoints: security.endpoints.clone(),
             validator: security
@@ -177,12 +178,12 @@ impl ServerState {
                 .map(|p| p as Arc<dyn uascale_proto::security::CertificateValidator>),
         };
         let state = Arc::new(ServerState {
-            channel_config: Arc::new(config.channel.clone()),
+            channel_config: Arc::new(channel_config),
             budget: ReassemblyBudget::new(
-                config.reassembly_budget,
-                config.reassembly_unactivated_percent,
+                config.limits.reassembly_budget,
+                config.limits.reassembly_unactivated_percent,
             ),
-            sessions: SessionTable::new(config.max_session_count),
+            sessions: SessionTable::new(config.server.max_session_count),
             subscriptions,
             address_space,
             managers,
@@ -191,8 +192,8 @@ impl ServerState {
             start_time: DateTime::from_system_time(SystemTime::now()),
             metrics: crate::metrics::ServerMetrics::default(),
             admission: crate::admission::Admission::new(),
-            auditing: config.auditing.into(),
-            diagnostics_enabled: config.diagnostics_enabled.into(),
+            auditing: config.server.auditing.into(),
+            diagnostics_enabled: config.server.diagnostics_enabled.into(),
             config,
         });
         Self::listen_to_sessions(&state);
@@ -286,7 +287,7 @@ impl ServerState {
     pub fn audit_site(&self, channel_id: u32, now: Now) -> crate::audit::AuditSite<'_> {
         crate::audit::AuditSite {
             auditing: self.auditing(),
-            server_uri: &self.config.application_uri,
+            server_uri: &self.config.server.application_uri,
             start_time: self.start_time,
             address_space: &self.address_space,
             subscriptions: &self.subscriptions,

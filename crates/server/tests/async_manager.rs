@@ -72,7 +72,11 @@ fn slow() -> NodeId {
 
 fn start(gate: Arc<Semaphore>) -> std::net::SocketAddr {
     let config = ServerConfig {
-        bind: "127.0.0.1:0".parse().unwrap(),
+        server: uascale_server::config::ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            ..Default::default()
+        },
         security: uascale_server::config::SecurityConfig::none_only(),
         ..Default::default()
     };

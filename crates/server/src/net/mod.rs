@@ -299,9 +299,12 @@ impl Server {
             &mut crate::node_manager::NodeManagers,
         ),
     ) -> io::Result<Self> {
-        let listener = listen(config.bind, config.listen_backlog)?;
+        config
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let listener = listen(config.server.socket_addr(), config.limits.listen_backlog)?;
         // With port 0 the kernel chose: publish the port actually bound.
-        config.bind = listener.local_addr()?;
+        config.server.port = listener.local_addr()?.port();
         let state = ServerState::with_setup(config, setup)?;
         Ok(Self::serve_state(state, listener))
     }
@@ -309,7 +312,10 @@ impl Server {
     /// Serves an already built state on its configured address (whose
     /// port must be the one to publish: not 0).
     pub fn bind_state(state: Arc<ServerState>) -> io::Result<Self> {
-        let listener = listen(state.config.bind, state.config.listen_backlog)?;
+        let listener = listen(
+            state.config.server.socket_addr(),
+            state.config.limits.listen_backlog,
+        )?;
         Ok(Self::serve_state(state, listener))
     }
 
@@ -430,7 +436,7 @@ async fn reap_sessions(state: Arc<ServerState>) {
     }
 }
 
-/// Changes the demo's dynamic values every `demo_rate`.
+/// Changes the demo's dynamic values every `demo.rate_ms`.
 async fn tick_demo(state: Arc<ServerState>) {
     let Some(rate) = state.demo.as_ref().map(|d| d.rate) else {
         return;
@@ -769,7 +775,11 @@ mod tests {
     async fn shutdown_closes_connections_with_bad_shutdown() {
         use uascale_proto::tcp::{ErrorMessage, Hello, MessageType};
         let config = ServerConfig {
-            bind: "127.0.0.1:0".parse().expect("address"),
+            server: crate::config::ServerSection {
+                bind: [127, 0, 0, 1].into(),
+                port: 0,
+                ..Default::default()
+            },
             security: crate::config::SecurityConfig::none_only(),
             ..Default::default()
         };
@@ -825,7 +835,11 @@ mod tests {
     async fn messages_split_across_reads_and_joined_in_one() {
         use uascale_proto::tcp::{Hello, MessageType};
         let config = ServerConfig {
-            bind: "127.0.0.1:0".parse().expect("address"),
+            server: crate::config::ServerSection {
+                bind: [127, 0, 0, 1].into(),
+                port: 0,
+                ..Default::default()
+            },
             security: crate::config::SecurityConfig::none_only(),
             ..Default::default()
         };
@@ -873,7 +887,11 @@ mod tests {
     #[tokio::test]
     async fn connection_task_state_stays_small() {
         let config = ServerConfig {
-            bind: "127.0.0.1:0".parse().expect("address"),
+            server: crate::config::ServerSection {
+                bind: [127, 0, 0, 1].into(),
+                port: 0,
+                ..Default::default()
+            },
             security: crate::config::SecurityConfig::none_only(),
             ..Default::default()
         };

@@ -11,9 +11,6 @@ use crate::error::ServiceError;
 use crate::numeric_range::NumericRange;
 use crate::reply::Answer;
 
-/// Most nodes in one Read (published as OperationLimits.MaxNodesPerRead).
-pub const MAX_NODES_PER_READ: usize = 10_000;
-
 /// Read: every requested attribute, with the timestamps asked for.
 pub fn read(ctx: &ServiceContext, req: &ReadRequest) -> Result<ReadResponse, ServiceError> {
     if req.max_age < 0.0 || req.max_age.is_nan() {
@@ -26,7 +23,7 @@ pub fn read(ctx: &ServiceContext, req: &ReadRequest) -> Result<ReadResponse, Ser
     if nodes.is_empty() {
         return Err(StatusCode::BadNothingToDo.into());
     }
-    if nodes.len() > MAX_NODES_PER_READ {
+    if nodes.len() > ctx.config.operation_limits.max_nodes_per_read {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     let locales = Locales::new(ctx);
@@ -68,7 +65,7 @@ pub fn read_fast(
         return None;
     }
     let n = r.read_length(Limit::ArrayLength).ok()??;
-    if n == 0 || n > MAX_NODES_PER_READ {
+    if n == 0 || n > ctx.config.operation_limits.max_nodes_per_read {
         return None;
     }
     ctx.sessions
@@ -317,13 +314,13 @@ pub fn read_value(ctx: &ServiceContext, node: &NodeId) -> DataValue {
 pub fn write(
     ctx: &ServiceContext,
     req: &uascale_types::WriteRequest,
-) -> Result<uascale_types::WriteResponse, StatusCode> {
+) -> Result<uascale_types::WriteResponse, ServiceError> {
     let nodes = req.nodes_to_write.as_deref().unwrap_or(&[]);
     if nodes.is_empty() {
-        return Err(StatusCode::BadNothingToDo);
+        return Err(StatusCode::BadNothingToDo.into());
     }
-    if nodes.len() > MAX_NODES_PER_WRITE {
-        return Err(StatusCode::BadTooManyOperations);
+    if nodes.len() > ctx.config.operation_limits.max_nodes_per_write {
+        return Err(StatusCode::BadTooManyOperations.into());
     }
     let results = nodes
         .iter()
@@ -335,9 +332,6 @@ pub fn write(
         diagnostic_infos: Some(vec![]),
     })
 }
-
-/// Most nodes in one Write (OperationLimits.MaxNodesPerWrite).
-pub const MAX_NODES_PER_WRITE: usize = 10_000;
 
 fn write_one(ctx: &ServiceContext, w: &uascale_types::WriteValue) -> Result<(), StatusCode> {
     let Some((node, value, range)) = check_write(ctx, w)? else {
@@ -544,17 +538,17 @@ fn check_type(
 pub fn history_read(
     ctx: &ServiceContext,
     req: &uascale_types::HistoryReadRequest,
-) -> Result<uascale_types::HistoryReadResponse, StatusCode> {
+) -> Result<uascale_types::HistoryReadResponse, ServiceError> {
     use uascale_types as t;
     let nodes = req.nodes_to_read.as_deref().unwrap_or(&[]);
     if nodes.is_empty() {
-        return Err(StatusCode::BadNothingToDo);
+        return Err(StatusCode::BadNothingToDo.into());
     }
-    if nodes.len() > MAX_NODES_PER_READ {
-        return Err(StatusCode::BadTooManyOperations);
+    if nodes.len() > ctx.config.operation_limits.max_nodes_per_read {
+        return Err(StatusCode::BadTooManyOperations.into());
     }
     if !(0..=3).contains(&req.timestamps_to_return.0) {
-        return Err(StatusCode::BadTimestampsToReturnInvalid);
+        return Err(StatusCode::BadTimestampsToReturnInvalid.into());
     }
     let d = &req.history_read_details;
     let known = d.downcast_ref::<t::ReadRawModifiedDetails>().is_some()
@@ -563,7 +557,7 @@ pub fn history_read(
         || d.downcast_ref::<t::ReadAtTimeDetails>().is_some()
         || d.downcast_ref::<t::ReadAnnotationDataDetails>().is_some();
     if !known {
-        return Err(StatusCode::BadHistoryOperationInvalid);
+        return Err(StatusCode::BadHistoryOperationInvalid.into());
     }
     let results = nodes
         .iter()
@@ -611,7 +605,7 @@ pub fn read_answer(
         Err(e) => return Err(e),
         Ok(_) => {}
     }
-    if nodes.len() > MAX_NODES_PER_READ {
+    if nodes.len() > ctx.config.operation_limits.max_nodes_per_read {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     let ts = req.timestamps_to_return;
@@ -687,7 +681,7 @@ pub fn read_answer(
 pub fn write_answer(
     ctx: &ServiceContext,
     req: &uascale_types::WriteRequest,
-) -> Result<Answer<uascale_types::WriteResponse>, StatusCode> {
+) -> Result<Answer<uascale_types::WriteResponse>, ServiceError> {
     let nodes = req.nodes_to_write.as_deref().unwrap_or(&[]);
     let is_async_value = |w: &uascale_types::WriteValue| {
         w.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(w.node_id.namespace)
@@ -695,8 +689,8 @@ pub fn write_answer(
     if !nodes.iter().any(is_async_value) {
         return write(ctx, req).map(Answer::Now);
     }
-    if nodes.len() > MAX_NODES_PER_WRITE {
-        return Err(StatusCode::BadTooManyOperations);
+    if nodes.len() > ctx.config.operation_limits.max_nodes_per_write {
+        return Err(StatusCode::BadTooManyOperations.into());
     }
     let mut results = Vec::with_capacity(nodes.len());
     let mut pending = Vec::new();

@@ -9,7 +9,6 @@ use uascale_types::{
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_types::ByteString;
 
-use super::session;
 use crate::context::ServiceContext;
 
 /// The transport profile of opc.tcp with UA Secure Conversation and the
@@ -21,9 +20,9 @@ pub const TRANSPORT_PROFILE_UATCP: &str =
 pub fn application_description(ctx: &ServiceContext) -> ApplicationDescription {
     let c = &ctx.config;
     ApplicationDescription {
-        application_uri: UaString::from(c.application_uri.as_str()),
-        product_uri: UaString::from(c.product_uri.as_str()),
-        application_name: LocalizedText::new("en", c.application_name.as_str()),
+        application_uri: UaString::from(c.server.application_uri.as_str()),
+        product_uri: UaString::from(c.server.product_uri.as_str()),
+        application_name: LocalizedText::new("en", c.server.application_name.as_str()),
         application_type: ApplicationType::Server,
         gateway_server_uri: UaString::null(),
         discovery_profile_uri: UaString::null(),
@@ -67,7 +66,7 @@ pub fn user_token_policies(ctx: &ServiceContext, policy: SecurityPolicy) -> Vec<
     };
     if sec.allow_anonymous {
         out.push(policy_of(
-            session::POLICY_ANONYMOUS,
+            crate::identity::POLICY_ANONYMOUS,
             UserTokenType::Anonymous,
             UaString::null(),
         ));
@@ -75,14 +74,14 @@ pub fn user_token_policies(ctx: &ServiceContext, policy: SecurityPolicy) -> Vec<
     if sec.token_policy(policy).is_some() {
         if !sec.users.is_empty() {
             out.push(policy_of(
-                session::POLICY_USERNAME,
+                crate::identity::POLICY_USERNAME,
                 UserTokenType::UserName,
                 token_policy_uri.clone(),
             ));
         }
         if sec.pki.is_some() {
             out.push(policy_of(
-                session::POLICY_X509,
+                crate::identity::POLICY_X509,
                 UserTokenType::Certificate,
                 token_policy_uri,
             ));

@@ -10,9 +10,6 @@ use crate::context::ServiceContext;
 use crate::error::ServiceError;
 use crate::reply::Answer;
 
-/// Most methods per Call (OperationLimits.MaxNodesPerMethodCall).
-pub const MAX_METHODS_PER_CALL: usize = 1_000;
-
 const HAS_COMPONENT: u32 = 47;
 const HAS_PROPERTY: u32 = 46;
 
@@ -22,7 +19,7 @@ pub fn call(ctx: &ServiceContext, req: &CallRequest) -> Result<CallResponse, Ser
     if methods.is_empty() {
         return Err(StatusCode::BadNothingToDo.into());
     }
-    if methods.len() > MAX_METHODS_PER_CALL {
+    if methods.len() > ctx.config.operation_limits.max_nodes_per_method_call {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     Ok(CallResponse {
@@ -166,7 +163,7 @@ pub fn call_answer(
     if !methods.iter().any(is_async) {
         return call(ctx, req).map(Answer::Now);
     }
-    if methods.len() > MAX_METHODS_PER_CALL {
+    if methods.len() > ctx.config.operation_limits.max_nodes_per_method_call {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     let mut results = Vec::with_capacity(methods.len());

@@ -34,12 +34,7 @@ const MIN_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(3600);
 const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// PolicyIds of the UserTokenPolicies this server publishes.
-pub const POLICY_ANONYMOUS: &str = "anonymous";
-/// See [`POLICY_ANONYMOUS`].
-pub const POLICY_USERNAME: &str = "username";
-/// See [`POLICY_ANONYMOUS`].
-pub const POLICY_X509: &str = "x509";
+pub use crate::identity::{POLICY_ANONYMOUS, POLICY_USERNAME, POLICY_X509};
 
 fn random_bytes<const N: usize>() -> Result<[u8; N], StatusCode> {
     let mut b = [0u8; N];
@@ -184,7 +179,7 @@ fn create_session_inner(
         session_id: session_id.clone(),
         channel_id: ctx.channel_id,
         timeout,
-        deadline: ctx.instant + ctx.config.activation_deadline,
+        deadline: ctx.instant + ctx.config.server.activation_deadline,
         activated: false,
         name: req.session_name.clone(),
         locale_ids: Vec::new(),
@@ -215,7 +210,7 @@ fn create_session_inner(
         server_endpoints: Some(discovery::endpoints(ctx)),
         server_software_certificates: Some(vec![]),
         server_signature,
-        max_request_message_size: ctx.config.channel.transport.max_message_size,
+        max_request_message_size: ctx.config.limits.max_message_size,
     })
 }
 
@@ -570,7 +565,10 @@ mod tests {
         }
         fn with_security(max: usize, security: crate::security::SecurityState) -> Self {
             let config = ServerConfig {
-                max_session_count: max,
+                server: crate::config::ServerSection {
+                    max_session_count: max,
+                    ..Default::default()
+                },
                 ..Default::default()
             };
             Fixture {

@@ -13,19 +13,14 @@ use crate::address_space::AddressSpace;
 use crate::context::ServiceContext;
 use crate::error::ServiceError;
 
-/// Most nodes per Browse / BrowseNext / Translate / Register call.
-pub const MAX_NODES_PER_BROWSE: usize = 1_000;
-/// Most references returned for one node when the client sets no limit.
-pub const MAX_REFERENCES_PER_NODE: usize = 1_000;
-/// Continuation points one session may hold (MaxBrowseContinuationPoints).
-pub const MAX_CONTINUATION_POINTS: usize = 10;
-
 const HAS_TYPE_DEFINITION: u32 = 40;
 
-fn check_count(n: usize) -> Result<(), StatusCode> {
+/// `BadNothingToDo` for no operation, `BadTooManyOperations` for more than
+/// `max` (the call's `[operation_limits]` key).
+fn check_count(n: usize, max: usize) -> Result<(), StatusCode> {
     if n == 0 {
         Err(StatusCode::BadNothingToDo)
-    } else if n > MAX_NODES_PER_BROWSE {
+    } else if n > max {
         Err(StatusCode::BadTooManyOperations)
     } else {
         Ok(())
@@ -137,7 +132,8 @@ fn page(
     getrandom::getrandom(&mut id).map_err(|_| StatusCode::BadInternalError)?;
     let cp = ByteString::new(id.to_vec());
     ctx.with_session(|s| {
-        if s.continuation_points.len() >= MAX_CONTINUATION_POINTS {
+        let most = ctx.config.operation_limits.max_browse_continuation_points;
+        if s.continuation_points.len() >= usize::from(most) {
             return BrowseResult {
                 status_code: StatusCode::BadNoContinuationPoints,
                 continuation_point: ByteString::null(),
@@ -157,13 +153,17 @@ fn page(
 /// Browse.
 pub fn browse(ctx: &ServiceContext, req: &BrowseRequest) -> Result<BrowseResponse, ServiceError> {
     let nodes = req.nodes_to_browse.as_deref().unwrap_or(&[]);
-    check_count(nodes.len())?;
+    check_count(
+        nodes.len(),
+        ctx.config.operation_limits.max_nodes_per_browse,
+    )?;
     if !req.view.view_id.is_null() {
         return Err(StatusCode::BadViewIdUnknown.into());
     }
+    let most = ctx.config.operation_limits.max_references_per_node;
     let max = match req.requested_max_references_per_node {
-        0 => MAX_REFERENCES_PER_NODE,
-        n => (n as usize).min(MAX_REFERENCES_PER_NODE),
+        0 => most,
+        n => (n as usize).min(most),
     };
     let locales = super::attribute::Locales::new(ctx);
     let mut results = Vec::with_capacity(nodes.len());
@@ -190,7 +190,7 @@ pub fn browse_next(
     req: &BrowseNextRequest,
 ) -> Result<BrowseNextResponse, ServiceError> {
     let cps = req.continuation_points.as_deref().unwrap_or(&[]);
-    check_count(cps.len())?;
+    check_count(cps.len(), ctx.config.operation_limits.max_nodes_per_browse)?;
     let mut results = Vec::with_capacity(cps.len());
     for cp in cps {
         let taken = ctx
@@ -229,7 +229,12 @@ pub fn translate(
     req: &TranslateBrowsePathsToNodeIdsRequest,
 ) -> Result<TranslateBrowsePathsToNodeIdsResponse, ServiceError> {
     let paths = req.browse_paths.as_deref().unwrap_or(&[]);
-    check_count(paths.len())?;
+    check_count(
+        paths.len(),
+        ctx.config
+            .operation_limits
+            .max_nodes_per_translate_browse_paths_to_node_ids,
+    )?;
     let space = &ctx.address_space;
     let results = paths
         .iter()
@@ -303,7 +308,10 @@ pub fn register_nodes(
     req: &RegisterNodesRequest,
 ) -> Result<RegisterNodesResponse, ServiceError> {
     let nodes = req.nodes_to_register.as_deref().unwrap_or(&[]);
-    check_count(nodes.len())?;
+    check_count(
+        nodes.len(),
+        ctx.config.operation_limits.max_nodes_per_register_nodes,
+    )?;
     Ok(RegisterNodesResponse {
         response_header: ctx.response_header(&req.request_header),
         registered_node_ids: Some(nodes.to_vec()),
@@ -315,7 +323,10 @@ pub fn unregister_nodes(
     ctx: &ServiceContext,
     req: &UnregisterNodesRequest,
 ) -> Result<UnregisterNodesResponse, ServiceError> {
-    check_count(req.nodes_to_unregister.as_deref().unwrap_or(&[]).len())?;
+    check_count(
+        req.nodes_to_unregister.as_deref().unwrap_or(&[]).len(),
+        ctx.config.operation_limits.max_nodes_per_register_nodes,
+    )?;
     Ok(UnregisterNodesResponse {
         response_header: ctx.response_header(&req.request_header),
     })

@@ -9,8 +9,6 @@ use uascale_types::{
     QualifiedName, SimpleAttributeOperand, StatusCode, UaString, Variant,
 };
 
-use super::item::number;
-
 /// BaseEventType (i=2041).
 pub const BASE_EVENT_TYPE: u32 = 2041;
 /// Most elements a where clause may have (keeps evaluation bounded).
@@ -442,6 +440,23 @@ fn like(s: &[char], p: &[char]) -> bool {
         row = next;
     }
     row[toks.len()]
+}
+
+/// A scalar numeric Variant as f64.
+pub fn number(v: &Variant) -> Option<f64> {
+    Some(match v {
+        Variant::SByte(x) => f64::from(*x),
+        Variant::Byte(x) => f64::from(*x),
+        Variant::Int16(x) => f64::from(*x),
+        Variant::UInt16(x) => f64::from(*x),
+        Variant::Int32(x) => f64::from(*x),
+        Variant::UInt32(x) => f64::from(*x),
+        Variant::Int64(x) => *x as f64,
+        Variant::UInt64(x) => *x as f64,
+        Variant::Float(x) => f64::from(*x),
+        Variant::Double(x) => *x,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

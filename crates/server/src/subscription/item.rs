@@ -13,6 +13,8 @@ use uascale_types::{
     TimestampsToReturn, UaString, Variant,
 };
 
+pub use super::event::number;
+
 /// The Overflow bit with the DataValue info type (Part 4 §7.39.1, bits 10
 /// and 7 of the StatusCode): set on a value next to ones the queue dropped.
 pub const OVERFLOW_BITS: u32 = 0x0480;
@@ -415,23 +417,6 @@ pub fn numbers(v: &Variant) -> Option<Vec<f64>> {
     Some(all!(
         SByte, Byte, Int16, UInt16, Int32, UInt32, Float, Double
     ))
-}
-
-/// A scalar numeric Variant as f64.
-pub fn number(v: &Variant) -> Option<f64> {
-    Some(match v {
-        Variant::SByte(x) => f64::from(*x),
-        Variant::Byte(x) => f64::from(*x),
-        Variant::Int16(x) => f64::from(*x),
-        Variant::UInt16(x) => f64::from(*x),
-        Variant::Int32(x) => f64::from(*x),
-        Variant::UInt32(x) => f64::from(*x),
-        Variant::Int64(x) => *x as f64,
-        Variant::UInt64(x) => *x as f64,
-        Variant::Float(x) => f64::from(*x),
-        Variant::Double(x) => *x,
-        _ => return None,
-    })
 }
 
 /// A value as a push delivers it: Good, stamped with `utc` as source and

@@ -55,17 +55,25 @@ pub use uascale_proto::Now;
 /// `GoodSubscriptionTransferred`: the StatusChange the old session gets.
 pub const GOOD_SUBSCRIPTION_TRANSFERRED: StatusCode = StatusCode(0x002D_0000);
 
-/// Bounds on what clients may ask for (SCALABILITY.md §4).
-#[derive(Debug, Clone, PartialEq)]
+/// Bounds on what clients may ask for (SCALABILITY.md §4): the
+/// `[subscriptions]` section of the configuration (the keys are the field
+/// names, durations in milliseconds under `..._ms`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SubscriptionLimits {
-    /// Fastest publishing interval. Default 50 ms.
+    /// Fastest publishing interval (`min_publishing_interval_ms`). Default
+    /// 50 ms: faster costs a Publish round trip per client for values that
+    /// rarely change that fast.
+    #[serde(rename = "min_publishing_interval_ms", with = "crate::config::millis")]
     pub min_publishing_interval: Duration,
-    /// Slowest publishing interval. Default 1 h.
+    /// Slowest publishing interval (`max_publishing_interval_ms`). Default
+    /// 1 h.
+    #[serde(rename = "max_publishing_interval_ms", with = "crate::config::millis")]
     pub max_publishing_interval: Duration,
     /// Largest keep-alive count. Default 10,000.
     pub max_keep_alive_count: u32,
-    /// Largest lifetime count (revised to at least 3 x keep-alive).
-    /// Default 100,000.
+    /// Largest lifetime count (revised to at least 3 x keep-alive; at
+    /// least 3). Default 100,000.
     pub max_lifetime_count: u32,
     /// Notifications per Publish response, at most; the client's smaller
     /// value wins. Default 10,000 (0 = no limit).
@@ -75,14 +83,16 @@ pub struct SubscriptionLimits {
     pub max_publish_request_count: usize,
     /// Notification messages kept per subscription for Republish. Default 20.
     pub max_retransmission_queue: usize,
-    /// Fastest sampling interval of timer-sampled items. Default 10 ms.
+    /// Fastest sampling interval of timer-sampled items
+    /// (`min_sampling_interval_ms`). Default 10 ms.
+    #[serde(rename = "min_sampling_interval_ms", with = "crate::config::millis")]
     pub min_sampling_interval: Duration,
     /// Largest queue size of a data item. Default 1,000.
     pub max_queue_size: u32,
     /// Queue size of an event item asking for 0. Default 1,000.
     pub default_event_queue_size: u32,
-    /// Subscriptions in the server (`max_subscription_count`; 0 = none).
-    /// Default 50,000.
+    /// Subscriptions in the server (`max_subscription_count`; 0 = no
+    /// limit). Default 50,000.
     pub max_subscription_count: usize,
     /// Monitored items in the server (`max_monitored_item_count`; 0 = no
     /// limit). Default 1,000,000.
@@ -90,28 +100,44 @@ pub struct SubscriptionLimits {
     /// Items per subscription (`max_monitored_items_per_subscription`; 0 =
     /// no limit). Default 100,000.
     pub max_monitored_items_per_subscription: usize,
-    /// Items per Create/Modify/Delete/SetMonitoringMode call
-    /// (`max_monitored_items_per_call`): over it `BadTooManyOperations`.
+    /// Items per Create/Modify/Delete/SetMonitoringMode/SetTriggering call
+    /// (`max_monitored_items_per_call`, published as OperationLimits
+    /// MaxMonitoredItemsPerCall): over it `BadTooManyOperations`.
     /// Default 10,000.
     pub max_monitored_items_per_call: usize,
 }
 
 impl Default for SubscriptionLimits {
+    /// The limits of SCALABILITY.md §4, sized for one process serving the
+    /// 20,000 sessions of `max_session_count`.
     fn default() -> Self {
         SubscriptionLimits {
+            // A Publish round trip per client faster than that is load for
+            // values that seldom change so fast.
             min_publishing_interval: Duration::from_millis(50),
+            // Slower than hourly is a configuration mistake, not a need.
             max_publishing_interval: Duration::from_secs(3600),
+            // Bounds on how long a subscription nobody publishes for lives
+            // (lifetime count x interval), well above what clients ask.
             max_keep_alive_count: 10_000,
             max_lifetime_count: 100_000,
+            // A response of about a megabyte at most.
             max_notifications_per_publish: 10_000,
+            // Enough Publishes in flight to cover a round trip at the
+            // fastest interval; more only hold memory.
             max_publish_request_count: 20,
             max_retransmission_queue: 20,
+            // The timer task's resolution is about a millisecond; 10 ms
+            // keeps sampling of many items affordable.
             min_sampling_interval: Duration::from_millis(10),
+            // Bounded memory per item under bursts.
             max_queue_size: 1000,
             default_event_queue_size: 1000,
+            // Server-wide bounds that fit one process's memory.
             max_subscription_count: 50_000,
             max_monitored_item_count: 1_000_000,
             max_monitored_items_per_subscription: 100_000,
+            // As OperationLimits' max_nodes_per_read.
             max_monitored_items_per_call: 10_000,
         }
     }

@@ -316,7 +316,7 @@ impl<P: PublishSink> Registry<P> {
         if self
             .subscription_count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
+                (max == 0 || n < max).then_some(n + 1)
             })
             .is_err()
         {
