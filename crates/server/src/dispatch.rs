@@ -212,7 +212,7 @@ pub fn peek_request_handle(message: &[u8], limits: &DecodeLimits) -> u32 {
 /// it will be answered later.
 pub fn dispatch(ctx: &mut ServiceContext, message: &[u8]) -> Dispatched {
     // The most frequent request, without its intermediate vectors.
-    if let Some(response) = attribute::read_fast(ctx, message, &ctx.state.channel_config.decode) {
+    if let Some(response) = attribute::read_fast(ctx, message) {
         return Dispatched::Now(response);
     }
     dispatch_general(ctx, message)
@@ -472,7 +472,7 @@ mod tests {
             t::TimestampsToReturn::Server,
         ] {
             let msg = message(ts, 0.0, Some(nodes.clone()));
-            let fast = attribute::read_fast(&c, &msg, &limits).expect("the fast path");
+            let fast = attribute::read_fast(&mut c, &msg).expect("the fast path");
             let general = dispatch_general(&mut c, &msg).now().unwrap();
             assert_eq!(fast, general, "{ts:?}");
         }
@@ -489,7 +489,7 @@ mod tests {
                 m
             },
         ] {
-            assert!(attribute::read_fast(&c, &msg, &limits).is_none());
+            assert!(attribute::read_fast(&mut c, &msg).is_none());
             assert!(dispatch(&mut c, &msg).now().is_some());
         }
         // Without the session's token: refused by the general path.
@@ -502,7 +502,7 @@ mod tests {
             },
             &mut other,
         );
-        assert!(attribute::read_fast(&c, &other, &limits).is_none());
+        assert!(attribute::read_fast(&mut c, &other).is_none());
         let f = fault_of(&dispatch(&mut c, &other).now().unwrap());
         assert_eq!(
             f.response_header.service_result,

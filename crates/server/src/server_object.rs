@@ -380,7 +380,7 @@ mod tests {
         let fast = |n: usize| {
             let mut msg = Vec::new();
             t::encode_message(&read_request(&many(n)), &mut msg);
-            attribute::read_fast(&ctx, &msg, &t::DecodeLimits::default()).ok_or(
+            attribute::read_fast(&mut ctx.clone(), &msg).ok_or(
                 attribute::read(&ctx, &read_request(&many(n)))
                     .err()
                     .unwrap_or(ServiceError::from(StatusCode::Good)),

@@ -45,16 +45,14 @@ pub fn read(ctx: &ServiceContext, req: &ReadRequest) -> Result<ReadResponse, Ser
 /// a message that is not a ReadRequest of the plain shape, a failing
 /// request-level or session check, a value of an asynchronous node
 /// manager, trailing bytes.
-pub fn read_fast(
-    ctx: &ServiceContext,
-    message: &[u8],
-    limits: &uascale_types::DecodeLimits,
-) -> Option<Vec<u8>> {
+pub fn read_fast(ctx: &mut ServiceContext, message: &[u8]) -> Option<Vec<u8>> {
     use uascale_types::encoding::write_length;
     use uascale_types::{
         BinaryDecode, BinaryEncode, Limit, Reader, RequestHeader, ResponseHeader, Structure,
     };
-    let mut r = Reader::new(message, limits).ok()?;
+    // A borrow of the state field alone: the session field is set below.
+    let state: &crate::state::ServerState = &ctx.state;
+    let mut r = Reader::new(message, &state.channel_config.decode).ok()?;
     if NodeId::decode(&mut r).ok()? != NodeId::ns0(ReadRequest::BINARY_ENCODING_ID) {
         return None;
     }
@@ -65,18 +63,17 @@ pub fn read_fast(
         return None;
     }
     let n = r.read_length(Limit::ArrayLength).ok()??;
-    if n == 0 || n > ctx.config.operation_limits.max_nodes_per_read {
+    if n == 0 || n > state.config.operation_limits.max_nodes_per_read {
         return None;
     }
-    ctx.sessions
-        .with(
-            &header.authentication_token,
-            Some(ctx.channel_id),
-            true,
-            ctx.instant,
-            |_| (),
-        )
+    // The session, resolved as the dispatcher would (the general path
+    // answers the error when there is none).
+    let session = state
+        .sessions
+        .resolve(&header.authentication_token, ctx.channel_id, ctx.instant)
         .ok()?;
+    ctx.session = Some(session);
+    let ctx = &*ctx;
     let mut out = Vec::with_capacity(64 + n * 24);
     NodeId::ns0(ReadResponse::BINARY_ENCODING_ID).encode(&mut out);
     let response_header: ResponseHeader = ctx.response_header(&header);
@@ -781,14 +778,6 @@ mod tests {
             ServiceContext::for_tests(Arc::clone(&self.state), std::time::Instant::now())
         }
 
-        /// A context whose session is the one of `token`.
-        fn ctx_of(&self, token: &NodeId) -> ServiceContext {
-            let mut ctx = self.ctx();
-            ctx.resolve(token)
-                .expect("an activated session on channel 1");
-            ctx
-        }
-
         fn read(&self, node: &NodeId, attr: AttributeId, range: &str) -> DataValue {
             let r = read(
                 &self.ctx(),
@@ -967,8 +956,10 @@ mod tests {
                 .sessions
                 .insert(token.clone(), session(locales))
                 .unwrap();
-            let r = read(
-                &w.ctx_of(&token),
+            // Through the dispatcher (the fast Read path), which resolves
+            // the session from the token itself.
+            let mut msg = Vec::new();
+            uascale_types::encode_message(
                 &ReadRequest {
                     request_header: uascale_types::RequestHeader {
                         authentication_token: token.clone(),
@@ -981,8 +972,17 @@ mod tests {
                     }]),
                     ..Default::default()
                 },
+                &mut msg,
+            );
+            let out = crate::dispatch::dispatch(&mut w.ctx(), &msg)
+                .now()
+                .expect("answered at once");
+            let limits = uascale_types::DecodeLimits::default();
+            let m = uascale_types::decode_message(
+                &mut uascale_types::Reader::new(&out, &limits).unwrap(),
             )
             .unwrap();
+            let r = m.as_any().downcast_ref::<ReadResponse>().unwrap().clone();
             r.results.unwrap().remove(0).value
         };
         let lt = |l: &str, s: &str| Some(Variant::from(LocalizedText::new(l, s)));
