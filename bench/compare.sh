@@ -13,8 +13,12 @@
 #             1 value per Read, node i=2258 (ServerStatus_CurrentTime,
 #             a value every server computes per read)
 #   read100   the same with 100 values per Read (i=2258 100 times)
-#   uabench   the independent client ../shared/tools/uabench on the read1
-#             shape, as a cross-check of the uascale client's numbers
+#   uabench   optional: the independent load client uabench on the read1
+#             shape, as a cross-check of the uascale client's numbers.
+#             uabench is not part of this repository; it is built from
+#             $UABENCH_SRC (default ../shared/tools/uabench, where the
+#             project's development machines keep it). When that directory
+#             has no Cargo.toml the shape is skipped with a note.
 #   scale     `uascale bench sessions` at scale: --scale-sessions (1000), 50 at
 #             a time, held; not against o6 (it caps at 100 sessions)
 #   publish   `uascale bench publish`: 50 sessions x 1 subscription x 10 items
@@ -40,7 +44,8 @@
 #   --peers LIST           comma list of uascale,o6,async-opcua,asyncua
 #                          (default uascale,o6,async-opcua)
 #   --with-asyncua         add asyncua to the peers
-#   --no-uabench           skip the uabench cross-check
+#   --no-uabench           skip the uabench cross-check (skipped anyway when
+#                          $UABENCH_SRC is absent)
 #   --no-build             use the binaries already built
 #   --out DIR              output directory (target/compare/<UTC time>)
 #   --base-port P          first port (48700); each server and round takes the next
@@ -59,7 +64,8 @@ SESSIONS=90
 SESSION_CONC=10
 HOLD=2
 PEERS="uascale,o6,async-opcua"
-UABENCH=1
+UABENCH=auto
+UABENCH_SRC=${UABENCH_SRC:-../shared/tools/uabench}
 BUILD=1
 OUT=""
 BASE_PORT=48700
@@ -129,20 +135,31 @@ PEER_BIN=target/peers/release/async-opcua-peer
 UABENCH_BIN=target/uabench/release/uabench
 VENV_PY=target/venv/bin/python
 
+# uabench is optional (see the header): use it when its sources are there,
+# or with --no-build when a binary was built before.
+if [ "$UABENCH" = auto ]; then
+    if [ -f "$UABENCH_SRC/Cargo.toml" ] || { [ "$BUILD" = 0 ] && [ -x "$UABENCH_BIN" ]; }; then
+        UABENCH=1
+    else
+        UABENCH=0
+        echo "== uabench: no $UABENCH_SRC/Cargo.toml (optional, not in this repository; set UABENCH_SRC); skipping the cross-check" >&2
+    fi
+fi
+
 needs_python=0
 for s in "${SERVERS[@]}"; do
     case "$s" in o6 | asyncua) needs_python=1 ;; esac
 done
 
 if [ "$BUILD" = 1 ]; then
-    echo "== building (release): uascale, the async-opcua peer, uabench" >&2
+    echo "== building (release): uascale, the async-opcua peer, uabench if used" >&2
     cargo build --release -p uascale >&2
     if [[ ",$PEERS," == *,async-opcua,* ]]; then
         cargo build --release --manifest-path bench/peers/async-opcua-server/Cargo.toml \
             --target-dir target/peers >&2
     fi
     if [ "$UABENCH" = 1 ]; then
-        cargo build --release --manifest-path ../shared/tools/uabench/Cargo.toml \
+        cargo build --release --manifest-path "$UABENCH_SRC/Cargo.toml" \
             --target-dir target/uabench >&2
     fi
     if [ "$needs_python" = 1 ] && [ ! -x "$VENV_PY" ]; then

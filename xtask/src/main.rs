@@ -1,8 +1,9 @@
 //! Build tasks for the uascale workspace.
 //!
 //! `cargo xtask codegen [--check] [--schema DIR]` regenerates
-//! `crates/types/src/generated/` from the OPC Foundation schema files
-//! (default `../shared/opcua-schema`, or `$UASCALE_SCHEMA_DIR`). With
+//! `crates/types/src/generated/` and `crates/server/src/generated/ns0.bin`
+//! from the OPC Foundation schema files in `schema/opcua/` of the workspace
+//! (or `$UASCALE_SCHEMA_DIR`, or `--schema DIR`, which wins). With
 //! `--check` it writes nothing and fails when a committed file differs from
 //! what the schema gives.
 //!
@@ -36,11 +37,12 @@ fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// The schema folder: `$UASCALE_SCHEMA_DIR`, else `../shared/opcua-schema`.
+/// The schema folder: `$UASCALE_SCHEMA_DIR`, else `<workspace>/schema/opcua`
+/// (committed, so a plain clone can run codegen and its check).
 fn schema_dir(root: &Path) -> PathBuf {
     std::env::var_os("UASCALE_SCHEMA_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("../shared/opcua-schema"))
+        .unwrap_or_else(|| root.join("schema/opcua"))
 }
 
 fn main() -> ExitCode {
