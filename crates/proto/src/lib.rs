@@ -1,17 +1,15 @@
-//! `uascale-proto`: the sans-IO protocol core - UA-TCP messages (HEL/ACK/ERR/RHE),
-//! chunking and reassembly, and (to come) the secure channel state machine,
-//! sequence numbers and token renewal.
+//! `uascale-proto`: the sans-IO protocol core - UA-TCP messages
+//! (HEL/ACK/ERR/RHE, [`tcp`]), secure-conversation chunks and sequence
+//! numbers ([`chunk`]), reassembly under the shared incomplete-message
+//! budget ([`reassembly`]), message security - signing, padding, encryption
+//! - for every policy of `uascale-crypto` ([`security`]), the server
+//! connection state machine with token issue and renewal ([`channel`]:
+//! [`PendingConnection`] is where admission accepts or refuses before any
+//! work), and the client connection ([`client`]).
 //!
 //! Owns: protocol state fed with bytes and time. Must not: open sockets, read
-//! the clock or spawn tasks; callers pass `Instant`s in.
-//!
-//! Status (issue 3, in progress): the connection protocol ([`tcp`]), secure
-//! conversation chunking ([`chunk`]), reassembly under the shared
-//! incomplete-message budget ([`reassembly`]) and the server connection state
-//! machine ([`channel`]), and message security - signing, padding,
-//! encryption - for every policy of `uascale-crypto` ([`security`], usable by
-//! a client too), and the client connection ([`client`]), secured with the
-//! same primitives.
+//! the clock or spawn tasks; callers pass [`Now`] in (`clippy.toml` bans the
+//! clock reads here).
 #![forbid(unsafe_code)]
 
 pub mod channel;

@@ -1,18 +1,30 @@
-//! `uascale-server`: the OPC UA server - address space, services, sessions,
-//! subscriptions, admission control and the request queue.
+//! `uascale-server`: the OPC UA server - address space and node managers,
+//! the services, sessions, subscriptions, PKI and user identity.
 //!
-//! Owns: server behaviour. Must not: use tokio outside its `net/` module; the
-//! protocol state lives in `uascale-proto` and is only driven from here.
+//! Owns: server behaviour. Must not: use tokio outside its [`net`] module;
+//! the protocol state lives in `uascale-proto` and is only driven from here.
 //!
-//! Status (issue 3, in progress): the opc.tcp listener and connection driver
-//! ([`net`]) run the sans-IO secure channel (None and the RSA policies, with
-//! the [`pki`] as certificate validator) and answer the Discovery service
-//! set ([`services::discovery`]) and the Session service set
-//! ([`services::session`]; Anonymous, UserName and X509 identities,
-//! [`identity`]); every other
-//! service is answered with a ServiceFault - the session's own error, else
-//! `BadServiceUnsupported` - until it lands. Subscriptions run in the
-//! sans-IO engine of [`subscription`], driven by one timer task in `net/`.
+//! The shape (docs/architecture.md has the diagram):
+//! - [`ServerState`] ([`state`]) is the whole server, built once from a
+//!   [`ServerConfig`] with no socket;
+//! - [`net`] is the tokio shell: a listener and one task per connection,
+//!   feeding the sans-IO connection and handing each request to
+//!   [`dispatch`] with an owned [`ServiceContext`] ([`context`]);
+//! - [`dispatch`] decodes a [`dispatch::Request`], resolves its session once
+//!   and routes it to its handler in [`services`] (one module per Part 4
+//!   service set); a handler returns `Result<Response, ServiceError>`
+//!   ([`error`]);
+//! - the session table's transitions ([`session::SessionEvent`]) reach the
+//!   connection, the subscription engine ([`subscription`]), audit
+//!   ([`audit`]) and the counters ([`metrics`]);
+//! - [`admission`], [`scheduler`] and [`cluster`] are where admission
+//!   control, the request queue and scale-out land.
+//!
+//! Served: Discovery (GetEndpoints, FindServers), Session (with Cancel),
+//! View, Attribute (Read, Write, HistoryRead), Method, Subscription and
+//! MonitoredItem; not served (`BadServiceUnsupported`): NodeManagement,
+//! Query, HistoryUpdate, RegisterServer. Anonymous, UserName and X509
+//! identities; SecurityPolicy None and the RSA policies.
 #![forbid(unsafe_code)]
 
 pub mod address_space;
