@@ -5,7 +5,7 @@
 //!
 //! This is the seam where a decoded request becomes work: the request
 //! scheduler (isolation lanes, protected entries) sits between
-//! [`Request::decode`] and [`route`], and [`Request::class`] is what it
+//! [`Request::decode`] and [`execute`], and [`Request::class`] is what it
 //! sorts by.
 
 use uascale_types::{

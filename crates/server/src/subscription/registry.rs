@@ -95,6 +95,9 @@ struct Owner<P> {
     set: SetRef<P>,
 }
 
+/// The counting part of a subscription id (the top byte is the node's).
+const ID_COUNTER_MASK: u32 = 0x00FF_FFFF;
+
 /// Every subscription of the server.
 pub struct Registry<P> {
     /// The configured bounds.
@@ -105,6 +108,8 @@ pub struct Registry<P> {
     heap: Mutex<BinaryHeap<Reverse<Entry<P>>>>,
     seq: AtomicU64,
     next_id: AtomicU32,
+    /// This node's index, the top byte of every subscription id it makes.
+    node_index: std::sync::atomic::AtomicU8,
     subscription_count: AtomicUsize,
     cumulated: AtomicUsize,
     item_count: AtomicUsize,
@@ -142,12 +147,21 @@ impl<P: PublishSink> Registry<P> {
             heap: Mutex::default(),
             seq: AtomicU64::new(0),
             next_id: AtomicU32::new(1),
+            node_index: std::sync::atomic::AtomicU8::new(0),
             subscription_count: AtomicUsize::new(0),
             cumulated: AtomicUsize::new(0),
             item_count: AtomicUsize::new(0),
             wake: OnceLock::new(),
             diagnostics: Mutex::new(None),
         }
+    }
+
+    /// Sets this node's index: every subscription id made from now on
+    /// carries it in its top byte (the low 24 bits count), so the nodes of
+    /// a cluster serving one address space never hand out the same id.
+    /// Default 0.
+    pub fn set_node_index(&self, index: u8) {
+        self.node_index.store(index, Ordering::Relaxed);
     }
 
     /// Sets the function called when a deadline earlier than every other
@@ -325,7 +339,14 @@ impl<P: PublishSink> Registry<P> {
         self.cumulated.fetch_add(1, Ordering::Relaxed);
         let revised = self.limits.revise(requested);
         let id = loop {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            // The low 24 bits count (0 skipped); the top byte is the
+            // node's, so ids made by the nodes of one cluster never meet.
+            let n = self.next_id.fetch_add(1, Ordering::Relaxed) & ID_COUNTER_MASK;
+            let node = u32::from(self.node_index.load(Ordering::Relaxed));
+            let id = (node << 24) | n;
+            if n == 0 {
+                continue;
+            }
             if id != 0 && !self.owners(id).contains_key(&id) {
                 break id;
             }
@@ -880,6 +901,31 @@ mod tests {
         // The push index forgot the item.
         f.reg.value_changed(f.at(0), &node, &Variant::Int32(3));
         assert!(f.reg.watchers(&node, 13).is_empty());
+    }
+
+    /// Ids carry the node's index in their top byte and count in the low
+    /// 24 bits, skipping 0 when the count wraps: two nodes never collide.
+    #[test]
+    fn subscription_ids_are_partitioned_by_node() {
+        let req = Requested {
+            publishing_interval: 100.0,
+            lifetime_count: 30,
+            max_keep_alive_count: 10,
+            max_notifications_per_publish: 0,
+            priority: 0,
+        };
+        let a = Fixture::new(SubscriptionLimits::default());
+        let b = Fixture::new(SubscriptionLimits::default());
+        a.reg.set_node_index(1);
+        b.reg.set_node_index(2);
+        let s = NodeId::numeric(1, 1);
+        let id = |f: &Fixture| f.reg.create(f.t0, &s, &req, true).unwrap().0;
+        assert_eq!(id(&a), 0x0100_0001);
+        assert_eq!(id(&b), 0x0200_0001);
+        // The counter wraps within the node's range and skips 0.
+        a.reg.next_id.store(ID_COUNTER_MASK, Ordering::Relaxed);
+        assert_eq!(id(&a), 0x01FF_FFFF);
+        assert_eq!(id(&a), 0x0100_0002, "0 skipped, 1 still in use");
     }
 
     #[test]
