@@ -1,8 +1,8 @@
 //! `uascale-proto`: the sans-IO protocol core - UA-TCP messages
 //! (HEL/ACK/ERR/RHE, [`tcp`]), secure-conversation chunks and sequence
 //! numbers ([`chunk`]), reassembly under the shared incomplete-message
-//! budget ([`reassembly`]), message security - signing, padding, encryption
-//! - for every policy of `uascale-crypto` ([`security`]), the server
+//! budget ([`reassembly`]), message security (signing, padding, encryption)
+//! for every policy of `uascale-crypto` ([`security`]), the server
 //! connection state machine with token issue and renewal ([`channel`]:
 //! [`PendingConnection`] is where admission accepts or refuses before any
 //! work), and the client connection ([`client`]).
