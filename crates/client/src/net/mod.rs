@@ -303,12 +303,14 @@ impl Client {
                 Ok(client) => return Ok(client),
                 Err(e) => e,
             };
+            // Only what may go differently next time is retried (§7).
             let permanent = matches!(
                 failure,
                 ClientError::BadUrl(_)
                     | ClientError::Security { .. }
                     | ClientError::EndpointNotFound { .. }
-            );
+            ) || !(matches!(failure, ClientError::Io(_) | ClientError::Timeout)
+                || crate::backoff::is_transient(failure.status_code()));
             if permanent || backoff.attempts() + 1 >= options.connect_attempts.max(1) {
                 return Err(failure);
             }
