@@ -169,7 +169,9 @@ fn bench_read_counts_reads_values_and_server_cost() {
 
 #[test]
 fn bench_sessions_establishes_holds_and_reports_refusals() {
-    let s = serve_none("[server]\nmax_session_count = 12\n");
+    // A channel limit above the session limit: the refusals to count are
+    // BadTooManySessions.
+    let s = serve_none("[server]\nmax_session_count = 12\n[admission]\nmax_channel_count = 100\n");
     let url = s.url();
     let pid = s.pid();
     let report = std::env::temp_dir().join(format!("uascale-bench-sessions-{}.html", s.port));

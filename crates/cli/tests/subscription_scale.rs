@@ -41,7 +41,21 @@ fn counter_values(p: &PublishResponse) -> Vec<u32> {
 
 #[test]
 fn five_hundred_sessions_with_a_subscription_each_are_all_notified() {
-    let server = serve_logged(["--rate-ms", "500"]);
+    // 500 connections at once from one address: more than the default
+    // per-address burst of the admission stage, which this test is not
+    // about.
+    let config = std::env::temp_dir().join(format!("uascale-scale-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "[admission]\nconnection_burst_per_address = 1000\n",
+    )
+    .unwrap();
+    let server = serve_logged([
+        "--rate-ms".as_ref(),
+        "500".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ]);
     let pid = server.child.id();
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.port));
     std::thread::sleep(Duration::from_millis(300));
@@ -125,4 +139,5 @@ fn five_hundred_sessions_with_a_subscription_each_are_all_notified() {
         threads2 < 64,
         "threads do not grow with sessions or parked Publishes: {threads2}"
     );
+    let _ = std::fs::remove_file(&config);
 }

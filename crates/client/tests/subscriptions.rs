@@ -481,6 +481,9 @@ async fn without_reconnect_a_cut_ends_the_client() {
 async fn open_retries_busy_refusals_per_the_backoff() {
     let mut cfg = config();
     cfg.server.max_session_count = 1;
+    // Room for the refused clients' channels: the refusal to see is the
+    // session limit's.
+    cfg.admission.max_channel_count = Some(10);
     let (addr, _stop) = start(cfg);
     let url = format!("opc.tcp://{addr}");
     let mut report = ConnectReport::default();

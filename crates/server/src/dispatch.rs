@@ -283,7 +283,7 @@ fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceEr
     match request {
         R::GetEndpoints(r) => return now(discovery::get_endpoints(ctx, &r)),
         R::FindServers(r) => return now(discovery::find_servers(ctx, &r)),
-        R::CreateSession(r) => return now(session::create_session(ctx, &r)?),
+        R::CreateSession(r) => return create_session(ctx, r),
         R::ActivateSession(r) => return now(session::activate_session(ctx, &r)?),
         R::CloseSession(r) => return now(session::close_session(ctx, &r)?),
         _ => {}
@@ -327,6 +327,42 @@ fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceEr
         | R::CreateSession(_)
         | R::ActivateSession(_)
         | R::CloseSession(_) => Err(ServiceError::server(StatusCode::BadInternalError)),
+    }
+}
+
+/// CreateSession behind the session-establishment stage (SCALABILITY.md
+/// §2): a place is taken before any certificate or signature work; none
+/// free - `BadServerTooBusy` with the hint, or a wait in the waiting room
+/// when `session_establishment_queue_limit` allows one.
+fn create_session(
+    ctx: &ServiceContext,
+    r: uascale_types::CreateSessionRequest,
+) -> Result<Routed, ServiceError> {
+    let gate = ctx.admission.establishment();
+    let busy = |refusal: crate::admission::hint::Refusal| {
+        ServiceError::busy(refusal.status, refusal.retry_after)
+    };
+    match gate.try_enter(ctx.instant) {
+        Ok(place) => {
+            let response = session::create_session(ctx, &r);
+            drop(place);
+            now(response?)
+        }
+        Err(refusal) if gate.queue_limit() == 0 => Err(busy(refusal)),
+        Err(_) => {
+            let enter = gate.enter(ctx.instant);
+            let mut ctx = ctx.clone();
+            Ok(Routed::Later(Box::pin(async move {
+                let place = enter.await.map_err(busy)?;
+                // The request runs now, not when it arrived.
+                let now = crate::state::clock();
+                ctx.now = now.utc;
+                ctx.instant = now.instant;
+                let response = session::create_session(&ctx, &r);
+                drop(place);
+                response.map(|v| Box::new(v) as Box<dyn DynStructure>)
+            })))
+        }
     }
 }
 

@@ -62,8 +62,8 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         v::Server_ServerStatus_BuildInfo_BuildDate => Variant::DateTime(build_info(ctx).build_date),
         v::Server_ServerStatus_SecondsTillShutdown => Variant::UInt32(0),
         v::Server_ServerStatus_ShutdownReason => Variant::from(LocalizedText::default()),
-        // Full service until load-based ServiceLevel lands (SCALABILITY.md §2).
-        v::Server_ServiceLevel => Variant::Byte(255),
+        // Load-based (SCALABILITY.md §2): a capacity signal for clients.
+        v::Server_ServiceLevel => Variant::Byte(ctx.service_level()),
         v::Server_Auditing => Variant::Boolean(ctx.auditing()),
         // The configured `[operation_limits]`.
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {

@@ -91,6 +91,11 @@ pub struct ServerState {
     pub metrics: crate::metrics::ServerMetrics,
     /// The admission stages new connections pass.
     pub admission: crate::admission::Admission,
+    /// The load-based ServiceLevel (SCALABILITY.md §2), updated as
+    /// sessions come and go.
+    service_level: std::sync::Mutex<crate::admission::service_level::ServiceLevel>,
+    /// Its published value (what `Server.ServiceLevel` reads).
+    service_level_now: std::sync::atomic::AtomicU8,
     /// `auditing`, switchable while the server runs.
     auditing: std::sync::atomic::AtomicBool,
     /// `diagnostics_enabled`, switchable while the server runs (the
@@ -194,7 +199,14 @@ impl ServerState {
             // Admission control is built (crate::admission) but not wired yet:
             // every connection is admitted until the network layer passes its
             // counts and the services take their places.
-            admission: crate::admission::Admission::disabled(),
+            admission: crate::admission::Admission::new(
+                &config,
+                crate::admission::host::usable_cpus(),
+            ),
+            service_level: std::sync::Mutex::new(
+                crate::admission::service_level::ServiceLevel::new(),
+            ),
+            service_level_now: std::sync::atomic::AtomicU8::new(255),
             auditing: config.server.auditing.into(),
             diagnostics_enabled: config.server.diagnostics_enabled.into(),
             config,
@@ -212,6 +224,15 @@ impl ServerState {
                 return;
             };
             state.metrics.sessions.record(event);
+            state.establishment_heard(event);
+            if matches!(
+                event,
+                SessionEvent::Created { .. }
+                    | SessionEvent::Closed { .. }
+                    | SessionEvent::TimedOut { .. }
+            ) {
+                state.update_service_level();
+            }
             match event {
                 SessionEvent::Closed {
                     session_id,
@@ -245,6 +266,41 @@ impl ServerState {
                 _ => {}
             }
         }));
+    }
+
+    /// The establishment stage counts sessions created and not yet
+    /// activated: a first activation, a close or an expiry settles one.
+    fn establishment_heard(&self, event: &SessionEvent) {
+        let gate = self.admission.establishment();
+        let now = Instant::now();
+        match event {
+            SessionEvent::Created { .. } => gate.session_created(),
+            SessionEvent::Activated { .. } => gate.session_settled(now, true),
+            SessionEvent::Closed {
+                activated: false, ..
+            }
+            | SessionEvent::TimedOut {
+                activated: false, ..
+            } => gate.session_settled(now, false),
+            _ => {}
+        }
+    }
+
+    /// Recomputes the load-based ServiceLevel from the session count.
+    fn update_service_level(&self) {
+        let mut level = self.service_level.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = level.update(self.sessions.len(), self.config.server.max_session_count) {
+            self.service_level_now
+                .store(v, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// `Server.ServiceLevel` now: 255 while sessions are at most 20 % of
+    /// `max_session_count`, then down to 1 at 100 %, moving in steps of 5
+    /// or more (SCALABILITY.md §2).
+    pub fn service_level(&self) -> u8 {
+        self.service_level_now
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether audit events are raised now (initially `auditing`).

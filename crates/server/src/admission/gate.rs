@@ -278,6 +278,11 @@ impl EstablishmentGate {
         self.inner.capacity
     }
 
+    /// How many may wait for a place (0: none, refuse at once).
+    pub fn queue_limit(&self) -> usize {
+        self.inner.queue_limit
+    }
+
     /// Establishments now: sessions created and not settled plus calls in
     /// progress.
     pub fn occupancy(&self) -> usize {

@@ -262,9 +262,12 @@ impl Admission {
         }
         if let Some(soft) = open_files_soft_limit {
             let remaining = soft.saturating_sub(open_connections as u64);
-            if remaining < self.open_files_headroom {
+            // A quarter of a small limit at most: a process started with
+            // 64 descriptors still serves.
+            let headroom = self.open_files_headroom.min(soft / 4);
+            if remaining < headroom {
                 // The connections that must close first.
-                let backlog = (self.open_files_headroom - remaining) as f64;
+                let backlog = (headroom - remaining) as f64;
                 return self.closes_refusal(backlog, now).into();
             }
         }

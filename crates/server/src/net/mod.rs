@@ -58,9 +58,13 @@ struct SinkQueue {
     answers: Vec<(u32, Vec<u8>)>,
     /// Set when the connection's task ends: later answers are refused.
     closed: bool,
-    /// Set when the server shuts down: the task closes the connection.
-    stopping: bool,
+    /// Set when the connection is to close (the server shuts down, or
+    /// admission evicts it): the status and reason of its ERR.
+    close: Option<CloseWith>,
 }
+
+/// The status and reason of the ERR a connection is to close with.
+type CloseWith = (StatusCode, String);
 
 impl ConnectionSink {
     fn lock(&self) -> std::sync::MutexGuard<'_, SinkQueue> {
@@ -69,16 +73,21 @@ impl ConnectionSink {
     }
 
     /// Everything queued so far, in order (the queue keeps no allocation),
-    /// and whether the server is shutting down.
-    fn take(&self) -> (Vec<(u32, Vec<u8>)>, bool) {
+    /// and the ERR to close with, if the connection is to close.
+    fn take(&self) -> (Vec<(u32, Vec<u8>)>, Option<CloseWith>) {
         let mut q = self.lock();
-        (std::mem::take(&mut q.answers), q.stopping)
+        (std::mem::take(&mut q.answers), q.close.take())
+    }
+
+    /// Tells the task to close the connection with an ERR of `status`.
+    fn close_with(&self, status: StatusCode, reason: String) {
+        self.lock().close.get_or_insert((status, reason));
+        self.ready.notify_one();
     }
 
     /// Tells the task that the server is shutting down.
     fn stop(&self) {
-        self.lock().stopping = true;
-        self.ready.notify_one();
+        self.close_with(StatusCode::BadShutdown, "server shutting down".into());
     }
 
     /// Refuses further answers and drops the queued ones.
@@ -180,6 +189,8 @@ struct Shared {
     connections: std::sync::Mutex<Connections>,
     /// Set once shutdown began (a task registering later stops at once).
     stopping: std::sync::atomic::AtomicBool,
+    /// The soft open-files limit (admission keeps headroom below it).
+    open_files_soft: Option<u64>,
     /// Places for asymmetric (OpenSecureChannel) work, run off the event
     /// loop on the blocking pool: as many as the process has CPUs, so RSA
     /// during a connect storm cannot hold up the reads and publishes of
@@ -223,12 +234,61 @@ impl Shared {
     }
 
     fn deregister(&self, id: u32, queue: &Arc<ConnectionSink>) {
+        self.state.admission.connection_closed(Instant::now());
         let mut all = self.connections();
         if all
             .get(&id)
             .is_some_and(|r| std::ptr::eq(r.queue.as_ptr(), Arc::as_ptr(queue)))
         {
             all.remove(&id);
+        }
+    }
+
+    /// The connection stages at accept: open-files headroom, the
+    /// per-address and global buckets, then `max_channel_count` (evicting
+    /// the oldest channel without an activated session when there is
+    /// one). `Some` is the ERR to refuse `peer` with.
+    fn admit(&self, peer: SocketAddr) -> Option<(StatusCode, String)> {
+        let admission = &self.state.admission;
+        let now = Instant::now();
+        let open = self.connections().len() + 1;
+        if let crate::admission::Decision::Refuse {
+            status,
+            retry_after,
+        } = admission.on_accept(peer, now, open, self.open_files_soft)
+        {
+            return Some((status, crate::admission::busy_reason(retry_after)));
+        }
+        use crate::admission::channels::ChannelDecision;
+        let oldest_sessionless = || {
+            self.connections()
+                .iter()
+                .filter_map(|(id, r)| {
+                    let q = r.queue.upgrade()?;
+                    (q.activated_sessions.load(Ordering::Relaxed) == 0).then_some((*id, q))
+                })
+                .min_by_key(|(id, _)| *id)
+        };
+        match admission.channel_decision(open, true) {
+            ChannelDecision::Admit => None,
+            _ => match oldest_sessionless() {
+                Some((_, q)) => {
+                    // The oldest channel without a session makes room.
+                    let refusal = admission.channel_refusal(now);
+                    q.close_with(
+                        refusal.status,
+                        crate::admission::busy_reason(refusal.retry_after),
+                    );
+                    None
+                }
+                None => {
+                    let refusal = admission.channel_refusal(now);
+                    Some((
+                        refusal.status,
+                        crate::admission::busy_reason(refusal.retry_after),
+                    ))
+                }
+            },
         }
     }
 
@@ -334,6 +394,7 @@ impl Server {
             next_channel_id: AtomicU32::new(1),
             connections: std::sync::Mutex::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            open_files_soft: crate::admission::host::OpenFiles::current().soft,
             crypto: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             ),
@@ -378,6 +439,11 @@ impl Server {
                 () = &mut shutdown => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
+                        // Admission decides before any work (SCALABILITY.md §2).
+                        if let Some(refusal) = self.shared.admit(peer) {
+                            tokio::spawn(refuse(stream, refusal));
+                            continue;
+                        }
                         let id = self.shared.next_channel_id.fetch_add(1, Ordering::Relaxed).max(1);
                         let task = tokio::spawn(serve(stream, peer, id, Arc::clone(&self.shared)));
                         self.shared.spawned(id, task.abort_handle());
@@ -480,21 +546,12 @@ fn serve(
     let _ = stream.set_nodelay(true);
     let state = &shared.state;
     let now = clock();
-    // Admission decides here, before any work (SCALABILITY.md §2).
     let mut conn = PendingConnection::new().accept(
         now,
         id,
         Arc::clone(&state.channel_config),
         Arc::clone(&state.budget),
     );
-    if let crate::admission::Decision::Refuse {
-        status,
-        retry_after,
-    } = state.admission.on_connection(peer, now.instant)
-    {
-        // The ERR goes out before anything the peer sent is read.
-        conn.close_with(status, &crate::admission::busy_reason(retry_after));
-    }
     tracing::debug!(%peer, channel = id, "connection accepted");
     // An async block, not an `async fn`: the parameters of an `async fn`
     // are copied into its state a second time when its body starts, and
@@ -561,13 +618,13 @@ fn serve(
                     }
                     Wake::Answers => {
                         // Whatever is ready goes out in the same write.
-                        let (answers, stopping) = queue.take();
+                        let (answers, close) = queue.take();
                         for (request_id, message) in answers {
                             queue.finished(request_id);
                             send_or_fault(&mut conn, request_id, &message);
                         }
-                        if stopping {
-                            conn.close_with(StatusCode::BadShutdown, "server shutting down");
+                        if let Some((status, reason)) = close {
+                            conn.close_with(status, &reason);
                         }
                     }
                     Wake::Timer => conn.handle_timeout(clock()),
@@ -624,19 +681,6 @@ fn serve(
         let _ = stream.shutdown().await;
         tracing::debug!(channel = id, status = ?conn.close_status(), "connection closed");
     }
-}
-
-/// A refused handshake: the ERR's status and the hint.
-struct HandshakeRefusal {
-    status: StatusCode,
-    retry_after: Duration,
-}
-
-/// A place among the handshakes in flight, held until the work is done.
-struct HandshakePlace;
-
-impl HandshakePlace {
-    fn finish(self, _now: Instant) {}
 }
 
 /// The asymmetric work of a secured OpenSecureChannel in `bytes`: a place
@@ -700,13 +744,39 @@ async fn flush(conn: &mut ServerConnection, stream: &TcpStream) {
     }
 }
 
-/// Asks admission for a handshake place for `peer`.
+/// Asks admission for a place among the handshakes in flight for `peer`.
 fn handshake_place(
-    _shared: &Shared,
-    _peer: Option<std::net::IpAddr>,
-    _now: Instant,
-) -> Result<HandshakePlace, HandshakeRefusal> {
-    Ok(HandshakePlace)
+    shared: &Shared,
+    peer: Option<std::net::IpAddr>,
+    now: Instant,
+) -> Result<crate::admission::gate::HandshakeGuard, crate::admission::Refusal> {
+    let peer = peer.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    shared.state.admission.handshakes().try_begin(peer, now)
+}
+
+/// Answers a connection refused at accept: the ERR (`BadTcpServerTooBusy`
+/// with `RetryAfterMs=N`) and a close, without parsing anything the peer
+/// sent. What it sent (its Hello) is drained for at most 250 ms first, so
+/// the close does not reset the connection before the ERR is read; the
+/// descriptor is not held longer than that.
+async fn refuse(mut stream: TcpStream, (status, reason): (StatusCode, String)) {
+    use tokio::io::AsyncReadExt;
+    let bytes = PendingConnection::new().refuse(status, &reason);
+    if stream.write_all(&bytes).await.is_err() {
+        return;
+    }
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 1024];
+    let drain = async {
+        let mut left: usize = 64 * 1024;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(250), drain).await;
 }
 
 /// Sends a response; one too large for the client's limits becomes a
