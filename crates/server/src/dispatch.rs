@@ -339,7 +339,10 @@ fn create_session(
     r: uascale_types::CreateSessionRequest,
 ) -> Result<Routed, ServiceError> {
     let gate = ctx.admission.establishment();
-    let busy = |refusal: crate::admission::hint::Refusal| {
+    let state = std::sync::Arc::clone(&ctx.state);
+    // A refusal is a rejected session (RejectedSessionCount).
+    let busy = move |refusal: crate::admission::hint::Refusal| {
+        state.sessions.note_rejected(false);
         ServiceError::busy(refusal.status, refusal.retry_after)
     };
     match gate.try_enter(ctx.instant) {
@@ -394,6 +397,101 @@ mod tests {
             ),
             t0,
         )
+    }
+
+    fn ctx_with(config: crate::ServerConfig) -> ServiceContext {
+        // The origin of the test's time.
+        #[allow(clippy::disallowed_methods)]
+        let t0 = std::time::Instant::now();
+        ServiceContext::for_tests(
+            crate::state::ServerState::from_parts(
+                config,
+                crate::address_space::AddressSpace::default(),
+                crate::node_manager::NodeManagers::default(),
+                crate::security::SecurityState::none_only(),
+            ),
+            t0,
+        )
+    }
+
+    fn create_session_message() -> Vec<u8> {
+        let mut msg = Vec::new();
+        encode_message(
+            &uascale_types::CreateSessionRequest {
+                request_header: RequestHeader {
+                    request_handle: 5,
+                    ..Default::default()
+                },
+                requested_session_timeout: 60_000.0,
+                ..Default::default()
+            },
+            &mut msg,
+        );
+        msg
+    }
+
+    /// SCALABILITY.md §2: sessions created and not activated count against
+    /// `max_concurrent_session_establishment`; over it CreateSession is
+    /// refused BadServerTooBusy with the RetryAfterMs additionalHeader
+    /// (and counted as a rejected session), until one settles.
+    #[test]
+    fn establishment_over_the_limit_is_busy_with_a_hint() {
+        let mut config = crate::ServerConfig::default();
+        config.admission.max_concurrent_session_establishment = Some(2);
+        let mut c = ctx_with(config);
+        let msg = create_session_message();
+        let mut tokens = Vec::new();
+        for _ in 0..2 {
+            let out = dispatch(&mut c, &msg).now().unwrap();
+            let limits = DecodeLimits::default();
+            let m = decode_message(&mut Reader::new(&out, &limits).unwrap()).unwrap();
+            let created = m
+                .as_any()
+                .downcast_ref::<uascale_types::CreateSessionResponse>()
+                .expect("created");
+            tokens.push(created.authentication_token.clone());
+        }
+        let f = fault_of(&dispatch(&mut c, &msg).now().unwrap());
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadServerTooBusy
+        );
+        assert_eq!(f.response_header.request_handle, 5);
+        let hint = crate::error::retry_after_of(&f.response_header).expect("a hint");
+        assert!(hint > std::time::Duration::ZERO);
+        assert_eq!(c.sessions.rejected_count(), 1);
+        // One closes without activation: a place frees.
+        c.sessions.close(&tokens[0], true);
+        assert!(dispatch(&mut c, &msg)
+            .now()
+            .map(|out| {
+                let limits = DecodeLimits::default();
+                decode_message(&mut Reader::new(&out, &limits).unwrap())
+                    .unwrap()
+                    .as_any()
+                    .downcast_ref::<uascale_types::CreateSessionResponse>()
+                    .is_some()
+            })
+            .unwrap_or(false));
+    }
+
+    /// The load-based ServiceLevel follows the session count (SCALABILITY.md
+    /// §2): 255 up to 20 % of max_session_count, then down.
+    #[test]
+    fn service_level_follows_the_session_count() {
+        let mut config = crate::ServerConfig::default();
+        config.server.max_session_count = 10;
+        let mut c = ctx_with(config);
+        let msg = create_session_message();
+        assert_eq!(c.service_level(), 255);
+        for _ in 0..2 {
+            dispatch(&mut c, &msg).now().unwrap();
+        }
+        assert_eq!(c.service_level(), 255, "20 %: full service");
+        for _ in 0..8 {
+            dispatch(&mut c, &msg).now().unwrap();
+        }
+        assert_eq!(c.service_level(), 1, "full: the lowest level");
     }
 
     fn fault_of(bytes: &[u8]) -> ServiceFault {

@@ -269,7 +269,9 @@ impl Shared {
                 })
                 .min_by_key(|(id, _)| *id)
         };
-        match admission.channel_decision(open, true) {
+        // `open` counts this connection; the channel decision wants the
+        // channels already open.
+        match admission.channel_decision(open - 1, true) {
             ChannelDecision::Admit => None,
             _ => match oldest_sessionless() {
                 Some((_, q)) => {

@@ -188,6 +188,16 @@ impl RawClient {
             .error
     }
 
+    /// Reads the next message, which must be an ERR; its status and the
+    /// `RetryAfterMs` hint of its reason.
+    #[allow(dead_code)]
+    pub fn read_error_with_hint(&mut self) -> (uascale_types::StatusCode, Option<u64>) {
+        let (mt, msg) = self.read_message();
+        assert_eq!(mt, MessageType::Error, "expected ERR");
+        let e = uascale_proto::tcp::ErrorMessage::decode_body(&msg[8..]).expect("ERR body");
+        (e.error, e.retry_after_ms())
+    }
+
     /// Creates and activates an anonymous session.
     pub fn session(&mut self) {
         let header = self.header();

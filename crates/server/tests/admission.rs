@@ -1,0 +1,117 @@
+//! Admission stages seen from a socket (SCALABILITY.md §2): at
+//! `max_channel_count` the oldest channel without an activated session is
+//! evicted with a busy ERR carrying a hint; when every channel has a
+//! session the new connection is refused the same way; and the buckets at
+//! accept answer with the busy ERR before reading anything.
+
+mod common;
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::RawClient;
+use uascale_proto::tcp::{ErrorMessage, MessageHeader, MessageType};
+use uascale_server::config::{AdmissionSection, SecurityConfig, ServerSection};
+use uascale_server::{Server, ServerConfig};
+use uascale_types::StatusCode;
+
+/// Reads one message from a raw stream: it must be an ERR; its status and
+/// the hint in its reason.
+fn read_err(s: &mut TcpStream) -> (StatusCode, Option<u64>) {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    loop {
+        if let Ok(Some(h)) = MessageHeader::parse(&buf, 1 << 20) {
+            if buf.len() >= h.message_size as usize {
+                assert_eq!(h.message_type, MessageType::Error, "an ERR");
+                let e = ErrorMessage::decode_body(&buf[8..h.message_size as usize]).unwrap();
+                return (e.error, e.retry_after_ms());
+            }
+        }
+        let n = s.read(&mut tmp).expect("read");
+        assert!(n > 0, "closed without an ERR");
+        buf.extend_from_slice(&tmp[..n]);
+    }
+}
+
+fn start(admission: AdmissionSection) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let config = ServerConfig {
+        server: ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            ..Default::default()
+        },
+        security: SecurityConfig::none_only(),
+        admission,
+        ..Default::default()
+    };
+    let server = Server::bind(config).expect("bind");
+    let addr = server.local_addr().expect("address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    (addr, stop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_channel_limit_the_oldest_sessionless_channel_makes_room() {
+    let (addr, stop) = start(AdmissionSection {
+        max_channel_count: Some(2),
+        ..Default::default()
+    });
+    let outcome = tokio::task::spawn_blocking(move || {
+        let mut idle = RawClient::connect(addr);
+        let mut with_session = RawClient::connect(addr);
+        with_session.session();
+        // A third channel: the oldest without a session is evicted.
+        let mut third = RawClient::connect(addr);
+        let evicted = idle.read_error_with_hint();
+        third.session();
+        // Every channel has a session now: a new one is refused.
+        let mut refused = TcpStream::connect(addr).unwrap();
+        let refusal = read_err(&mut refused);
+        (evicted, refusal)
+    })
+    .await
+    .unwrap();
+    for (status, hint) in [outcome.0, outcome.1] {
+        assert_eq!(status, StatusCode::BadTcpServerTooBusy);
+        assert!(hint.is_some(), "a RetryAfterMs hint");
+    }
+    let _ = stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_per_address_burst_connections_get_a_busy_err_at_once() {
+    let (addr, stop) = start(AdmissionSection {
+        connections_per_second: 1000,
+        connection_burst: 1000,
+        connections_per_second_per_address: Some(1),
+        connection_burst_per_address: Some(3),
+        ..Default::default()
+    });
+    let refusals = tokio::task::spawn_blocking(move || {
+        // Three pass (and stay open); the next ones are refused before a
+        // byte is read from them.
+        let held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let refused: Vec<_> = (0..3)
+            .map(|_| read_err(&mut TcpStream::connect(addr).unwrap()))
+            .collect();
+        drop(held);
+        refused
+    })
+    .await
+    .unwrap();
+    for (status, hint) in refusals {
+        assert_eq!(status, StatusCode::BadTcpServerTooBusy);
+        let ms = hint.expect("a RetryAfterMs hint");
+        assert!(
+            (1..=36_000).contains(&ms),
+            "hint {ms} ms within the documented range"
+        );
+    }
+    let _ = stop.send(());
+}
