@@ -216,8 +216,14 @@ start_server() {
     case "$name" in
     uascale)
         local pki="$OUT/pki-uascale-$round"
+        # Every client of these shapes comes from 127.0.0.1: the
+        # per-address connection bucket (1/8 of the global one by default)
+        # would pace the session shapes, which measure the cost of a
+        # session, not admission. The peers have no such stage.
+        local conf="$OUT/uascale-$round.toml"
+        printf '[admission]\nconnections_per_second = 100000\nconnection_burst = 100000\nconnections_per_second_per_address = 100000\nconnection_burst_per_address = 100000\n' >"$conf"
         RUST_LOG=warn taskset -c 0 "$UASCALE" serve --bind 127.0.0.1 --port "$port" \
-            --security none --pki "$pki" </dev/null >"$log" 2>&1 &
+            --security none --pki "$pki" --config "$conf" </dev/null >"$log" 2>&1 &
         SERVER_PID=$!
         ;;
     async-opcua | o6 | asyncua)
