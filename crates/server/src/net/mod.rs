@@ -36,6 +36,8 @@ struct ConnectionSink {
     /// session listener); while there is one, the connection may use the
     /// whole reassembly budget (SCALABILITY.md §2).
     activated_sessions: AtomicU32,
+    /// Set when the secure channel opened (the `channels_open` gauge).
+    channel_open: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ConnectionSink {
@@ -163,6 +165,7 @@ struct Running {
     abort: tokio::task::AbortHandle,
 }
 
+mod metrics_http;
 mod timers;
 
 /// What the network layer keeps beside the server state.
@@ -280,6 +283,8 @@ impl Shared {
 pub struct Server {
     shared: Arc<Shared>,
     listener: TcpListener,
+    /// The metrics endpoint's listener (`[metrics] listen`).
+    metrics: Option<TcpListener>,
 }
 
 impl Server {
@@ -306,7 +311,7 @@ impl Server {
         // With port 0 the kernel chose: publish the port actually bound.
         config.server.port = listener.local_addr()?.port();
         let state = ServerState::with_setup(config, setup)?;
-        Ok(Self::serve_state(state, listener))
+        Self::serve_state(state, listener)
     }
 
     /// Serves an already built state on its configured address (whose
@@ -316,10 +321,16 @@ impl Server {
             state.config.server.socket_addr(),
             state.config.limits.listen_backlog,
         )?;
-        Ok(Self::serve_state(state, listener))
+        Self::serve_state(state, listener)
     }
 
-    fn serve_state(state: Arc<ServerState>, listener: TcpListener) -> Self {
+    fn serve_state(state: Arc<ServerState>, listener: TcpListener) -> io::Result<Self> {
+        // The metrics endpoint is bound now, so a bad address fails the
+        // start and port 0 is known before `run`.
+        let metrics = match state.config.metrics.listen {
+            Some(addr) => Some(listen(addr, METRICS_BACKLOG)?),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             state,
             next_channel_id: AtomicU32::new(1),
@@ -336,7 +347,11 @@ impl Server {
                     shared.session_event(event);
                 }
             }));
-        Server { shared, listener }
+        Ok(Server {
+            shared,
+            listener,
+            metrics,
+        })
     }
 
     /// The server's state.
@@ -354,9 +369,27 @@ impl Server {
         self.listener.local_addr()
     }
 
+    /// The address the metrics endpoint is bound to (`None` without
+    /// `[metrics] listen`; with port 0, the port the kernel chose).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// Serves until `shutdown` completes, then closes every connection with
-    /// `BadShutdown` and waits (at most 5 s) for them to flush.
+    /// `BadShutdown` and waits (at most 5 s) for them to flush. The metrics
+    /// endpoint, when configured, serves from the start until the
+    /// connections are gone (`/readyz` answers 503 from shutdown on).
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
+        let metrics = self.metrics.map(|listener| {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(url = %format!("http://{addr}/metrics"), "metrics endpoint listening");
+            }
+            tokio::spawn(metrics_http::serve(
+                listener,
+                Arc::clone(&self.shared.state),
+            ))
+        });
+        self.shared.state.set_listening(true);
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared.state)));
         let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared.state)));
         let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(&self.shared.state)));
@@ -373,6 +406,7 @@ impl Server {
                     Err(e) if is_resource_exhaustion(&e) => {
                         // EMFILE and friends: shed by not accepting for a moment
                         // instead of spinning on an accept that keeps failing.
+                        self.shared.state.metrics.accept_paused();
                         tracing::warn!(error = %e, "accept failed; pausing 100 ms");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -380,6 +414,7 @@ impl Server {
                 },
             }
         }
+        self.shared.state.set_listening(false);
         reaper.abort();
         ticker.abort();
         publisher.abort();
@@ -396,9 +431,15 @@ impl Server {
         {
             self.shared.abort_all();
         }
+        if let Some(task) = metrics {
+            task.abort();
+        }
         Ok(())
     }
 }
+
+/// Pending connections the metrics endpoint's listener keeps.
+const METRICS_BACKLOG: u32 = 64;
 
 /// A listening socket on `addr` with `backlog` pending accepts.
 fn listen(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
@@ -467,6 +508,7 @@ fn serve(
 ) -> impl std::future::Future<Output = ()> + Send {
     let _ = stream.set_nodelay(true);
     let state = &shared.state;
+    state.metrics.connection_accepted();
     let now = clock();
     // Admission decides here, before any work (SCALABILITY.md §2).
     let mut conn = PendingConnection::new().accept(
@@ -581,6 +623,11 @@ fn serve(
         shared.deregister(id, &queue);
         // Answers still running have nowhere to go.
         queue.abort_running();
+        let metrics = &shared.state.metrics;
+        if queue.channel_open.load(Ordering::Relaxed) {
+            metrics.channel_closed();
+        }
+        metrics.connection_closed();
         let _ = stream.shutdown().await;
         tracing::debug!(channel = id, status = ?conn.close_status(), "connection closed");
     }
@@ -709,8 +756,15 @@ fn handle_events(
 ) {
     let mut ctx: Option<ServiceContext> = None;
     while let Some(event) = conn.poll_event() {
-        let Event::Request { request_id, body } = event else {
-            continue;
+        let (request_id, body) = match event {
+            Event::Request { request_id, body } => (request_id, body),
+            Event::Opened { .. } => {
+                if !queue.channel_open.swap(true, Ordering::Relaxed) {
+                    state.metrics.channel_opened();
+                }
+                continue;
+            }
+            _ => continue,
         };
         // One context, and one clock reading, for the requests that
         // arrived together.
