@@ -297,6 +297,20 @@ mod tests {
     }
 
     #[test]
+    fn the_metrics_flag_sets_the_endpoint() {
+        let (config, _) =
+            serve_config(&["--security", "none", "--metrics", "127.0.0.1:9464"]).unwrap();
+        assert_eq!(
+            config.metrics.listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        let (config, _) = serve_config(&["--security", "none"]).unwrap();
+        assert_eq!(config.metrics.listen, None, "off by default");
+        let e = serve_config(&["--metrics", "localhost"]).unwrap_err();
+        assert!(e.contains("--metrics \"localhost\""), "{e}");
+    }
+
+    #[test]
     fn bad_input_is_explained() {
         assert!(decode("abc").unwrap_err().contains("odd"));
         assert!(decode("zz").unwrap_err().contains("not hex"));

@@ -895,6 +895,44 @@ mod tests {
     }
 
     #[test]
+    fn publish_answers_count_as_requests_responses_and_notifications() {
+        use uascale_types as t;
+        let m = ServerMetrics::default();
+        let publish = |data: Vec<t::ExtensionObject>| {
+            Answer::Publish(Box::new(t::PublishResponse {
+                notification_message: t::NotificationMessage {
+                    notification_data: Some(data),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }))
+        };
+        m.publish_answered(&publish(vec![
+            t::ExtensionObject::new(t::DataChangeNotification {
+                monitored_items: Some(vec![Default::default(); 2]),
+                diagnostic_infos: None,
+            }),
+            t::ExtensionObject::new(t::EventNotificationList {
+                events: Some(vec![Default::default(); 3]),
+            }),
+            t::ExtensionObject::new(t::StatusChangeNotification::default()),
+        ]));
+        m.publish_answered(&publish(vec![]));
+        m.publish_answered(&Answer::Fault {
+            request_handle: 1,
+            status: StatusCode::BadTooManyPublishRequests,
+        });
+        assert_eq!(m.publish_responses(), (1, 1));
+        assert_eq!(m.notifications(), [2, 3, 1]);
+        assert_eq!(m.requests.count(Service::Publish, StatusClass::Good), 2);
+        assert_eq!(m.requests.count(Service::Publish, StatusClass::Bad), 1);
+        assert_eq!(
+            m.requests.errors(),
+            [(StatusCode::BadTooManyPublishRequests, 1)]
+        );
+    }
+
+    #[test]
     fn histogram_buckets_hold_each_observation_once() {
         let h = Histogram::new(&[0.01, 0.1]);
         h.observe(Duration::from_millis(5));

@@ -433,6 +433,8 @@ impl Server {
         }
         if let Some(task) = metrics {
             task.abort();
+            // Its listener is closed once the task is gone.
+            let _ = task.await;
         }
         Ok(())
     }
