@@ -161,6 +161,39 @@ mod tests {
         defaults.validate().unwrap();
         assert_eq!(checked(&to_toml(&defaults)).unwrap(), defaults);
         assert_eq!(parse("").unwrap(), defaults);
+        // Resolved, every derived default is printed and read back as set.
+        let resolved = defaults.resolved(4);
+        let text = to_toml(&resolved);
+        assert!(
+            text.contains("[admission]") && text.contains("[runtime]"),
+            "{text}"
+        );
+        assert!(text.contains("max_concurrent_handshakes = 8"), "{text}");
+        assert_eq!(checked(&text).unwrap(), resolved);
+        assert_eq!(checked(&text).unwrap().resolved(64), resolved);
+    }
+
+    #[test]
+    fn admission_keys_are_read_and_checked() {
+        let c = checked(
+            "[admission]\nenabled = false\nconnections_per_second = 100\n\
+             connection_burst_per_address = 10\nmax_channel_count = 50\n\
+             [runtime]\nworker_threads = 3\n",
+        )
+        .unwrap();
+        assert!(!c.admission.enabled);
+        assert_eq!(c.admission.connections_per_second, 100);
+        assert_eq!(c.admission.connection_burst_per_address, Some(10));
+        assert_eq!(c.admission.connections_per_second_per_address, None);
+        assert_eq!(c.admission.max_channel_count, Some(50));
+        assert_eq!(c.runtime.worker_threads, Some(3));
+        let e = checked("[admission]\nconnections_per_second_per_address = 600\n").unwrap_err();
+        assert!(
+            e.starts_with("admission.connections_per_second_per_address = 600: must not exceed"),
+            "{e}"
+        );
+        let e = parse("[admission]\nconnections_per_sec = 5\n").unwrap_err();
+        assert!(e.contains("connections_per_sec"), "{e}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod values;
 
 use std::process::ExitCode;
 
+use uascale_server::admission::host;
 use uascale_server::{Server, ServerConfig};
 use uascale_types::{decode_message, DecodeLimits, Reader};
 
@@ -73,7 +74,8 @@ fn decode(arg: &str) -> Result<String, String> {
 }
 
 /// The configuration from defaults, then `--config FILE`, then the other
-/// flags, validated; and whether to print it instead of serving.
+/// flags, its derived defaults resolved for the CPUs this process may use,
+/// validated; and whether to print it instead of serving.
 fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
     let mut config = ServerConfig::default();
     let mut print = false;
@@ -148,6 +150,9 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
             other => return Err(format!("unknown option {other:?}")),
         }
     }
+    // What is printed, logged and served is the resolved configuration, so
+    // the derived defaults can be read (and read back).
+    let config = config.resolved(host::usable_cpus());
     config.validate().map_err(|e| match file {
         Some(path) => format!("{path}: {e}"),
         None => e.to_string(),
@@ -163,7 +168,16 @@ fn serve(config: ServerConfig) -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Runtime::new() {
+    // At start, before any connection: the most descriptors the host allows.
+    let open_files = host::raise_open_files_limit();
+    let cpus = host::CpuReport::detect();
+    let workers = config.runtime.worker_threads.unwrap_or(cpus.usable);
+    tracing::info!("host: {cpus}; {workers} worker threads; {open_files}");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("uascale serve: cannot start the runtime: {e}");

@@ -1,8 +1,9 @@
 //! docs/configuration.md cannot drift from the configuration: every key
 //! `uascale serve --print-config` prints is listed there, under its
 //! section's `## [section]` heading, as a table row whose first cell is the
-//! key in backticks and whose third cell is its default as printed; and
-//! every key listed there is printed.
+//! key in backticks and whose third cell is its default as printed - or,
+//! for a key whose default is derived (from the CPUs, another key), a cell
+//! starting with `derived`; and every key listed there is printed.
 //!
 //! An optional key (an `Option` unset by default, which `--print-config`
 //! leaves out) has the default cell [`UNSET`]: it must not be printed with
@@ -10,6 +11,9 @@
 
 use std::collections::BTreeMap;
 use std::process::Command;
+
+use uascale_server::admission::host;
+use uascale_server::ServerConfig;
 
 /// `section.key` -> the default's cell (None for `[[users]]`, which has no
 /// defaults).
@@ -160,11 +164,34 @@ fn configuration_doc_lists_every_key_with_its_default() {
         stale.is_empty(),
         "keys docs/configuration.md lists that no longer exist: {stale:?}"
     );
+    // Derived defaults: printed resolved (for this machine's CPUs), but
+    // absent from the defaults before resolving.
+    let plain = printed_keys(&toml::to_string(&ServerConfig::default()).unwrap());
+    let resolved = printed_keys(
+        &toml::to_string(&ServerConfig::default().resolved(host::usable_cpus())).unwrap(),
+    );
+    let derived: Vec<&String> = resolved
+        .keys()
+        .filter(|k| !plain.contains_key(*k))
+        .collect();
+    assert!(
+        derived.contains(&&"admission.max_channel_count".to_owned()),
+        "{derived:?}"
+    );
     for (key, value) in &printed {
         if is_optional(&documented, key) {
             continue;
         }
-        if let Some(value) = value {
+        let Some(value) = value else { continue };
+        if derived.contains(&key) {
+            // --print-config prints the resolved value.
+            assert_eq!(resolved.get(key), Some(&Some(value.clone())), "{key}");
+            let cell = documented[key].as_deref().unwrap_or("");
+            assert!(
+                cell.starts_with("derived"),
+                "the default of {key} in docs/configuration.md is derived, not {cell:?}"
+            );
+        } else {
             assert_eq!(
                 documented[key].as_ref(),
                 Some(value),

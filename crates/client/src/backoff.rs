@@ -20,6 +20,30 @@ pub fn is_busy_signal(status: StatusCode) -> bool {
     )
 }
 
+/// The codes worth another attempt: busy signals, timeouts, and a
+/// connection or channel that went away (the server restarting, a cut
+/// network). Everything else - a certificate not trusted, a user refused,
+/// a policy not offered, a malformed request - fails the same way again,
+/// so a retry only adds load (SCALABILITY.md §7: only transient statuses
+/// are retried).
+pub fn is_transient(status: StatusCode) -> bool {
+    is_busy_signal(status)
+        || matches!(
+            status,
+            StatusCode::BadCommunicationError
+                | StatusCode::BadConnectionClosed
+                | StatusCode::BadConnectionRejected
+                | StatusCode::BadSecureChannelClosed
+                | StatusCode::BadServerHalted
+                | StatusCode::BadShutdown
+                | StatusCode::BadRequestTimeout
+                | StatusCode::BadResourceUnavailable
+                | StatusCode::BadTcpInternalError
+                | StatusCode::BadServerNotConnected
+                | StatusCode::BadSessionClosed
+        )
+}
+
 /// One client's (or one connect loop's) backoff state.
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -121,6 +145,30 @@ mod tests {
         }
         b.reset();
         assert!(secs(b.next_delay(StatusCode::BadCommunicationError, None)) <= 1.1);
+    }
+
+    #[test]
+    fn only_transient_statuses_are_worth_a_retry() {
+        for s in [
+            StatusCode::BadServerTooBusy,
+            StatusCode::BadTcpServerTooBusy,
+            StatusCode::BadTooManySessions,
+            StatusCode::BadTimeout,
+            StatusCode::BadCommunicationError,
+            StatusCode::BadSecureChannelClosed,
+        ] {
+            assert!(is_transient(s), "{s:?}");
+        }
+        for s in [
+            StatusCode::BadCertificateUntrusted,
+            StatusCode::BadUserAccessDenied,
+            StatusCode::BadIdentityTokenRejected,
+            StatusCode::BadSecurityPolicyRejected,
+            StatusCode::BadTcpEndpointUrlInvalid,
+            StatusCode::BadNonceInvalid,
+        ] {
+            assert!(!is_transient(s), "{s:?}");
+        }
     }
 
     #[test]

@@ -276,6 +276,44 @@ impl ServerConnection {
         self.activated = activated;
     }
 
+    /// Whether handling `input` would do asymmetric (RSA) work: it holds a
+    /// complete OpenSecureChannel message of a secured policy. Cheap (the
+    /// message headers only), so the driver can ask admission for a
+    /// handshake place and move that work off its event loop before
+    /// anything is decrypted or verified.
+    pub fn has_asymmetric_work(&self, input: &[u8]) -> bool {
+        if matches!(self.state, State::Closed(_)) {
+            return false;
+        }
+        let max = self
+            .negotiated
+            .map_or(self.config.transport.receive_buffer_size, |n| {
+                n.receive_buffer_size
+            });
+        let mut at = 0;
+        while let Some(rest) = input.get(at..) {
+            let Ok(Some(header)) = MessageHeader::parse(rest, max) else {
+                return false;
+            };
+            let size = header.message_size as usize;
+            let Some(msg) = rest.get(..size) else {
+                return false;
+            };
+            if header.message_type == MessageType::OpenSecureChannel {
+                return match parse_security_header(&header, msg) {
+                    Ok((_, SecurityHeader::Asymmetric(a), _)) => a
+                        .policy_uri
+                        .as_str()
+                        .and_then(SecurityPolicy::from_uri)
+                        .is_some_and(|p| !p.is_none()),
+                    _ => false,
+                };
+            }
+            at += size.max(1);
+        }
+        false
+    }
+
     /// Feeds received bytes. Complete messages are consumed from the front
     /// of `input`; a partial message stays there for the next call.
     ///

@@ -540,6 +540,32 @@ impl CertificateValidator for ExpiredCertificates {
 }
 
 /// Feeds `bytes` to a fresh handshake-done connection and expects the ERR.
+/// The driver can tell, from the headers alone, which input carries a
+/// secured OPN (RSA work) and which does not.
+#[test]
+fn asymmetric_work_is_recognised_before_it_is_done() {
+    let clock = Clock::new();
+    let budget = ReassemblyBudget::new(1 << 20, 50);
+    let config = secure_config(&server_id());
+    let mut c = client(
+        SecurityPolicy::Basic256Sha256,
+        MessageSecurityMode::SignAndEncrypt,
+    );
+    let s = after_hello(&clock, &budget, Arc::clone(&config), &c);
+    let opn = c.open(SecurityTokenRequestType::Issue);
+    assert!(s.has_asymmetric_work(&opn));
+    assert!(!s.has_asymmetric_work(&opn[..opn.len() - 1]), "incomplete");
+    assert!(!s.has_asymmetric_work(&c.hello()), "a Hello");
+    // Hello and OPN in one read: the OPN is still seen.
+    let mut both = c.hello();
+    both.extend_from_slice(&opn);
+    assert!(s.has_asymmetric_work(&both));
+    let (s, mut c) = open_secure(&clock, &budget, config, c);
+    let msg = c.request(2, &read_request(1));
+    assert!(!s.has_asymmetric_work(&msg), "a MSG");
+    assert!(s.has_asymmetric_work(&c.open(SecurityTokenRequestType::Renew)));
+}
+
 fn expect_refused(s: &mut ServerConnection, clock: &Clock, bytes: &[u8], status: StatusCode) {
     let e = feed(s, clock, bytes).unwrap_err();
     assert_eq!(e.status_code(), status, "{e}");

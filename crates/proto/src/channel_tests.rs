@@ -200,6 +200,18 @@ pub(super) fn expect_error(bytes: &[u8], status: StatusCode) {
     );
 }
 
+/// An OPN of SecurityPolicy None does no asymmetric work.
+#[test]
+fn an_unsecured_open_has_no_asymmetric_work() {
+    let clock = Clock::new();
+    let budget = ReassemblyBudget::new(1 << 20, 50);
+    let mut s = server(&clock, &budget);
+    let mut c = TestClient::new();
+    feed(&mut s, &clock, &c.hello()).unwrap();
+    let opn = c.open(SecurityTokenRequestType::Issue, 0, POLICY_NONE_URI);
+    assert!(!s.has_asymmetric_work(&opn));
+}
+
 /// HEL/ACK and OPN; returns the server and the client with its token.
 fn open_channel(clock: &Clock, budget: &Arc<ReassemblyBudget>) -> (ServerConnection, TestClient) {
     let mut s = server(clock, budget);

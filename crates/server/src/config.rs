@@ -42,6 +42,10 @@ pub struct ServerConfig {
     /// `[subscriptions]`: subscription and monitored-item limits
     /// (SCALABILITY.md §4).
     pub subscriptions: SubscriptionLimits,
+    /// `[admission]`: admission control (SCALABILITY.md §2).
+    pub admission: AdmissionSection,
+    /// `[runtime]`: the runtime's threads (SCALABILITY.md §6).
+    pub runtime: RuntimeSection,
     /// `[metrics]`: the Prometheus endpoint and health probes
     /// (SCALABILITY.md §9).
     pub metrics: MetricsSection,
@@ -459,6 +463,165 @@ impl SecurityConfig {
     }
 }
 
+/// `[admission]`: admission control (SCALABILITY.md §2; the stages are
+/// [`crate::admission`]). On by default with conservative limits: orderly
+/// load, bulk connects included, must not notice it; storms are turned
+/// away early with a busy answer and a retry-after hint.
+///
+/// Keys whose default is derived (from the CPUs the process may use, from
+/// `server.max_session_count` or from another key of this section) are
+/// `None` until [`ServerConfig::resolved`] fills them in; a `None` is not
+/// printed, so a file that leaves them out keeps deriving them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionSection {
+    /// The master switch (`enabled`): false admits everything (the
+    /// listen backlog, `max_session_count` and the reassembly budget still
+    /// bound). Default true.
+    pub enabled: bool,
+    /// New TCP connections per second at the listener, all addresses
+    /// together (`connections_per_second`, a token bucket's refill rate).
+    /// Default 500: far above orderly bulk connects once the burst is
+    /// spent, and about what two cores finish in RSA handshakes.
+    pub connections_per_second: u32,
+    /// Connections the global bucket lets through at once
+    /// (`connection_burst`, the bucket's size). Default 1000: a bulk
+    /// connect of a thousand clients passes without a refusal.
+    pub connection_burst: u32,
+    /// New connections per second from one source address (an IPv4
+    /// address, an IPv6 /64) (`connections_per_second_per_address`), at
+    /// most `connections_per_second`. Default derived:
+    /// max(1, `connections_per_second` / 8), so one host cannot take the
+    /// whole budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections_per_second_per_address: Option<u32>,
+    /// The per-address bucket's size (`connection_burst_per_address`), at
+    /// most `connection_burst`. Default derived: max(1, `connection_burst`
+    /// / 8).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connection_burst_per_address: Option<u32>,
+    /// OpenSecureChannel requests (Issue and Renew) whose asymmetric work
+    /// is in flight - waiting for a crypto worker or running - at once
+    /// (`max_concurrent_handshakes`); over it the request gets
+    /// `BadTcpServerTooBusy`. Default derived: 2 x the CPUs the process may
+    /// use (enough to keep every core busy while the next request waits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_handshakes: Option<usize>,
+    /// Of those, how many one source address may have in flight
+    /// (`max_unfinished_handshakes_per_address`). Default 64: it binds
+    /// only where `max_concurrent_handshakes` is larger (more than 32
+    /// CPUs), and there keeps one host from holding every place.
+    pub max_unfinished_handshakes_per_address: u32,
+    /// Open secure channels (`max_channel_count`); at the limit a new
+    /// channel evicts the oldest channel without a session, else it is
+    /// refused. Default derived: `server.max_session_count` + 10 %,
+    /// rounded up (room for reconnects and discovery).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_channel_count: Option<usize>,
+    /// Sessions created and not yet activated, plus CreateSession and
+    /// ActivateSession calls in progress
+    /// (`max_concurrent_session_establishment`); over it CreateSession is
+    /// answered `BadServerTooBusy` before any certificate or signature
+    /// work. Default derived: max(8 x the CPUs the process may use, 128).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_session_establishment: Option<usize>,
+    /// Establishment requests that may wait for a place when all are taken
+    /// (`session_establishment_queue_limit`, the waiting room). Default 0:
+    /// refuse at once - a busy answer with a hint costs the client less
+    /// than a wait that may end in its own timeout.
+    pub session_establishment_queue_limit: usize,
+    /// File descriptors kept free (`open_files_headroom`): a new
+    /// connection is refused busy when fewer than this many would remain
+    /// below the soft open-files limit (which the server raises to the
+    /// hard limit at start). Default 64: room for the listener, the PKI
+    /// files, logs and the connections being closed. 0 turns it off.
+    pub open_files_headroom: u32,
+}
+
+impl Default for AdmissionSection {
+    /// The reasons are on each field.
+    fn default() -> Self {
+        AdmissionSection {
+            enabled: true,
+            connections_per_second: 500,
+            connection_burst: 1000,
+            connections_per_second_per_address: None,
+            connection_burst_per_address: None,
+            max_concurrent_handshakes: None,
+            max_unfinished_handshakes_per_address: 64,
+            max_channel_count: None,
+            max_concurrent_session_establishment: None,
+            session_establishment_queue_limit: 0,
+            open_files_headroom: 64,
+        }
+    }
+}
+
+impl AdmissionSection {
+    /// A per-address value derived from its global one: max(1, global / 8).
+    pub fn per_address_default(global: u32) -> u32 {
+        (global / 8).max(1)
+    }
+
+    /// The default `max_channel_count`: `max_session_count` + 10 %,
+    /// rounded up.
+    pub fn channel_count_default(max_session_count: usize) -> usize {
+        max_session_count.saturating_mul(11).div_ceil(10)
+    }
+
+    /// The default `max_concurrent_handshakes`: 2 x `cpus`.
+    pub fn handshakes_default(cpus: usize) -> usize {
+        cpus.max(1).saturating_mul(2)
+    }
+
+    /// The default `max_concurrent_session_establishment`:
+    /// max(8 x `cpus`, 128).
+    pub fn session_establishment_default(cpus: usize) -> usize {
+        cpus.max(1).saturating_mul(8).max(128)
+    }
+
+    /// This section with every derived value filled in, from
+    /// `max_session_count` (`[server]`) and the CPUs the process may use.
+    /// Values already set are kept.
+    pub fn resolved(&self, max_session_count: usize, cpus: usize) -> AdmissionSection {
+        let mut a = self.clone();
+        a.connections_per_second_per_address = Some(
+            a.connections_per_second_per_address
+                .unwrap_or_else(|| Self::per_address_default(a.connections_per_second)),
+        );
+        a.connection_burst_per_address = Some(
+            a.connection_burst_per_address
+                .unwrap_or_else(|| Self::per_address_default(a.connection_burst)),
+        );
+        a.max_concurrent_handshakes = Some(
+            a.max_concurrent_handshakes
+                .unwrap_or_else(|| Self::handshakes_default(cpus)),
+        );
+        a.max_channel_count = Some(
+            a.max_channel_count
+                .unwrap_or_else(|| Self::channel_count_default(max_session_count)),
+        );
+        a.max_concurrent_session_establishment = Some(
+            a.max_concurrent_session_establishment
+                .unwrap_or_else(|| Self::session_establishment_default(cpus)),
+        );
+        a
+    }
+}
+
+/// `[runtime]`: the async runtime that runs the connections (SCALABILITY.md
+/// §6).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeSection {
+    /// Worker threads of the runtime (`worker_threads`). Default derived:
+    /// the CPUs the process may use (its affinity mask, and the cgroup
+    /// quota as the standard library reads it), so `taskset -c 0-7
+    /// uascale serve` uses eight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_threads: Option<usize>,
+}
+
 /// `[[users]]`: one account for UserName tokens. Both keys are required.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -542,6 +705,18 @@ impl ServerConfig {
         format!("opc.tcp://{}:{}", self.server.host_name, self.server.port)
     }
 
+    /// The configuration with every derived default filled in (the
+    /// `Option`s of `[admission]` and `[runtime]` that are `None`), with
+    /// `cpus` the CPUs the process may use
+    /// ([`crate::admission::host::usable_cpus`]). What is printed and
+    /// logged; resolving twice changes nothing.
+    pub fn resolved(&self, cpus: usize) -> ServerConfig {
+        let mut c = self.clone();
+        c.admission = self.admission.resolved(self.server.max_session_count, cpus);
+        c.runtime.worker_threads = Some(self.runtime.worker_threads.unwrap_or(cpus.max(1)));
+        c
+    }
+
     /// Checks every range the types do not: the first value out of range,
     /// named by its key (`limits.receive_buffer_size = 100: must be at
     /// least 8192`).
@@ -603,7 +778,65 @@ impl ServerConfig {
         positive_ms("demo.rate_ms", self.demo.rate)?;
 
         self.validate_security()?;
-        self.validate_subscriptions()
+        self.validate_subscriptions()?;
+        self.validate_admission()
+    }
+
+    fn validate_admission(&self) -> Result<(), ConfigError> {
+        let a = &self.admission;
+        at_least(
+            "admission.connections_per_second",
+            a.connections_per_second.into(),
+            1,
+        )?;
+        at_least("admission.connection_burst", a.connection_burst.into(), 1)?;
+        for (key, value, global, global_key) in [
+            (
+                "connections_per_second_per_address",
+                a.connections_per_second_per_address,
+                a.connections_per_second,
+                "connections_per_second",
+            ),
+            (
+                "connection_burst_per_address",
+                a.connection_burst_per_address,
+                a.connection_burst,
+                "connection_burst",
+            ),
+        ] {
+            // None is derived, and a derived value is within range.
+            let Some(v) = value else { continue };
+            let key = format!("admission.{key}");
+            at_least(&key, v.into(), 1)?;
+            if v > global {
+                return fail(
+                    &key,
+                    v,
+                    &format!("must not exceed admission.{global_key} ({global})"),
+                );
+            }
+        }
+        for (key, value) in [
+            ("max_concurrent_handshakes", a.max_concurrent_handshakes),
+            ("max_channel_count", a.max_channel_count),
+            (
+                "max_concurrent_session_establishment",
+                a.max_concurrent_session_establishment,
+            ),
+        ] {
+            if let Some(v) = value {
+                at_least(&format!("admission.{key}"), count(v), 1)?;
+            }
+        }
+        at_least(
+            "admission.max_unfinished_handshakes_per_address",
+            a.max_unfinished_handshakes_per_address.into(),
+            1,
+        )?;
+        if let Some(n) = self.runtime.worker_threads {
+            at_least("runtime.worker_threads", count(n), 1)?;
+        }
+        Ok(())
     }
 
     fn validate_security(&self) -> Result<(), ConfigError> {
@@ -800,5 +1033,89 @@ mod mode_names {
                 ))),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_admission_defaults_resolve() {
+        let c = ServerConfig::default();
+        assert_eq!(c.admission.max_channel_count, None);
+        let r = c.resolved(4);
+        let a = &r.admission;
+        assert_eq!(a.connections_per_second_per_address, Some(62));
+        assert_eq!(a.connection_burst_per_address, Some(125));
+        assert_eq!(a.max_concurrent_handshakes, Some(8));
+        assert_eq!(a.max_channel_count, Some(22_000));
+        assert_eq!(a.max_concurrent_session_establishment, Some(128));
+        assert_eq!(r.runtime.worker_threads, Some(4));
+        // 8 x CPUs wins over 128 on larger machines.
+        let big = c.resolved(32);
+        assert_eq!(
+            big.admission.max_concurrent_session_establishment,
+            Some(256)
+        );
+        assert_eq!(big.admission.max_concurrent_handshakes, Some(64));
+        // Rounded up, and at least 1 per address.
+        let mut small = ServerConfig::default();
+        small.server.max_session_count = 7;
+        small.admission.connections_per_second = 3;
+        let s = small.resolved(1);
+        assert_eq!(s.admission.max_channel_count, Some(8));
+        assert_eq!(s.admission.connections_per_second_per_address, Some(1));
+        // Set values are kept; resolving twice changes nothing.
+        let mut set = ServerConfig::default();
+        set.admission.max_channel_count = Some(5);
+        set.runtime.worker_threads = Some(3);
+        let once = set.resolved(16);
+        assert_eq!(once.admission.max_channel_count, Some(5));
+        assert_eq!(once.runtime.worker_threads, Some(3));
+        assert_eq!(once.resolved(2), once);
+        once.validate().unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn admission_ranges_name_the_key() {
+        let check = |f: &dyn Fn(&mut ServerConfig)| {
+            let mut c = ServerConfig::default();
+            f(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        assert_eq!(
+            check(&|c| c.admission.connections_per_second = 0),
+            "admission.connections_per_second = 0: must be greater than 0"
+        );
+        assert!(check(&|c| c.admission.connection_burst = 0).contains("admission.connection_burst"));
+        assert_eq!(
+            check(&|c| c.admission.connections_per_second_per_address = Some(501)),
+            "admission.connections_per_second_per_address = 501: must not exceed \
+             admission.connections_per_second (500)"
+        );
+        assert!(
+            check(&|c| c.admission.connection_burst_per_address = Some(0))
+                .contains("admission.connection_burst_per_address = 0")
+        );
+        assert!(check(&|c| c.admission.max_concurrent_handshakes = Some(0))
+            .contains("admission.max_concurrent_handshakes"));
+        assert!(check(&|c| c.admission.max_channel_count = Some(0))
+            .contains("admission.max_channel_count"));
+        assert!(
+            check(&|c| c.admission.max_concurrent_session_establishment = Some(0))
+                .contains("admission.max_concurrent_session_establishment")
+        );
+        assert!(
+            check(&|c| c.admission.max_unfinished_handshakes_per_address = 0)
+                .contains("admission.max_unfinished_handshakes_per_address")
+        );
+        assert!(check(&|c| c.runtime.worker_threads = Some(0)).contains("runtime.worker_threads"));
+        // Zero is meaningful for these two.
+        let mut c = ServerConfig::default();
+        c.admission.session_establishment_queue_limit = 0;
+        c.admission.open_files_headroom = 0;
+        c.validate().unwrap();
     }
 }

@@ -284,13 +284,13 @@ pub fn execute(ctx: &mut ServiceContext, request: Request) -> Dispatched {
 }
 
 /// Counts a request of `service` answered with the ServiceFault of `e`,
-/// and a busy answer when it carries a retry-after (stage `session` for
+/// and a busy answer when it carries a retry-after (stage `establishment` for
 /// session establishment, `request` for the rest).
 fn count_failure(state: &crate::state::ServerState, service: Service, e: &ServiceError) {
     state.metrics.requests.record(service, e.status_code());
     if let Some(hint) = e.retry_after() {
         let stage = match service {
-            Service::CreateSession | Service::ActivateSession => Stage::Session,
+            Service::CreateSession | Service::ActivateSession => Stage::Establishment,
             _ => Stage::Request,
         };
         state.metrics.busy_answer(stage, hint);

@@ -288,15 +288,16 @@ impl RequestCounters {
 /// label. Add a variant when a stage needs one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Stage {
-    /// At the listener, before any byte is read (rate limits, open files).
-    Listener,
+    /// At accept, before any byte is read (rate limits, open files;
+    /// `admission::Stage::Accept`).
+    Accept,
     /// The secure channel count.
     Channel,
     /// Concurrent OpenSecureChannel handshakes (asymmetric work).
     Handshake,
     /// Session establishment (CreateSession, ActivateSession, the session
-    /// count).
-    Session,
+    /// count; `admission::Stage::Establishment`).
+    Establishment,
     /// An ordinary request (the request queue, issue 12).
     Request,
 }
@@ -304,20 +305,20 @@ pub enum Stage {
 impl Stage {
     /// Every stage, in index order.
     pub const ALL: [Stage; 5] = [
-        Stage::Listener,
+        Stage::Accept,
         Stage::Channel,
         Stage::Handshake,
-        Stage::Session,
+        Stage::Establishment,
         Stage::Request,
     ];
 
     /// The label value.
     pub const fn name(self) -> &'static str {
         match self {
-            Stage::Listener => "listener",
+            Stage::Accept => "accept",
             Stage::Channel => "channel",
             Stage::Handshake => "handshake",
-            Stage::Session => "session",
+            Stage::Establishment => "establishment",
             Stage::Request => "request",
         }
     }

@@ -127,11 +127,7 @@ impl Collector for ServerCollector {
 
         // Connections and channels.
         let mut connections = vec![(
-            vec![
-                ("outcome", "accepted"),
-                ("stage", "listener"),
-                ("reason", ""),
-            ],
+            vec![("outcome", "accepted"), ("stage", "accept"), ("reason", "")],
             m.connections_accepted(),
         )];
         for stage in Stage::ALL {
@@ -414,7 +410,7 @@ mod tests {
         m.connection_accepted();
         m.connection_accepted();
         m.connection_closed();
-        m.connection_shed(Stage::Listener, ShedReason::AddressRate);
+        m.connection_shed(Stage::Accept, ShedReason::AddressRate);
         m.channel_opened();
         m.handshakes_in_flight(3);
         m.handshakes_in_flight(-1);
@@ -440,14 +436,12 @@ mod tests {
             let text = render(&state, format);
             let v = |s: &str| value(&text, s).unwrap_or_else(|| panic!("{s} in\n{text}"));
             assert_eq!(
-                v(
-                    r#"opcua_server_connections_total{outcome="accepted",stage="listener",reason=""}"#
-                ),
+                v(r#"opcua_server_connections_total{outcome="accepted",stage="accept",reason=""}"#),
                 "2"
             );
             assert_eq!(
                 v(
-                    r#"opcua_server_connections_total{outcome="shed",stage="listener",reason="address_rate"}"#
+                    r#"opcua_server_connections_total{outcome="shed",stage="accept",reason="address_rate"}"#
                 ),
                 "1"
             );

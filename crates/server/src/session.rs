@@ -385,6 +385,18 @@ impl SessionTable {
         self.orphaned.load(Ordering::Relaxed)
     }
 
+    /// Sessions created and not activated (yet). Walks every shard: for
+    /// diagnostics and tests, not for a request path.
+    pub fn unactivated_count(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let g = s.lock().unwrap_or_else(|p| p.into_inner());
+                g.sessions.values().filter(|s| !s.activated).count()
+            })
+            .sum()
+    }
+
     /// Adds `listener`: it hears every later transition.
     pub fn listen(&self, listener: SessionListener) {
         self.listeners

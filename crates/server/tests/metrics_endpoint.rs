@@ -169,7 +169,7 @@ async fn metrics_and_health_of_a_running_server() {
     assert_eq!(v("opcua_server_channels_open"), 1);
     assert_eq!(v("opcua_server_subscriptions"), 1);
     assert!(
-        v(r#"opcua_server_connections_total{outcome="accepted",stage="listener",reason=""}"#) >= 1
+        v(r#"opcua_server_connections_total{outcome="accepted",stage="accept",reason=""}"#) >= 1
     );
 
     let _ = stop_tx.send(());

@@ -282,7 +282,15 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
                         if uascale_client::backoff::is_busy_signal(status) {
                             counters.busy.fetch_add(1, Ordering::Relaxed);
                         }
-                        if attempt == max_retries {
+                        // Only transient statuses are worth another try:
+                        // an untrusted certificate or a refused user fails
+                        // the same way again (§7).
+                        let transient = matches!(
+                            e,
+                            uascale_client::ClientError::Io(_)
+                                | uascale_client::ClientError::Timeout
+                        ) || uascale_client::backoff::is_transient(status);
+                        if attempt == max_retries || !transient {
                             counters.failed.fetch_add(1, Ordering::Relaxed);
                             if let Ok(mut f) = counters.failures.lock() {
                                 count_status(&mut f, status, 1);

