@@ -20,7 +20,7 @@ use uascale_types::{decode_message, DecodeLimits, Reader};
 
 const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--host NAME] [--port N]
                      [--bind ADDR] [--nodes N] [--rate-ms MS] [--nodeset FILE]...
-                     [--pki DIR] [--security none|all]
+                     [--pki DIR] [--security none|all] [--metrics ADDR]
        uascale decode <HEX | @FILE>
        uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
        uascale user hash
@@ -36,7 +36,9 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            flags override it; --pki DIR is the PKI directory (default ./pki,
            created with a self-signed certificate on first start);
            --security none publishes only the unsecured endpoint (no PKI),
-           all every RSA policy in Sign and SignAndEncrypt (the default)
+           all every RSA policy in Sign and SignAndEncrypt (the default);
+           --metrics ADDR serves /metrics (Prometheus), /healthz and /readyz
+           over HTTP on ADDR, e.g. 127.0.0.1:9464 (metrics.listen)
   decode   decode one binary OPC UA service message (the NodeId of its
            encoding followed by the body, as in a MSG chunk) and print it;
            HEX may contain spaces, @FILE reads raw bytes from a file";
@@ -126,6 +128,12 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
                 value("--config")?;
             }
             "--pki" => config.security.pki_dir = value("--pki")?.into(),
+            "--metrics" => {
+                let v = value("--metrics")?;
+                config.metrics.listen = Some(v.parse().map_err(|_| {
+                    format!("--metrics {v:?} is not an address and port (e.g. 127.0.0.1:9464)")
+                })?);
+            }
             "--security" => match value("--security")? {
                 // Only the None endpoint: no PKI, no certificate.
                 "none" => {
@@ -300,6 +308,20 @@ mod tests {
         let hex: String = buf.iter().map(|b| format!("{b:02x} ")).collect();
         let out = decode(&hex).unwrap();
         assert!(out.starts_with("ReadRequest"), "{out}");
+    }
+
+    #[test]
+    fn the_metrics_flag_sets_the_endpoint() {
+        let (config, _) =
+            serve_config(&["--security", "none", "--metrics", "127.0.0.1:9464"]).unwrap();
+        assert_eq!(
+            config.metrics.listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        let (config, _) = serve_config(&["--security", "none"]).unwrap();
+        assert_eq!(config.metrics.listen, None, "off by default");
+        let e = serve_config(&["--metrics", "localhost"]).unwrap_err();
+        assert!(e.contains("--metrics \"localhost\""), "{e}");
     }
 
     #[test]

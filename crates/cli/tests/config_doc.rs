@@ -4,6 +4,10 @@
 //! key in backticks and whose third cell is its default as printed - or,
 //! for a key whose default is derived (from the CPUs, another key), a cell
 //! starting with `derived`; and every key listed there is printed.
+//!
+//! An optional key (an `Option` unset by default, which `--print-config`
+//! leaves out) has the default cell [`UNSET`]: it must not be printed with
+//! the defaults, and must be printed once a file sets it.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -14,6 +18,13 @@ use uascale_server::ServerConfig;
 /// `section.key` -> the default's cell (None for `[[users]]`, which has no
 /// defaults).
 type Keys = BTreeMap<String, Option<String>>;
+
+/// The default cell of an optional key, unset by default.
+const UNSET: &str = "(unset)";
+
+fn is_optional(documented: &Keys, key: &str) -> bool {
+    documented.get(key).and_then(Option::as_deref) == Some(UNSET)
+}
 
 fn print_config(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_uascale"))
@@ -106,15 +117,25 @@ fn configuration_doc_lists_every_key_with_its_default() {
     let doc = std::fs::read_to_string(doc_path).expect("docs/configuration.md");
     let documented = documented_keys(&doc);
 
-    // The defaults, and a user so that [[users]] is printed too.
+    // The defaults, and a user so that [[users]] is printed too, and
+    // every optional key set.
     let mut printed = printed_keys(&print_config(&[]));
+    let unset_printed: Vec<_> = printed
+        .keys()
+        .filter(|k| is_optional(&documented, k))
+        .collect();
+    assert!(
+        unset_printed.is_empty(),
+        "optional keys printed with the defaults: {unset_printed:?}"
+    );
     let dir = std::env::temp_dir().join(format!("uascale-config-doc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("users.toml");
     std::fs::write(
         &file,
         "[[users]]\nname = \"alice\"\npassword_hash = \
-         \"$argon2id$v=19$m=64,t=1,p=1$MDEyMzQ1Njc4OWFiY2RlZg$VqTeVXbWRg6XKh3mS9Zb5B5y4gFHmT1nbC3WlbnJEhc\"\n",
+         \"$argon2id$v=19$m=64,t=1,p=1$MDEyMzQ1Njc4OWFiY2RlZg$VqTeVXbWRg6XKh3mS9Zb5B5y4gFHmT1nbC3WlbnJEhc\"\n\
+         [metrics]\nlisten = \"127.0.0.1:9464\"\n",
     )
     .unwrap();
     let with_user = printed_keys(&print_config(&["--config", file.to_str().unwrap()]));
@@ -122,9 +143,10 @@ fn configuration_doc_lists_every_key_with_its_default() {
     printed.extend(
         with_user
             .into_iter()
-            .filter(|(k, _)| k.starts_with("users.")),
+            .filter(|(k, _)| k.starts_with("users.") || is_optional(&documented, k)),
     );
     assert!(printed.contains_key("users.password_hash"), "{printed:?}");
+    assert!(printed.contains_key("metrics.listen"), "{printed:?}");
 
     let missing: Vec<_> = printed
         .keys()
@@ -157,6 +179,9 @@ fn configuration_doc_lists_every_key_with_its_default() {
         "{derived:?}"
     );
     for (key, value) in &printed {
+        if is_optional(&documented, key) {
+            continue;
+        }
         let Some(value) = value else { continue };
         if derived.contains(&key) {
             // --print-config prints the resolved value.

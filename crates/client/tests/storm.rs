@@ -245,6 +245,16 @@ async fn a_connect_storm_is_shed_with_hints_and_leaves_no_orphans() {
         "the steady session read"
     );
 
+    // The sheds are visible by stage on the metrics.
+    let text = uascale_server::scrape::render(&state, uascale_server::scrape::Format::Prometheus);
+    let shed: f64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("opcua_server_connections_total") && l.contains("outcome=\"shed\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(shed > 0.0, "no shed connection in the metrics:\n{text}");
     // Past the activation deadline nothing created is left un-activated.
     tokio::time::sleep(ACTIVATION_DEADLINE + Duration::from_millis(1500)).await;
     assert_eq!(

@@ -46,6 +46,21 @@ pub struct ServerConfig {
     pub admission: AdmissionSection,
     /// `[runtime]`: the runtime's threads (SCALABILITY.md §6).
     pub runtime: RuntimeSection,
+    /// `[metrics]`: the Prometheus endpoint and health probes
+    /// (SCALABILITY.md §9).
+    pub metrics: MetricsSection,
+}
+
+/// `[metrics]`: the HTTP endpoint with `/metrics` (Prometheus), `/healthz`
+/// and `/readyz` (docs/metrics.md).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Address and port the endpoint listens on (`listen`, e.g.
+    /// `"127.0.0.1:9464"`; `uascale serve --metrics ADDR`). Default unset:
+    /// no endpoint. Port 0 lets the kernel choose.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
 }
 
 /// `[server]`: what the server is and where it listens.

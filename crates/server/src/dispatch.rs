@@ -15,6 +15,7 @@ use uascale_types::{
 
 use crate::context::ServiceContext;
 use crate::error::{service_fault, ServiceError};
+use crate::metrics::{Service, Stage};
 use crate::reply::{Answer, BoxFuture};
 use crate::services::{attribute, discovery, method, monitored_item, session, subscription, view};
 
@@ -74,6 +75,14 @@ macro_rules! requests {
                 match self {
                     $(Request::$variant(_) => stringify!($variant),)*
                     Request::Unsupported(_) => "Unsupported",
+                }
+            }
+
+            /// The service, as the request counters know it.
+            pub fn service(&self) -> Service {
+                match self {
+                    $(Request::$variant(_) => Service::$variant,)*
+                    Request::Unsupported(_) => Service::Unsupported,
                 }
             }
         }
@@ -213,6 +222,7 @@ pub fn peek_request_handle(message: &[u8], limits: &DecodeLimits) -> u32 {
 pub fn dispatch(ctx: &mut ServiceContext, message: &[u8]) -> Dispatched {
     // The most frequent request, without its intermediate vectors.
     if let Some(response) = attribute::read_fast(ctx, message) {
+        ctx.state.metrics.requests.good(Service::Read);
         return Dispatched::Now(response);
     }
     dispatch_general(ctx, message)
@@ -227,6 +237,7 @@ pub fn dispatch_general(ctx: &mut ServiceContext, message: &[u8]) -> Dispatched 
         Err(e) => {
             tracing::debug!(error = %e, "request did not decode");
             let handle = peek_request_handle(message, limits);
+            count_failure(&ctx.state, Service::Invalid, &e);
             return Dispatched::Now(encode(&e.to_fault(ctx.now, handle)));
         }
     };
@@ -237,22 +248,52 @@ pub fn dispatch_general(ctx: &mut ServiceContext, message: &[u8]) -> Dispatched 
 pub fn execute(ctx: &mut ServiceContext, request: Request) -> Dispatched {
     ctx.session = None;
     let handle = request.header().request_handle;
+    let service = request.service();
     match route(ctx, request) {
-        Ok(Routed::Now(response)) => Dispatched::Now(encode(response.as_ref())),
+        Ok(Routed::Now(response)) => {
+            ctx.state.metrics.requests.good(service);
+            Dispatched::Now(encode(response.as_ref()))
+        }
         Ok(Routed::Later(future)) => {
             let now = ctx.now;
+            let state = std::sync::Arc::clone(&ctx.state);
             Dispatched::Later {
                 request_handle: handle,
                 future: Box::pin(async move {
                     match future.await {
-                        Ok(response) => encode(response.as_ref()),
-                        Err(e) => encode(&e.to_fault(now, handle)),
+                        Ok(response) => {
+                            state.metrics.requests.good(service);
+                            encode(response.as_ref())
+                        }
+                        Err(e) => {
+                            count_failure(&state, service, &e);
+                            encode(&e.to_fault(now, handle))
+                        }
                     }
                 }),
             }
         }
+        // Counted when the subscription engine answers it
+        // (`ServerMetrics::publish_answered`).
         Ok(Routed::Parked) => Dispatched::Parked,
-        Err(e) => Dispatched::Now(encode(&e.to_fault(ctx.now, handle))),
+        Err(e) => {
+            count_failure(&ctx.state, service, &e);
+            Dispatched::Now(encode(&e.to_fault(ctx.now, handle)))
+        }
+    }
+}
+
+/// Counts a request of `service` answered with the ServiceFault of `e`,
+/// and a busy answer when it carries a retry-after (stage `establishment` for
+/// session establishment, `request` for the rest).
+fn count_failure(state: &crate::state::ServerState, service: Service, e: &ServiceError) {
+    state.metrics.requests.record(service, e.status_code());
+    if let Some(hint) = e.retry_after() {
+        let stage = match service {
+            Service::CreateSession | Service::ActivateSession => Stage::Establishment,
+            _ => Stage::Request,
+        };
+        state.metrics.busy_answer(stage, hint);
     }
 }
 

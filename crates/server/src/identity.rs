@@ -333,16 +333,17 @@ impl AuthFailures {
         }
     }
 
-    /// Counts a failed authentication of `key`.
-    pub fn failed(&self, key: &str, now: Instant) {
+    /// Counts a failed authentication of `key`; true when this failure
+    /// locked it out.
+    pub fn failed(&self, key: &str, now: Instant) -> bool {
         if self.max == 0 {
-            return;
+            return false;
         }
         let mut entries = self.lock();
         if !entries.contains_key(key) && entries.len() >= MAX_TRACKED {
             entries.retain(|_, e| is_live(e, now));
             if entries.len() >= MAX_TRACKED {
-                return;
+                return false;
             }
         }
         let entry = entries.entry(key.to_owned()).or_insert(FailureEntry {
@@ -351,7 +352,7 @@ impl AuthFailures {
             locked_until: None,
         });
         if entry.locked_until.is_some_and(|u| now < u) {
-            return;
+            return false;
         }
         if now.saturating_duration_since(entry.first) >= FAILURE_WINDOW
             || entry.locked_until.is_some()
@@ -369,7 +370,9 @@ impl AuthFailures {
                 key,
                 "too many failed authentications; locked out for 5 minutes"
             );
+            return true;
         }
+        false
     }
 
     /// Clears `key`'s count after a successful non-anonymous activation.
@@ -547,10 +550,14 @@ mod tests {
     fn lockout_after_max_failures_within_a_minute() {
         let t0 = Instant::now();
         let f = AuthFailures::new(3);
-        f.failed("k", t0);
-        f.failed("k", t0 + Duration::from_secs(10));
+        assert!(!f.failed("k", t0));
+        assert!(!f.failed("k", t0 + Duration::from_secs(10)));
         assert_eq!(f.check("k", t0 + Duration::from_secs(11)), Ok(()));
-        f.failed("k", t0 + Duration::from_secs(20));
+        assert!(f.failed("k", t0 + Duration::from_secs(20)), "the lockout");
+        assert!(
+            !f.failed("k", t0 + Duration::from_secs(21)),
+            "already locked"
+        );
         assert_eq!(
             f.check("k", t0 + Duration::from_secs(21)),
             Err(StatusCode::BadUserAccessDenied)

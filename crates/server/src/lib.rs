@@ -16,7 +16,8 @@
 //!   ([`error`]);
 //! - the session table's transitions ([`session::SessionEvent`]) reach the
 //!   connection, the subscription engine ([`subscription`]), audit
-//!   ([`audit`]) and the counters ([`metrics`]);
+//!   ([`audit`]) and the counters ([`metrics`]), which [`scrape`] encodes
+//!   for the Prometheus endpoint `net` serves (`[metrics] listen`);
 //! - [`admission`], [`scheduler`] and [`cluster`] are where admission
 //!   control, the request queue and scale-out land.
 //!
@@ -46,6 +47,7 @@ pub mod numeric_range;
 pub mod pki;
 pub mod reply;
 pub mod scheduler;
+pub mod scrape;
 pub mod security;
 pub mod server_object;
 pub mod services;

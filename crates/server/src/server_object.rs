@@ -155,6 +155,22 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CumulatedSubscriptionCount => {
             Variant::UInt32(u32_of(ctx.subscriptions.cumulated_subscription_count()))
         }
+        // No views (Part 5: server-created views).
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_ServerViewCount => Variant::UInt32(0),
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_SessionAbortCount => {
+            Variant::UInt32(u32_of64(ctx.metrics.sessions.snapshot().aborted))
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_PublishingIntervalCount => {
+            Variant::UInt32(u32_of(
+                ctx.subscriptions.publishing_interval_count(ctx.instant),
+            ))
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_SecurityRejectedRequestsCount => {
+            Variant::UInt32(u32_of64(ctx.metrics.requests.security_rejected()))
+        }
+        v::Server_ServerDiagnostics_ServerDiagnosticsSummary_RejectedRequestsCount => {
+            Variant::UInt32(u32_of64(ctx.metrics.requests.rejected()))
+        }
         v::Server_ServerCapabilities_MinSupportedSampleRate => {
             Variant::Double(ctx.subscriptions.limits.min_sampling_interval.as_secs_f64() * 1000.0)
         }
@@ -162,23 +178,42 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
     })
 }
 
-/// The ServerDiagnosticsSummary structure: the counters the server keeps
-/// (sessions, rejections, timeouts, subscriptions); the request and abort
-/// counters it does not keep read 0.
+/// The ServerDiagnosticsSummary structure, every field live (each the
+/// value its own variable reads):
+/// - sessions: current, cumulated, rejected and security-rejected
+///   (CreateSession and ActivateSession), timed out (with the orphans
+///   closed at the activation deadline);
+/// - aborts: sessions the server closed for an error - none today (a
+///   session whose channel is gone waits for a reconnect and times out);
+/// - subscriptions: current, cumulated, and the distinct publishing
+///   intervals in use;
+/// - requests answered with a Bad service result (any service, including
+///   session establishment and Publish), and the part of them rejected for
+///   a security reason ([`crate::metrics::is_security_rejection`]);
+/// - views: 0, there are none.
 fn diagnostics_summary(ctx: &ServiceContext) -> uascale_types::ServerDiagnosticsSummaryDataType {
     uascale_types::ServerDiagnosticsSummaryDataType {
+        server_view_count: 0,
         current_session_count: u32_of(ctx.sessions.len()),
         cumulated_session_count: u32_of(ctx.sessions.cumulated_count()),
         security_rejected_session_count: u32_of(ctx.sessions.security_rejected_count()),
         rejected_session_count: u32_of(ctx.sessions.rejected_count()),
         session_timeout_count: u32_of(ctx.sessions.expired_count()),
+        session_abort_count: u32_of64(ctx.metrics.sessions.snapshot().aborted),
         current_subscription_count: u32_of(ctx.subscriptions.subscription_count()),
         cumulated_subscription_count: u32_of(ctx.subscriptions.cumulated_subscription_count()),
-        ..Default::default()
+        publishing_interval_count: u32_of(ctx.subscriptions.publishing_interval_count(ctx.instant)),
+        security_rejected_requests_count: u32_of64(ctx.metrics.requests.security_rejected()),
+        rejected_requests_count: u32_of64(ctx.metrics.requests.rejected()),
     }
 }
 
 fn u32_of(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// A counter as UInt32, held at `u32::MAX` once it passes it.
+fn u32_of64(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
@@ -465,6 +500,112 @@ mod tests {
                 },
             )
         });
+    }
+
+    /// ServerViewCount, SessionAbortCount, PublishingIntervalCount,
+    /// SecurityRejectedRequestsCount and RejectedRequestsCount read as
+    /// UInt32s that follow what they count, and so does the structure.
+    #[test]
+    fn diagnostics_summary_counters_are_live() {
+        use v::{
+            Server_ServerDiagnostics_ServerDiagnosticsSummary_PublishingIntervalCount as INTERVALS,
+            Server_ServerDiagnostics_ServerDiagnosticsSummary_RejectedRequestsCount as REJECTED,
+            Server_ServerDiagnostics_ServerDiagnosticsSummary_SecurityRejectedRequestsCount as SECURITY,
+            Server_ServerDiagnostics_ServerDiagnosticsSummary_ServerViewCount as VIEWS,
+            Server_ServerDiagnostics_ServerDiagnosticsSummary_SessionAbortCount as ABORTS,
+        };
+        let w = world();
+        let ids = [VIEWS, ABORTS, INTERVALS, SECURITY, REJECTED];
+        assert_eq!(ids, [2276, 2282, 2284, 2287, 2288], "the namespace-0 ids");
+        // Read at `secs` after the start (the interval count is cached for
+        // a second).
+        let read = |secs: u64| -> Vec<Variant> {
+            let mut ctx = w.ctx();
+            ctx.instant = w.t0 + Duration::from_secs(secs);
+            attribute::read(&ctx, &read_request(&ids))
+                .unwrap()
+                .results
+                .unwrap()
+                .into_iter()
+                .map(|dv| dv.value.unwrap())
+                .collect()
+        };
+        let u = |n: [u32; 5]| n.map(Variant::UInt32).to_vec();
+        assert_eq!(read(0), u([0, 0, 0, 0, 0]));
+
+        // Requests answered Bad, through the dispatcher: a Read without a
+        // session, and an ActivateSession with an invalid identity token (a
+        // security rejection).
+        let mut ctx = w.ctx();
+        let mut call = |req: &dyn t::DynStructure| {
+            let mut msg = Vec::new();
+            t::encode_message(req, &mut msg);
+            crate::dispatch::dispatch(&mut ctx, &msg);
+        };
+        call(&t::ReadRequest {
+            nodes_to_read: Some(vec![t::ReadValueId {
+                node_id: NodeId::ns0(VIEWS),
+                attribute_id: t::AttributeId::Value as u32,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        call(&t::ActivateSessionRequest {
+            request_header: header(),
+            user_identity_token: t::ExtensionObject::new(t::AnonymousIdentityToken {
+                policy_id: "not a policy".into(),
+            }),
+            ..Default::default()
+        });
+        // A Read that succeeds is not counted.
+        call(&read_request(&[VIEWS]));
+        // Subscriptions at two distinct intervals.
+        let session = NodeId::numeric(1, 1);
+        for ms in [100.0, 500.0, 100.0] {
+            w.state
+                .subscriptions
+                .create(
+                    w.t0,
+                    &session,
+                    &crate::subscription::Requested {
+                        publishing_interval: ms,
+                        lifetime_count: 300,
+                        max_keep_alive_count: 10,
+                        max_notifications_per_publish: 0,
+                        priority: 0,
+                    },
+                    true,
+                )
+                .unwrap();
+        }
+        w.state.metrics.session_aborted();
+        assert_eq!(read(0), u([0, 1, 0, 1, 2]), "intervals still cached");
+        assert_eq!(read(2), u([0, 1, 2, 1, 2]));
+
+        let mut ctx = w.ctx();
+        ctx.instant = w.t0 + Duration::from_secs(2);
+        let Some(Variant::ExtensionObject(summary)) = super::live_value(
+            &ctx,
+            &NodeId::ns0(v::Server_ServerDiagnostics_ServerDiagnosticsSummary),
+        ) else {
+            panic!("the summary is a structure");
+        };
+        let summary = summary
+            .downcast_ref::<t::ServerDiagnosticsSummaryDataType>()
+            .expect("ServerDiagnosticsSummaryDataType")
+            .clone();
+        assert_eq!(
+            (
+                summary.server_view_count,
+                summary.session_abort_count,
+                summary.publishing_interval_count,
+                summary.security_rejected_requests_count,
+                summary.rejected_requests_count,
+                summary.current_subscription_count,
+                summary.current_session_count,
+            ),
+            (0, 1, 2, 1, 2, 3, 1)
+        );
     }
 
     #[test]

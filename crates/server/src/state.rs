@@ -87,8 +87,10 @@ pub struct ServerState {
     pub budget: Arc<ReassemblyBudget>,
     /// The demo namespace (`None` in states built from parts).
     pub demo: Option<Demo>,
-    /// Counters of what the server did (session transitions and more).
-    pub metrics: crate::metrics::ServerMetrics,
+    /// Counters of what the server did (requests, session transitions,
+    /// connections, ...; shared with the subscription engine's answer
+    /// observer).
+    pub metrics: Arc<crate::metrics::ServerMetrics>,
     /// The admission stages new connections pass.
     pub admission: crate::admission::Admission,
     /// The load-based ServiceLevel (SCALABILITY.md §2), updated as
@@ -101,6 +103,10 @@ pub struct ServerState {
     /// `diagnostics_enabled`, switchable while the server runs (the
     /// ServerDiagnostics EnabledFlag).
     diagnostics_enabled: std::sync::atomic::AtomicBool,
+    /// Readiness: set while the listener serves ([`ServerState::readiness`]).
+    listening: std::sync::atomic::AtomicBool,
+    /// Readiness: set by admission while it sheds every new connection.
+    shedding_all: std::sync::atomic::AtomicBool,
 }
 
 impl ServerState {
@@ -195,7 +201,7 @@ impl ServerState {
             security,
             demo,
             start_time: DateTime::from_system_time(SystemTime::now()),
-            metrics: crate::metrics::ServerMetrics::default(),
+            metrics: Arc::default(),
             // Admission control is built (crate::admission) but not wired yet:
             // every connection is admitted until the network layer passes its
             // counts and the services take their places.
@@ -209,9 +215,16 @@ impl ServerState {
             service_level_now: std::sync::atomic::AtomicU8::new(255),
             auditing: config.server.auditing.into(),
             diagnostics_enabled: config.server.diagnostics_enabled.into(),
+            listening: false.into(),
+            shedding_all: false.into(),
             config,
         });
         Self::listen_to_sessions(&state);
+        // Parked Publishes are counted when the engine answers them.
+        let metrics = Arc::clone(&state.metrics);
+        state
+            .subscriptions
+            .observe_answers(Box::new(move |answer| metrics.publish_answered(answer)));
         state
     }
 
@@ -324,6 +337,38 @@ impl ServerState {
     /// Turns the diagnostics arrays on or off.
     pub fn set_diagnostics_enabled(&self, on: bool) {
         self.diagnostics_enabled
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the server is ready for new clients (`/readyz`): it is
+    /// listening, its PKI is loaded (when a secured endpoint needs one), and
+    /// admission is not shedding every new connection; else why not.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.listening.load(Relaxed) {
+            return Err("not listening");
+        }
+        let secured = self.security.endpoints.iter().any(|(p, _)| !p.is_none());
+        if secured && (self.security.pki.is_none() || self.security.identity.is_none()) {
+            return Err("PKI not loaded");
+        }
+        if self.shedding_all.load(Relaxed) {
+            return Err("shedding every new connection");
+        }
+        Ok(())
+    }
+
+    /// Marks the listener as serving or not (the network layer's run).
+    pub fn set_listening(&self, on: bool) {
+        self.listening
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Tells readiness that admission refuses every new connection now
+    /// (true) or admits again (false): a load balancer then sends new
+    /// clients elsewhere while the sessions already here go on.
+    pub fn set_shedding_all(&self, on: bool) {
+        self.shedding_all
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 

@@ -73,14 +73,28 @@ pub enum Decision {
         status: StatusCode,
         /// The hint.
         retry_after: Duration,
+        /// Which check refused it (for the metrics' reason label).
+        by: AcceptCheck,
     },
 }
 
-impl From<Refusal> for Decision {
-    fn from(r: Refusal) -> Self {
+/// The checks of [`Admission::on_accept`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AcceptCheck {
+    /// Too few file descriptors would remain.
+    OpenFiles,
+    /// The source address's bucket was empty.
+    AddressRate,
+    /// The global bucket was empty.
+    Rate,
+}
+
+impl Decision {
+    fn refuse(r: Refusal, by: AcceptCheck) -> Self {
         Decision::Refuse {
             status: r.status,
             retry_after: r.retry_after,
+            by,
         }
     }
 }
@@ -268,17 +282,20 @@ impl Admission {
             if remaining < headroom {
                 // The connections that must close first.
                 let backlog = (headroom - remaining) as f64;
-                return self.closes_refusal(backlog, now).into();
+                return Decision::refuse(self.closes_refusal(backlog, now), AcceptCheck::OpenFiles);
             }
         }
         let mut s = lock(&self.accept);
         let s = &mut *s;
         if let AddressVerdict::Refuse { wait, refused } = s.addresses.try_take(peer.ip(), now) {
             let rate = s.addresses.rate_per_s();
-            return Decision::from(Refusal {
-                status: StatusCode::BadTcpServerTooBusy,
-                retry_after: bucket_hint(wait, refused, rate, &mut s.jitter),
-            });
+            return Decision::refuse(
+                Refusal {
+                    status: StatusCode::BadTcpServerTooBusy,
+                    retry_after: bucket_hint(wait, refused, rate, &mut s.jitter),
+                },
+                AcceptCheck::AddressRate,
+            );
         }
         match s.global.try_take(now) {
             Ok(()) => Decision::Admit,
@@ -287,10 +304,13 @@ impl Admission {
                 s.refused.add(now, 1.0);
                 let refused = s.refused.value(now);
                 let rate = s.global.rate_per_s();
-                Decision::from(Refusal {
-                    status: StatusCode::BadTcpServerTooBusy,
-                    retry_after: bucket_hint(wait, refused, rate, &mut s.jitter),
-                })
+                Decision::refuse(
+                    Refusal {
+                        status: StatusCode::BadTcpServerTooBusy,
+                        retry_after: bucket_hint(wait, refused, rate, &mut s.jitter),
+                    },
+                    AcceptCheck::Rate,
+                )
             }
         }
     }
@@ -405,6 +425,7 @@ mod tests {
             Decision::Refuse {
                 status,
                 retry_after,
+                ..
             } => {
                 assert_eq!(status, StatusCode::BadTcpServerTooBusy);
                 retry_after
@@ -614,13 +635,17 @@ mod tests {
             );
         }
         assert_eq!(
-            Decision::from(Refusal {
-                status: StatusCode::BadTcpServerTooBusy,
-                retry_after: ms(5)
-            }),
+            Decision::refuse(
+                Refusal {
+                    status: StatusCode::BadTcpServerTooBusy,
+                    retry_after: ms(5)
+                },
+                AcceptCheck::Rate
+            ),
             Decision::Refuse {
                 status: StatusCode::BadTcpServerTooBusy,
-                retry_after: ms(5)
+                retry_after: ms(5),
+                by: AcceptCheck::Rate
             }
         );
     }

@@ -36,6 +36,8 @@ struct ConnectionSink {
     /// session listener); while there is one, the connection may use the
     /// whole reassembly budget (SCALABILITY.md §2).
     activated_sessions: AtomicU32,
+    /// Set when the secure channel opened (the `channels_open` gauge).
+    channel_open: std::sync::atomic::AtomicBool,
     /// The peer's address (admission's per-address stages), kept here
     /// rather than in the task's state, which is multiplied by the
     /// connection count and measured by a test.
@@ -114,6 +116,15 @@ impl ConnectionSink {
         }
     }
 
+    /// Counts the end of this connection (and of its channel, if it
+    /// opened) in the gauges.
+    fn count_gone(&self, state: &ServerState) {
+        if self.channel_open.load(Ordering::Relaxed) {
+            state.metrics.channel_closed();
+        }
+        state.metrics.connection_closed();
+    }
+
     /// Counts a session transition that concerns `channel`.
     fn session_moved(&self, up: bool) {
         if up {
@@ -176,6 +187,7 @@ struct Running {
     abort: tokio::task::AbortHandle,
 }
 
+mod metrics_http;
 mod timers;
 
 /// What the network layer keeps beside the server state.
@@ -249,16 +261,32 @@ impl Shared {
     /// the oldest channel without an activated session when there is
     /// one). `Some` is the ERR to refuse `peer` with.
     fn admit(&self, peer: SocketAddr) -> Option<(StatusCode, String)> {
+        use crate::admission::AcceptCheck;
+        use crate::metrics::{ShedReason, Stage};
         let admission = &self.state.admission;
+        let metrics = &self.state.metrics;
         let now = Instant::now();
         let open = self.connections().len() + 1;
         if let crate::admission::Decision::Refuse {
             status,
             retry_after,
+            by,
         } = admission.on_accept(peer, now, open, self.open_files_soft)
         {
+            let reason = match by {
+                AcceptCheck::OpenFiles => ShedReason::OpenFiles,
+                AcceptCheck::AddressRate => ShedReason::AddressRate,
+                AcceptCheck::Rate => ShedReason::Rate,
+            };
+            metrics.connection_shed(Stage::Accept, reason);
+            metrics.busy_answer(Stage::Accept, retry_after);
+            // Out of descriptors every connection is refused: not ready.
+            if by == AcceptCheck::OpenFiles {
+                self.state.set_shedding_all(true);
+            }
             return Some((status, crate::admission::busy_reason(retry_after)));
         }
+        self.state.set_shedding_all(false);
         use crate::admission::channels::ChannelDecision;
         let oldest_sessionless = || {
             self.connections()
@@ -277,6 +305,8 @@ impl Shared {
                 Some((_, q)) => {
                     // The oldest channel without a session makes room.
                     let refusal = admission.channel_refusal(now);
+                    metrics.connection_shed(Stage::Channel, ShedReason::Evicted);
+                    metrics.busy_answer(Stage::Channel, refusal.retry_after);
                     q.close_with(
                         refusal.status,
                         crate::admission::busy_reason(refusal.retry_after),
@@ -285,6 +315,8 @@ impl Shared {
                 }
                 None => {
                     let refusal = admission.channel_refusal(now);
+                    metrics.connection_shed(Stage::Channel, ShedReason::ChannelLimit);
+                    metrics.busy_answer(Stage::Channel, refusal.retry_after);
                     Some((
                         refusal.status,
                         crate::admission::busy_reason(refusal.retry_after),
@@ -351,6 +383,8 @@ impl Shared {
 pub struct Server {
     shared: Arc<Shared>,
     listener: TcpListener,
+    /// The metrics endpoint's listener (`[metrics] listen`).
+    metrics: Option<TcpListener>,
 }
 
 impl Server {
@@ -377,7 +411,7 @@ impl Server {
         // With port 0 the kernel chose: publish the port actually bound.
         config.server.port = listener.local_addr()?.port();
         let state = ServerState::with_setup(config, setup)?;
-        Ok(Self::serve_state(state, listener))
+        Self::serve_state(state, listener)
     }
 
     /// Serves an already built state on its configured address (whose
@@ -387,10 +421,16 @@ impl Server {
             state.config.server.socket_addr(),
             state.config.limits.listen_backlog,
         )?;
-        Ok(Self::serve_state(state, listener))
+        Self::serve_state(state, listener)
     }
 
-    fn serve_state(state: Arc<ServerState>, listener: TcpListener) -> Self {
+    fn serve_state(state: Arc<ServerState>, listener: TcpListener) -> io::Result<Self> {
+        // The metrics endpoint is bound now, so a bad address fails the
+        // start and port 0 is known before `run`.
+        let metrics = match state.config.metrics.listen {
+            Some(addr) => Some(listen(addr, METRICS_BACKLOG)?),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             state,
             next_channel_id: AtomicU32::new(1),
@@ -411,7 +451,11 @@ impl Server {
                     shared.session_event(event);
                 }
             }));
-        Server { shared, listener }
+        Ok(Server {
+            shared,
+            listener,
+            metrics,
+        })
     }
 
     /// The server's state.
@@ -429,9 +473,27 @@ impl Server {
         self.listener.local_addr()
     }
 
+    /// The address the metrics endpoint is bound to (`None` without
+    /// `[metrics] listen`; with port 0, the port the kernel chose).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// Serves until `shutdown` completes, then closes every connection with
-    /// `BadShutdown` and waits (at most 5 s) for them to flush.
+    /// `BadShutdown` and waits (at most 5 s) for them to flush. The metrics
+    /// endpoint, when configured, serves from the start until the
+    /// connections are gone (`/readyz` answers 503 from shutdown on).
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
+        let metrics = self.metrics.map(|listener| {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(url = %format!("http://{addr}/metrics"), "metrics endpoint listening");
+            }
+            tokio::spawn(metrics_http::serve(
+                listener,
+                Arc::clone(&self.shared.state),
+            ))
+        });
+        self.shared.state.set_listening(true);
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared.state)));
         let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared.state)));
         let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(&self.shared.state)));
@@ -453,6 +515,7 @@ impl Server {
                     Err(e) if is_resource_exhaustion(&e) => {
                         // EMFILE and friends: shed by not accepting for a moment
                         // instead of spinning on an accept that keeps failing.
+                        self.shared.state.metrics.accept_paused();
                         tracing::warn!(error = %e, "accept failed; pausing 100 ms");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -460,6 +523,7 @@ impl Server {
                 },
             }
         }
+        self.shared.state.set_listening(false);
         reaper.abort();
         ticker.abort();
         publisher.abort();
@@ -476,9 +540,17 @@ impl Server {
         {
             self.shared.abort_all();
         }
+        if let Some(task) = metrics {
+            task.abort();
+            // Its listener is closed once the task is gone.
+            let _ = task.await;
+        }
         Ok(())
     }
 }
+
+/// Pending connections the metrics endpoint's listener keeps.
+const METRICS_BACKLOG: u32 = 64;
 
 /// A listening socket on `addr` with `backlog` pending accepts.
 fn listen(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
@@ -547,6 +619,7 @@ fn serve(
 ) -> impl std::future::Future<Output = ()> + Send {
     let _ = stream.set_nodelay(true);
     let state = &shared.state;
+    state.metrics.connection_accepted();
     let now = clock();
     let mut conn = PendingConnection::new().accept(
         now,
@@ -667,6 +740,7 @@ fn serve(
                     queue.close();
                     shared.deregister(id, &queue);
                     queue.abort_running();
+                    queue.count_gone(&shared.state);
                     return;
                 };
                 conn = c;
@@ -680,6 +754,7 @@ fn serve(
         shared.deregister(id, &queue);
         // Answers still running have nowhere to go.
         queue.abort_running();
+        queue.count_gone(&shared.state);
         let _ = stream.shutdown().await;
         tracing::debug!(channel = id, status = ?conn.close_status(), "connection closed");
     }
@@ -699,9 +774,13 @@ async fn run_handshake(
     mut conn: ServerConnection,
     bytes: Vec<u8>,
 ) -> Option<(ServerConnection, Vec<u8>)> {
+    use crate::metrics::{ShedReason, Stage};
+    let metrics = &shared.state.metrics;
     let place = match handshake_place(shared, queue.peer, Instant::now()) {
         Ok(place) => place,
         Err(refusal) => {
+            metrics.connection_shed(Stage::Handshake, ShedReason::HandshakeLimit);
+            metrics.busy_answer(Stage::Handshake, refusal.retry_after);
             conn.close_with(
                 refusal.status,
                 &crate::admission::busy_reason(refusal.retry_after),
@@ -710,6 +789,15 @@ async fn run_handshake(
             return Some((conn, Vec::new()));
         }
     };
+    metrics.handshakes_in_flight(1);
+    // Counted out again however this ends (the work may panic).
+    struct InFlight<'a>(&'a crate::metrics::ServerMetrics);
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            self.0.handshakes_in_flight(-1);
+        }
+    }
+    let _in_flight = InFlight(metrics);
     let permit = shared.crypto.acquire().await.ok()?;
     let done = tokio::task::spawn_blocking(move || {
         let mut bytes = bytes;
@@ -912,8 +1000,15 @@ fn handle_events(
 ) {
     let mut ctx: Option<ServiceContext> = None;
     while let Some(event) = conn.poll_event() {
-        let Event::Request { request_id, body } = event else {
-            continue;
+        let (request_id, body) = match event {
+            Event::Request { request_id, body } => (request_id, body),
+            Event::Opened { .. } => {
+                if !queue.channel_open.swap(true, Ordering::Relaxed) {
+                    state.metrics.channel_opened();
+                }
+                continue;
+            }
+            _ => continue,
         };
         // One context, and one clock reading, for the requests that
         // arrived together.

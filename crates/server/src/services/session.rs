@@ -26,6 +26,7 @@ use crate::audit::{self, SessionAction};
 use crate::context::ServiceContext;
 use crate::error::ServiceError;
 use crate::identity::{self, UserIdentity};
+use crate::metrics::is_security_rejection;
 use crate::session::{Activation, Session};
 
 /// Bounds for the revised session timeout: 10 s ..= 1 h; 0 asks for the
@@ -97,23 +98,6 @@ pub fn create_session(
         );
     }
     r
-}
-
-/// True for the rejections the SecurityRejectedSessionCount counts.
-fn is_security_rejection(status: StatusCode) -> bool {
-    [
-        StatusCode::BadSecurityChecksFailed,
-        StatusCode::BadCertificateUriInvalid,
-        StatusCode::BadNonceInvalid,
-        StatusCode::BadSecurityPolicyRejected,
-        StatusCode::BadSecureChannelIdInvalid,
-        StatusCode::BadApplicationSignatureInvalid,
-        StatusCode::BadIdentityTokenInvalid,
-        StatusCode::BadIdentityTokenRejected,
-        StatusCode::BadUserAccessDenied,
-        StatusCode::BadUserSignatureInvalid,
-    ]
-    .contains(&status)
 }
 
 fn create_session_inner(
@@ -220,6 +204,16 @@ struct Snapshot {
     channel_id: u32,
     thumbprint: Option<[u8; 20]>,
     client_uri: UaString,
+    /// For the establishment time of a first activation.
+    created: uascale_types::DateTime,
+    activated: bool,
+}
+
+/// Counts a failed authentication of lockout key `key` (the lockout
+/// tracker and the metrics).
+fn auth_failed(ctx: &ServiceContext, key: &str) {
+    let lockout = ctx.security.failures.failed(key, ctx.instant);
+    ctx.metrics.auth_failure(lockout);
 }
 
 /// The lockout key (SCALABILITY.md §2): client certificate thumbprint,
@@ -376,6 +370,8 @@ fn activate_session_inner(
             channel_id: s.channel_id,
             thumbprint: s.client_thumbprint,
             client_uri: s.client_uri.clone(),
+            created: s.created,
+            activated: s.activated,
         })
         .map_err(|e| e.status_code())?;
     let channel_thumbprint = ctx
@@ -389,7 +385,10 @@ fn activate_session_inner(
         return Err(StatusCode::BadSecureChannelIdInvalid);
     }
     let key = lockout_key(ctx, &snap);
-    ctx.security.failures.check(&key, ctx.instant)?;
+    ctx.security
+        .failures
+        .check(&key, ctx.instant)
+        .inspect_err(|_| ctx.metrics.auth_refused_locked_out())?;
 
     // The client proves it holds its certificate's key.
     let remote_key = ctx
@@ -413,7 +412,7 @@ fn activate_session_inner(
             sig.signature.as_bytes_or_empty(),
             StatusCode::BadApplicationSignatureInvalid,
         ) {
-            ctx.security.failures.failed(&key, ctx.instant);
+            auth_failed(ctx, &key);
             return Err(status);
         }
     }
@@ -421,14 +420,14 @@ fn activate_session_inner(
     let user = match check_identity(ctx, req, &snap.nonce) {
         Ok(Some(user)) => user,
         Ok(None) => {
-            ctx.security.failures.failed(&key, ctx.instant);
+            auth_failed(ctx, &key);
             return Err(StatusCode::BadUserAccessDenied);
         }
         Err(status) => {
             if status == StatusCode::BadUserSignatureInvalid
                 || status == StatusCode::BadIdentityTokenInvalid
             {
-                ctx.security.failures.failed(&key, ctx.instant);
+                auth_failed(ctx, &key);
             }
             return Err(status);
         }
@@ -460,6 +459,11 @@ fn activate_session_inner(
             ctx.instant,
         )
         .map_err(|e| e.status_code())?;
+    if !snap.activated {
+        let ticks = ctx.now.ticks().saturating_sub(snap.created.ticks()).max(0);
+        let took = Duration::from_nanos(u64::try_from(ticks).unwrap_or(0).saturating_mul(100));
+        ctx.metrics.session_established(took);
+    }
     if !anonymous {
         ctx.security.failures.succeeded(&key);
     }

@@ -129,10 +129,13 @@ pub fn publish(ctx: &ServiceContext, req: &PublishRequest, to: Responder) {
     let session = match ctx.session_id() {
         Ok(s) => s,
         Err(e) => {
-            let _ = to.deliver(Answer::Fault {
+            let answer = Answer::Fault {
                 request_handle: h.request_handle,
                 status: e.status_code(),
-            });
+            };
+            // Past the engine, so counted here (the engine counts its own).
+            ctx.metrics.publish_answered(&answer);
+            let _ = to.deliver(answer);
             return;
         }
     };

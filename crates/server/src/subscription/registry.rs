@@ -114,8 +114,16 @@ pub struct Registry<P> {
     cumulated: AtomicUsize,
     item_count: AtomicUsize,
     wake: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Hears every answer to a parked Publish before it is delivered.
+    observer: OnceLock<AnswerObserver>,
     diagnostics: Mutex<Option<(Instant, Variant)>>,
+    /// The last PublishingIntervalCount and when it was counted.
+    intervals: Mutex<Option<(Instant, usize)>>,
 }
+
+/// What [`Registry::observe_answers`] takes: called with each answer to a
+/// parked Publish (the server's counters).
+pub type AnswerObserver = Box<dyn Fn(&Answer) + Send + Sync>;
 
 impl<P> std::fmt::Debug for Registry<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -152,7 +160,9 @@ impl<P: PublishSink> Registry<P> {
             cumulated: AtomicUsize::new(0),
             item_count: AtomicUsize::new(0),
             wake: OnceLock::new(),
+            observer: OnceLock::new(),
             diagnostics: Mutex::new(None),
+            intervals: Mutex::new(None),
         }
     }
 
@@ -168,6 +178,38 @@ impl<P: PublishSink> Registry<P> {
     /// is scheduled (the timer task's wake-up). Only the first call counts.
     pub fn set_waker(&self, wake: Box<dyn Fn() + Send + Sync>) {
         let _ = self.wake.set(wake);
+    }
+
+    /// Sets the function that hears every answer to a parked Publish (a
+    /// PublishResponse or a fault), before it is delivered. Only the first
+    /// call counts.
+    pub fn observe_answers(&self, observer: AnswerObserver) {
+        let _ = self.observer.set(observer);
+    }
+
+    /// Part 5 PublishingIntervalCount: the number of distinct publishing
+    /// intervals of the subscriptions in the server now (with those
+    /// waiting for a transfer). Counted when asked for, at most once a
+    /// second (SCALABILITY.md §5): it visits every subscription.
+    pub fn publishing_interval_count(&self, now: Instant) -> usize {
+        let mut cache = lock(&self.intervals);
+        if let Some((counted, n)) = *cache {
+            if now.saturating_duration_since(counted) < std::time::Duration::from_secs(1) {
+                return n;
+            }
+        }
+        let mut sets: Vec<(u32, SetRef<P>)> = Vec::new();
+        for shard in &self.owners {
+            sets.extend(lock(shard).iter().map(|(id, o)| (*id, Arc::clone(&o.set))));
+        }
+        let mut intervals = std::collections::HashSet::new();
+        for (id, set) in sets {
+            if let Some(s) = lock(&set).get(id) {
+                intervals.insert(s.interval);
+            }
+        }
+        *cache = Some((now, intervals.len()));
+        intervals.len()
     }
 
     /// Subscriptions in the server.
@@ -276,8 +318,12 @@ impl<P: PublishSink> Registry<P> {
         lock(&self.heap).peek().map(|Reverse(e)| e.at)
     }
 
-    fn deliver(out: Vec<Reply<P>>) {
+    fn deliver(&self, out: Vec<Reply<P>>) {
+        let observer = self.observer.get();
         for r in out {
+            if let Some(o) = observer {
+                o(&r.answer);
+            }
             let _ = r.to.deliver(r.answer);
         }
     }
@@ -297,7 +343,7 @@ impl<P: PublishSink> Registry<P> {
             self.schedule(&set, &mut g);
             r
         };
-        Self::deliver(out);
+        self.deliver(out);
         r
     }
 
@@ -555,7 +601,7 @@ impl<P: PublishSink> Registry<P> {
                 tracing::debug!(subscription = s.id, "subscription lifetime expired");
                 self.forget(&s);
             }
-            Self::deliver(out);
+            self.deliver(out);
         }
     }
 
@@ -589,7 +635,7 @@ impl<P: PublishSink> Registry<P> {
             }
             r
         };
-        Self::deliver(out);
+        self.deliver(out);
         match removed {
             Some(s) => {
                 self.forget(&s);
@@ -643,7 +689,7 @@ impl<P: PublishSink> Registry<P> {
             }
             s
         };
-        Self::deliver(out);
+        self.deliver(out);
         if send_initial_values {
             sub.requeue_last_values();
         }
@@ -684,7 +730,7 @@ impl<P: PublishSink> Registry<P> {
         for s in &gone {
             self.forget(s);
         }
-        Self::deliver(out);
+        self.deliver(out);
     }
 }
 

@@ -1,0 +1,528 @@
+//! The Prometheus exposition of a server: a `prometheus-client`
+//! [`Collector`] that turns the counters of [`crate::metrics`] and the
+//! live counts of the state (sessions, subscriptions, monitored items) into
+//! labelled families at scrape time, encoded as OpenMetrics text or the
+//! Prometheus text format. `docs/metrics.md` lists every family.
+//!
+//! Nothing is registered or allocated per event: the families exist only
+//! while a scrape encodes them. Series of labelled counters that are still
+//! 0 are left out (a Prometheus query treats a missing series as no
+//! events); unlabelled families are always there.
+
+use std::fmt::Error;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::metrics::{
+    HistogramSnapshot, Service, ShedReason, Stage, StatusClass, NOTIFICATION_TYPES,
+};
+use crate::state::ServerState;
+
+/// The `Content-Type` of [`Format::OpenMetrics`].
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The `Content-Type` of [`Format::Prometheus`].
+pub const PROMETHEUS_CONTENT_TYPE: &str =
+    prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// A text exposition format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 text (ends with `# EOF`).
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4 (what `curl` gets).
+    Prometheus,
+}
+
+impl Format {
+    /// The format a scraper asks for in its `Accept` header: OpenMetrics
+    /// when it names it, else the Prometheus text format.
+    pub fn from_accept(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::Prometheus,
+        }
+    }
+
+    /// Its `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => OPENMETRICS_CONTENT_TYPE,
+            Format::Prometheus => PROMETHEUS_CONTENT_TYPE,
+        }
+    }
+}
+
+/// Every metric family of `state`, in `format`.
+pub fn render(state: &Arc<ServerState>, format: Format) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ServerCollector {
+        state: Arc::clone(state),
+    }));
+    let mut out = String::with_capacity(8 * 1024);
+    let encoded = match format {
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry),
+        Format::Prometheus => {
+            prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+        }
+    };
+    if let Err(e) = encoded {
+        // Writing to a String cannot fail; say so rather than panic.
+        out.push_str(&format!("# encoding failed: {e}\n"));
+    }
+    out
+}
+
+/// The collector of one server's families.
+#[derive(Debug)]
+pub struct ServerCollector {
+    /// The server whose counters are encoded.
+    pub state: Arc<ServerState>,
+}
+
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), Error> {
+    ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> Result<(), Error> {
+    ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+/// A counter family: one series per label set, the zero ones left out
+/// unless `keep_zero`.
+fn counters(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: &[(Vec<(&str, &str)>, u64)],
+    keep_zero: bool,
+) -> Result<(), Error> {
+    let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in series {
+        if *v > 0 || keep_zero {
+            ConstCounter::new(*v).encode(family.encode_family(&labels.as_slice())?)?;
+        }
+    }
+    Ok(())
+}
+
+fn histogram(
+    family: &mut prometheus_client::encoding::MetricEncoder,
+    h: &HistogramSnapshot,
+) -> Result<(), Error> {
+    family.encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)
+}
+
+impl Collector for ServerCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), Error> {
+        let state = &self.state;
+        let m = &state.metrics;
+
+        // Connections and channels.
+        let mut connections = vec![(
+            vec![("outcome", "accepted"), ("stage", "accept"), ("reason", "")],
+            m.connections_accepted(),
+        )];
+        for stage in Stage::ALL {
+            for reason in ShedReason::ALL {
+                connections.push((
+                    vec![
+                        ("outcome", "shed"),
+                        ("stage", stage.name()),
+                        ("reason", reason.name()),
+                    ],
+                    m.connections_shed(stage, reason),
+                ));
+            }
+        }
+        {
+            let mut family = enc.encode_descriptor(
+                "opcua_server_connections",
+                "TCP connections accepted by the listener, and connections shed by an admission stage, by reason",
+                None,
+                MetricType::Counter,
+            )?;
+            for (i, (labels, v)) in connections.iter().enumerate() {
+                // The accepted series is always there.
+                if i == 0 || *v > 0 {
+                    ConstCounter::new(*v).encode(family.encode_family(&labels.as_slice())?)?;
+                }
+            }
+        }
+        gauge(
+            &mut enc,
+            "opcua_server_connections_open",
+            "Connections being served now",
+            m.connections_open(),
+        )?;
+        counter(
+            &mut enc,
+            "opcua_server_accept_pauses",
+            "Times the listener paused accepting because file descriptors ran out",
+            m.accept_pauses(),
+        )?;
+        gauge(
+            &mut enc,
+            "opcua_server_channels_open",
+            "Secure channels open now",
+            m.channels_open(),
+        )?;
+        gauge(
+            &mut enc,
+            "opcua_server_handshakes_in_flight",
+            "OpenSecureChannel handshakes in flight now",
+            m.handshakes(),
+        )?;
+
+        // Busy answers and their hints.
+        {
+            let mut family = enc.encode_descriptor(
+                "opcua_server_busy_answers",
+                "Busy answers sent (ERR BadTcpServerTooBusy or a ServiceFault with a retry-after), by stage",
+                None,
+                MetricType::Counter,
+            )?;
+            for stage in Stage::ALL {
+                let n = m.busy_answers(stage).count;
+                if n > 0 {
+                    ConstCounter::new(n)
+                        .encode(family.encode_family(&[("stage", stage.name())])?)?;
+                }
+            }
+        }
+        {
+            let mut family = enc.encode_descriptor(
+                "opcua_server_busy_retry_after",
+                "The retry-after hints of the busy answers, by stage",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?;
+            for stage in Stage::ALL {
+                let h = m.busy_answers(stage);
+                if h.count > 0 {
+                    histogram(&mut family.encode_family(&[("stage", stage.name())])?, &h)?;
+                }
+            }
+        }
+
+        // Sessions.
+        let s = m.sessions.snapshot();
+        {
+            let mut family = enc.encode_descriptor(
+                "opcua_server_sessions",
+                "Sessions now: establishing (created, not yet activated) and active",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (st, v) in [("establishing", s.establishing), ("active", s.active)] {
+                ConstGauge::new(v).encode(family.encode_family(&[("state", st)])?)?;
+            }
+        }
+        counters(
+            &mut enc,
+            "opcua_server_session_transitions",
+            "Session transitions: created, activated (first time), moved (to another channel), closed (CloseSession), timed_out, orphaned (never activated, reaped at the activation deadline), aborted",
+            &[
+                (vec![("transition", "created")], s.created),
+                (vec![("transition", "activated")], s.activated),
+                (vec![("transition", "moved")], s.moved),
+                (vec![("transition", "closed")], s.closed),
+                (vec![("transition", "timed_out")], s.timed_out),
+                (vec![("transition", "orphaned")], s.orphaned),
+                (vec![("transition", "aborted")], s.aborted),
+            ],
+            true,
+        )?;
+        {
+            let mut family = enc.encode_descriptor(
+                "opcua_server_session_establishment",
+                "Time from CreateSession to the first successful ActivateSession",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?;
+            histogram(&mut family, &m.establishment())?;
+        }
+        let (failures, lockouts, locked_out) = m.auth_counts();
+        counter(
+            &mut enc,
+            "opcua_server_auth_failures",
+            "Failed authentications (user token, user or application signature)",
+            failures,
+        )?;
+        counter(
+            &mut enc,
+            "opcua_server_auth_lockouts",
+            "Clients locked out after max_failed_authentication_attempts failures",
+            lockouts,
+        )?;
+        counter(
+            &mut enc,
+            "opcua_server_auth_locked_out_refusals",
+            "ActivateSession requests refused because their client was locked out",
+            locked_out,
+        )?;
+
+        // Requests.
+        let mut requests = Vec::new();
+        for service in Service::ALL {
+            let count = |c| m.requests.count(*service, c);
+            for (class, v) in [
+                (StatusClass::Good, count(StatusClass::Good)),
+                (StatusClass::Uncertain, count(StatusClass::Uncertain)),
+                (
+                    StatusClass::Bad,
+                    count(StatusClass::Bad) + count(StatusClass::BadSecurity),
+                ),
+            ] {
+                requests.push((
+                    vec![("service", service.name()), ("status", class.label())],
+                    v,
+                ));
+            }
+        }
+        counters(
+            &mut enc,
+            "opcua_server_requests",
+            "Requests answered, by service and service result (good, uncertain, bad)",
+            &requests,
+            false,
+        )?;
+        let errors: Vec<(String, u64)> = m
+            .requests
+            .errors()
+            .into_iter()
+            .map(|(code, n)| {
+                let name = code
+                    .name()
+                    .map_or_else(|| format!("0x{:08X}", code.bits()), str::to_owned);
+                (name, n)
+            })
+            .collect();
+        {
+            let mut family = enc.encode_descriptor(
+                "opcua_server_request_errors",
+                "Requests answered with a Bad service result, by status code",
+                None,
+                MetricType::Counter,
+            )?;
+            for (name, n) in &errors {
+                ConstCounter::new(*n)
+                    .encode(family.encode_family(&[("status", name.as_str())])?)?;
+            }
+        }
+
+        // Subscriptions.
+        let (notifying, keep_alive) = m.publish_responses();
+        counters(
+            &mut enc,
+            "opcua_server_publish_responses",
+            "Publish responses sent: with notifications, or keep-alives",
+            &[
+                (vec![("kind", "notification")], notifying),
+                (vec![("kind", "keep_alive")], keep_alive),
+            ],
+            true,
+        )?;
+        let notifications = m.notifications();
+        counters(
+            &mut enc,
+            "opcua_server_notifications",
+            "Notifications sent in Publish responses: data changes (one per monitored item value), events, status changes",
+            &NOTIFICATION_TYPES
+                .iter()
+                .zip(notifications)
+                .map(|(t, n)| (vec![("type", *t)], n))
+                .collect::<Vec<_>>(),
+            true,
+        )?;
+        gauge(
+            &mut enc,
+            "opcua_server_subscriptions",
+            "Subscriptions now (with those waiting for a transfer)",
+            i64::try_from(state.subscriptions.subscription_count()).unwrap_or(i64::MAX),
+        )?;
+        gauge(
+            &mut enc,
+            "opcua_server_monitored_items",
+            "Monitored items now",
+            i64::try_from(state.subscriptions.monitored_item_count()).unwrap_or(i64::MAX),
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use uascale_types::StatusCode;
+
+    use super::*;
+    use crate::metrics::ShedReason;
+
+    fn state() -> Arc<ServerState> {
+        ServerState::from_parts(
+            crate::ServerConfig::default(),
+            crate::address_space::AddressSpace::default(),
+            crate::node_manager::NodeManagers::default(),
+            crate::security::SecurityState::none_only(),
+        )
+    }
+
+    /// The value of the sample `series`, written `name{a="x",b="y"}` (the
+    /// labels in any order in `text`).
+    fn value(text: &str, series: &str) -> Option<String> {
+        let labels = |s: &str| -> Vec<String> {
+            let mut v: Vec<String> = s
+                .trim_start_matches('{')
+                .trim_end_matches('}')
+                .split("\",")
+                .filter(|l| !l.is_empty())
+                .map(|l| l.trim_end_matches('"').to_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        let (name, want) = match series.find('{') {
+            Some(i) => (&series[..i], labels(&series[i..])),
+            None => (series, Vec::new()),
+        };
+        text.lines().find_map(|l| {
+            let (head, value) = l.rsplit_once(' ')?;
+            let rest = head.strip_prefix(name)?;
+            (rest.is_empty() || rest.starts_with('{'))
+                .then(|| labels(rest) == want)?
+                .then(|| value.to_owned())
+        })
+    }
+
+    #[test]
+    fn the_families_carry_what_was_counted() {
+        let state = state();
+        let m = &state.metrics;
+        m.connection_accepted();
+        m.connection_accepted();
+        m.connection_closed();
+        m.connection_shed(Stage::Accept, ShedReason::AddressRate);
+        m.channel_opened();
+        m.handshakes_in_flight(3);
+        m.handshakes_in_flight(-1);
+        m.busy_answer(Stage::Handshake, Duration::from_millis(400));
+        m.session_established(Duration::from_millis(3));
+        m.auth_failure(false);
+        m.auth_failure(true);
+        m.auth_refused_locked_out();
+        m.publish_sent(2, 0, 0);
+        m.publish_sent(0, 0, 0);
+        m.requests.good(Service::Read);
+        m.requests.good(Service::Read);
+        m.requests
+            .record(Service::Read, StatusCode::BadSessionIdInvalid);
+        m.requests
+            .record(Service::ActivateSession, StatusCode::BadUserAccessDenied);
+        m.sessions.record(&crate::session::SessionEvent::Created {
+            session_id: uascale_types::NodeId::ns0(1),
+            channel_id: 1,
+        });
+
+        for format in [Format::Prometheus, Format::OpenMetrics] {
+            let text = render(&state, format);
+            let v = |s: &str| value(&text, s).unwrap_or_else(|| panic!("{s} in\n{text}"));
+            assert_eq!(
+                v(r#"opcua_server_connections_total{outcome="accepted",stage="accept",reason=""}"#),
+                "2"
+            );
+            assert_eq!(
+                v(
+                    r#"opcua_server_connections_total{outcome="shed",stage="accept",reason="address_rate"}"#
+                ),
+                "1"
+            );
+            assert_eq!(v("opcua_server_connections_open"), "1");
+            assert_eq!(v("opcua_server_channels_open"), "1");
+            assert_eq!(v("opcua_server_handshakes_in_flight"), "2");
+            assert_eq!(
+                v(r#"opcua_server_busy_answers_total{stage="handshake"}"#),
+                "1"
+            );
+            assert_eq!(
+                v(r#"opcua_server_busy_retry_after_seconds_bucket{stage="handshake",le="0.25"}"#),
+                "0"
+            );
+            assert_eq!(
+                v(r#"opcua_server_busy_retry_after_seconds_bucket{stage="handshake",le="0.5"}"#),
+                "1"
+            );
+            assert_eq!(
+                v(r#"opcua_server_session_establishment_seconds_bucket{le="0.005"}"#),
+                "1"
+            );
+            assert_eq!(v("opcua_server_session_establishment_seconds_count"), "1");
+            assert_eq!(v(r#"opcua_server_sessions{state="establishing"}"#), "1");
+            assert_eq!(v(r#"opcua_server_sessions{state="active"}"#), "0");
+            assert_eq!(
+                v(r#"opcua_server_session_transitions_total{transition="created"}"#),
+                "1"
+            );
+            assert_eq!(v("opcua_server_auth_failures_total"), "2");
+            assert_eq!(v("opcua_server_auth_lockouts_total"), "1");
+            assert_eq!(v("opcua_server_auth_locked_out_refusals_total"), "1");
+            assert_eq!(
+                v(r#"opcua_server_requests_total{service="Read",status="good"}"#),
+                "2"
+            );
+            assert_eq!(
+                v(r#"opcua_server_requests_total{service="Read",status="bad"}"#),
+                "1"
+            );
+            assert_eq!(
+                v(r#"opcua_server_requests_total{service="ActivateSession",status="bad"}"#),
+                "1"
+            );
+            assert!(
+                value(
+                    &text,
+                    r#"opcua_server_requests_total{service="Write",status="good"}"#
+                )
+                .is_none(),
+                "zero series are left out"
+            );
+            assert_eq!(
+                v(r#"opcua_server_request_errors_total{status="BadUserAccessDenied"}"#),
+                "1"
+            );
+            assert_eq!(
+                v(r#"opcua_server_publish_responses_total{kind="keep_alive"}"#),
+                "1"
+            );
+            assert_eq!(
+                v(r#"opcua_server_notifications_total{type="data_change"}"#),
+                "2"
+            );
+            assert_eq!(v("opcua_server_subscriptions"), "0");
+            assert_eq!(
+                text.trim_end().ends_with("# EOF"),
+                format == Format::OpenMetrics
+            );
+        }
+    }
+
+    #[test]
+    fn the_format_follows_the_accept_header() {
+        assert_eq!(Format::from_accept(None), Format::Prometheus);
+        assert_eq!(
+            Format::from_accept(Some(
+                "application/openmetrics-text;version=1.0.0,text/plain;q=0.5"
+            )),
+            Format::OpenMetrics
+        );
+        assert!(Format::Prometheus.content_type().starts_with("text/plain"));
+    }
+}
