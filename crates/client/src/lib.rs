@@ -66,8 +66,8 @@ pub mod subscription;
 pub use backoff::Backoff;
 pub use error::ClientError;
 pub use net::{
-    Client, ClientOptions, ConnectGate, ConnectReport, GateTurn, MonitoredItem, SecurityOptions,
-    Subscription,
+    Client, ClientOptions, ConnectGate, ConnectReport, GateTurn, MonitoredItem, OpenAttempt,
+    OpenObserver, OpenStage, SecurityOptions, Subscription,
 };
 pub use security::{ServerTrust, TrustListValidator, UserIdentity};
 pub use subscription::{

@@ -11,7 +11,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use uascale_client::{
     event_filter, Backoff, Client, ClientError, ClientOptions, ConnectReport, MonitorItem,
-    Notification, Restore, Subscription, SubscriptionEvent, SubscriptionSettings, UserIdentity,
+    Notification, OpenAttempt, OpenObserver, OpenStage, Restore, Subscription, SubscriptionEvent,
+    SubscriptionSettings, UserIdentity,
 };
 use uascale_server::config::{DemoSection, SecurityConfig, ServerSection, UserConfig};
 use uascale_server::{Server, ServerConfig};
@@ -499,8 +500,13 @@ async fn open_retries_busy_refusals_per_the_backoff() {
         first.close().await;
     });
     let mut report = ConnectReport::default();
+    let heard = Arc::new(Mutex::new(Vec::<OpenAttempt>::new()));
+    let sink = Arc::clone(&heard);
     let options = ClientOptions {
         connect_attempts: 20,
+        on_open_attempt: Some(OpenObserver(Arc::new(move |a: &OpenAttempt| {
+            sink.lock().unwrap().push(a.clone());
+        }))),
         ..fast_reconnect()
     };
     let second = Client::open(&url, options, "second", &mut report)
@@ -509,6 +515,24 @@ async fn open_retries_busy_refusals_per_the_backoff() {
     closer.await.unwrap();
     assert!(report.retries >= 1, "{report:?}");
     assert_eq!(report.busy_answers, report.retries);
+    // The observer heard every attempt: the refusals at CreateSession, each
+    // with its wait, then the success.
+    let heard = heard.lock().unwrap().clone();
+    assert_eq!(heard.len() as u32, report.retries + 1, "{heard:?}");
+    for (i, a) in heard.iter().enumerate() {
+        assert_eq!(a.number as usize, i + 1);
+    }
+    let (last, refused) = heard.split_last().unwrap();
+    assert!(
+        last.failure.is_none() && last.retry_in.is_none(),
+        "{last:?}"
+    );
+    for a in refused {
+        let (stage, e) = a.failure.as_ref().unwrap();
+        assert_eq!(*stage, OpenStage::CreateSession, "{a:?}");
+        assert_eq!(e.status_code(), StatusCode::BadTooManySessions);
+        assert!(a.retry_in.is_some(), "{a:?}");
+    }
     second.read_values(&[NodeId::ns0(2258)]).await.unwrap();
 
     // With too few attempts the refusal is the answer.

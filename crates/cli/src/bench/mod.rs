@@ -10,6 +10,10 @@
 //! - `bench publish` ([`publish`]): S sessions x N subscriptions x K items
 //!   on changing nodes: notifications/s, lateness, server CPU per
 //!   notification.
+//! - `bench storm` ([`storm`]): N clients connecting at once, naive or
+//!   cooperative, over P processes: attempts, busy answers by stage and
+//!   hint, time to establish, sessions left behind, and the lateness of
+//!   steady sessions before, during and after.
 //!
 //! All sample once a second ([`series`]), show progress on stderr
 //! ([`progress`]), print a summary table or `--json` on stdout, and with
@@ -21,6 +25,7 @@ mod read;
 mod report;
 mod series;
 mod sessions;
+mod storm;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -45,6 +50,15 @@ pub const USAGE: &str =
                           [--sampling-ms MS] [--concurrency C] [--warmup-s S]
                           [--duration-s S] [--max-retries R] [--server-pid PID]
                           [--interval-s S] [--json] [--report FILE.html]
+       uascale bench storm URL [--clients N] [--processes P]
+                          [--source-ips IP,IP,...] [--behaviour naive|cooperative|mixed]
+                          [--gate C] [--max-retries R] [--timeout-s S]
+                          [--duration-s D] [--steady N] [--publishing-ms MS]
+                          [--before-s S] [--after-s S]
+                          [--security POLICY[:MODE]] [--pki DIR] [--trust-server]
+                          [--user NAME [--password PW] | --cert FILE --key FILE]
+                          [--server-pid PID] [--interval-s S] [--json]
+                          [--report FILE.html]
 
   bench read      C connections (10) x M Reads in flight (100), K values per
                   Read (1) of the NODEs (default i=2258); --warmup-s (3) then
@@ -71,6 +85,32 @@ pub const USAGE: &str =
                   C sessions opening at once through the client's connect
                   gate: notifications/s, lateness (arrival minus source
                   timestamp), lost messages, server CPU per notification
+  bench storm     N clients (100) connect at once, each on its own connection
+                  and session. --behaviour naive: each attempt (TCP,
+                  OpenSecureChannel, CreateSession, ActivateSession) gets
+                  --timeout-s (3); after any failure or timeout a new attempt
+                  at once, until --duration-s (30); cooperative: the shipped
+                  client (Client::open): the backoff of SCALABILITY.md §7 with
+                  retry-after hints as a lower bound, transient statuses only,
+                  at most R retries (4), at most C connecting at once through
+                  a connect gate (--gate, 50, split over the processes);
+                  mixed (default): half each. --processes P (1) runs the
+                  clients in P child processes (one process may hold only so
+                  many open files); --source-ips binds them round robin to
+                  local addresses (loopback: about 28,000 ports per address
+                  pair). --steady N sessions (0), each subscribed to i=2258
+                  every --publishing-ms (100), are set up first; their
+                  lateness is measured --before-s (2) before the storm,
+                  during it, and --after-s (2) after. Reported: established
+                  over time, attempts, retries, failures by status and stage,
+                  busy answers by stage (connect ERR, session ServiceFault,
+                  BadTooManySessions) with and without a RetryAfterMs hint,
+                  the hints (min/p50/max), time to establish (p50/p99/max),
+                  clients unestablished at the end, sessions left behind
+                  (by the clients, and by the server's ServerDiagnostics
+                  counters read through a separate session), server CPU and
+                  RSS with --server-pid. Security and identity options as
+                  for bench sessions
 
   All sample their series every --interval-s (1). Progress goes to stderr
   (a bar on a terminal, a line per sample otherwise); stdout gets only the
@@ -127,7 +167,7 @@ fn sample_server(pid: u32) -> Option<ServerSample> {
 
 /// The parsed command line of one bench.
 struct Args {
-    /// `read` or `sessions`.
+    /// `read`, `sessions`, `publish` or `storm`.
     kind: &'static str,
     /// Everything after `uascale bench KIND`, for the report.
     raw: Vec<String>,
@@ -231,6 +271,22 @@ impl Args {
     }
 }
 
+/// `--source-ips IP,IP,...`: local addresses to spread connections over
+/// (none when not given).
+fn source_ips(a: &Args) -> Result<Vec<std::net::IpAddr>, String> {
+    match a.last("--source-ips") {
+        None => Ok(vec![]),
+        Some(list) => list
+            .split(',')
+            .map(|ip| {
+                ip.trim()
+                    .parse()
+                    .map_err(|_| format!("--source-ips: {ip:?} is not an IP address"))
+            })
+            .collect(),
+    }
+}
+
 /// A finished bench: the summary as rows for the table and the report, and
 /// the JSON document.
 pub(crate) struct Outcome {
@@ -247,14 +303,24 @@ pub(crate) struct Outcome {
 pub fn run(args: &[&str]) -> ExitCode {
     let context = Context::now();
     let result = match args {
+        [_, rest @ ..] if rest.iter().any(|a| *a == "-h" || *a == "--help") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         ["read", rest @ ..] => Args::parse("read", rest, read::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(read::run(&a))?, a))),
         ["sessions", rest @ ..] => Args::parse("sessions", rest, sessions::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(sessions::run(&a))?, a))),
         ["publish", rest @ ..] => Args::parse("publish", rest, publish::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(publish::run(&a))?, a))),
+        // A child process of `bench storm --processes P`.
+        ["storm", rest @ ..] if std::env::var_os(storm::WORKER_ENV).is_some() => {
+            return storm::child(rest);
+        }
+        ["storm", rest @ ..] => Args::parse("storm", rest, storm::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(storm::run(&a))?, a))),
         _ => Err(format!(
-            "unknown bench; one of: read, sessions, publish\n{USAGE}"
+            "unknown bench; one of: read, sessions, publish, storm\n{USAGE}"
         )),
     };
     match result.and_then(|(mut outcome, a)| {

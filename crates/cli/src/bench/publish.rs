@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -15,10 +15,11 @@ use uascale_client::{
     Client, ClientError, ClientOptions, ConnectGate, ConnectReport, MonitorItem, Notification,
     Subscription, SubscriptionEvent, SubscriptionSettings,
 };
-use uascale_types::{DateTime, NodeId};
+use uascale_types::NodeId;
 
 use super::progress::Progress;
 use super::report::{Chart, Line};
+use super::series::{lateness_histogram, lateness_us};
 use super::{list_counts, sample_server, Args, Outcome, ServerSample};
 
 /// The options `bench publish` takes (besides `--json` and `--report`).
@@ -41,11 +42,6 @@ const SETUP: u8 = 0;
 const WARMUP: u8 = 1;
 const MEASURE: u8 = 2;
 const DONE: u8 = 3;
-
-/// Lateness in microseconds, 1 us to 1 h.
-fn lateness_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant, valid bounds")
-}
 
 #[derive(Default)]
 struct Counters {
@@ -82,16 +78,6 @@ struct PublishPoint {
     lost: u64,
     /// The server's CPU time over the interval / its length (with its PID).
     server_cores_busy: Option<f64>,
-}
-
-/// Microseconds from `then` to now (0 for a null or future time).
-fn lateness_us(then: DateTime) -> u64 {
-    let now = DateTime::from_system_time(SystemTime::now());
-    if then.ticks() <= 0 {
-        return 0;
-    }
-    // DateTime ticks are 100 ns.
-    u64::try_from(now.ticks().saturating_sub(then.ticks()) / 10).unwrap_or(0)
 }
 
 fn nodes(a: &Args) -> Result<Vec<NodeId>, String> {

@@ -5,11 +5,29 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::{count_status, merge_counts, StatusCounts};
-use uascale_types::StatusCode;
+use std::time::SystemTime;
+
+use uascale_types::{DateTime, StatusCode};
 
 /// Latencies in microseconds, 1 us to 60 s at 3 significant digits.
 pub fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("constant, valid bounds")
+}
+
+/// Lateness in microseconds, 1 us to 1 h.
+pub fn lateness_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant, valid bounds")
+}
+
+/// Microseconds from `then` to now (0 for a null or future time): how late
+/// a value arrives after its source timestamp.
+pub fn lateness_us(then: DateTime) -> u64 {
+    let now = DateTime::from_system_time(SystemTime::now());
+    if then.ticks() <= 0 {
+        return 0;
+    }
+    // DateTime ticks are 100 ns.
+    u64::try_from(now.ticks().saturating_sub(then.ticks()) / 10).unwrap_or(0)
 }
 
 /// What completed since the last sample (one per connection, taken by the

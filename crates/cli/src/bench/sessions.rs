@@ -25,7 +25,8 @@ use super::progress::Progress;
 use super::report::{Chart, Line};
 use super::series::SessionPoint;
 use super::{
-    count_status, list_counts, named, sample_server, Args, Outcome, ServerSample, StatusCounts,
+    count_status, list_counts, named, sample_server, source_ips, Args, Outcome, ServerSample,
+    StatusCounts,
 };
 
 /// The options `bench sessions` takes (besides `--json` and `--report`).
@@ -129,7 +130,7 @@ async fn watch_notifications(mut sub: Subscription, counters: Arc<Counters>) {
 
 /// The client options of the security and identity flags; for a secured
 /// policy the server certificate is looked up once here, not per session.
-async fn client_options(a: &Args) -> Result<ClientOptions, String> {
+pub(super) async fn client_options(a: &Args) -> Result<ClientOptions, String> {
     let (policy, mode) = parse_security(a.last("--security").unwrap_or("None"))?;
     let security = SecurityArgs {
         policy,
@@ -223,17 +224,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         other => return Err(format!("--subscribe {other:?}: give on or off")),
     };
     let base_options = client_options(a).await?;
-    let sources: Vec<std::net::IpAddr> = match a.last("--source-ips") {
-        None => vec![],
-        Some(list) => list
-            .split(',')
-            .map(|ip| {
-                ip.trim()
-                    .parse()
-                    .map_err(|_| format!("--source-ips: {ip:?} is not an IP address"))
-            })
-            .collect::<Result<_, _>>()?,
-    };
+    let sources = source_ips(a)?;
     // The client draws a nonce per session; the random generator's first
     // use initialises it (40-70 ms here), a one-off cost of the process
     // that would otherwise be counted in the establishment time.

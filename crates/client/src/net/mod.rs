@@ -81,6 +81,10 @@ pub struct ClientOptions {
     /// Publish requests kept outstanding per client while it has
     /// subscriptions (at most one more than it has subscriptions). Default 2.
     pub publish_requests: usize,
+    /// Told about every attempt of [`Client::open`] as it ends (a load
+    /// generator counts busy answers, hints and stages with it). Default
+    /// none.
+    pub on_open_attempt: Option<OpenObserver>,
 }
 
 /// The secure channel a client asks for.
@@ -135,6 +139,7 @@ impl Default for ClientOptions {
             connect_attempts: 5,
             connect_gate: None,
             publish_requests: 2,
+            on_open_attempt: None,
         }
     }
 }
@@ -262,6 +267,62 @@ pub struct ConnectReport {
     pub busy_without_hint: u32,
 }
 
+/// Where an attempt of [`Client::open`] was when it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpenStage {
+    /// TCP connect, Hello/Acknowledge and OpenSecureChannel.
+    Connect,
+    /// CreateSession (the channel was open).
+    CreateSession,
+    /// ActivateSession (the server had created the session).
+    ActivateSession,
+}
+
+/// One ended attempt of [`Client::open`], as [`ClientOptions::on_open_attempt`]
+/// hears it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct OpenAttempt {
+    /// 1 for the first attempt.
+    pub number: u32,
+    /// How long it waited for its turn of the connect gate.
+    pub gate_wait: Duration,
+    /// From its turn to its end.
+    pub took: Duration,
+    /// `None` when the session was activated; else the stage it failed in
+    /// and why.
+    pub failure: Option<(OpenStage, ClientError)>,
+    /// The wait before the next attempt (at least the server's hint);
+    /// `None` when none follows (success, a permanent failure, or the last
+    /// attempt).
+    pub retry_in: Option<Duration>,
+}
+
+/// A function [`Client::open`] calls after each attempt; clones of the
+/// options share it.
+#[derive(Clone)]
+pub struct OpenObserver(pub Arc<dyn Fn(&OpenAttempt) + Send + Sync>);
+
+impl std::fmt::Debug for OpenObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpenObserver")
+    }
+}
+
+/// A jitter seed for one [`Client::open`]: different for every call (and
+/// every run), so that clients refused together do not retry together.
+fn open_jitter_seed() -> u64 {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos
+        ^ CALLS
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 impl Client {
     /// Connects and opens a secure channel with `options.security`. For a
     /// secured policy without a known server certificate, the endpoints are
@@ -280,29 +341,53 @@ impl Client {
     /// Connects, creates and activates a session named `name`, retrying
     /// failed attempts with the backoff of SCALABILITY.md §7 (busy signals
     /// wait four times longer, the server's retry-after hint is a lower
-    /// bound) up to `options.connect_attempts` attempts in all. Each attempt
-    /// holds a turn of the options' [`ConnectGate`] (if any) from TCP
-    /// connect to ActivateSession; the waits between attempts hold none.
-    /// `report` counts the retries and busy answers.
+    /// bound; each call draws its own jitter) up to
+    /// `options.connect_attempts` attempts in all. Each attempt holds a turn
+    /// of the options' [`ConnectGate`] (if any) from TCP connect to
+    /// ActivateSession; the waits between attempts hold none. `report`
+    /// counts the retries and busy answers; `options.on_open_attempt` hears
+    /// every attempt.
     pub async fn open(
         url: &str,
         options: ClientOptions,
         name: &str,
         report: &mut ConnectReport,
     ) -> Result<Client, ClientError> {
-        let mut backoff = options.backoff.clone();
+        let mut backoff = options.backoff.reseeded(open_jitter_seed());
+        let mut number = 0u32;
         loop {
+            number += 1;
+            let asked = Instant::now();
+            let mut entered = asked;
+            let mut stage = OpenStage::Connect;
             let attempt = async {
                 let _turn = match &options.connect_gate {
                     Some(gate) => Some(gate.enter().await),
                     None => None,
                 };
+                entered = Instant::now();
                 let client = Self::connect_ungated(url, options.clone()).await?;
-                client.create_session_ungated(name).await?;
+                stage = OpenStage::CreateSession;
+                client.shared.create_session(None, name).await?;
+                stage = OpenStage::ActivateSession;
+                client.shared.activate(None).await?;
                 Ok::<_, ClientError>(client)
             };
-            let failure = match attempt.await {
-                Ok(client) => return Ok(client),
+            let result = attempt.await;
+            let mut told = OpenAttempt {
+                number,
+                gate_wait: entered.duration_since(asked),
+                took: entered.elapsed(),
+                failure: None,
+                retry_in: None,
+            };
+            let failure = match result {
+                Ok(client) => {
+                    if let Some(o) = &options.on_open_attempt {
+                        (o.0)(&told);
+                    }
+                    return Ok(client);
+                }
                 Err(e) => e,
             };
             // Only what may go differently next time is retried (§7).
@@ -313,9 +398,18 @@ impl Client {
                     | ClientError::EndpointNotFound { .. }
             ) || !(matches!(failure, ClientError::Io(_) | ClientError::Timeout)
                 || crate::backoff::is_transient(failure.status_code()));
-            if permanent || backoff.attempts() + 1 >= options.connect_attempts.max(1) {
-                return Err(failure);
+            let last = permanent || backoff.attempts() + 1 >= options.connect_attempts.max(1);
+            if !last {
+                told.retry_in =
+                    Some(backoff.next_delay(failure.status_code(), failure.retry_after_ms()));
             }
+            told.failure = Some((stage, failure.clone()));
+            if let Some(o) = &options.on_open_attempt {
+                (o.0)(&told);
+            }
+            let Some(wait) = told.retry_in else {
+                return Err(failure);
+            };
             report.retries += 1;
             if crate::backoff::is_busy_signal(failure.status_code()) {
                 report.busy_answers += 1;
@@ -323,7 +417,6 @@ impl Client {
                     report.busy_without_hint += 1;
                 }
             }
-            let wait = backoff.next_delay(failure.status_code(), failure.retry_after_ms());
             tokio::time::sleep(wait).await;
         }
     }
@@ -500,6 +593,23 @@ impl Client {
             None => None,
         };
         self.create_session_ungated(name).await
+    }
+
+    /// CreateSession alone, without activating it and without the connect
+    /// gate: the first half of [`create_session`](Self::create_session),
+    /// for tools that must see which half failed (a session created and
+    /// never activated stays on the server until its activation deadline).
+    pub async fn create_session_only(
+        &self,
+        name: &str,
+    ) -> Result<t::CreateSessionResponse, ClientError> {
+        self.shared.create_session(None, name).await
+    }
+
+    /// ActivateSession of the session [`create_session_only`](Self::create_session_only)
+    /// created, as `options.identity`.
+    pub async fn activate_session(&self) -> Result<(), ClientError> {
+        self.shared.activate(None).await
     }
 
     async fn create_session_ungated(
