@@ -242,8 +242,9 @@ fn a_mixed_storm_over_two_processes_adds_up() {
 
 #[test]
 fn refusals_for_too_many_sessions_are_counted_at_create_session() {
-    // Room for the diagnostics session and 4 of the 10.
-    let s = serve_none("[server]\nmax_session_count = 5\n");
+    // Room for the diagnostics session and 4 of the 10; the connection
+    // stages off, so that the refusals counted are the session limit's.
+    let s = serve_none("[server]\nmax_session_count = 5\n[admission]\nenabled = false\n");
     let url = s.url();
     let r = storm(&[
         &url,
