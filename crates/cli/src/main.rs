@@ -173,6 +173,19 @@ fn serve(config: ServerConfig) -> ExitCode {
     let cpus = host::CpuReport::detect();
     let workers = config.runtime.worker_threads.unwrap_or(cpus.usable);
     tracing::info!("host: {cpus}; {workers} worker threads; {open_files}");
+    // Each session holds a connection, and so a descriptor.
+    if let Some(soft) = open_files.soft {
+        let wanted = config.server.max_session_count as u64 + 64;
+        if soft < wanted {
+            tracing::warn!(
+                "server.max_session_count = {} cannot fit in the open-files limit of {soft} \
+                 (each session holds a connection); new connections will be refused busy \
+                 near the limit - raise the hard limit (ulimit -Hn, LimitNOFILE) or lower \
+                 max_session_count",
+                config.server.max_session_count
+            );
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()

@@ -507,10 +507,13 @@ pub struct AdmissionSection {
     /// use (enough to keep every core busy while the next request waits).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrent_handshakes: Option<usize>,
-    /// Of those, how many one source address may have in flight
-    /// (`max_unfinished_handshakes_per_address`). Default 64: it binds
-    /// only where `max_concurrent_handshakes` is larger (more than 32
-    /// CPUs), and there keeps one host from holding every place.
+    /// Unfinished handshakes one source address may have
+    /// (`max_unfinished_handshakes_per_address`): its connections that
+    /// have not yet had an activated session (a new one over it is refused
+    /// at accept with ERR `BadTcpServerTooBusy` and a hint), and of the
+    /// OpenSecureChannel requests in flight. Default 64: idle connections
+    /// from one host cannot hold every place, while a client that connects
+    /// 50 at a time from one address is not limited.
     pub max_unfinished_handshakes_per_address: u32,
     /// Open secure channels (`max_channel_count`); at the limit a new
     /// channel evicts the oldest channel without a session, else it is

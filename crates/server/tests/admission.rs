@@ -115,3 +115,32 @@ async fn over_the_per_address_burst_connections_get_a_busy_err_at_once() {
     }
     let _ = stop.send(());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_from_one_address_cannot_hold_every_place() {
+    let (addr, stop) = start(AdmissionSection {
+        max_unfinished_handshakes_per_address: 2,
+        ..Default::default()
+    });
+    let outcome = tokio::task::spawn_blocking(move || {
+        // A connection with an activated session is no longer unfinished.
+        let mut served = RawClient::connect(addr);
+        served.session();
+        // Two that never send a byte take the address's places...
+        let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        // ...so a third is refused at once, with a hint.
+        let refused = read_err(&mut TcpStream::connect(addr).unwrap());
+        // When one goes, a place frees.
+        drop(idle);
+        std::thread::sleep(Duration::from_millis(300));
+        let mut again = RawClient::connect(addr);
+        again.session();
+        refused
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome.0, StatusCode::BadTcpServerTooBusy);
+    assert!(outcome.1.is_some(), "a RetryAfterMs hint");
+    let _ = stop.send(());
+}

@@ -38,6 +38,9 @@ struct ConnectionSink {
     activated_sessions: AtomicU32,
     /// Set when the secure channel opened (the `channels_open` gauge).
     channel_open: std::sync::atomic::AtomicBool,
+    /// Set while the connection has not yet had an activated session (an
+    /// unfinished handshake, counted per source address).
+    unfinished: std::sync::atomic::AtomicBool,
     /// The peer's address (admission's per-address stages), kept here
     /// rather than in the task's state, which is multiplied by the
     /// connection count and measured by a test.
@@ -203,6 +206,9 @@ struct Shared {
     stopping: std::sync::atomic::AtomicBool,
     /// The soft open-files limit (admission keeps headroom below it).
     open_files_soft: Option<u64>,
+    /// Connections without an activated session yet, per source address
+    /// (`max_unfinished_handshakes_per_address`).
+    unfinished: std::sync::Mutex<crate::admission::address::PerAddressCount>,
     /// Places for asymmetric (OpenSecureChannel) work, run off the event
     /// loop on the blocking pool: as many as the process has CPUs, so RSA
     /// during a connect storm cannot hold up the reads and publishes of
@@ -247,6 +253,7 @@ impl Shared {
 
     fn deregister(&self, id: u32, queue: &Arc<ConnectionSink>) {
         self.state.admission.connection_closed(Instant::now());
+        self.handshake_finished(queue);
         let mut all = self.connections();
         if all
             .get(&id)
@@ -287,6 +294,22 @@ impl Shared {
             return Some((status, crate::admission::busy_reason(retry_after)));
         }
         self.state.set_shedding_all(false);
+        // Unfinished handshakes per source address: idle connections from
+        // one host cannot hold every place.
+        let admission_config = &self.state.config.admission;
+        if admission_config.enabled {
+            let key = crate::admission::address::AddressKey::of(peer.ip());
+            let limit = admission_config.max_unfinished_handshakes_per_address;
+            if !self.unfinished().try_add(key, limit) {
+                let hint = admission.hint(crate::admission::Stage::Handshake, now);
+                metrics.connection_shed(Stage::Handshake, ShedReason::HandshakeLimit);
+                metrics.busy_answer(Stage::Handshake, hint);
+                return Some((
+                    StatusCode::BadTcpServerTooBusy,
+                    crate::admission::busy_reason(hint),
+                ));
+            }
+        }
         use crate::admission::channels::ChannelDecision;
         let oldest_sessionless = || {
             self.connections()
@@ -326,6 +349,22 @@ impl Shared {
         }
     }
 
+    fn unfinished(&self) -> std::sync::MutexGuard<'_, crate::admission::address::PerAddressCount> {
+        // One add or remove at a time: a poisoned lock is still usable.
+        self.unfinished.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connection behind `queue` is no longer an unfinished handshake
+    /// (its first session was activated, or it closed).
+    fn handshake_finished(&self, queue: &ConnectionSink) {
+        if queue.unfinished.swap(false, Ordering::AcqRel) {
+            if let Some(ip) = queue.peer {
+                self.unfinished()
+                    .remove(crate::admission::address::AddressKey::of(ip));
+            }
+        }
+    }
+
     /// Keeps each connection's count of activated sessions (the budget
     /// headroom of SCALABILITY.md §2).
     fn session_event(&self, event: &SessionEvent) {
@@ -347,6 +386,7 @@ impl Shared {
         let sink = |id: u32| self.connections().get(&id).and_then(|r| r.queue.upgrade());
         if let Some(q) = up.and_then(sink) {
             q.session_moved(true);
+            self.handshake_finished(&q);
         }
         if let Some(q) = down.and_then(sink) {
             q.session_moved(false);
@@ -437,6 +477,7 @@ impl Server {
             connections: std::sync::Mutex::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             open_files_soft: crate::admission::host::OpenFiles::current().soft,
+            unfinished: std::sync::Mutex::default(),
             crypto: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             ),
@@ -634,6 +675,8 @@ fn serve(
     let mut stream = stream;
     let queue = Arc::new(ConnectionSink {
         peer: Some(peer.ip()),
+        // Counted in `Shared::admit` when admission is on.
+        unfinished: shared.state.config.admission.enabled.into(),
         ..Default::default()
     });
     if shared.register(id, &queue) {
