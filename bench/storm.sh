@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One connect storm against one server, as measured in docs/benchmarks.md
 # ("Connect storms"):
-#   bench/storm.sh uascale|async-opcua PORT [uascale bench storm flags...]
+#   bench/storm.sh uascale|uascale-secured|async-opcua|asyncua PORT [uascale bench storm flags...]
 # Needs `cargo build --release -p uascale` and, for async-opcua, the peer of
 # bench/compare.sh (target/peers/release/async-opcua-peer). The server runs
 # on core 0, the storm on core 1; every client connects to 127.0.0.1 from
@@ -17,9 +17,20 @@ case $name in
 uascale)
   RUST_LOG=warn taskset -c 0 $UA serve --security none --bind 127.0.0.1 --port $port --pki $OUT/pki-uascale --metrics 127.0.0.1:9464 > $OUT/$name-server.log 2>&1 &
   ;;
+uascale-secured)
+  # Every RSA policy published; the storm's client certificate trusted.
+  printf '[security]\ntrust_all_client_certificates = true\n' > $OUT/secured.toml
+  RUST_LOG=warn taskset -c 0 $UA serve --bind 127.0.0.1 --port $port --pki $OUT/pki-uascale-secured --config $OUT/secured.toml --metrics 127.0.0.1:9464 > $OUT/$name-server.log 2>&1 &
+  ;;
 async-opcua)
   mkfifo $OUT/peer.stdin 2>/dev/null
   RUST_LOG=warn taskset -c 0 target/peers/release/async-opcua-peer $port $OUT/pki-async-opcua < $OUT/peer.stdin > $OUT/$name-server.log 2>&1 &
+  exec 7>$OUT/peer.stdin
+  ;;
+asyncua)
+  # The Python peer of the interop tests (target/venv from cargo xtask ci).
+  mkfifo $OUT/peer.stdin 2>/dev/null
+  taskset -c 0 target/venv/bin/python tests/interop/peer_server.py asyncua $port < $OUT/peer.stdin > $OUT/$name-server.log 2>&1 &
   exec 7>$OUT/peer.stdin
   ;;
 esac
@@ -28,7 +39,7 @@ sleep 2
 echo "server $name pid $pid; load $(cat /proc/loadavg)"
 (
   sleep 25
-  if [ $name = uascale ]; then curl -s 127.0.0.1:9464/metrics > $OUT/$name-metrics-during.txt; fi
+  case $name in uascale*) curl -s 127.0.0.1:9464/metrics > $OUT/$name-metrics-during.txt;; esac
   grep -E 'VmRSS|Threads' /proc/$pid/status > $OUT/$name-status-during.txt
 ) &
 taskset -c 1 $UA bench storm opc.tcp://127.0.0.1:$port --processes 2 \
@@ -39,7 +50,7 @@ sleep 5
 # CPU after: idle?
 t1=$(awk '{print $14+$15}' /proc/$pid/stat); sleep 5; t2=$(awk '{print $14+$15}' /proc/$pid/stat)
 echo "server CPU in the 5 s after: $(( (t2 - t1) )) ticks (100 per core-second)"
-if [ $name = uascale ]; then curl -s 127.0.0.1:9464/metrics > $OUT/$name-metrics-after.txt; fi
+case $name in uascale*) curl -s 127.0.0.1:9464/metrics > $OUT/$name-metrics-after.txt;; esac
 kill -INT $pid 2>/dev/null; sleep 2; kill -9 $pid 2>/dev/null
-[ $name = async-opcua ] && exec 7>&-
+case $name in async-opcua|asyncua) exec 7>&-;; esac
 echo "load $(cat /proc/loadavg)"
