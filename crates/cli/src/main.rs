@@ -21,6 +21,7 @@ use uascale_types::{decode_message, DecodeLimits, Reader};
 const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--host NAME] [--port N]
                      [--bind ADDR] [--nodes N] [--rate-ms MS] [--nodeset FILE]...
                      [--pki DIR] [--security none|all] [--metrics ADDR]
+                     [--log-format text|json]
        uascale decode <HEX | @FILE>
        uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
        uascale user hash
@@ -38,7 +39,10 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            --security none publishes only the unsecured endpoint (no PKI),
            all every RSA policy in Sign and SignAndEncrypt (the default);
            --metrics ADDR serves /metrics (Prometheus), /healthz and /readyz
-           over HTTP on ADDR, e.g. 127.0.0.1:9464 (metrics.listen)
+           over HTTP on ADDR, e.g. 127.0.0.1:9464 (metrics.listen);
+           --log-format json writes one JSON object per event for log
+           shippers (default text: coloured only on a terminal and without
+           NO_COLOR)
   decode   decode one binary OPC UA service message (the NodeId of its
            encoding followed by the body, as in a MSG chunk) and print it;
            HEX may contain spaces, @FILE reads raw bytes from a file";
@@ -160,14 +164,56 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
     Ok((config, print))
 }
 
-fn serve(config: ServerConfig) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+/// How `serve` writes its log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogFormat {
+    /// Human-readable lines; coloured only on a terminal, and never when
+    /// `NO_COLOR` is set (no escape codes in files and pipes).
+    Text,
+    /// One JSON object per event, for log shippers.
+    Json,
+}
+
+/// Takes `--log-format FORMAT` out of `serve`'s arguments.
+fn log_format<'a>(args: &[&'a str]) -> Result<(LogFormat, Vec<&'a str>), String> {
+    let mut format = LogFormat::Text;
+    let mut rest = Vec::with_capacity(args.len());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if *a == "--log-format" {
+            format = match it.next().copied() {
+                Some("text") => LogFormat::Text,
+                Some("json") => LogFormat::Json,
+                Some(other) => return Err(format!("--log-format {other:?}: give text or json")),
+                None => return Err("--log-format needs a value".into()),
+            };
+        } else {
+            rest.push(*a);
+        }
+    }
+    Ok((format, rest))
+}
+
+fn serve(config: ServerConfig, format: LogFormat) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    match format {
+        LogFormat::Text => {
+            use std::io::IsTerminal;
+            let colour = std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .with_ansi(colour)
+                .init();
+        }
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+    }
     // At start, before any connection: the most descriptors the host allows.
     let open_files = host::raise_open_files_limit();
     let cpus = host::CpuReport::detect();
@@ -261,12 +307,14 @@ fn main() -> ExitCode {
             println!("{USAGE}");
             ExitCode::SUCCESS
         }
-        ["serve", rest @ ..] => match serve_config(rest) {
-            Ok((config, true)) => {
+        ["serve", rest @ ..] => match log_format(rest).and_then(|(format, rest)| {
+            serve_config(&rest).map(|(config, print)| (config, print, format))
+        }) {
+            Ok((config, true, _)) => {
                 print!("{}", config::to_toml(&config));
                 ExitCode::SUCCESS
             }
-            Ok((config, false)) => serve(config),
+            Ok((config, false, format)) => serve(config, format),
             Err(e) => {
                 eprintln!("uascale serve: {e}\n(uascale --help for usage)");
                 ExitCode::from(2)

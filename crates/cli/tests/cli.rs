@@ -134,3 +134,64 @@ fn operation_limits_are_published_and_enforced() {
     assert!(err.contains("BadTooManyOperations"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The start log of `serve` up to its "listening" line, with `envs` set
+/// (and NO_COLOR removed unless set there) and `args` added.
+fn start_log(args: &[&str], envs: &[(&str, &str)]) -> Vec<String> {
+    let mut cmd = Command::new(common::BIN);
+    cmd.args([
+        "serve",
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--security",
+        "none",
+    ])
+    .args(args)
+    .env("RUST_LOG", "info")
+    .env_remove("NO_COLOR")
+    .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("start uascale serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = Vec::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        let done = line.contains("listening");
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    lines
+}
+
+/// Logs written to a pipe (or a file) carry no colour escape codes; JSON
+/// logs on request are one object per line.
+#[test]
+fn logs_are_plain_off_a_terminal_and_json_on_request() {
+    let text = start_log(&[], &[]);
+    assert!(text.iter().any(|l| l.contains("listening")), "{text:#?}");
+    assert!(
+        !text.iter().any(|l| l.contains('\u{1b}')),
+        "escape codes in a piped log: {text:#?}"
+    );
+    let json = start_log(&["--log-format", "json"], &[]);
+    assert!(json.len() >= 2, "{json:#?}");
+    for line in &json {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
+    }
+    assert!(json.iter().any(|l| l.contains("effective configuration")));
+    let out = Command::new(common::BIN)
+        .args(["serve", "--log-format", "xml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--log-format"));
+}
