@@ -110,6 +110,7 @@ fn create_session_inner(
     let slot = ctx.sessions.reserve().map_err(|e| {
         ServiceError::busy(e.status_code(), crate::admission::SESSION_FULL_RETRY_AFTER)
     })?;
+    check_client_nonce(ctx.channel.policy, req.client_nonce.as_bytes_or_empty())?;
     let requested = req.requested_session_timeout;
     let timeout = if requested.is_finite() && requested > 0.0 {
         Duration::from_secs_f64((requested / 1000.0).min(MAX_SESSION_TIMEOUT.as_secs_f64()))
@@ -196,6 +197,26 @@ fn create_session_inner(
         server_signature,
         max_request_message_size: ctx.config.limits.max_message_size,
     })
+}
+
+/// The longest client nonce accepted: Part 4 asks for at least 32 bytes,
+/// and nothing is gained by more than a few times that (a held session
+/// must not keep a megabyte of it).
+pub const MAX_CLIENT_NONCE: usize = 128;
+
+/// CreateSession's clientNonce: 32 ..= [`MAX_CLIENT_NONCE`] bytes on every
+/// policy (`BadNonceInvalid` otherwise). An empty nonce stays accepted on
+/// SecurityPolicy None, where it protects nothing, for clients that send
+/// none there.
+fn check_client_nonce(policy: SecurityPolicy, nonce: &[u8]) -> Result<(), StatusCode> {
+    if nonce.is_empty() && policy.is_none() {
+        return Ok(());
+    }
+    if (32..=MAX_CLIENT_NONCE).contains(&nonce.len()) {
+        Ok(())
+    } else {
+        Err(StatusCode::BadNonceInvalid)
+    }
 }
 
 /// What ActivateSession needs from the session, read under its lock.
@@ -646,6 +667,37 @@ mod tests {
         assert_ne!(a.server_nonce, b.server_nonce);
         assert_eq!(a.server_nonce.as_bytes().map(<[u8]>::len), Some(32));
         assert_eq!(a.server_endpoints.as_ref().map(Vec::len), Some(1));
+    }
+
+    /// Issue 16, finding 3: CreateSession refuses a client nonce shorter
+    /// than 32 bytes or longer than the maximum on SecurityPolicy None too;
+    /// an empty one stays accepted there.
+    #[test]
+    fn client_nonces_are_validated_on_every_policy() {
+        let f = Fixture::new(10);
+        let create_with = |nonce: Vec<u8>| {
+            create_session(
+                &f.ctx(1),
+                &CreateSessionRequest {
+                    requested_session_timeout: 60_000.0,
+                    client_nonce: ByteString::new(nonce),
+                    ..Default::default()
+                },
+            )
+            .map(|_| ())
+            .map_err(|e| e.status_code())
+        };
+        assert_eq!(create_with(vec![]), Ok(()));
+        assert_eq!(create_with(vec![1; 32]), Ok(()));
+        assert_eq!(create_with(vec![1; MAX_CLIENT_NONCE]), Ok(()));
+        for len in [1, 31, MAX_CLIENT_NONCE + 1, 1 << 20] {
+            assert_eq!(
+                create_with(vec![1; len]),
+                Err(StatusCode::BadNonceInvalid),
+                "{len} bytes"
+            );
+        }
+        assert_eq!(f.sessions().len(), 3, "the refused ones hold nothing");
     }
 
     #[test]
