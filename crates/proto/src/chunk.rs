@@ -54,13 +54,30 @@ impl AsymmetricHeader {
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<Self, ChannelError> {
-        let policy_uri = UaString::decode(r).map_err(|_| ChannelError::Peer {
-            status: StatusCode::BadSecurityPolicyRejected,
-            what: "SecurityPolicyUri missing or longer than 255 bytes",
+        // Cut short is a decoding error; only a field over its limit says
+        // something about the policy or the certificate.
+        let over_limit = |e: &uascale_types::DecodeError| {
+            e.status_code() == StatusCode::BadEncodingLimitsExceeded
+        };
+        let policy_uri = UaString::decode(r).map_err(|e| {
+            if over_limit(&e) {
+                ChannelError::Peer {
+                    status: StatusCode::BadSecurityPolicyRejected,
+                    what: "SecurityPolicyUri longer than 255 bytes",
+                }
+            } else {
+                ChannelError::decode(e)
+            }
         })?;
-        let sender_certificate = ByteString::decode(r).map_err(|_| ChannelError::Peer {
-            status: StatusCode::BadCertificateInvalid,
-            what: "sender certificate missing or too large",
+        let sender_certificate = ByteString::decode(r).map_err(|e| {
+            if over_limit(&e) {
+                ChannelError::Peer {
+                    status: StatusCode::BadCertificateInvalid,
+                    what: "sender certificate too large",
+                }
+            } else {
+                ChannelError::decode(e)
+            }
         })?;
         let receiver_thumbprint = ByteString::decode(r).map_err(ChannelError::decode)?;
         Ok(AsymmetricHeader {
@@ -454,6 +471,34 @@ mod tests {
         assert!(SequenceNumbers::follows(41, 42));
         assert!(!SequenceNumbers::follows(41, 41), "replay");
         assert!(!SequenceNumbers::follows(41, 43), "gap");
+    }
+
+    /// Issue 16, finding 4: an OPN whose SecurityPolicyUri is cut short is a
+    /// decoding error, not a rejected policy; one over 255 bytes is a
+    /// rejected policy.
+    #[test]
+    fn a_truncated_policy_uri_is_a_decoding_error() {
+        let opn = |tail: &[u8]| {
+            let mut m = b"OPNF\0\0\0\0".to_vec();
+            m.extend_from_slice(&0u32.to_le_bytes()); // channel id
+            m.extend_from_slice(tail);
+            let len = m.len() as u32;
+            m[4..8].copy_from_slice(&len.to_le_bytes());
+            m
+        };
+        let status = |m: &[u8]| {
+            let h = MessageHeader::parse(m, u32::MAX).unwrap().unwrap();
+            parse_security_header(&h, m).unwrap_err().status_code()
+        };
+        // The string says 40 bytes; 10 follow.
+        let mut cut = 40i32.to_le_bytes().to_vec();
+        cut.extend_from_slice(b"http://opc");
+        assert_eq!(status(&opn(&cut)), StatusCode::BadDecodingError);
+        // Two bytes of a four-byte length.
+        assert_eq!(status(&opn(&[5, 0])), StatusCode::BadDecodingError);
+        let mut long = 300i32.to_le_bytes().to_vec();
+        long.extend_from_slice(&[b'a'; 300]);
+        assert_eq!(status(&opn(&long)), StatusCode::BadSecurityPolicyRejected);
     }
 
     #[test]

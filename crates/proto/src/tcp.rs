@@ -136,8 +136,9 @@ impl MessageHeader {
         };
         let message_size = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
         if (message_size as usize) < HEADER_LEN {
+            // Not a message at all: too short to hold its own header.
             return Err(ChannelError::Peer {
-                status: StatusCode::BadTcpMessageTooLarge,
+                status: StatusCode::BadTcpMessageTypeInvalid,
                 what: "message size smaller than its header",
             });
         }
@@ -507,10 +508,13 @@ mod tests {
 
     #[test]
     fn bad_headers() {
-        let cases: [(&[u8], StatusCode); 4] = [
+        let cases: [(&[u8], StatusCode); 5] = [
             (b"XYZF\x08\0\0\0", StatusCode::BadTcpMessageTypeInvalid),
             (b"HELC\x08\0\0\0", StatusCode::BadTcpMessageTypeInvalid),
-            (b"MSGF\x04\0\0\0", StatusCode::BadTcpMessageTooLarge),
+            // Issue 16, finding 4: a size too small to hold the header is
+            // not a message (it was answered "too large").
+            (b"MSGF\x04\0\0\0", StatusCode::BadTcpMessageTypeInvalid),
+            (b"HELF\x07\0\0\0", StatusCode::BadTcpMessageTypeInvalid),
             (b"MSGC\x00\x00\x01\x00", StatusCode::BadTcpMessageTooLarge),
         ];
         for (bytes, status) in cases {
