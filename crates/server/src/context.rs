@@ -42,6 +42,10 @@ pub struct ServiceContext {
     pub sink: Option<Arc<dyn ResponseSink>>,
     /// The request's session, once resolved.
     pub session: Option<SessionRef>,
+    /// The local address the request's connection arrived on (`None` for
+    /// the server's own work): endpoint URLs name it to a client that used
+    /// it.
+    pub local_ip: Option<std::net::IpAddr>,
 }
 
 impl std::ops::Deref for ServiceContext {
@@ -82,6 +86,7 @@ impl ServiceContext {
             instant: now.instant,
             sink,
             session: None,
+            local_ip: None,
         }
     }
 

@@ -41,6 +41,9 @@ struct ConnectionSink {
     /// Set while the connection has not yet had an activated session (an
     /// unfinished handshake, counted per source address).
     unfinished: std::sync::atomic::AtomicBool,
+    /// The local address the connection arrived on (endpoint URLs name it
+    /// to a client that connected with it).
+    local: Option<std::net::IpAddr>,
     /// The peer's address (admission's per-address stages), kept here
     /// rather than in the task's state, which is multiplied by the
     /// connection count and measured by a test.
@@ -675,6 +678,7 @@ fn serve(
     let mut stream = stream;
     let queue = Arc::new(ConnectionSink {
         peer: Some(peer.ip()),
+        local: stream.local_addr().ok().map(|a| a.ip()),
         // Counted in `Shared::admit` when admission is on.
         unfinished: shared.state.config.admission.enabled.into(),
         ..Default::default()
@@ -1056,13 +1060,15 @@ fn handle_events(
         // One context, and one clock reading, for the requests that
         // arrived together.
         let ctx = ctx.get_or_insert_with(|| {
-            ServiceContext::new(
+            let mut ctx = ServiceContext::new(
                 Arc::clone(state),
                 conn.channel_id(),
                 conn.security().clone(),
                 clock(),
                 Some(Arc::clone(queue) as Arc<dyn ResponseSink>),
-            )
+            );
+            ctx.local_ip = queue.local;
+            ctx
         });
         ctx.request_id = request_id;
         match dispatch(ctx, &body) {

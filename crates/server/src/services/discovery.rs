@@ -16,8 +16,38 @@ use crate::context::ServiceContext;
 pub const TRANSPORT_PROFILE_UATCP: &str =
     "http://opcfoundation.org/UA-Profile/Transport/uatcp-uasc-uabinary";
 
-/// This server's ApplicationDescription.
-pub fn application_description(ctx: &ServiceContext) -> ApplicationDescription {
+/// The host of an `opc.tcp://host[:port][/path]` URL (an IPv6 literal
+/// without its brackets).
+fn url_host(url: &str) -> Option<&str> {
+    let rest = url.strip_prefix("opc.tcp://")?;
+    let authority = rest.split('/').next()?;
+    if let Some(v6) = authority.strip_prefix('[') {
+        return v6.split(']').next();
+    }
+    authority.split(':').next()
+}
+
+/// The endpoint URL to answer a client that connected with `client_url`
+/// (its Hello's, its GetEndpoints', its CreateSession's EndpointUrl): the
+/// host it used when that is an IP address and the very address its
+/// connection arrived on - it can reach the server there - else the
+/// configured `server.host_name` (a name, or a front end's address in a
+/// cluster, is kept as configured).
+pub fn endpoint_url_for(ctx: &ServiceContext, client_url: &str) -> String {
+    let port = ctx.config.server.port;
+    let used = url_host(client_url).and_then(|h| h.parse::<std::net::IpAddr>().ok());
+    match (used, ctx.local_ip) {
+        (Some(ip), Some(local)) if ip == local => match ip {
+            std::net::IpAddr::V4(v4) => format!("opc.tcp://{v4}:{port}"),
+            std::net::IpAddr::V6(v6) => format!("opc.tcp://[{v6}]:{port}"),
+        },
+        _ => ctx.config.endpoint_url(),
+    }
+}
+
+/// This server's ApplicationDescription, its discovery URL as
+/// [`endpoint_url_for`] answers a client that used `client_url`.
+pub fn application_description(ctx: &ServiceContext, client_url: &str) -> ApplicationDescription {
     let c = &ctx.config;
     ApplicationDescription {
         application_uri: UaString::from(c.server.application_uri.as_str()),
@@ -26,7 +56,7 @@ pub fn application_description(ctx: &ServiceContext) -> ApplicationDescription {
         application_type: ApplicationType::Server,
         gateway_server_uri: UaString::null(),
         discovery_profile_uri: UaString::null(),
-        discovery_urls: Some(vec![UaString::from(c.endpoint_url())]),
+        discovery_urls: Some(vec![UaString::from(endpoint_url_for(ctx, client_url))]),
     }
 }
 
@@ -92,7 +122,10 @@ pub fn user_token_policies(ctx: &ServiceContext, policy: SecurityPolicy) -> Vec<
 
 /// The endpoints this server offers: opc.tcp with every published
 /// (policy, mode) pair, each with the server certificate.
-pub fn endpoints(ctx: &ServiceContext) -> Vec<EndpointDescription> {
+/// Every endpoint, with the URL [`endpoint_url_for`] answers a client that
+/// used `client_url`.
+pub fn endpoints(ctx: &ServiceContext, client_url: &str) -> Vec<EndpointDescription> {
+    let url = endpoint_url_for(ctx, client_url);
     let certificate = ctx
         .security
         .identity
@@ -104,8 +137,8 @@ pub fn endpoints(ctx: &ServiceContext) -> Vec<EndpointDescription> {
         .endpoints
         .iter()
         .map(|(policy, mode)| EndpointDescription {
-            endpoint_url: UaString::from(ctx.config.endpoint_url()),
-            server: application_description(ctx),
+            endpoint_url: UaString::from(url.as_str()),
+            server: application_description(ctx, client_url),
             server_certificate: certificate.clone(),
             security_mode: *mode,
             security_policy_uri: UaString::from(policy.uri()),
@@ -119,7 +152,7 @@ pub fn endpoints(ctx: &ServiceContext) -> Vec<EndpointDescription> {
 /// GetEndpoints: every endpoint, filtered by `profileUris` when given.
 pub fn get_endpoints(ctx: &ServiceContext, req: &GetEndpointsRequest) -> GetEndpointsResponse {
     let wanted = req.profile_uris.as_deref().unwrap_or(&[]);
-    let endpoints = endpoints(ctx)
+    let endpoints = endpoints(ctx, req.endpoint_url.as_str_or_empty())
         .into_iter()
         .filter(|e| wanted.is_empty() || wanted.contains(&e.transport_profile_uri))
         .collect();
@@ -132,7 +165,7 @@ pub fn get_endpoints(ctx: &ServiceContext, req: &GetEndpointsRequest) -> GetEndp
 /// FindServers: this server, unless `serverUris` names only others.
 pub fn find_servers(ctx: &ServiceContext, req: &FindServersRequest) -> FindServersResponse {
     let wanted = req.server_uris.as_deref().unwrap_or(&[]);
-    let me = application_description(ctx);
+    let me = application_description(ctx, req.endpoint_url.as_str_or_empty());
     let servers = if wanted.is_empty() || wanted.contains(&me.application_uri) {
         vec![me]
     } else {
@@ -148,6 +181,60 @@ pub fn find_servers(ctx: &ServiceContext, req: &FindServersRequest) -> FindServe
 mod tests {
     use super::*;
     use uascale_types::RequestHeader;
+
+    /// Issue 16, finding 2: a client that connected to 127.0.0.1 gets
+    /// endpoint URLs naming 127.0.0.1 (where it can reach the server), not
+    /// `localhost`; a name, or an address the connection did not arrive
+    /// on, gets the configured host_name.
+    #[test]
+    fn endpoint_urls_name_the_host_the_client_used() {
+        #[allow(clippy::disallowed_methods)]
+        let t0 = std::time::Instant::now();
+        let mut config = crate::ServerConfig::default();
+        config.server.port = 4840;
+        let mut ctx = ServiceContext::for_tests(
+            crate::state::ServerState::from_parts(
+                config,
+                crate::address_space::AddressSpace::default(),
+                crate::node_manager::NodeManagers::default(),
+                crate::security::SecurityState::none_only(),
+            ),
+            t0,
+        );
+        ctx.local_ip = Some("127.0.0.1".parse().unwrap());
+        let urls = |ctx: &ServiceContext, client_url: &str| {
+            let r = get_endpoints(
+                ctx,
+                &GetEndpointsRequest {
+                    endpoint_url: client_url.into(),
+                    ..Default::default()
+                },
+            );
+            let mut u: Vec<String> = r
+                .endpoints
+                .unwrap()
+                .iter()
+                .map(|e| e.endpoint_url.as_str_or_empty().to_owned())
+                .collect();
+            u.dedup();
+            u
+        };
+        assert_eq!(
+            urls(&ctx, "opc.tcp://127.0.0.1:4840"),
+            ["opc.tcp://127.0.0.1:4840"]
+        );
+        assert_eq!(
+            urls(&ctx, "opc.tcp://localhost:4840"),
+            ["opc.tcp://localhost:4840"]
+        );
+        assert_eq!(
+            urls(&ctx, "opc.tcp://10.1.2.3:4840/x"),
+            ["opc.tcp://localhost:4840"]
+        );
+        assert_eq!(urls(&ctx, ""), ["opc.tcp://localhost:4840"]);
+        ctx.local_ip = Some("::1".parse().unwrap());
+        assert_eq!(urls(&ctx, "opc.tcp://[::1]:4840"), ["opc.tcp://[::1]:4840"]);
+    }
 
     #[test]
     fn filters() {

@@ -192,7 +192,10 @@ fn create_session_inner(
             .map_or_else(ByteString::null, |i| {
                 ByteString::new(i.certificate().der().to_vec())
             }),
-        server_endpoints: Some(discovery::endpoints(ctx)),
+        server_endpoints: Some(discovery::endpoints(
+            ctx,
+            req.endpoint_url.as_str_or_empty(),
+        )),
         server_software_certificates: Some(vec![]),
         server_signature,
         max_request_message_size: ctx.config.limits.max_message_size,
