@@ -883,7 +883,14 @@ impl ServerConnection {
                 o.previous = None;
             }
         }
-        self.assembler.handle_timeout(now.instant);
+        // A chunked request whose next chunk did not come in time ends the
+        // channel: its later chunks must never be read as a request.
+        if !self.assembler.handle_timeout(now.instant).is_empty() {
+            self.close_with(
+                StatusCode::BadTimeout,
+                "a chunked request stalled past the assembly deadline",
+            );
+        }
     }
 }
 

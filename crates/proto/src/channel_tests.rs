@@ -397,6 +397,58 @@ fn token_expiry_closes_the_channel() {
     expect_error(&take_out(&mut s), StatusCode::BadSecureChannelTokenUnknown);
 }
 
+/// Issue 16, finding 1: a chunked request that stalls past the assembly
+/// deadline ends the channel with ERR BadTimeout; its leftover chunks are
+/// never read as a new request. One that keeps arriving, however slowly,
+/// is delivered whole.
+#[test]
+fn a_stalled_chunked_request_closes_the_channel_and_is_never_misread() {
+    let mut clock = Clock::new();
+    let budget = ReassemblyBudget::new(1 << 20, 50);
+    let (mut s, mut c) = open_channel(&clock, &budget);
+    s.set_session_activated(true);
+    let body = read_request(1000);
+    let chunks = messages(&c.request(7, &body));
+    assert!(
+        chunks.len() >= 3,
+        "a chunked request: {} chunks",
+        chunks.len()
+    );
+    // Slow but steady: a chunk every 8 s (the deadline is 10 s), longer
+    // in all than the deadline.
+    for (_, m) in &chunks {
+        feed(&mut s, &clock, m).unwrap();
+        clock.advance(Duration::from_secs(8));
+        s.handle_timeout(clock.now());
+    }
+    assert_eq!(
+        events(&mut s),
+        vec![Event::Request {
+            request_id: 7,
+            body: body.clone()
+        }]
+    );
+    assert!(!s.is_closed());
+    // Stalled: the first chunk, then nothing for the deadline.
+    let chunks = messages(&c.request(8, &body));
+    feed(&mut s, &clock, &chunks[0].1).unwrap();
+    clock.advance(Duration::from_secs(10));
+    s.handle_timeout(clock.now());
+    expect_error(&take_out(&mut s), StatusCode::BadTimeout);
+    assert!(s.is_closed());
+    // The rest arrives late: nothing is made of it.
+    for (_, m) in &chunks[1..] {
+        let mut input = m.clone();
+        let _ = s.handle_input(clock.now(), &mut input);
+    }
+    assert!(
+        !events(&mut s)
+            .iter()
+            .any(|e| matches!(e, Event::Request { .. })),
+        "leftover chunks were read as a request"
+    );
+}
+
 #[test]
 fn handshake_timeout() {
     let mut clock = Clock::new();

@@ -130,7 +130,8 @@ pub struct AssemblyLimits {
     pub max_chunk_count: Option<u32>,
     /// Messages being reassembled at once on one channel. Default 4.
     pub max_in_progress: usize,
-    /// Time from a message's first chunk to its last. Default 10 s.
+    /// Time allowed between two chunks of one message: a message whose
+    /// next chunk does not come in time is released. Default 10 s.
     pub deadline: Duration,
 }
 
@@ -282,6 +283,9 @@ impl Assembler {
                 }
                 p.body.extend_from_slice(part);
                 p.chunks += 1;
+                // The deadline counts from the last chunk (progress, not
+                // age): a large request on a slow link still arrives.
+                p.expires = now + self.limits.deadline;
                 Ok(Assembled::Incomplete)
             }
         }
@@ -418,6 +422,28 @@ mod tests {
         assert_eq!(b.used(), 0);
         assert_eq!(a.expired_count(), 1);
         assert_eq!(a.poll_timeout(), None);
+    }
+
+    /// Issue 16, finding 1: the deadline counts from the last chunk, so a
+    /// slow message that keeps arriving is not released.
+    #[test]
+    fn the_deadline_counts_from_the_last_chunk() {
+        let b = ReassemblyBudget::new(1000, 50);
+        let mut a = asm(&b);
+        let t = Instant::now();
+        let s = |n| t + Duration::from_secs(n);
+        a.push(t, 3, ChunkType::Intermediate, b"x", false).unwrap();
+        a.push(s(8), 3, ChunkType::Intermediate, b"y", false)
+            .unwrap();
+        assert_eq!(a.poll_timeout(), Some(s(18)));
+        assert!(a.handle_timeout(s(12)).is_empty(), "still in progress");
+        assert_eq!(
+            a.push(s(16), 3, ChunkType::Final, b"z", false).unwrap(),
+            Assembled::Complete {
+                request_id: 3,
+                body: b"xyz".to_vec()
+            }
+        );
     }
 
     #[test]

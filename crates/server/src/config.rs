@@ -184,9 +184,11 @@ pub struct LimitsSection {
     /// may use (`reassembly_unactivated_percent`, 0..=100). Default 50:
     /// strangers cannot starve the sessions.
     pub reassembly_unactivated_percent: u8,
-    /// Time from a message's first chunk to its last
-    /// (`assembly_deadline_ms`). Default 10 s: a trickling sender does not
-    /// hold budget for long.
+    /// Time allowed between two chunks of one message
+    /// (`assembly_deadline_ms`); past it the channel closes with ERR
+    /// `BadTimeout` and the message's later chunks are never read as a
+    /// request. Default 10 s: a stalled sender does not hold budget for
+    /// long, and a slow one that keeps sending still gets through.
     #[serde(rename = "assembly_deadline_ms", with = "millis")]
     pub assembly_deadline: Duration,
     /// Largest String in a request, bytes (`max_string_length`). Default
