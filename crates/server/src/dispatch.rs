@@ -430,12 +430,7 @@ mod tests {
         #[allow(clippy::disallowed_methods)]
         let t0 = std::time::Instant::now();
         ServiceContext::for_tests(
-            crate::state::ServerState::from_parts(
-                crate::ServerConfig::default(),
-                crate::address_space::AddressSpace::default(),
-                crate::node_manager::NodeManagers::default(),
-                crate::security::SecurityState::none_only(),
-            ),
+            crate::state::ServerState::empty(crate::ServerConfig::default()),
             t0,
         )
     }
@@ -444,15 +439,7 @@ mod tests {
         // The origin of the test's time.
         #[allow(clippy::disallowed_methods)]
         let t0 = std::time::Instant::now();
-        ServiceContext::for_tests(
-            crate::state::ServerState::from_parts(
-                config,
-                crate::address_space::AddressSpace::default(),
-                crate::node_manager::NodeManagers::default(),
-                crate::security::SecurityState::none_only(),
-            ),
-            t0,
-        )
+        ServiceContext::for_tests(crate::state::ServerState::empty(config), t0)
     }
 
     fn create_session_message() -> Vec<u8> {

@@ -368,12 +368,7 @@ mod tests {
     use crate::metrics::ShedReason;
 
     fn state() -> Arc<ServerState> {
-        ServerState::from_parts(
-            crate::ServerConfig::default(),
-            crate::address_space::AddressSpace::default(),
-            crate::node_manager::NodeManagers::default(),
-            crate::security::SecurityState::none_only(),
-        )
+        crate::state::ServerState::empty(crate::ServerConfig::default())
     }
 
     /// The value of the sample `series`, written `name{a="x",b="y"}` (the

@@ -165,6 +165,18 @@ impl ServerState {
         Self::assemble(config, address_space, managers, security, None)
     }
 
+    /// A state with no nodes, no node managers and SecurityPolicy None only
+    /// ([`ServerState::from_parts`] with empty parts): for tests of what
+    /// does not need an address space.
+    pub fn empty(config: ServerConfig) -> Arc<ServerState> {
+        Self::from_parts(
+            config,
+            AddressSpace::default(),
+            NodeManagers::default(),
+            SecurityState::none_only(),
+        )
+    }
+
     fn assemble(
         config: ServerConfig,
         address_space: AddressSpace,

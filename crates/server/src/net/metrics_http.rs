@@ -228,12 +228,7 @@ mod tests {
     use super::*;
 
     fn state() -> Arc<ServerState> {
-        ServerState::from_parts(
-            crate::ServerConfig::default(),
-            crate::address_space::AddressSpace::default(),
-            crate::node_manager::NodeManagers::default(),
-            crate::security::SecurityState::none_only(),
-        )
+        crate::state::ServerState::empty(crate::ServerConfig::default())
     }
 
     #[test]

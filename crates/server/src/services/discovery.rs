@@ -192,15 +192,7 @@ mod tests {
         let t0 = std::time::Instant::now();
         let mut config = crate::ServerConfig::default();
         config.server.port = 4840;
-        let mut ctx = ServiceContext::for_tests(
-            crate::state::ServerState::from_parts(
-                config,
-                crate::address_space::AddressSpace::default(),
-                crate::node_manager::NodeManagers::default(),
-                crate::security::SecurityState::none_only(),
-            ),
-            t0,
-        );
+        let mut ctx = ServiceContext::for_tests(crate::state::ServerState::empty(config), t0);
         ctx.local_ip = Some("127.0.0.1".parse().unwrap());
         let urls = |ctx: &ServiceContext, client_url: &str| {
             let r = get_endpoints(
@@ -242,12 +234,7 @@ mod tests {
         #[allow(clippy::disallowed_methods)]
         let t0 = std::time::Instant::now();
         let ctx = ServiceContext::for_tests(
-            crate::state::ServerState::from_parts(
-                crate::ServerConfig::default(),
-                crate::address_space::AddressSpace::default(),
-                crate::node_manager::NodeManagers::default(),
-                crate::security::SecurityState::none_only(),
-            ),
+            crate::state::ServerState::empty(crate::ServerConfig::default()),
             t0,
         );
         let mut req = GetEndpointsRequest {
