@@ -17,6 +17,7 @@ const FUZZ_TARGETS: &[&str] = &[
     "nodeid_parse",
     "chunk_reassembly",
     "server_channel",
+    "dispatch_request",
 ];
 
 struct Step {
