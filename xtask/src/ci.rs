@@ -18,6 +18,7 @@ const FUZZ_TARGETS: &[&str] = &[
     "chunk_reassembly",
     "server_channel",
     "dispatch_request",
+    "config_file",
 ];
 
 struct Step {
