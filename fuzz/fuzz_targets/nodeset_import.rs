@@ -1,10 +1,13 @@
 //! Any bytes as a NodeSet2 XML document through the nodeset loader (what
 //! `serve --nodeset` reads): no panic, whatever the document.
 //!
-//! The loader writes into an empty address space each run (building ns0
-//! per run would cost more than the load itself), after a server's two
-//! standard namespaces.
+//! The loader writes into a copy of namespace 0 (built once) each run:
+//! what the server loads companion models into, where the seeds'
+//! RequiredModel and references point; after a server's two standard
+//! namespaces.
 #![no_main]
+
+use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use uascale_server::address_space::AddressSpace;
@@ -15,7 +18,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(xml) = std::str::from_utf8(data) else {
         return;
     };
-    let mut space = AddressSpace::default();
+    static NS0: OnceLock<AddressSpace> = OnceLock::new();
+    let mut space = NS0
+        .get_or_init(|| AddressSpace::ns0().expect("ns0"))
+        .clone();
     let mut loader = Loader::new(
         &mut space,
         vec![

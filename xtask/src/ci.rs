@@ -19,6 +19,7 @@ const FUZZ_TARGETS: &[&str] = &[
     "server_channel",
     "dispatch_request",
     "config_file",
+    "nodeset_import",
 ];
 
 struct Step {
