@@ -20,6 +20,7 @@ const FUZZ_TARGETS: &[&str] = &[
     "dispatch_request",
     "config_file",
     "nodeset_import",
+    "client_connection",
 ];
 
 struct Step {
