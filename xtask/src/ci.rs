@@ -17,6 +17,10 @@ const FUZZ_TARGETS: &[&str] = &[
     "nodeid_parse",
     "chunk_reassembly",
     "server_channel",
+    "dispatch_request",
+    "config_file",
+    "nodeset_import",
+    "client_connection",
 ];
 
 struct Step {

@@ -197,6 +197,22 @@ pub struct AddressSpace {
     written: RwLock<FxHashMap<(NodeId, u32), Variant>>,
 }
 
+/// A copy of the nodes and the attributes written so far (a fuzz target
+/// starts every run from one namespace 0 built once).
+impl Clone for AddressSpace {
+    fn clone(&self) -> Self {
+        let written = self
+            .written
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        AddressSpace {
+            nodes: self.nodes.clone(),
+            written: RwLock::new(written),
+        }
+    }
+}
+
 fn bad(what: &'static str) -> DecodeError {
     DecodeError::new(DecodeErrorKind::InvalidValue(what))
 }
