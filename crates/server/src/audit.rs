@@ -13,7 +13,6 @@ use uascale_types::{
     ByteString, NodeId, QualifiedName, RequestHeader, StatusCode, UaString, Variant,
 };
 
-use crate::identity::UserIdentity;
 use crate::subscription::event::Event;
 
 /// What raising an audit event needs of the server and the request.
@@ -74,12 +73,6 @@ impl SessionAction {
             SessionAction::Timeout => "Timeout",
         }
     }
-}
-
-/// The ClientUserId of an identity: the user name, the certificate
-/// subject, or "Anonymous".
-pub fn client_user_id(user: &UserIdentity) -> String {
-    user.client_user_id()
 }
 
 /// Event ids: the server's start time and a counter, unique per server run

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::RawClient;
 use uascale_proto::tcp::{ErrorMessage, MessageHeader, MessageType};
-use uascale_server::config::{AdmissionSection, SecurityConfig, ServerSection};
+use uascale_server::config::AdmissionSection;
 use uascale_server::{Server, ServerConfig};
 use uascale_types::StatusCode;
 
@@ -38,14 +38,8 @@ fn read_err(s: &mut TcpStream) -> (StatusCode, Option<u64>) {
 
 fn start(admission: AdmissionSection) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let config = ServerConfig {
-        server: ServerSection {
-            bind: [127, 0, 0, 1].into(),
-            port: 0,
-            ..Default::default()
-        },
-        security: SecurityConfig::none_only(),
         admission,
-        ..Default::default()
+        ..common::loopback_config()
     };
     let server = Server::bind(config).expect("bind");
     let addr = server.local_addr().expect("address");

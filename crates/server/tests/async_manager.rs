@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 use uascale_server::address_space::Node;
 use uascale_server::node_manager::AsyncNodeManager;
 use uascale_server::reply::BoxFuture;
-use uascale_server::{Server, ServerConfig};
+use uascale_server::Server;
 use uascale_types::{
     AttributeId, CancelRequest, CancelResponse, DataValue, NodeClass, NodeId, QualifiedName,
     ReadRequest, ReadResponse, ReadValueId, ServiceFault, StatusCode, Variant, WriteRequest,
@@ -71,15 +71,7 @@ fn slow() -> NodeId {
 }
 
 fn start(gate: Arc<Semaphore>) -> std::net::SocketAddr {
-    let config = ServerConfig {
-        server: uascale_server::config::ServerSection {
-            bind: [127, 0, 0, 1].into(),
-            port: 0,
-            ..Default::default()
-        },
-        security: uascale_server::config::SecurityConfig::none_only(),
-        ..Default::default()
-    };
+    let config = common::loopback_config();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()

@@ -35,12 +35,6 @@ fn big_write(c: &mut RawClient) -> WriteRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn activated_sessions_get_the_budget_headroom_and_lose_it_when_closed() {
     let config = ServerConfig {
-        server: uascale_server::config::ServerSection {
-            bind: [127, 0, 0, 1].into(),
-            port: 0,
-            ..Default::default()
-        },
-        security: uascale_server::config::SecurityConfig::none_only(),
         // 1 MiB in all; channels without an activated session 5 % of it
         // (52 KB): less than one 64 KiB chunk.
         limits: uascale_server::config::LimitsSection {
@@ -48,7 +42,7 @@ async fn activated_sessions_get_the_budget_headroom_and_lose_it_when_closed() {
             reassembly_unactivated_percent: 5,
             ..Default::default()
         },
-        ..Default::default()
+        ..common::loopback_config()
     };
     let server = Server::bind(config).expect("bind");
     let addr = server.local_addr().expect("address");

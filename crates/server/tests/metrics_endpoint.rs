@@ -68,16 +68,10 @@ fn read(c: &mut RawClient, header: RequestHeader) -> Box<dyn uascale_types::DynS
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_and_health_of_a_running_server() {
     let config = ServerConfig {
-        server: uascale_server::config::ServerSection {
-            bind: [127, 0, 0, 1].into(),
-            port: 0,
-            ..Default::default()
-        },
-        security: uascale_server::config::SecurityConfig::none_only(),
         metrics: uascale_server::config::MetricsSection {
             listen: Some("127.0.0.1:0".parse().unwrap()),
         },
-        ..Default::default()
+        ..common::loopback_config()
     };
     let server = Server::bind(config).expect("bind");
     let addr = server.local_addr().expect("address");

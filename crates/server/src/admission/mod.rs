@@ -315,12 +315,6 @@ impl Admission {
         }
     }
 
-    /// [`Admission::on_accept`] without the open-files check: the call the
-    /// network layer makes today, until it passes its counts.
-    pub fn on_connection(&self, peer: SocketAddr, now: Instant) -> Decision {
-        self.on_accept(peer, now, 0, None)
-    }
-
     /// A connection closed at `now`: feeds the rate that the hints of
     /// `max_channel_count` and `open_files_headroom` refusals divide by.
     pub fn connection_closed(&self, now: Instant) {
@@ -418,6 +412,13 @@ mod tests {
 
     fn peer(s: &str) -> SocketAddr {
         SocketAddr::new(s.parse().unwrap(), 50_000)
+    }
+
+    impl Admission {
+        /// [`Admission::on_accept`] without the open-files check.
+        fn on_connection(&self, peer: SocketAddr, now: Instant) -> Decision {
+            self.on_accept(peer, now, 0, None)
+        }
     }
 
     fn refused(d: Decision) -> Duration {

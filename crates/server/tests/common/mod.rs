@@ -289,3 +289,18 @@ impl RawClient {
         });
     }
 }
+
+/// A server configuration for tests: 127.0.0.1 on a port the kernel
+/// chooses, the unsecured endpoint only, every other default.
+#[allow(dead_code)]
+pub fn loopback_config() -> uascale_server::ServerConfig {
+    uascale_server::ServerConfig {
+        server: uascale_server::config::ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            ..Default::default()
+        },
+        security: uascale_server::config::SecurityConfig::none_only(),
+        ..Default::default()
+    }
+}
