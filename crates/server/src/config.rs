@@ -731,7 +731,6 @@ pub struct RequestsSection {
     /// `trusted_reservations` (`trusted_owners`): application URIs,
     /// certificate thumbprints (40 hex digits, SHA-1) or user names.
     /// Default none.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub trusted_owners: Vec<String>,
     /// Queue places only trusted owners may take under
     /// `trusted_reservations` (`trusted_reserved_request_count`), less than

@@ -15,10 +15,15 @@
 //!   hint, time to establish, sessions left behind, and the lateness of
 //!   steady sessions before, during and after.
 //!
+//! - `bench fairness` ([`fairness`]): flooding clients and one-at-a-time
+//!   victims on one node: per-client throughput, busy answers and
+//!   latency - who waits behind whom under the server's isolation profile.
+//!
 //! All sample once a second ([`series`]), show progress on stderr
 //! ([`progress`]), print a summary table or `--json` on stdout, and with
 //! `--report FILE` write a self-contained HTML page ([`report`]).
 
+mod fairness;
 mod progress;
 mod publish;
 mod read;
@@ -58,6 +63,10 @@ pub const USAGE: &str =
                           [--security POLICY[:MODE]] [--pki DIR] [--trust-server]
                           [--user NAME [--password PW] | --cert FILE --key FILE]
                           [--server-pid PID] [--interval-s S] [--json]
+                          [--report FILE.html]
+       uascale bench fairness URL [--flooders F] [--flood-inflight W]
+                          [--victims V] [--node NODE] [--warmup-s S]
+                          [--duration-s S] [--server-pid PID] [--json]
                           [--report FILE.html]
 
   bench read      C connections (10) x M Reads in flight (100), K values per
@@ -111,6 +120,12 @@ pub const USAGE: &str =
                   counters read through a separate session), server CPU and
                   RSS with --server-pid. Security and identity options as
                   for bench sessions
+  bench fairness  F clients (1) keep W Reads (500) in flight each while V
+                  victims (1) read one at a time, all of NODE (uascale's
+                  slow asynchronous ns=2;s=Demo.Slow.0); --warmup-s (2) then
+                  --duration-s (10) measured: per role, Reads/s per client,
+                  busy answers/s, latency p50/p99/max, errors; run it
+                  against servers with each requests.isolation_profile
 
   All sample their series every --interval-s (1). Progress goes to stderr
   (a bar on a terminal, a line per sample otherwise); stdout gets only the
@@ -313,6 +328,8 @@ pub fn run(args: &[&str]) -> ExitCode {
             .and_then(|a| Ok((runtime()?.block_on(sessions::run(&a))?, a))),
         ["publish", rest @ ..] => Args::parse("publish", rest, publish::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(publish::run(&a))?, a))),
+        ["fairness", rest @ ..] => Args::parse("fairness", rest, fairness::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(fairness::run(&a))?, a))),
         // A child process of `bench storm --processes P`.
         ["storm", rest @ ..] if std::env::var_os(storm::WORKER_ENV).is_some() => {
             return storm::child(rest);
@@ -320,7 +337,7 @@ pub fn run(args: &[&str]) -> ExitCode {
         ["storm", rest @ ..] => Args::parse("storm", rest, storm::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(storm::run(&a))?, a))),
         _ => Err(format!(
-            "unknown bench; one of: read, sessions, publish, storm\n{USAGE}"
+            "unknown bench; one of: read, sessions, publish, storm, fairness\n{USAGE}"
         )),
     };
     match result.and_then(|(mut outcome, a)| {
