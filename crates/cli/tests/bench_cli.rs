@@ -332,3 +332,46 @@ fn bench_sessions_with_a_secured_policy_and_a_user() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `bench fairness` against a server whose four workers serve the slow
+/// folder: the flooder's window overflows its lane (busy answers, counted
+/// as such), the victim's one-at-a-time Reads are all served, and the
+/// counts add up (nothing timed).
+#[test]
+fn bench_fairness_reports_the_flood_and_the_victim() {
+    let s = serve_none(
+        "[requests]\nmin_request_thread_count = 4\nmax_request_thread_count = 4\n\
+         isolation_profile = \"balanced\"\n",
+    );
+    let url = s.url();
+    let pid = s.pid();
+    let r = bench(&[
+        "fairness",
+        &url,
+        "--flood-inflight",
+        "200",
+        "--warmup-s",
+        "0.3",
+        "--duration-s",
+        "1",
+        "--server-pid",
+        &pid,
+    ]);
+    assert_eq!(r["bench"], "fairness", "{r}");
+    let flood = &r["flood"];
+    let victim = &r["victim"];
+    assert!(flood["reads"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        flood["busy_answers"].as_u64().unwrap() > 0,
+        "200 in flight overflow a lane of 64: {r}"
+    );
+    assert_eq!(
+        flood["errors"]["BadServerTooBusy"].as_u64(),
+        flood["busy_answers"].as_u64(),
+        "{r}"
+    );
+    assert!(victim["reads"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(victim["busy_answers"], 0, "{r}");
+    assert!(victim["errors"].as_object().unwrap().is_empty(), "{r}");
+    assert!(r["server"]["rss_bytes"].as_u64().unwrap() > 0, "{r}");
+}
