@@ -1111,10 +1111,9 @@ fn read_and_handle(
 }
 
 /// Hands each request the connection decoded to the dispatcher and sends
-/// or schedules its answer. While nothing waits in the request queue and a
-/// worker is free, a request runs here at once; otherwise it is decoded,
-/// classified and queued for a worker, or refused busy
-/// ([`crate::scheduler`]).
+/// or schedules its answer. While nothing waits in the request queue, a
+/// request runs here at once; otherwise it is decoded, classified and
+/// queued for a worker, or refused busy ([`crate::scheduler`]).
 fn handle_events(
     conn: &mut ServerConnection,
     state: &Arc<ServerState>,
@@ -1146,27 +1145,71 @@ fn handle_events(
             ctx
         });
         ctx.request_id = request_id;
-        let Some(slot) = state.scheduler.try_inline() else {
+        let scheduler = &state.scheduler;
+        // Requests wait: this one queues behind them.
+        if scheduler.has_waiting() {
             enqueue(conn, ctx, &body);
             continue;
-        };
-        match dispatch(ctx, &body) {
-            Dispatched::Now(response) => {
-                drop(slot);
-                send_or_fault(conn, request_id, &response);
+        }
+        if !scheduler.decoupled() {
+            // The legacy mode: a held Publish keeps the worker it ran on,
+            // so every request takes a worker's slot before it runs.
+            let Some(slot) = scheduler.try_slot() else {
+                enqueue(conn, ctx, &body);
+                continue;
+            };
+            match dispatch(ctx, &body) {
+                Dispatched::Now(response) => {
+                    drop(slot);
+                    send_or_fault(conn, request_id, &response);
+                }
+                Dispatched::Later {
+                    request_handle,
+                    future,
+                    holds_worker,
+                } => {
+                    let slot = holds_worker.then(|| slot.into_owned());
+                    Arc::clone(queue).spawn_answer(request_id, request_handle, future, slot);
+                }
+                Dispatched::Parked => queue.hold_until_answered(request_id, slot.into_owned()),
             }
+            continue;
+        }
+        // Nothing waits: the request runs here at once. What completes here
+        // takes no worker (two runtime threads bound it anyway); an answer
+        // that waits - an asynchronous node manager - takes one, or queues
+        // for one when every worker is busy.
+        match dispatch(ctx, &body) {
+            Dispatched::Now(response) => send_or_fault(conn, request_id, &response),
             Dispatched::Later {
                 request_handle,
                 future,
-                holds_worker,
-            } => {
-                let slot = holds_worker.then(|| slot.into_owned());
-                Arc::clone(queue).spawn_answer(request_id, request_handle, future, slot);
-            }
-            Dispatched::Parked if !state.scheduler.decoupled() => {
-                queue.hold_until_answered(request_id, slot.into_owned());
-            }
-            Dispatched::Parked => drop(slot),
+                holds_worker: true,
+            } => match scheduler.try_slot() {
+                Some(slot) => Arc::clone(queue).spawn_answer(
+                    request_id,
+                    request_handle,
+                    future,
+                    Some(slot.into_owned()),
+                ),
+                None => {
+                    let (owner, _) = scheduler.owner_of(ctx);
+                    let job = crate::scheduler::Job {
+                        ctx: ctx.clone(),
+                        work: crate::scheduler::Work::Answer {
+                            request_handle,
+                            future,
+                        },
+                    };
+                    scheduler.offer_started(owner, body.len(), job);
+                }
+            },
+            Dispatched::Later {
+                request_handle,
+                future,
+                holds_worker: false,
+            } => Arc::clone(queue).spawn_answer(request_id, request_handle, future, None),
+            Dispatched::Parked => {}
         }
     }
 }
@@ -1194,10 +1237,7 @@ fn enqueue(conn: &mut ServerConnection, ctx: &ServiceContext, body: &[u8]) {
     let (owner, kind, trusted) = state.scheduler.classify(ctx, &request);
     let handle = request.header().request_handle;
     let service = request.service();
-    let job = crate::scheduler::Job {
-        ctx: ctx.clone(),
-        request,
-    };
+    let job = crate::scheduler::Job::request(ctx.clone(), request);
     if let Err(refused) = state
         .scheduler
         .offer(owner, kind, trusted, body.len(), job, ctx.instant)

@@ -2,21 +2,26 @@
 //! `[requests]`).
 //!
 //! A decoded request becomes a [`Job`]. Workers are async tasks; a worker
-//! is a *slot* of execution, busy while it runs a request - including the
-//! wait of an asynchronous node manager, and, with
-//! `decouple_held_publish_requests = false`, a held Publish's whole wait.
-//! There are `min_request_thread_count` at the start and at most
+//! is a *slot* of execution, busy while it runs a request from the queue
+//! or waits for a request's answer - an asynchronous node manager's, and,
+//! with `decouple_held_publish_requests = false`, a held Publish's. There
+//! are `min_request_thread_count` at the start and at most
 //! `max_request_thread_count`; one is added only when a request is queued
 //! and every worker is busy.
 //!
-//! What is fast stays fast: while nothing waits and a worker is free, the
-//! connection's task runs the request at once under that worker's slot
-//! ([`Scheduler::try_inline`]: two atomic operations, no lock, no
-//! allocation). Only under contention is the request decoded, classified
-//! ([`Scheduler::classify`]: its owner and [`queue::Kind`]) and offered to
-//! the [`queue::Queue`], where workers take it in the profile's order. A
+//! What is fast stays fast: while nothing waits ([`Scheduler::has_waiting`],
+//! one atomic load), the connection's task runs the request at once. What
+//! completes there takes no worker (the runtime's threads bound it); an
+//! answer that has to wait takes a worker's slot ([`Scheduler::try_slot`])
+//! or, when every worker is busy, queues for one
+//! ([`Scheduler::offer_started`]). Once anything waits, a new request is
+//! decoded, classified ([`Scheduler::classify`]: its owner and
+//! [`queue::Kind`]) and offered to the [`queue::Queue`]
+//! ([`Scheduler::offer`]), where workers take it in the profile's order. A
 //! refused request is answered `BadServerTooBusy` with a RetryAfterMs
 //! hint: the queue's backlog over the rate at which workers take from it.
+//! In the legacy mode every request takes a slot before it runs (a held
+//! Publish keeps it).
 //!
 //! A held Publish is counted in the parked stage ([`Scheduler::park`]) until
 //! it is answered.
@@ -55,17 +60,59 @@ pub enum Owner {
 pub struct Job {
     /// Its context (state, channel, request id, clock, answer sink).
     pub ctx: ServiceContext,
-    /// The decoded request.
-    pub request: Request,
+    /// What is left to do.
+    pub work: Work,
+}
+
+/// What a queued [`Job`] still has to do.
+pub enum Work {
+    /// Run the request's handler (it waited before it was dispatched).
+    /// Boxed: a queue entry stays small.
+    Request(Box<Request>),
+    /// Drive the answer of a request already dispatched: an asynchronous
+    /// node manager's future that found every worker busy.
+    Answer {
+        /// The request's requestHandle (what Cancel names it by).
+        request_handle: u32,
+        /// Produces the response message.
+        future: crate::reply::BoxFuture<Vec<u8>>,
+    },
+}
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Work::Request(r) => write!(f, "Work::Request({})", r.service_name()),
+            Work::Answer { request_handle, .. } => {
+                write!(f, "Work::Answer(handle {request_handle})")
+            }
+        }
+    }
 }
 
 impl Job {
-    /// Runs the request's handler under `slot` and sends its answer through
-    /// the context's sink: now, from a task that holds the slot until an
+    /// A job that runs `request` in `ctx`.
+    pub fn request(ctx: ServiceContext, request: Request) -> Job {
+        Job {
+            ctx,
+            work: Work::Request(Box::new(request)),
+        }
+    }
+
+    /// The requestHandle of the job's request.
+    pub fn request_handle(&self) -> u32 {
+        match &self.work {
+            Work::Request(r) => r.header().request_handle,
+            Work::Answer { request_handle, .. } => *request_handle,
+        }
+    }
+
+    /// Runs the job under `slot` and sends its answer through the
+    /// context's sink: now, from a task that holds the slot until an
     /// asynchronous node manager answers, or - a held Publish - when the
     /// subscription engine answers (the slot is then released at once, or
     /// kept until that answer without `decouple_held_publish_requests`).
-    /// A request whose connection is gone is dropped unrun.
+    /// A job whose connection is gone is dropped unrun.
     pub fn run(mut self, slot: Slot) {
         let Some(sink) = self.ctx.sink.clone() else {
             return;
@@ -73,13 +120,23 @@ impl Job {
         if !sink.is_open() {
             return;
         }
+        let request_id = self.ctx.request_id;
+        let request = match self.work {
+            Work::Request(r) => *r,
+            Work::Answer {
+                request_handle,
+                future,
+            } => {
+                sink.spawn_answer(request_id, request_handle, future, Some(slot));
+                return;
+            }
+        };
         // It runs now, not when it arrived.
         let now = crate::state::clock();
         self.ctx.now = now.utc;
         self.ctx.instant = now.instant;
-        let request_id = self.ctx.request_id;
         let decoupled = self.ctx.state.scheduler.decoupled();
-        match crate::dispatch::execute(&mut self.ctx, self.request) {
+        match crate::dispatch::execute(&mut self.ctx, request) {
             Dispatched::Now(message) => {
                 drop(slot);
                 sink.send(request_id, message);
@@ -248,14 +305,43 @@ impl Scheduler {
         self.config.decouple_held_publish_requests
     }
 
+    /// True while requests wait in the queue: a new request must then
+    /// queue too (it would overtake them), whoever it belongs to. One
+    /// atomic load: what the connection's task asks before it runs a
+    /// request at once.
+    pub fn has_waiting(&self) -> bool {
+        self.waiting.load(SEQ) != 0
+    }
+
+    /// A free worker's slot, for a request the caller runs itself (or an
+    /// answer it drives); `None` when every worker is busy.
+    pub fn try_slot(self: &Arc<Self>) -> Option<InlineSlot<'_>> {
+        // Built only when a slot was taken: its drop gives one back.
+        self.acquire().then(|| InlineSlot { scheduler: self })
+    }
+
     /// A slot for a request the caller runs at once: only while nothing
     /// waits in the queue (so it overtakes no one) and a worker is free.
     pub fn try_inline(self: &Arc<Self>) -> Option<InlineSlot<'_>> {
-        if self.waiting.load(SEQ) != 0 {
+        if self.has_waiting() {
             return None;
         }
-        // Built only when a slot was taken: its drop gives one back.
-        self.acquire().then(|| InlineSlot { scheduler: self })
+        self.try_slot()
+    }
+
+    /// Queues the answer of a request already dispatched that found every
+    /// worker busy (an asynchronous node manager's future), in its owner's
+    /// lane. Never refused: its work has started, so refusing it could
+    /// lose a Write a device already took. Few ever come here - once one
+    /// waits, later requests queue before they are dispatched - so this
+    /// can pass the queue's limit by at most the runtime's threads.
+    pub fn offer_started(self: &Arc<Self>, owner: Owner, bytes: usize, job: Job) {
+        {
+            let mut inner = self.inner();
+            inner.queue.push(owner, bytes, job);
+            self.waiting.fetch_add(1, SEQ);
+        }
+        self.wake_or_grow();
     }
 
     /// Takes a free slot.
@@ -271,6 +357,24 @@ impl Scheduler {
         self.busy.fetch_sub(1, SEQ);
         if self.waiting.load(SEQ) > 0 {
             self.work.notify_one();
+        }
+    }
+
+    /// The owner of a request whose session the dispatcher resolved (an
+    /// answer queued after dispatch), and its trust.
+    pub fn owner_of(&self, ctx: &ServiceContext) -> (Owner, bool) {
+        match &ctx.session {
+            Some(s) => {
+                let trusted = self.config.isolation_profile
+                    == IsolationProfile::TrustedReservations
+                    && ctx
+                        .state
+                        .sessions
+                        .with_key(&s.key, |s| self.trusts(s))
+                        .unwrap_or(false);
+                (Owner::Session(s.key.clone()), trusted)
+            }
+            None => (Owner::Channel(ctx.channel_id), false),
         }
     }
 
@@ -384,18 +488,24 @@ impl Scheduler {
         };
         match offered {
             Ok(stage) => {
-                if self.busy.load(SEQ) < self.workers.load(SEQ) {
-                    self.work.notify_one();
-                } else if self.grow() {
-                    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                        runtime.spawn(Arc::clone(self).work());
-                    }
-                }
+                self.wake_or_grow();
                 Ok(stage)
             }
             Err(refused) => {
                 self.count_rejection(refused.rejection);
                 Err(refused)
+            }
+        }
+    }
+
+    /// After a request was queued: a free worker is woken, or one more is
+    /// started when every one is busy and the limit allows.
+    fn wake_or_grow(self: &Arc<Self>) {
+        if self.busy.load(SEQ) < self.workers.load(SEQ) {
+            self.work.notify_one();
+        } else if self.grow() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(Arc::clone(self).work());
             }
         }
     }
@@ -529,8 +639,7 @@ impl Scheduler {
         let gone = {
             let mut inner = self.inner();
             let gone = inner.queue.remove_where(|_, job| {
-                job.ctx.channel_id == channel_id
-                    && job.request.header().request_handle == request_handle
+                job.ctx.channel_id == channel_id && job.request_handle() == request_handle
             });
             self.waiting.fetch_sub(gone.len(), SEQ);
             gone
@@ -648,7 +757,7 @@ mod tests {
             &mut msg,
         );
         let request = Request::decode(&msg, &Default::default()).unwrap();
-        Job { ctx, request }
+        Job::request(ctx, request)
     }
 
     /// Workers: min at the start; a slot per worker; one more only when a

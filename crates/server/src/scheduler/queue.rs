@@ -354,6 +354,39 @@ impl<K: Clone + Eq + Hash, T> Queue<K, T> {
         Err((rejected(Stage::Queue, reason), payload))
     }
 
+    /// Queues a request whatever the limits (an answer whose work already
+    /// started; see `Scheduler::offer_started`), in `owner`'s lane (the
+    /// FIFO under `shared_only`).
+    pub fn push(&mut self, owner: K, bytes: usize, payload: T) {
+        let entry = Entry {
+            stage: Stage::Queue,
+            bytes,
+            payload,
+        };
+        // Counted as its lane is (a trusted lane's places are the floor's).
+        let trusted = self.lanes.get(&owner).is_some_and(|l| l.trusted);
+        self.take(Stage::Queue, bytes, trusted);
+        if self.limits.profile == IsolationProfile::SharedOnly {
+            self.fifo.push_back((owner, entry));
+            return;
+        }
+        match self.lanes.get_mut(&owner) {
+            Some(lane) => lane.entries.push_back(entry),
+            None => {
+                self.ring.push_back(owner.clone());
+                self.lanes.insert(
+                    owner,
+                    Lane {
+                        entries: VecDeque::from([entry]),
+                        weight: 1,
+                        credit: 1,
+                        trusted: false,
+                    },
+                );
+            }
+        }
+    }
+
     fn take(&mut self, stage: Stage, bytes: usize, trusted: bool) {
         self.used[stage as usize] += 1;
         if trusted {
