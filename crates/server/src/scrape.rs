@@ -260,7 +260,7 @@ impl Collector for ServerCollector {
             gauge(
                 &mut enc,
                 "opcua_server_request_workers_busy",
-                "Request workers executing a request now (a request run at once on its connection counts)",
+                "Request workers busy now: running a queued request, or waiting for an answer (an asynchronous node manager; a held Publish in the legacy mode)",
                 g(q.busy()),
             )?;
             gauge(
