@@ -19,11 +19,17 @@
 //!   victims on one node: per-client throughput, busy answers and
 //!   latency - who waits behind whom under the server's isolation profile.
 //!
+//! - `bench floor` ([`floor`]): the floor under a publish round trip, an
+//!   echo server (`bench floor serve`) and N sockets sending a small
+//!   message every interval: server CPU per round trip and per
+//!   socket-second.
+//!
 //! All sample once a second ([`series`]), show progress on stderr
 //! ([`progress`]), print a summary table or `--json` on stdout, and with
 //! `--report FILE` write a self-contained HTML page ([`report`]).
 
 mod fairness;
+mod floor;
 mod progress;
 mod publish;
 mod read;
@@ -68,6 +74,10 @@ pub const USAGE: &str =
                           [--victims V] [--node NODE] [--warmup-s S]
                           [--duration-s S] [--server-pid PID] [--json]
                           [--report FILE.html]
+       uascale bench floor serve --port P [--bind ADDR]
+       uascale bench floor HOST:PORT [--sockets N] [--interval-ms I] [--size B]
+                          [--concurrency C] [--warmup-s S] [--duration-s S]
+                          [--server-pid PID] [--json]
 
   bench read      C connections (10) x M Reads in flight (100), K values per
                   Read (1) of the NODEs (default i=2258); --warmup-s (3) then
@@ -126,6 +136,13 @@ pub const USAGE: &str =
                   --duration-s (10) measured: per role, Reads/s per client,
                   busy answers/s, latency p50/p99/max, errors; run it
                   against servers with each requests.isolation_profile
+  bench floor     the floor of a publish round trip: `floor serve` echoes
+                  every message with one read and one write; the client
+                  opens N sockets (1000), C at a time (50), sends B bytes
+                  (100) on each every I ms (1000) and reads the echo;
+                  --warmup-s (3) then --duration-s (10): round trips/s,
+                  latency, server CPU per round trip and per socket-second
+                  (compare with bench sessions --publishing-ms I holding)
 
   All sample their series every --interval-s (1). Progress goes to stderr
   (a bar on a terminal, a line per sample otherwise); stdout gets only the
@@ -328,6 +345,17 @@ pub fn run(args: &[&str]) -> ExitCode {
             .and_then(|a| Ok((runtime()?.block_on(sessions::run(&a))?, a))),
         ["publish", rest @ ..] => Args::parse("publish", rest, publish::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(publish::run(&a))?, a))),
+        ["floor", "serve", rest @ ..] => {
+            return match runtime().and_then(|rt| rt.block_on(floor::serve(rest))) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("uascale bench floor serve: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        ["floor", rest @ ..] => Args::parse("floor", rest, floor::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(floor::run(&a))?, a))),
         ["fairness", rest @ ..] => Args::parse("fairness", rest, fairness::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(fairness::run(&a))?, a))),
         // A child process of `bench storm --processes P`.
@@ -337,7 +365,7 @@ pub fn run(args: &[&str]) -> ExitCode {
         ["storm", rest @ ..] => Args::parse("storm", rest, storm::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(storm::run(&a))?, a))),
         _ => Err(format!(
-            "unknown bench; one of: read, sessions, publish, storm, fairness\n{USAGE}"
+            "unknown bench; one of: read, sessions, publish, storm, fairness, floor\n{USAGE}"
         )),
     };
     match result.and_then(|(mut outcome, a)| {
