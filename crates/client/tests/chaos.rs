@@ -332,7 +332,7 @@ async fn byte_at_a_time_with_latency() {
 
     let nodes: Vec<NodeId> = ["Boolean", "Int32", "Double", "String", "DateTime"]
         .iter()
-        .map(|n| NodeId::string(2, &format!("Demo.Static.Scalar.{n}")))
+        .map(|n| NodeId::string(2, format!("Demo.Static.Scalar.{n}")))
         .collect();
     for _ in 0..3 {
         let values = client.read_values(&nodes).await.unwrap();
