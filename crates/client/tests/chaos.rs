@@ -567,8 +567,16 @@ async fn session_lost_on_a_live_channel_is_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_leaks_on_the_server() {
     let server = TestServer::start(config());
-    // The server's own tasks, once it runs.
+    // The server's own tasks, once it runs: a connection accepted means
+    // its accept loop runs, and the tasks beside it were spawned before.
+    drop(tokio::net::TcpStream::connect(server.addr).await.unwrap());
+    assert!(
+        eventually(LIMIT, || server.state.metrics.connections_accepted() == 1
+            && server.connections() == 0)
+        .await
+    );
     let baseline = server.alive_tasks();
+    assert!(baseline > 0, "the server's timers run");
     assert_eq!((server.sessions(), server.channels()), (0, 0));
     let chaos = Chaos::start(server.addr).await;
 
