@@ -207,7 +207,16 @@ async fn subscription_sequence_survives_cuts_and_resets() {
 
     drop(sub);
     client.close().await;
-    assert!(eventually(LIMIT, || server.sessions() == 0 && server.channels() == 0).await);
+    assert!(
+        eventually(LIMIT, || server.sessions() == 0 && server.channels() == 0).await,
+        "closed: {} sessions, {} channels on the server (client connected: {})",
+        server.sessions(),
+        server.channels(),
+        client.is_connected()
+    );
+    // And closing made no new session (the Publishes still out come back
+    // BadSessionClosed; that is the end, not a lost session to replace).
+    assert_eq!(server.state.sessions.cumulated_count(), 1);
 }
 
 fn ledger_write(v: u32) -> t::WriteValue {
@@ -374,7 +383,16 @@ async fn byte_at_a_time_with_latency() {
     assert_eq!(server.state.sessions.cumulated_count(), 1);
     drop(sub);
     client.close().await;
-    assert!(eventually(LIMIT, || server.sessions() == 0 && server.channels() == 0).await);
+    assert!(
+        eventually(LIMIT, || server.sessions() == 0 && server.channels() == 0).await,
+        "closed: {} sessions, {} channels on the server (client connected: {})",
+        server.sessions(),
+        server.channels(),
+        client.is_connected()
+    );
+    // And closing made no new session (the Publishes still out come back
+    // BadSessionClosed; that is the end, not a lost session to replace).
+    assert_eq!(server.state.sessions.cumulated_count(), 1);
 }
 
 /// 4a. A stall shorter than the timeouts: requests made during it are

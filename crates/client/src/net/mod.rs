@@ -770,6 +770,9 @@ impl Client {
             .lock()
             .map(|s| !s.auth.is_null())
             .unwrap_or(false);
+        // Closing from here on: no reconnect, and no new session when the
+        // Publishes still out come back with BadSessionClosed.
+        self.shared.closing.store(true, Ordering::SeqCst);
         if has_session && self.is_connected() {
             let _: Result<t::CloseSessionResponse, _> = self
                 .request(&t::CloseSessionRequest {
@@ -781,7 +784,6 @@ impl Client {
         if let Ok(mut s) = self.shared.session.lock() {
             s.auth = NodeId::NULL;
         }
-        self.shared.closing.store(true, Ordering::SeqCst);
         let link = self.shared.link.lock().ok().and_then(|mut l| l.take());
         if let Some((_, link)) = link {
             let (done, rx) = oneshot::channel();
@@ -851,10 +853,10 @@ impl Shared {
             Ok(mut l) if l.as_ref().is_some_and(|(g, _)| *g == generation) => l.take(),
             _ => None,
         };
-        if current.is_none() || self.closing.load(Ordering::SeqCst) {
+        if current.is_none() {
             return;
         }
-        if !self.options.reconnect {
+        if !self.options.reconnect || self.closing.load(Ordering::SeqCst) {
             self.shut_down(failure);
             return;
         }

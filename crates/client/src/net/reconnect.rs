@@ -80,6 +80,9 @@ async fn reestablish(shared: &Arc<Shared>) -> Result<(), ClientError> {
 /// The server lost our session but the channel is up: a new session on
 /// the current channel takes the subscriptions over.
 pub(crate) async fn renew_session(shared: &Arc<Shared>) -> Result<(), ClientError> {
+    if shared.closing.load(Ordering::SeqCst) {
+        return Err(ClientError::Closed);
+    }
     let link = shared
         .link
         .lock()

@@ -648,6 +648,9 @@ async fn publish_loop(shared: Arc<Shared>) {
                 | StatusCode::BadSessionNotActivated
                     if shared.session_token().as_ref() == Some(&token) =>
                 {
+                    if shared.closing.load(Ordering::SeqCst) {
+                        break;
+                    }
                     if !shared.options.reconnect {
                         end_all(&shared, e.status_code());
                         break;
