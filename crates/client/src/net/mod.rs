@@ -45,7 +45,11 @@ fn now() -> Now {
 /// How a client connects and waits.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// How long a request may wait for its response. Default 10 s.
+    /// How long a request may wait for its response. Default 10 s. It is
+    /// also the dead-peer timeout: when a request's timeout passes and
+    /// not a byte has come from the server since it was sent, the
+    /// connection is given up (and, with [`reconnect`](Self::reconnect),
+    /// opened again) rather than left hanging on a silent network.
     pub request_timeout: Duration,
     /// TCP connect plus channel opening. Default 10 s.
     pub connect_timeout: Duration,
@@ -148,8 +152,15 @@ type Reply = oneshot::Sender<Result<Vec<u8>, ClientError>>;
 
 /// What the client sends its connection task.
 pub(crate) enum Command {
-    Request { message: Vec<u8>, reply: Reply },
-    Close { done: oneshot::Sender<()> },
+    /// A request; `deadline` is when its caller stops waiting.
+    Request {
+        message: Vec<u8>,
+        reply: Reply,
+        deadline: Instant,
+    },
+    Close {
+        done: oneshot::Sender<()>,
+    },
 }
 
 /// The sending side of one connection task.
@@ -655,6 +666,15 @@ impl Client {
     }
 
     /// Write; the status of each value.
+    ///
+    /// Like every request, a Write is sent at most once: when the
+    /// connection is lost before its answer arrives, it fails (a channel,
+    /// IO or timeout error) and is not resent by the client, even after a
+    /// reconnect. The server may or may not have applied it; whether to
+    /// write again is the application's decision (writing the same value
+    /// twice is harmless, writing "the next value of a counter" is not).
+    /// A request made while the client reconnects is only sent once a new
+    /// channel is open.
     pub async fn write(&self, values: Vec<t::WriteValue>) -> Result<Vec<StatusCode>, ClientError> {
         let resp: t::WriteResponse = self
             .request(&t::WriteRequest {
@@ -750,6 +770,9 @@ impl Client {
             .lock()
             .map(|s| !s.auth.is_null())
             .unwrap_or(false);
+        // Closing from here on: no reconnect, and no new session when the
+        // Publishes still out come back with BadSessionClosed.
+        self.shared.closing.store(true, Ordering::SeqCst);
         if has_session && self.is_connected() {
             let _: Result<t::CloseSessionResponse, _> = self
                 .request(&t::CloseSessionRequest {
@@ -761,7 +784,6 @@ impl Client {
         if let Ok(mut s) = self.shared.session.lock() {
             s.auth = NodeId::NULL;
         }
-        self.shared.closing.store(true, Ordering::SeqCst);
         let link = self.shared.link.lock().ok().and_then(|mut l| l.take());
         if let Some((_, link)) = link {
             let (done, rx) = oneshot::channel();
@@ -795,9 +817,16 @@ impl Shared {
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
-            let failure = drive(stream, conn, rx, opened_tx).await;
+            let (failure, waiting) = drive(stream, conn, rx, opened_tx).await;
+            // Reconnecting (or closed) before the waiting requests hear of
+            // the loss: a caller that sees its request fail and asks
+            // `is_connected` or `wait_connected` learns about the new
+            // channel, not the dead one.
             if let Some(shared) = weak.upgrade() {
-                shared.link_lost(generation, failure);
+                shared.link_lost(generation, failure.clone());
+            }
+            for reply in waiting {
+                let _ = reply.send(Err(failure.clone()));
             }
         });
         match opened_rx.await {
@@ -824,10 +853,10 @@ impl Shared {
             Ok(mut l) if l.as_ref().is_some_and(|(g, _)| *g == generation) => l.take(),
             _ => None,
         };
-        if current.is_none() || self.closing.load(Ordering::SeqCst) {
+        if current.is_none() {
             return;
         }
-        if !self.options.reconnect {
+        if !self.options.reconnect || self.closing.load(Ordering::SeqCst) {
             self.shut_down(failure);
             return;
         }
@@ -847,6 +876,15 @@ impl Shared {
         }
         self.state.send_replace(LinkState::Closed(reason.clone()));
         subscription::end_all(self, reason.status_code());
+    }
+
+    /// The session's authentication token; `None` without a session.
+    pub(crate) fn session_token(&self) -> Option<NodeId> {
+        self.session
+            .lock()
+            .ok()
+            .map(|s| s.auth.clone())
+            .filter(|a| !a.is_null())
     }
 
     /// A request header with the session's token and a fresh handle.
@@ -890,7 +928,11 @@ impl Shared {
                 },
             };
             let (reply, rx) = oneshot::channel();
-            let command = Command::Request { message, reply };
+            let command = Command::Request {
+                message,
+                reply,
+                deadline: deadline.into_std(),
+            };
             let unsent = match target {
                 Some(link) => match link.send(command) {
                     Ok(()) => {
@@ -1240,19 +1282,26 @@ async fn open_tcp(
     }))
 }
 
-/// The connection task.
+/// The connection task: runs until the connection ends; returns why, and
+/// the replies of the requests still waiting (to be failed once the
+/// client knows the link is gone).
 async fn drive(
     stream: TcpStream,
     mut conn: ClientConnection,
     mut commands: mpsc::UnboundedReceiver<Command>,
     opened: oneshot::Sender<Result<(), ClientError>>,
-) -> ClientError {
+) -> (ClientError, Vec<Reply>) {
     let (mut rd, mut wr) = stream.into_split();
     let mut opened = Some(opened);
     let mut pending: HashMap<u32, Reply> = HashMap::new();
     let mut input = Vec::with_capacity(8192);
     let mut out = Vec::new();
     let mut closing: Option<oneshot::Sender<()>> = None;
+    // Dead-peer detection: the earliest deadline among the requests sent
+    // since the last byte arrived. If it passes with still nothing read,
+    // the connection is given up (a black hole, a peer that hangs), so
+    // that a reconnect can follow; any byte from the server clears it.
+    let mut silent_until: Option<Instant> = None;
     let failure = loop {
         out.clear();
         if conn.poll_transmit(&mut out) && wr.write_all(&out).await.is_err() {
@@ -1306,7 +1355,10 @@ async fn drive(
                     reason: "server closed the connection".into(),
                     retry_after_ms: None,
                 },
-                Ok(_) => { let _ = conn.handle_input(now(), &mut input); }
+                Ok(_) => {
+                    silent_until = None;
+                    let _ = conn.handle_input(now(), &mut input);
+                }
                 Err(e) => break ClientError::Io(e.to_string()),
             },
             cmd = commands.recv() => {
@@ -1318,9 +1370,10 @@ async fn drive(
                 let mut next = Some(cmd);
                 while let Some(cmd) = next.take() {
                     match cmd {
-                        Command::Request { message, reply } => match conn.send_request(&message) {
+                        Command::Request { message, reply, deadline } => match conn.send_request(&message) {
                             Ok(id) => {
                                 pending.insert(id, reply);
+                                silent_until = Some(silent_until.map_or(deadline, |d| d.min(deadline)));
                             }
                             Err(e) => {
                                 let _ = reply.send(Err(ClientError::Channel {
@@ -1340,6 +1393,11 @@ async fn drive(
                 }
             }
             () = sleep_until(due) => conn.handle_timeout(now()),
+            () = sleep_until(silent_until) => break ClientError::Channel {
+                status: StatusCode::BadConnectionClosed,
+                reason: "no byte from the server within a request's timeout".into(),
+                retry_after_ms: None,
+            },
         }
     };
     out.clear();
@@ -1350,14 +1408,22 @@ async fn drive(
     if let Some(o) = opened.take() {
         let _ = o.send(Err(failure.clone()));
     }
-    for (_, reply) in pending.drain() {
-        let _ = reply.send(Err(failure.clone()));
+    // The requests that were sent, and those still queued (never sent).
+    let mut waiting: Vec<Reply> = pending.into_values().collect();
+    commands.close();
+    while let Ok(cmd) = commands.try_recv() {
+        match cmd {
+            Command::Request { reply, .. } => waiting.push(reply),
+            Command::Close { done } => {
+                let _ = done.send(());
+            }
+        }
     }
     if let Some(done) = closing {
         let _ = done.send(());
     }
     tracing::debug!(error = %failure, "client connection ended");
-    failure
+    (failure, waiting)
 }
 
 async fn sleep_until(due: Option<Instant>) {
