@@ -602,6 +602,7 @@ impl Pki {
             application_uri,
             min_key_bits,
             max_key_bits,
+            policy: policy.filter(|p| !p.is_none()),
             allow_sha1_signatures: false,
             reject_unknown_revocation_status: self.options.reject_unknown_revocation_status,
             trust_all: usage == CertificateUse::Client
