@@ -273,6 +273,17 @@ pub fn hkdf(hash: HkdfHash, salt: &[u8], ikm: &[u8], info: &[u8], out: &mut [u8]
     }
 }
 
+/// The hash of a certificate in channel-bound session signatures
+/// (SecureChannelEnhancements): SHA-384 for P-384 policies, SHA-256
+/// otherwise.
+pub fn certificate_hash(policy_curve: EccCurve, der: &[u8]) -> Vec<u8> {
+    let alg = match policy_curve {
+        EccCurve::NistP384 => &aws_lc_rs::digest::SHA384,
+        _ => &aws_lc_rs::digest::SHA256,
+    };
+    aws_lc_rs::digest::digest(alg, der).as_ref().to_vec()
+}
+
 /// The salt (also the info) of the ECC key derivation (Part 6 §6.8.1):
 /// `u16le(length) || label || first || second`.
 pub fn salt(length: usize, label: &[u8], first: &[u8], second: &[u8]) -> Vec<u8> {

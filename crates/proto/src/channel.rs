@@ -214,8 +214,9 @@ struct Open {
     last_received: u32,
     send_seq: SequenceNumbers,
     /// ECC with SecureChannelEnhancements: the input keying material of
-    /// the current token, chained into the next renewal's.
-    ikm: Option<Secret>,
+    /// the current token, chained into the next renewal's (boxed: most
+    /// channels have none).
+    ikm: Option<Box<Secret>>,
 }
 
 /// Where a connection is; each state is named after what it waits for.
@@ -609,7 +610,7 @@ impl ServerConnection {
             let client_nonce = req.client_nonce.as_bytes().unwrap_or_default();
             let ephemeral = EphemeralKey::generate(curve)?;
             let previous = match &self.state {
-                State::Open(open) => open.ikm.as_ref(),
+                State::Open(open) => open.ikm.as_deref(),
                 _ => None,
             };
             let server_nonce = ephemeral.public_nonce().to_vec();
@@ -621,7 +622,9 @@ impl ServerConnection {
                 &server_nonce,
                 previous,
             )?;
-            ikm = policy.secure_channel_enhancements().then_some(secret);
+            ikm = policy
+                .secure_channel_enhancements()
+                .then(|| Box::new(secret));
             (server_nonce, Some(Box::new(keys)))
         } else {
             let client_nonce = req.client_nonce.as_bytes().unwrap_or_default();
@@ -739,7 +742,7 @@ impl ServerConnection {
                     policy,
                     mode: req.security_mode,
                     remote_certificate: secured.as_ref().map(|sec| Arc::clone(&sec.cert)),
-                    channel_thumbprint: thumbprint,
+                    channel_thumbprint: (!thumbprint.is_empty()).then(|| thumbprint.into()),
                 };
                 self.state = State::Open(Open {
                     current: token,

@@ -385,9 +385,10 @@ pub struct ChannelSecurity {
     /// The peer's certificate (None for SecurityPolicy None).
     pub remote_certificate: Option<Arc<Certificate>>,
     /// The ChannelThumbprint (SecureChannelEnhancements: the signature of
-    /// the first OPN response); empty otherwise. Session signatures are
-    /// bound to it.
-    pub channel_thumbprint: Vec<u8>,
+    /// the first OPN response); None otherwise. Session signatures are
+    /// bound to it. (Shared, not owned: this struct is cloned per request
+    /// and sits in every connection.)
+    pub channel_thumbprint: Option<Arc<[u8]>>,
 }
 
 impl ChannelSecurity {
@@ -397,8 +398,13 @@ impl ChannelSecurity {
             policy: SecurityPolicy::None,
             mode: MessageSecurityMode::None,
             remote_certificate: None,
-            channel_thumbprint: Vec::new(),
+            channel_thumbprint: None,
         }
+    }
+
+    /// The ChannelThumbprint, empty when the channel has none.
+    pub fn thumbprint(&self) -> &[u8] {
+        self.channel_thumbprint.as_deref().unwrap_or_default()
     }
 
     /// The peer certificate's key checked against the policy (RSA or ECC);
@@ -795,6 +801,77 @@ pub fn ecc_token_keys(
     };
     let keys = derive_ecc_keys(policy, &ikm, client_nonce, server_nonce)?;
     Ok((keys, ikm))
+}
+
+/// What a CreateSession ServerSignature signs (Part 4 §5.6.2, and the
+/// channel-bound form of SecureChannelEnhancements):
+///
+/// ```text
+/// classic:  ClientCertificate || ClientNonce
+/// bound:    ChannelThumbprint || ClientNonce || H(ServerChannelCert)
+///           || H(ClientChannelCert) || ServerNonce
+/// ```
+///
+/// The bound form applies when `thumbprint` is not empty (only channels of
+/// enhanced policies have one); H is SHA-256 (SHA-384 for P-384).
+pub fn create_session_signed_data(
+    policy: SecurityPolicy,
+    thumbprint: &[u8],
+    client_nonce: &[u8],
+    server_nonce: &[u8],
+    server_channel_cert: &[u8],
+    client_channel_cert: &[u8],
+) -> Vec<u8> {
+    match policy.curve().filter(|_| !thumbprint.is_empty()) {
+        Some(curve) => {
+            let h = |der: &[u8]| uascale_crypto::ecc::certificate_hash(curve, der);
+            [
+                thumbprint,
+                client_nonce,
+                &h(server_channel_cert),
+                &h(client_channel_cert),
+                server_nonce,
+            ]
+            .concat()
+        }
+        None => [client_channel_cert, client_nonce].concat(),
+    }
+}
+
+/// What an ActivateSession ClientSignature signs:
+///
+/// ```text
+/// classic:  ServerCertificate || ServerNonce
+/// bound:    ChannelThumbprint || ServerNonce || H(ServerCert)
+///           || H(ServerChannelCert) || H(ClientChannelCert) || ClientNonce
+/// ```
+///
+/// `server_nonce` is the last nonce the server gave, `client_nonce` the
+/// CreateSession ClientNonce.
+pub fn activate_session_signed_data(
+    policy: SecurityPolicy,
+    thumbprint: &[u8],
+    server_nonce: &[u8],
+    client_nonce: &[u8],
+    server_cert: &[u8],
+    server_channel_cert: &[u8],
+    client_channel_cert: &[u8],
+) -> Vec<u8> {
+    match policy.curve().filter(|_| !thumbprint.is_empty()) {
+        Some(curve) => {
+            let h = |der: &[u8]| uascale_crypto::ecc::certificate_hash(curve, der);
+            [
+                thumbprint,
+                server_nonce,
+                &h(server_cert),
+                &h(server_channel_cert),
+                &h(client_channel_cert),
+                client_nonce,
+            ]
+            .concat()
+        }
+        None => [server_cert, server_nonce].concat(),
+    }
 }
 
 /// Bytes of the unencrypted headers of a symmetric chunk.

@@ -84,6 +84,7 @@ fn bench(c: &mut Criterion) {
     let security = SecurityState {
         pki: Some(Arc::clone(&pki)),
         identity: Some(Arc::clone(&identity)),
+        ecc_identities: Vec::new(),
         endpoints: vec![(POLICY, MODE)],
         allow_anonymous: true,
         users: Default::default(),
@@ -92,6 +93,7 @@ fn bench(c: &mut Criterion) {
     let channel_config = Arc::new(ChannelConfig {
         security: ServerSecurity {
             identity: Some(Arc::clone(&identity)),
+            ecc_identities: Vec::new(),
             endpoints: vec![(POLICY, MODE)],
             validator: Some(Arc::clone(&pki) as Arc<dyn CertificateValidator>),
         },

@@ -228,8 +228,14 @@ pub fn create_self_signed(params: &SelfSignedParams) -> Result<SelfSigned, Crypt
     let cert = p
         .self_signed(&key)
         .map_err(|_| config("certificate could not be signed"))?;
+    let private_key_pkcs8_der = match params.key_type {
+        KeyType::Rsa => key.serialize_der(),
+        // PKCS#8 v1 (RFC 5208): the v2 form with the public key that aws-lc
+        // writes for Ed25519 is refused by OpenSSL (and so by open62541).
+        _ => crate::ecc::EccPrivateKey::from_pkcs8_der(&key.serialize_der())?.to_pkcs8_der()?,
+    };
     Ok(SelfSigned {
         certificate: Certificate::from_der(cert.der())?,
-        private_key_pkcs8_der: key.serialize_der(),
+        private_key_pkcs8_der,
     })
 }

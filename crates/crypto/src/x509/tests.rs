@@ -662,6 +662,14 @@ fn ecc_certificates_are_created_and_validated_per_policy() {
         let cert = &created.certificate;
         assert_eq!(cert.ecc_curve(), Some(curve));
         let key = EccPrivateKey::from_pkcs8_der(&created.private_key_pkcs8_der).unwrap();
+        // PKCS#8 v1: version INTEGER 0 (OpenSSL refuses aws-lc's v2 Ed25519 form).
+        let der = &created.private_key_pkcs8_der;
+        let at = if der[1] & 0x80 != 0 {
+            2 + usize::from(der[1] & 0x7f)
+        } else {
+            2
+        };
+        assert_eq!(&der[at..at + 3], &[0x02, 0x01, 0x00]);
         assert_eq!(
             key.public_key().spki_der(),
             cert.subject_public_key_info_der()

@@ -9,16 +9,30 @@
 //! checked against the argon2 hash) or X509 (certificate validated, token
 //! signature verified). All RSA and argon2 work runs before or after the
 //! session-table lock, never under it.
+//!
+//! ECC policies: the signatures are the policy's (ECDSA `r||s` or Ed25519,
+//! algorithm left empty), channel-bound under SecureChannelEnhancements
+//! ([`uascale_proto::security::create_session_signed_data`]); a client that
+//! asks for it in the request's additionalHeader gets a session ephemeral
+//! key (ECDHKey) in the response's, and a UserName password then comes as
+//! an EccEncryptedSecret encrypted for that key.
 
 use std::time::{Duration, SystemTime};
 
+use std::sync::Arc;
+
+use uascale_crypto::ecc::EphemeralKey;
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_crypto::rsa::RsaPublicKey;
+use uascale_proto::ecc_secret;
+use uascale_proto::security::{
+    activate_session_signed_data, create_session_signed_data, Identity, PublicKey,
+};
 use uascale_types::{
     ActivateSessionRequest, ActivateSessionResponse, AnonymousIdentityToken, ByteString,
     CloseSessionRequest, CloseSessionResponse, CreateSessionRequest, CreateSessionResponse,
-    IssuedIdentityToken, NodeId, SignatureData, StatusCode, UaString, UserNameIdentityToken,
-    X509IdentityToken,
+    ExtensionObject, IssuedIdentityToken, NodeId, RequestHeader, SignatureData, StatusCode,
+    UaString, UserNameIdentityToken, X509IdentityToken,
 };
 
 use super::discovery;
@@ -27,7 +41,31 @@ use crate::context::ServiceContext;
 use crate::error::ServiceError;
 use crate::identity::{self, UserIdentity};
 use crate::metrics::is_security_rejection;
-use crate::session::{Activation, Session};
+use crate::session::{Activation, EccSession, Session};
+
+/// A new session ephemeral key and the response header carrying it, when
+/// the request's additionalHeader asks for one under an ECC policy
+/// (`BadSecurityPolicyRejected` when it names another policy).
+fn ecdh_key_for(
+    policy: SecurityPolicy,
+    identity: &Identity,
+    header: &RequestHeader,
+) -> Result<Option<(EphemeralKey, ExtensionObject)>, StatusCode> {
+    let (Some(curve), Some(key)) = (policy.curve(), identity.ecc_key()) else {
+        return Ok(None);
+    };
+    match ecc_secret::requested_ecdh_policy(&header.additional_header) {
+        None => Ok(None),
+        Some(Some(p)) if p == policy => {
+            let ephemeral =
+                EphemeralKey::generate(curve).map_err(|_| StatusCode::BadInternalError)?;
+            let header = ecc_secret::ecdh_response(policy, &ephemeral, key)
+                .map_err(|_| StatusCode::BadInternalError)?;
+            Ok(Some((ephemeral, header)))
+        }
+        Some(_) => Err(StatusCode::BadSecurityPolicyRejected),
+    }
+}
 
 /// Bounds for the revised session timeout: 10 s ..= 1 h; 0 asks for the
 /// default of 60 s.
@@ -121,6 +159,9 @@ fn create_session_inner(
     let policy = ctx.channel.policy;
     let mut client_thumbprint = None;
     let mut server_signature = SignatureData::default();
+    let nonce = random_bytes::<32>()?;
+    let mut ecc = None;
+    let mut additional_header = ExtensionObject::default();
     if !policy.is_none() {
         // The certificate in the request must be the channel's, and its
         // applicationUri the one the client claims (Part 4 §5.6.2).
@@ -137,29 +178,61 @@ fn create_session_inner(
         if channel_cert.application_uri() != Some(claimed) {
             return Err(StatusCode::BadCertificateUriInvalid.into());
         }
-        let nonce = req.client_nonce.as_bytes_or_empty();
-        if nonce.len() < policy.nonce_length() {
+        let client_nonce = req.client_nonce.as_bytes_or_empty();
+        if client_nonce.len() < policy.session_nonce_length() {
             return Err(StatusCode::BadNonceInvalid.into());
         }
         let identity = ctx
             .security
-            .identity
-            .as_ref()
+            .identity_for(policy)
             .ok_or(StatusCode::BadSecurityPolicyRejected)?;
-        let mut data = Vec::with_capacity(sent.len() + nonce.len());
-        data.extend_from_slice(sent);
-        data.extend_from_slice(nonce);
-        if let Some((uri, sig)) = identity::sign(identity.private_key(), policy, &data)? {
+        if policy.is_ecc() {
+            let data = create_session_signed_data(
+                policy,
+                ctx.channel.thumbprint(),
+                client_nonce,
+                &nonce,
+                identity.certificate().der(),
+                sent,
+            );
+            let mut sig = Vec::new();
+            identity
+                .key()
+                .sign(policy, &data, &mut sig)
+                .map_err(|_| StatusCode::BadInternalError)?;
             server_signature = SignatureData {
-                algorithm: UaString::from(uri),
+                algorithm: UaString::null(),
                 signature: ByteString::new(sig),
             };
+            let ephemeral = match ecdh_key_for(policy, identity, &req.request_header)? {
+                Some((key, header)) => {
+                    additional_header = header;
+                    Some(key)
+                }
+                None => None,
+            };
+            ecc = Some(Arc::new(EccSession {
+                client_nonce: client_nonce.to_vec(),
+                ephemeral,
+            }));
+        } else {
+            let mut data = Vec::with_capacity(sent.len() + client_nonce.len());
+            data.extend_from_slice(sent);
+            data.extend_from_slice(client_nonce);
+            let key = identity
+                .rsa_key()
+                .ok_or(StatusCode::BadSecurityPolicyRejected)?;
+            if let Some((uri, sig)) = identity::sign(key, policy, &data)? {
+                server_signature = SignatureData {
+                    algorithm: UaString::from(uri),
+                    signature: ByteString::new(sig),
+                };
+            }
         }
         client_thumbprint = Some(channel_cert.thumbprint());
     }
     let token = NodeId::opaque(0, random_bytes::<32>()?.to_vec());
     let session_id = NodeId::guid(1, uascale_types::Guid::from_bytes(random_bytes::<16>()?));
-    let nonce = random_bytes::<32>()?;
     let session = Session {
         session_id: session_id.clone(),
         channel_id: ctx.channel_id,
@@ -177,18 +250,21 @@ fn create_session_inner(
         endpoint_url: req.endpoint_url.clone(),
         security_policy: ctx.channel.policy,
         security_mode: ctx.channel.mode,
+        ecc,
     };
     ctx.sessions.create(slot, token.clone(), session);
+    let mut response_header = ctx.response_header(&req.request_header);
+    response_header.additional_header = additional_header;
     Ok(CreateSessionResponse {
-        response_header: ctx.response_header(&req.request_header),
+        response_header,
         session_id,
         authentication_token: token,
         revised_session_timeout: timeout.as_secs_f64() * 1000.0,
         server_nonce: ByteString::new(nonce.to_vec()),
         server_certificate: ctx
             .security
-            .identity
-            .as_ref()
+            .identity_for(policy)
+            .or(ctx.security.identity.as_ref())
             .map_or_else(ByteString::null, |i| {
                 ByteString::new(i.certificate().der().to_vec())
             }),
@@ -231,6 +307,8 @@ struct Snapshot {
     /// For the establishment time of a first activation.
     created: uascale_types::DateTime,
     activated: bool,
+    /// ECC: the CreateSession ClientNonce and the session ephemeral key.
+    ecc: Option<Arc<EccSession>>,
 }
 
 /// Counts a failed authentication of lockout key `key` (the lockout
@@ -259,6 +337,7 @@ fn check_identity(
     ctx: &ServiceContext,
     req: &ActivateSessionRequest,
     nonce: &[u8; 32],
+    ecc: Option<&EccSession>,
 ) -> Result<Option<UserIdentity>, StatusCode> {
     let token = &req.user_identity_token;
     let sec = &ctx.security;
@@ -282,19 +361,28 @@ fn check_identity(
         if u.policy_id != POLICY_USERNAME {
             return Err(StatusCode::BadIdentityTokenInvalid);
         }
-        let (Some(policy), Some(identity)) = (token_policy, &sec.identity) else {
+        let Some(policy) = token_policy else {
             return Err(StatusCode::BadIdentityTokenRejected);
         };
         if sec.users.is_empty() {
             return Err(StatusCode::BadIdentityTokenRejected);
         }
-        let password = identity::decrypt_secret(
-            identity.private_key(),
-            policy,
-            u.encryption_algorithm.as_str_or_empty(),
-            u.password.as_bytes_or_empty(),
-            nonce,
-        )?;
+        let password = if policy.is_ecc() {
+            ecc_password(ctx, policy, u, nonce, ecc)?
+        } else {
+            let key = sec
+                .identity
+                .as_ref()
+                .and_then(|i| i.rsa_key())
+                .ok_or(StatusCode::BadIdentityTokenRejected)?;
+            identity::decrypt_secret(
+                key,
+                policy,
+                u.encryption_algorithm.as_str_or_empty(),
+                u.password.as_bytes_or_empty(),
+                nonce,
+            )?
+        };
         let name = u.user_name.as_str_or_empty();
         return Ok(sec
             .users
@@ -305,8 +393,12 @@ fn check_identity(
         if x.policy_id != POLICY_X509 {
             return Err(StatusCode::BadIdentityTokenInvalid);
         }
-        let (Some(policy), Some(identity), Some(pki)) = (token_policy, &sec.identity, &sec.pki)
-        else {
+        let (Some(policy), Some(identity), Some(pki)) = (
+            token_policy.filter(|p| !p.is_ecc()),
+            &sec.identity,
+            &sec.pki,
+        ) else {
+            // X509 user tokens under ECC are not implemented.
             return Err(StatusCode::BadIdentityTokenRejected);
         };
         let cert = match pki.validate_user(
@@ -343,6 +435,42 @@ fn check_identity(
         return Err(StatusCode::BadIdentityTokenRejected);
     }
     Err(StatusCode::BadIdentityTokenInvalid)
+}
+
+/// The password of a UserName token under an ECC policy: an
+/// EccEncryptedSecret for the session's ephemeral key, signed with the
+/// channel's client certificate.
+fn ecc_password(
+    ctx: &ServiceContext,
+    policy: SecurityPolicy,
+    token: &UserNameIdentityToken,
+    nonce: &[u8; 32],
+    ecc: Option<&EccSession>,
+) -> Result<Vec<u8>, StatusCode> {
+    let rejected = StatusCode::BadIdentityTokenRejected;
+    if !token.encryption_algorithm.is_null_or_empty() {
+        return Err(StatusCode::BadIdentityTokenInvalid);
+    }
+    let ephemeral = ecc.and_then(|e| e.ephemeral.as_ref()).ok_or(rejected)?;
+    let client_cert = ctx.channel.remote_certificate.as_ref().ok_or(rejected)?;
+    let Ok(Some(PublicKey::Ecc(sender))) = ctx.channel.remote_public_key() else {
+        return Err(rejected);
+    };
+    let opened = ecc_secret::decrypt(
+        policy,
+        &sender,
+        ephemeral,
+        nonce,
+        token.password.as_bytes_or_empty(),
+    )
+    .map_err(|e| {
+        tracing::debug!(reason = %e, "EccEncryptedSecret refused");
+        StatusCode::BadIdentityTokenInvalid
+    })?;
+    if leaf_der(&opened.signing_certificate).ok() != Some(client_cert.der()) {
+        return Err(StatusCode::BadIdentityTokenInvalid);
+    }
+    Ok(opened.secret)
 }
 
 /// ActivateSession: activates (or moves to this channel) the session.
@@ -396,6 +524,7 @@ fn activate_session_inner(
             client_uri: s.client_uri.clone(),
             created: s.created,
             activated: s.activated,
+            ecc: s.ecc.clone(),
         })
         .map_err(|e| e.status_code())?;
     let channel_thumbprint = ctx
@@ -415,33 +544,64 @@ fn activate_session_inner(
         .inspect_err(|_| ctx.metrics.auth_refused_locked_out())?;
 
     // The client proves it holds its certificate's key.
+    let policy = ctx.channel.policy;
     let remote_key = ctx
         .channel
-        .remote_key()
+        .remote_public_key()
         .map_err(|_| StatusCode::BadCertificateInvalid)?;
     if let Some(remote) = &remote_key {
         let identity = ctx
             .security
-            .identity
-            .as_ref()
+            .identity_for(policy)
             .ok_or(StatusCode::BadSecurityChecksFailed)?;
-        let mut data = identity.certificate().der().to_vec();
-        data.extend_from_slice(&snap.nonce);
         let sig = &req.client_signature;
-        if let Err(status) = identity::verify_signature(
-            remote,
-            ctx.channel.policy,
-            sig.algorithm.as_str_or_empty(),
-            &data,
-            sig.signature.as_bytes_or_empty(),
-            StatusCode::BadApplicationSignatureInvalid,
-        ) {
+        let checked = match remote {
+            PublicKey::Rsa(remote) => {
+                let mut data = identity.certificate().der().to_vec();
+                data.extend_from_slice(&snap.nonce);
+                identity::verify_signature(
+                    remote,
+                    policy,
+                    sig.algorithm.as_str_or_empty(),
+                    &data,
+                    sig.signature.as_bytes_or_empty(),
+                    StatusCode::BadApplicationSignatureInvalid,
+                )
+            }
+            PublicKey::Ecc(_) => {
+                let client_nonce = snap
+                    .ecc
+                    .as_ref()
+                    .map(|e| e.client_nonce.as_slice())
+                    .unwrap_or_default();
+                let client_cert = ctx
+                    .channel
+                    .remote_certificate
+                    .as_ref()
+                    .map(|c| c.der())
+                    .unwrap_or_default();
+                let data = activate_session_signed_data(
+                    policy,
+                    ctx.channel.thumbprint(),
+                    &snap.nonce,
+                    client_nonce,
+                    identity.certificate().der(),
+                    identity.certificate().der(),
+                    client_cert,
+                );
+                // The algorithm field is empty under ECC and ignored.
+                remote
+                    .verify(policy, &data, sig.signature.as_bytes_or_empty())
+                    .map_err(|_| StatusCode::BadApplicationSignatureInvalid)
+            }
+        };
+        if let Err(status) = checked {
             auth_failed(ctx, &key);
             return Err(status);
         }
     }
 
-    let user = match check_identity(ctx, req, &snap.nonce) {
+    let user = match check_identity(ctx, req, &snap.nonce, snap.ecc.as_deref()) {
         Ok(Some(user)) => user,
         Ok(None) => {
             auth_failed(ctx, &key);
@@ -467,6 +627,21 @@ fn activate_session_inner(
     let anonymous = user == UserIdentity::Anonymous;
     let nonce = random_bytes::<32>()?;
     let locales = req.locale_ids.clone().unwrap_or_default();
+    let mut additional_header = ExtensionObject::default();
+    let mut next_ecc = None;
+    if let Some(identity) = ctx.security.identity_for(policy) {
+        if let Some((key, header)) = ecdh_key_for(policy, identity, &req.request_header)? {
+            additional_header = header;
+            next_ecc = Some(Arc::new(EccSession {
+                client_nonce: snap
+                    .ecc
+                    .as_ref()
+                    .map(|e| e.client_nonce.clone())
+                    .unwrap_or_default(),
+                ephemeral: Some(key),
+            }));
+        }
+    }
     // Fails when a concurrent ActivateSession consumed the nonce first.
     ctx.sessions
         .activate(
@@ -479,6 +654,7 @@ fn activate_session_inner(
                 security_mode: ctx.channel.mode,
                 locale_ids: locales,
                 user,
+                ecc: next_ecc,
             },
             ctx.instant,
         )
@@ -491,8 +667,10 @@ fn activate_session_inner(
     if !anonymous {
         ctx.security.failures.succeeded(&key);
     }
+    let mut response_header = ctx.response_header(&req.request_header);
+    response_header.additional_header = additional_header;
     Ok(ActivateSessionResponse {
-        response_header: ctx.response_header(&req.request_header),
+        response_header,
         server_nonce: ByteString::new(nonce.to_vec()),
         results: Some(vec![]),
         diagnostic_infos: Some(vec![]),
@@ -850,6 +1028,7 @@ mod tests {
             let security = SecurityState {
                 pki: None,
                 identity: Some(identity),
+                ecc_identities: Vec::new(),
                 endpoints: vec![(POLICY, MessageSecurityMode::SignAndEncrypt)],
                 allow_anonymous: true,
                 users: UserDatabase::new(vec![
@@ -861,6 +1040,7 @@ mod tests {
                 policy: POLICY,
                 mode: MessageSecurityMode::SignAndEncrypt,
                 remote_certificate: Some(Arc::new(client_cert.clone())),
+                channel_thumbprint: None,
             };
             Secure {
                 f: Fixture::with_security(10, security),
