@@ -2,11 +2,14 @@
 ECC_nistP256_AesGcm, ECC_nistP256_ChaChaPoly and ECC_curve25519 (what o6
 offers), Sign and SignAndEncrypt, Anonymous and UserName (an
 EccEncryptedSecret), Read/Write/Browse; one session per policy lives
-through two token renewals (short lifetime; the server allows it).
+through two token renewals (short lifetime; the server allows it). Then a
+Basic256Sha256 session on the same server: RSA and ECC endpoints side by
+side.
 
 usage: ecc_o6.py URL DIR SERVER_PKI
-  DIR holds client_ec-p256.{der,pem}, client_ed25519.{der,pem} and
-  password.txt; SERVER_PKI/own/certs holds the server's ECC certificates.
+  DIR holds client_ec-p256.{der,pem}, client_ed25519.{der,pem},
+  client_rsa.{der,pem} and password.txt; SERVER_PKI/own/certs holds the
+  server's certificates (cert.der RSA, cert_KEY.der ECC).
 """
 import sys
 import time
@@ -28,7 +31,7 @@ def session(url, d, pki, policy, key, mode, identity, password, renew):
         url,
         certificate=f"{d}/client_{key}.der",
         privateKey=f"{d}/client_{key}.pem",
-        trustList=[f"{pki}/own/certs/cert_{key}.der"],
+        trustList=[f"{pki}/own/certs/" + ("cert.der" if key == "rsa" else f"cert_{key}.der")],
         securityMode=mode,
         securityPolicy=URI + policy,
         applicationUri="urn:test:interop-client",
@@ -67,6 +70,8 @@ def main(url, d, pki):
                 session(url, d, pki, policy, key, mode, identity, password, False)
         session(url, d, pki, policy, key, o6.SecurityMode.SIGN_AND_ENCRYPT,
                 "username", password, True)
+    session(url, d, pki, "Basic256Sha256", "rsa", o6.SecurityMode.SIGN_AND_ENCRYPT,
+            "username", password, False)
     print("o6 ecc ok")
 
 

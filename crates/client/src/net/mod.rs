@@ -218,6 +218,8 @@ pub(crate) struct Shared {
     pub options: ClientOptions,
     pub security: ClientSecurity,
     pub subscriptions: Mutex<subscription::Registry>,
+    /// Security tokens renewed, over every channel of the client.
+    pub renewals: Arc<AtomicU64>,
 }
 
 /// A connection to one server, with at most one session. With
@@ -454,6 +456,7 @@ impl Client {
             options,
             security,
             subscriptions: Mutex::new(Default::default()),
+            renewals: Arc::new(AtomicU64::new(0)),
         });
         let client = Client { shared };
         let (generation, link) = client.shared.open_link().await?;
@@ -542,6 +545,12 @@ impl Client {
     /// The channel's security (policy, mode, certificates).
     pub fn security(&self) -> &ClientSecurity {
         &self.shared.security
+    }
+
+    /// How many security tokens were renewed so far (every channel of this
+    /// client counted).
+    pub fn token_renewals(&self) -> u64 {
+        self.shared.renewals.load(Ordering::Relaxed)
     }
 
     /// The endpoint URL it connected to.
@@ -813,8 +822,9 @@ impl Shared {
         let (opened_tx, opened_rx) = oneshot::channel();
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let weak = Arc::downgrade(self);
+        let renewals = Arc::clone(&self.renewals);
         tokio::spawn(async move {
-            let failure = drive(stream, conn, rx, opened_tx).await;
+            let failure = drive(stream, conn, rx, opened_tx, renewals).await;
             if let Some(shared) = weak.upgrade() {
                 shared.link_lost(generation, failure);
             }
@@ -1417,6 +1427,7 @@ async fn drive(
     mut conn: ClientConnection,
     mut commands: mpsc::UnboundedReceiver<Command>,
     opened: oneshot::Sender<Result<(), ClientError>>,
+    renewals: Arc<AtomicU64>,
 ) -> ClientError {
     let (mut rd, mut wr) = stream.into_split();
     let mut opened = Some(opened);
@@ -1438,6 +1449,7 @@ async fn drive(
                     }
                 }
                 ClientEvent::Renewed { token_id } => {
+                    renewals.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(token_id, "security token renewed");
                 }
                 ClientEvent::Response { request_id, body } => {
