@@ -415,8 +415,11 @@ pub struct SymmetricKeys {
     inner: Inner,
 }
 
+/// CBC keys inline (the RSA policies' hot path, as before the AEAD
+/// policies came), AEAD keys boxed.
+#[allow(clippy::large_enum_variant)] // on purpose: no extra indirection for CBC
 enum Inner {
-    Cbc(Box<CbcKeys>),
+    Cbc(CbcKeys),
     Aead(Box<AeadKeys>),
 }
 
@@ -532,7 +535,7 @@ impl SymmetricKeys {
         };
         Ok(SymmetricKeys {
             policy,
-            inner: Inner::Cbc(Box::new(CbcKeys {
+            inner: Inner::Cbc(CbcKeys {
                 signing: hmac::Key::new(hmac_alg, signing_key),
                 aes: alg,
                 aes_key,
@@ -540,7 +543,7 @@ impl SymmetricKeys {
                 encrypting: OnceLock::new(),
                 decrypting: OnceLock::new(),
                 iv,
-            })),
+            }),
         })
     }
 
