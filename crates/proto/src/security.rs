@@ -555,7 +555,7 @@ impl Protection<'_> {
                 let how = AeadChunk {
                     head_len,
                     encrypt: matches!(self, Protection::SignAndEncrypt(_)),
-                    token_id: word(head_len - 4),
+                    token_id: word(head_len.saturating_sub(4)),
                     previous_sequence_number: word(head_len).wrapping_sub(1),
                 };
                 out.resize(out.len() + AEAD_TAG_LEN, 0);
@@ -666,8 +666,10 @@ pub fn open_symmetric(
         if msg.len() < head_len + SEQUENCE_HEADER_LEN + AEAD_TAG_LEN {
             return Err(checks_failed("chunk too short for its tag"));
         }
-        let mut token = [0u8; 4];
-        token.copy_from_slice(msg.get(head_len - 4..head_len).unwrap_or(&[0; 4]));
+        let token: [u8; 4] = msg
+            .get(head_len.saturating_sub(4)..head_len)
+            .and_then(|t| t.try_into().ok())
+            .unwrap_or_default();
         let how = AeadChunk {
             head_len,
             encrypt: encrypted,
