@@ -975,6 +975,33 @@ mod tests {
                 );
             }
         }
+        // AEAD keys, any length and any header length (even absurd ones).
+        for policy in [
+            SecurityPolicy::EccNistP256AesGcm,
+            SecurityPolicy::EccNistP256ChaChaPoly,
+            SecurityPolicy::EccCurve25519,
+        ] {
+            let s = policy.signing_key_length();
+            let k = SymmetricKeys::new(
+                policy,
+                &vec![1; s],
+                &vec![2; policy.encrypting_key_length()],
+                &[3; 12],
+            )
+            .unwrap();
+            for len in 0..80 {
+                for head in [0usize, 2, 16, 40, 100] {
+                    for encrypted in [false, true] {
+                        let mut m = vec![0x5au8; len];
+                        let e = open_symmetric(&k, encrypted, &mut m, head, 7);
+                        assert_eq!(
+                            e.unwrap_err().status_code(),
+                            StatusCode::BadSecurityChecksFailed
+                        );
+                    }
+                }
+            }
+        }
         let a = RsaPrivateKey::generate(2048).unwrap();
         let b = RsaPrivateKey::generate(2048).unwrap();
         for len in [0usize, 1, 20, 255, 256, 257, 512, 600] {
