@@ -164,7 +164,10 @@ fuzz_target!(|data: &[u8]| {
         Some((&choice, tail)) if split & 1 == 1 => {
             input = ecc_prelude(choice);
             let _ = conn.handle_input(now, &mut input);
-            while conn.poll_event().is_some() {}
+            assert!(!conn.is_closed(), "the ECC prelude opens a channel");
+            let opened = std::iter::from_fn(|| conn.poll_event())
+                .any(|e| matches!(e, uascale_proto::Event::Opened { .. }));
+            assert!(opened, "the ECC prelude opens a channel");
             tail
         }
         _ => rest,
