@@ -346,9 +346,28 @@ pub fn ecdh_response(
     }))
 }
 
+/// The ResponseHeader.additionalHeader refusing an ECDHKey for a policy
+/// the server cannot serve: `ECDHKey` holds the StatusCode
+/// `BadSecurityPolicyRejected` instead of a key.
+pub fn ecdh_refusal(requested_uri: &str) -> ExtensionObject {
+    ExtensionObject::new(AdditionalParametersType {
+        parameters: Some(vec![
+            parameter(
+                ECDH_POLICY_URI,
+                Variant::String(UaString::from(requested_uri)),
+            ),
+            parameter(
+                ECDH_KEY,
+                Variant::StatusCode(StatusCode::BadSecurityPolicyRejected),
+            ),
+        ]),
+    })
+}
+
 /// The server's ECDHKey from a response's additionalHeader, its signature
-/// checked with the server certificate's key; None when there is none, an
-/// error when it does not verify or is not a point on the curve.
+/// checked with the server certificate's key; None when there is none (or
+/// the server refused one with a StatusCode), an error when it does not
+/// verify or is not a point on the curve.
 pub fn ecdh_key_of_response(
     policy: SecurityPolicy,
     header: &ExtensionObject,

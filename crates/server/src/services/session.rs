@@ -43,27 +43,30 @@ use crate::identity::{self, UserIdentity};
 use crate::metrics::is_security_rejection;
 use crate::session::{Activation, EccSession, Session};
 
-/// A new session ephemeral key and the response header carrying it, when
-/// the request's additionalHeader asks for one under an ECC policy
-/// (`BadSecurityPolicyRejected` when it names another policy).
+/// What a request's additionalHeader asked of the session's ECDHKey: None
+/// when it asked nothing; else the response header to send and, when the
+/// requested policy is the channel's ECC policy, the new ephemeral key
+/// (another policy gets `BadSecurityPolicyRejected` in place of the key).
 fn ecdh_key_for(
     policy: SecurityPolicy,
     identity: &Identity,
     header: &RequestHeader,
-) -> Result<Option<(EphemeralKey, ExtensionObject)>, StatusCode> {
-    let (Some(curve), Some(key)) = (policy.curve(), identity.ecc_key()) else {
+) -> Result<Option<(Option<EphemeralKey>, ExtensionObject)>, StatusCode> {
+    let Some(requested) = ecc_secret::requested_ecdh_policy(&header.additional_header) else {
         return Ok(None);
     };
-    match ecc_secret::requested_ecdh_policy(&header.additional_header) {
-        None => Ok(None),
-        Some(Some(p)) if p == policy => {
+    match (requested, policy.curve(), identity.ecc_key()) {
+        (Some(p), Some(curve), Some(key)) if p == policy => {
             let ephemeral =
                 EphemeralKey::generate(curve).map_err(|_| StatusCode::BadInternalError)?;
             let header = ecc_secret::ecdh_response(policy, &ephemeral, key)
                 .map_err(|_| StatusCode::BadInternalError)?;
-            Ok(Some((ephemeral, header)))
+            Ok(Some((Some(ephemeral), header)))
         }
-        Some(_) => Err(StatusCode::BadSecurityPolicyRejected),
+        (p, _, _) => Ok(Some((
+            None,
+            ecc_secret::ecdh_refusal(p.map_or("", |p| p.uri())),
+        ))),
     }
 }
 
@@ -207,7 +210,7 @@ fn create_session_inner(
             let ephemeral = match ecdh_key_for(policy, identity, &req.request_header)? {
                 Some((key, header)) => {
                     additional_header = header;
-                    Some(key)
+                    key
                 }
                 None => None,
             };
@@ -632,14 +635,16 @@ fn activate_session_inner(
     if let Some(identity) = ctx.security.identity_for(policy) {
         if let Some((key, header)) = ecdh_key_for(policy, identity, &req.request_header)? {
             additional_header = header;
-            next_ecc = Some(Arc::new(EccSession {
-                client_nonce: snap
-                    .ecc
-                    .as_ref()
-                    .map(|e| e.client_nonce.clone())
-                    .unwrap_or_default(),
-                ephemeral: Some(key),
-            }));
+            if let Some(key) = key {
+                next_ecc = Some(Arc::new(EccSession {
+                    client_nonce: snap
+                        .ecc
+                        .as_ref()
+                        .map(|e| e.client_nonce.clone())
+                        .unwrap_or_default(),
+                    ephemeral: Some(key),
+                }));
+            }
         }
     }
     // Fails when a concurrent ActivateSession consumed the nonce first.
@@ -1255,6 +1260,295 @@ mod tests {
                 activate_session(&s.ctx(1), &req).unwrap_err(),
                 StatusCode::BadUserAccessDenied
             );
+        }
+    }
+
+    /// Sessions on ECC channels: ECDSA server and client signatures
+    /// (channel-bound with a ChannelThumbprint), the ECDHKey in the
+    /// additional headers and UserName passwords as EccEncryptedSecret.
+    mod ecc {
+        use std::sync::Arc;
+
+        use uascale_crypto::ecc::{EccPrivateKey, EccPublicKey};
+        use uascale_crypto::x509::{create_self_signed, Certificate, KeyType, SelfSignedParams};
+        use uascale_proto::ecc_secret;
+        use uascale_proto::security::{ChannelSecurity, Identity, PrivateKey};
+        use uascale_types::{DateTime, MessageSecurityMode, RequestHeader, ResponseHeader};
+
+        use super::*;
+        use crate::identity::{AuthFailures, UserAccount, UserDatabase};
+        use crate::security::SecurityState;
+
+        fn keyed(uri: &str) -> (Certificate, EccPrivateKey) {
+            let mut p = SelfSignedParams::new(uri, "t", std::time::SystemTime::now());
+            p.key_type = KeyType::EcP256;
+            let made = create_self_signed(&p).unwrap();
+            let key = EccPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).unwrap();
+            (made.certificate, key)
+        }
+
+        fn cheap_hash(password: &[u8]) -> String {
+            use argon2::password_hash::{PasswordHasher, SaltString};
+            let params = argon2::Params::new(64, 1, 1, None).unwrap();
+            let a =
+                argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+            let salt = SaltString::encode_b64(b"0123456789abcdef").unwrap();
+            a.hash_password(password, &salt).unwrap().to_string()
+        }
+
+        struct Ecc {
+            f: Fixture,
+            policy: SecurityPolicy,
+            server_cert: Certificate,
+            server_public: EccPublicKey,
+            client_cert: Certificate,
+            client_key: EccPrivateKey,
+            channel: ChannelSecurity,
+        }
+
+        fn ecc(policy: SecurityPolicy) -> Ecc {
+            let (server_cert, server_key) = keyed("urn:test:server");
+            let (client_cert, client_key) = keyed("urn:test:client");
+            let server_public = server_key.public_key().clone();
+            let identity = Arc::new(
+                Identity::with_key(server_cert.clone(), PrivateKey::Ecc(server_key)).unwrap(),
+            );
+            let security = SecurityState {
+                pki: None,
+                identity: None,
+                ecc_identities: vec![identity],
+                endpoints: vec![(policy, MessageSecurityMode::SignAndEncrypt)],
+                allow_anonymous: true,
+                users: UserDatabase::new(vec![
+                    UserAccount::new("op", &cheap_hash(b"right")).unwrap()
+                ]),
+                failures: AuthFailures::new(10),
+            };
+            let thumbprint = policy
+                .secure_channel_enhancements()
+                .then(|| Arc::from(&[0x5a; 64][..]));
+            let channel = ChannelSecurity {
+                policy,
+                mode: MessageSecurityMode::SignAndEncrypt,
+                remote_certificate: Some(Arc::new(client_cert.clone())),
+                channel_thumbprint: thumbprint,
+            };
+            Ecc {
+                f: Fixture::with_security(10, security),
+                policy,
+                server_cert,
+                server_public,
+                client_cert,
+                client_key,
+                channel,
+            }
+        }
+
+        impl Ecc {
+            fn ctx(&self) -> ServiceContext {
+                let mut ctx = self.f.ctx(1);
+                ctx.channel = self.channel.clone();
+                ctx
+            }
+
+            fn header(&self, token: &NodeId, ecdh: bool) -> RequestHeader {
+                RequestHeader {
+                    authentication_token: token.clone(),
+                    additional_header: if ecdh {
+                        ecc_secret::ecdh_request(self.policy)
+                    } else {
+                        ExtensionObject::default()
+                    },
+                    ..Default::default()
+                }
+            }
+
+            fn create(&self, ecdh: bool) -> CreateSessionResponse {
+                let mut req = CreateSessionRequest {
+                    request_header: self.header(&NodeId::NULL, ecdh),
+                    client_nonce: ByteString::new(vec![9; 32]),
+                    client_certificate: ByteString::new(self.client_cert.der().to_vec()),
+                    ..Default::default()
+                };
+                req.client_description.application_uri = UaString::from("urn:test:client");
+                create_session(&self.ctx(), &req).unwrap()
+            }
+
+            fn ecdh_key(&self, header: &ResponseHeader) -> Option<Vec<u8>> {
+                ecc_secret::ecdh_key_of_response(
+                    self.policy,
+                    &header.additional_header,
+                    &self.server_public,
+                )
+                .unwrap()
+            }
+
+            fn activate(
+                &self,
+                token: &NodeId,
+                nonce: &[u8],
+                user: ExtensionObject,
+            ) -> Result<ActivateSessionResponse, ServiceError> {
+                let data = activate_session_signed_data(
+                    self.policy,
+                    self.channel.thumbprint(),
+                    nonce,
+                    &[9; 32],
+                    self.server_cert.der(),
+                    self.server_cert.der(),
+                    self.client_cert.der(),
+                );
+                let mut sig = Vec::new();
+                self.client_key.sign(&data, &mut sig).unwrap();
+                activate_session(
+                    &self.ctx(),
+                    &ActivateSessionRequest {
+                        request_header: self.header(token, true),
+                        client_signature: SignatureData {
+                            algorithm: UaString::null(),
+                            signature: ByteString::new(sig),
+                        },
+                        user_identity_token: user,
+                        ..Default::default()
+                    },
+                )
+            }
+
+            fn password(&self, key: &[u8], nonce: &[u8], password: &[u8]) -> ExtensionObject {
+                let data = ecc_secret::encrypt(
+                    self.policy,
+                    &self.client_key,
+                    self.client_cert.der(),
+                    key,
+                    nonce,
+                    password,
+                    DateTime::from_ticks(1),
+                )
+                .unwrap();
+                ExtensionObject::new(UserNameIdentityToken {
+                    policy_id: UaString::from(POLICY_USERNAME),
+                    user_name: UaString::from("op"),
+                    password: ByteString::new(data),
+                    encryption_algorithm: UaString::null(),
+                })
+            }
+        }
+
+        #[test]
+        fn signatures_ecdh_keys_and_encrypted_passwords() {
+            for policy in [
+                SecurityPolicy::EccNistP256,
+                SecurityPolicy::EccNistP256AesGcm,
+                SecurityPolicy::EccNistP256ChaChaPoly,
+            ] {
+                let s = ecc(policy);
+                let r = s.create(true);
+                assert_eq!(r.server_certificate.as_bytes(), Some(s.server_cert.der()));
+                // The ServerSignature (channel-bound when enhanced) verifies.
+                let data = create_session_signed_data(
+                    policy,
+                    s.channel.thumbprint(),
+                    &[9; 32],
+                    r.server_nonce.as_bytes_or_empty(),
+                    s.server_cert.der(),
+                    s.client_cert.der(),
+                );
+                assert!(r.server_signature.algorithm.is_null_or_empty());
+                s.server_public
+                    .verify(
+                        policy.curve().unwrap(),
+                        &data,
+                        r.server_signature.signature.as_bytes_or_empty(),
+                    )
+                    .unwrap();
+                let key = s.ecdh_key(&r.response_header).expect("an ECDHKey");
+                let token = r.authentication_token;
+                let nonce = r.server_nonce.as_bytes_or_empty().to_vec();
+                // Encrypted for another key: refused before any password check.
+                let other = uascale_crypto::ecc::EphemeralKey::generate(
+                    uascale_crypto::ecc::EccCurve::NistP256,
+                )
+                .unwrap();
+                let e = s
+                    .activate(
+                        &token,
+                        &nonce,
+                        s.password(other.public_nonce(), &nonce, b"right"),
+                    )
+                    .unwrap_err();
+                assert_eq!(e.status_code(), StatusCode::BadIdentityTokenInvalid);
+                // The wrong password: denied.
+                let e = s
+                    .activate(&token, &nonce, s.password(&key, &nonce, b"wrong"))
+                    .unwrap_err();
+                assert_eq!(e.status_code(), StatusCode::BadUserAccessDenied);
+                // The right one: activated, and a fresh ECDHKey comes back.
+                let ok = s
+                    .activate(&token, &nonce, s.password(&key, &nonce, b"right"))
+                    .unwrap();
+                let user =
+                    s.f.sessions()
+                        .with(&token, None, false, s.f.t0, |x| x.user.clone());
+                assert_eq!(user, Ok(UserIdentity::UserName("op".into())), "{policy:?}");
+                let next = s.ecdh_key(&ok.response_header).expect("a new ECDHKey");
+                assert_ne!(next, key);
+                // The old key is no longer the session's.
+                let nonce = ok.server_nonce.as_bytes_or_empty().to_vec();
+                let e = s
+                    .activate(&token, &nonce, s.password(&key, &nonce, b"right"))
+                    .unwrap_err();
+                assert_eq!(e.status_code(), StatusCode::BadIdentityTokenInvalid);
+                s.activate(&token, &nonce, s.password(&next, &nonce, b"right"))
+                    .unwrap();
+            }
+        }
+
+        #[test]
+        fn a_bad_client_signature_and_no_ecdh_key_are_refused() {
+            let s = ecc(SecurityPolicy::EccNistP256AesGcm);
+            let r = s.create(false);
+            assert_eq!(s.ecdh_key(&r.response_header), None);
+            let token = r.authentication_token;
+            let nonce = r.server_nonce.as_bytes_or_empty().to_vec();
+            // Without an ECDHKey no password can be encrypted for the session.
+            let some_key = uascale_crypto::ecc::EphemeralKey::generate(
+                uascale_crypto::ecc::EccCurve::NistP256,
+            )
+            .unwrap();
+            let e = s
+                .activate(
+                    &token,
+                    &nonce,
+                    s.password(some_key.public_nonce(), &nonce, b"right"),
+                )
+                .unwrap_err();
+            assert_eq!(e.status_code(), StatusCode::BadIdentityTokenRejected);
+            // A client signature over another nonce.
+            let e = s
+                .activate(&token, &[1; 32], ExtensionObject::default())
+                .unwrap_err();
+            assert_eq!(e.status_code(), StatusCode::BadApplicationSignatureInvalid);
+            // Asking for an ECDHKey of another policy: no key, the
+            // StatusCode in its place.
+            let mut req = CreateSessionRequest {
+                request_header: RequestHeader {
+                    additional_header: ecc_secret::ecdh_request(SecurityPolicy::EccNistP384),
+                    ..Default::default()
+                },
+                client_nonce: ByteString::new(vec![9; 32]),
+                client_certificate: ByteString::new(s.client_cert.der().to_vec()),
+                ..Default::default()
+            };
+            req.client_description.application_uri = UaString::from("urn:test:client");
+            let r = create_session(&s.ctx(), &req).unwrap();
+            assert_eq!(s.ecdh_key(&r.response_header), None);
+            let ap = r
+                .response_header
+                .additional_header
+                .downcast_ref::<uascale_types::AdditionalParametersType>()
+                .unwrap();
+            assert!(ap.parameters.iter().flatten().any(|p| p.value
+                == uascale_types::Variant::StatusCode(StatusCode::BadSecurityPolicyRejected)));
         }
     }
 }
