@@ -2,6 +2,7 @@
 
 usage: peer_server.py asyncua|o6 PORT
        peer_server.py asyncua-secure PORT CERT.der KEY.pem
+       peer_server.py o6-ecc PORT CERT.der KEY.pem APPLICATION_URI
 
 Serves namespace 0 plus one writable Double variable, `Temperature` (20.5),
 under Objects, in namespace 1 with the string NodeId "Temperature"; prints
@@ -87,6 +88,41 @@ def o6_server(port: int):
     server.stop()
 
 
+def o6_ecc_server(port: int, cert: str, key: str, uri: str):
+    """o6 with an ECC certificate: a P-256 one offers ECC_nistP256_AesGcm
+    and ECC_nistP256_ChaChaPoly, an Ed25519 one ECC_curve25519 (open62541
+    picks the policies from the key). User `peer` / `peer-pass`."""
+    import o6
+
+    class Users(o6.AccessControl):
+        def __init__(self):
+            super().__init__(anonymous=True, username=True)
+
+        def activateSession(self, endpoint, remoteCertificate, session, token):
+            name = getattr(token, "userName", None)
+            if name is None:
+                return None
+            if name == "peer" and bytes(token.password) == b"peer-pass":
+                return None
+            raise o6.StatusCodeError(0x801F0000)  # BadUserAccessDenied
+
+    server = o6.Server(
+        port=port,
+        certificate=cert,
+        privateKey=key,
+        acceptAllCertificates=True,
+        applicationUri=uri,
+        accessControl=Users(),
+    )
+    server.addVariable(
+        "Temperature", server.objectsNode, 20.5, nodeId="ns=1;s=Temperature"
+    )
+    server.start()
+    print("READY", flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
 async def wait_stdin_closed():
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, sys.stdin.read)
@@ -100,6 +136,8 @@ def main():
         asyncio.run(asyncua_server(port, sys.argv[3], sys.argv[4]))
     elif kind == "o6":
         o6_server(port)
+    elif kind == "o6-ecc":
+        o6_ecc_server(port, sys.argv[3], sys.argv[4], sys.argv[5])
     else:
         sys.exit(f"unknown peer {kind!r}")
 

@@ -4,13 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use uascale_crypto::x509::{Certificate, ExtendedKeyUsage};
+use uascale_crypto::ecc::EccCurve;
+use uascale_crypto::x509::{Certificate, ExtendedKeyUsage, KeyType};
 use uascale_server::pki::{self, OwnIdentity};
 use uascale_server::ServerConfig;
 
 pub const USAGE: &str =
     "usage: uascale cert create [--pki DIR] [--config FILE] [--uri URI] [--name NAME]
-                          [--host NAME]... [--force]
+                          [--host NAME]... [--key rsa|ec-p256|ec-p384|ed25519] [--force]
        uascale cert show  (FILE | THUMBPRINT) [--pki DIR] [--config FILE]
        uascale cert trust (FILE | THUMBPRINT) [--pki DIR] [--config FILE]
        uascale cert reject THUMBPRINT [--pki DIR] [--config FILE]
@@ -20,7 +21,11 @@ pub const USAGE: &str =
   The PKI directory is --pki, else security.pki_dir of --config, else ./pki.
   create   a self-signed application instance certificate (RSA 2048, SHA-256)
            for the server's ApplicationUri and host names, into own/ (refuses to
-           replace one unless --force)
+           replace one unless --force); --key ec-p256 (ECC_nistP256 and its
+           AesGcm/ChaChaPoly variants), ec-p384 (ECC_nistP384) or ed25519
+           (ECC_curve25519) makes an ECC one beside it, own/certs/cert_KEY.der
+           and own/private/key_KEY.pem, as the server creates for its ECC
+           policies
   show     print a certificate (a file, or one in the PKI by thumbprint prefix)
   trust    copy a certificate file into trusted/certs, or move one from
            rejected/certs by thumbprint; a running server picks it up itself
@@ -35,6 +40,7 @@ struct Options {
     positional: Vec<String>,
     hosts: Vec<String>,
     force: bool,
+    key: KeyType,
 }
 
 fn parse(args: &[&str]) -> Result<Options, String> {
@@ -49,6 +55,7 @@ fn parse(args: &[&str]) -> Result<Options, String> {
     let mut positional = Vec::new();
     let mut hosts = Vec::new();
     let mut force = false;
+    let mut key = KeyType::Rsa;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| {
@@ -65,6 +72,12 @@ fn parse(args: &[&str]) -> Result<Options, String> {
             "--name" => config.server.application_name = value("--name")?,
             "--host" => hosts.push(value("--host")?),
             "--force" => force = true,
+            "--key" => {
+                let name = value("--key")?;
+                key = KeyType::from_name(&name).ok_or_else(|| {
+                    format!("--key {name:?}: one of rsa, ec-p256, ec-p384, ed25519")
+                })?;
+            }
             flag if flag.starts_with("--") => return Err(format!("unknown option {flag:?}")),
             other => positional.push(other.to_owned()),
         }
@@ -75,6 +88,7 @@ fn parse(args: &[&str]) -> Result<Options, String> {
         positional,
         hosts,
         force,
+        key,
     })
 }
 
@@ -103,8 +117,12 @@ pub fn run(args: &[&str]) -> Result<String, String> {
 
 fn create(o: &Options) -> Result<String, String> {
     pki::create_layout(&o.pki).map_err(|e| e.to_string())?;
-    let cert_path = o.pki.join(pki::OWN_CERT);
-    let key_path = o.pki.join(pki::OWN_KEY);
+    let (cert_path, key_path) = match o.key {
+        KeyType::Rsa => (o.pki.join(pki::OWN_CERT), o.pki.join(pki::OWN_KEY)),
+        KeyType::EcP256 => pki::own_ecc_paths(&o.pki, EccCurve::NistP256),
+        KeyType::EcP384 => pki::own_ecc_paths(&o.pki, EccCurve::NistP384),
+        KeyType::Ed25519 => pki::own_ecc_paths(&o.pki, EccCurve::Curve25519),
+    };
     if (cert_path.exists() || key_path.exists()) && !o.force {
         return Err(format!(
             "{} already exists (--force replaces it; clients that trusted the old one must trust the new one)",
@@ -119,7 +137,8 @@ fn create(o: &Options) -> Result<String, String> {
         hosts.retain(|h| seen.insert(h.to_ascii_lowercase()));
         identity.host_names = hosts;
     }
-    let (cert, key) = pki::create_own(&identity, SystemTime::now()).map_err(|e| e.to_string())?;
+    let (cert, key) =
+        pki::create_own_of(&identity, o.key, SystemTime::now()).map_err(|e| e.to_string())?;
     pki::write_atomically(&key_path, key.as_bytes(), true).map_err(|e| e.to_string())?;
     pki::write_atomically(&cert_path, cert.der(), false).map_err(|e| e.to_string())?;
     Ok(format!(

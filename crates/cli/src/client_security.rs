@@ -10,9 +10,10 @@ use std::time::SystemTime;
 
 use uascale_client::{ServerTrust, TrustListValidator, UserIdentity};
 use uascale_crypto::policy::SecurityPolicy;
-use uascale_crypto::rsa::RsaPrivateKey;
+use uascale_crypto::x509::KeyType;
 use uascale_crypto::x509::{self, Certificate};
 use uascale_crypto::CryptoError;
+use uascale_proto::security::PrivateKey;
 use uascale_proto::security::{CertificateValidator, Identity};
 use uascale_server::pki::{self, OwnIdentity};
 use uascale_types::MessageSecurityMode;
@@ -24,7 +25,8 @@ pub const PASSWORD_ENV: &str = "UASCALE_PASSWORD";
 
 /// Parses `POLICY[:MODE]`: the policy by its URI fragment or a short name
 /// (`None`, `Basic256Sha256`/`b256`, `Aes128_Sha256_RsaOaep`/`aes128`,
-/// `Aes256_Sha256_RsaPss`/`aes256`), the mode `Sign` or `SignAndEncrypt`
+/// `Aes256_Sha256_RsaPss`/`aes256`, and the ECC policies by their names,
+/// e.g. `ECC_nistP256_AesGcm`), the mode `Sign` or `SignAndEncrypt`
 /// (default) - case-insensitive.
 pub fn parse_security(text: &str) -> Result<(SecurityPolicy, MessageSecurityMode), String> {
     let (p, m) = text.split_once(':').unwrap_or((text, ""));
@@ -34,13 +36,20 @@ pub fn parse_security(text: &str) -> Result<(SecurityPolicy, MessageSecurityMode
         "basic256sha256" | "b256" | "basic256" => SecurityPolicy::Basic256Sha256,
         "aes128sha256rsaoaep" | "aes128" => SecurityPolicy::Aes128Sha256RsaOaep,
         "aes256sha256rsapss" | "aes256" => SecurityPolicy::Aes256Sha256RsaPss,
-        _ => {
-            return Err(format!(
-                "--security {text:?}: unknown policy {p:?}; use None, Basic256Sha256, \
-                 Aes128_Sha256_RsaOaep or Aes256_Sha256_RsaPss (`uascale endpoints URL` lists \
-                 what the server offers)"
-            ))
-        }
+        _ => match SecurityPolicy::ECC.into_iter().find(|e| {
+            let name = e.uri().rsplit('#').next().unwrap_or_default();
+            name.to_ascii_lowercase().replace(['_', '-'], "") == key
+        }) {
+            Some(ecc) => ecc,
+            None => {
+                return Err(format!(
+                    "--security {text:?}: unknown policy {p:?}; use None, Basic256Sha256, \
+                     Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss, ECC_nistP256, ECC_nistP384, \
+                     ECC_curve25519, ECC_nistP256_AesGcm or ECC_nistP256_ChaChaPoly \
+                     (`uascale endpoints URL` lists what the server offers)"
+                ))
+            }
+        },
     };
     let mode = match (policy, m.to_ascii_lowercase().as_str()) {
         (SecurityPolicy::None, "" | "none") => MessageSecurityMode::None,
@@ -62,30 +71,47 @@ pub fn parse_security(text: &str) -> Result<(SecurityPolicy, MessageSecurityMode
     Ok((policy, mode))
 }
 
-fn read_key(path: &Path) -> Result<RsaPrivateKey, String> {
+fn read_key(path: &Path) -> Result<PrivateKey, String> {
     let bytes =
         std::fs::read(path).map_err(|e| format!("cannot read the key {}: {e}", path.display()))?;
     let der = x509::from_pem("PRIVATE KEY", &bytes)
         .or_else(|| x509::from_pem("RSA PRIVATE KEY", &bytes))
         .unwrap_or(bytes);
-    RsaPrivateKey::from_der(&der)
-        .map_err(|e| format!("{} is not an RSA private key: {e}", path.display()))
+    PrivateKey::from_der(&der).map_err(|e| {
+        format!(
+            "{} is not an RSA, P-256, P-384 or Ed25519 private key: {e}",
+            path.display()
+        )
+    })
 }
 
-/// A certificate (DER or PEM) with its key (PEM or DER).
+/// A certificate (DER or PEM) with its key (PEM or DER; RSA or ECC).
 pub fn load_identity(cert: &Path, key_path: &Path) -> Result<Arc<Identity>, String> {
     let certificate = pki::read_certificate(cert).map_err(|e| e.to_string())?;
     let key = read_key(key_path)?;
-    Identity::new(certificate, key)
+    Identity::with_key(certificate, key)
         .map(Arc::new)
         .map_err(|e| format!("{} and {}: {e}", cert.display(), key_path.display()))
 }
 
-/// The client's own certificate from `DIR/own/certs/cert.der` and
-/// `DIR/own/private/key.pem`, created (self-signed, for `uri`) when absent.
-pub fn own_identity(dir: &Path, uri: &str) -> Result<Arc<Identity>, String> {
-    let cert = dir.join("own/certs/cert.der");
-    let key = dir.join("own/private/key.pem");
+/// The client's own certificate for `policy`: RSA from
+/// `DIR/own/certs/cert.der` and `DIR/own/private/key.pem`, ECC from
+/// `cert_KEY.der` / `key_KEY.pem` beside them (KEY `ec-p256`, `ec-p384`,
+/// `ed25519` after the policy's curve); created (self-signed, for `uri`)
+/// when absent.
+pub fn own_identity(
+    dir: &Path,
+    uri: &str,
+    policy: SecurityPolicy,
+) -> Result<Arc<Identity>, String> {
+    let (cert, key) = match policy.curve() {
+        Some(curve) => pki::own_ecc_paths(dir, curve),
+        None => (
+            dir.join("own/certs/cert.der"),
+            dir.join("own/private/key.pem"),
+        ),
+    };
+    let key_type = policy.curve().map_or(KeyType::Rsa, pki::ecc_key_type);
     if !cert.exists() {
         pki::create_layout(dir).map_err(|e| e.to_string())?;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -102,7 +128,7 @@ pub fn own_identity(dir: &Path, uri: &str) -> Result<Arc<Identity>, String> {
             ip_addresses: Vec::new(),
         };
         let (certificate, pem) =
-            pki::create_own(&own, SystemTime::now()).map_err(|e| e.to_string())?;
+            pki::create_own_of(&own, key_type, SystemTime::now()).map_err(|e| e.to_string())?;
         pki::write_atomically(&key, pem.as_bytes(), true).map_err(|e| e.to_string())?;
         pki::write_atomically(&cert, certificate.der(), false).map_err(|e| e.to_string())?;
         eprintln!(
@@ -184,7 +210,7 @@ impl SecurityArgs {
         if self.policy.is_none() {
             return Ok(uascale_client::SecurityOptions::default());
         }
-        let certificate = Some(own_identity(&self.pki, CLIENT_URI)?);
+        let certificate = Some(own_identity(&self.pki, CLIENT_URI, self.policy)?);
         let trust = if self.trust_any {
             ServerTrust::UnsafeAcceptAny
         } else {
@@ -238,6 +264,22 @@ mod tests {
 
     #[test]
     fn security_names() {
+        assert_eq!(
+            parse_security("ECC_nistP256_AesGcm").unwrap(),
+            (
+                SecurityPolicy::EccNistP256AesGcm,
+                MessageSecurityMode::SignAndEncrypt
+            )
+        );
+        assert_eq!(
+            parse_security("ecc_curve25519:sign").unwrap(),
+            (SecurityPolicy::EccCurve25519, MessageSecurityMode::Sign)
+        );
+        assert_eq!(
+            parse_security("ECC_nistP256").unwrap().0,
+            SecurityPolicy::EccNistP256
+        );
+        assert!(parse_security("ECC_curve448").is_err());
         assert_eq!(
             parse_security("Basic256Sha256:SignAndEncrypt").unwrap(),
             (

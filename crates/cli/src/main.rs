@@ -21,7 +21,7 @@ use uascale_types::{decode_message, DecodeLimits, Reader};
 const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--host NAME] [--port N]
                      [--bind ADDR] [--nodes N] [--rate-ms MS] [--slow-ms MS]
                      [--isolation-profile NAME] [--nodeset FILE]...
-                     [--pki DIR] [--security none|all] [--metrics ADDR]
+                     [--pki DIR] [--security none|all|ecc] [--metrics ADDR]
                      [--log-format text|json]
        uascale decode <HEX | @FILE>
        uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
@@ -42,7 +42,9 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            flags override it; --pki DIR is the PKI directory (default ./pki,
            created with a self-signed certificate on first start);
            --security none publishes only the unsecured endpoint (no PKI),
-           all every RSA policy in Sign and SignAndEncrypt (the default);
+           all every RSA policy in Sign and SignAndEncrypt (the default),
+           ecc those and every ECC policy beside them (an ECC certificate
+           per curve is created in the PKI next to the RSA one);
            --metrics ADDR serves /metrics (Prometheus), /healthz and /readyz
            over HTTP on ADDR, e.g. 127.0.0.1:9464 (metrics.listen);
            --log-format json writes one JSON object per event for log
@@ -165,7 +167,12 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
                     config.security.policies =
                         uascale_server::config::SecurityConfig::default().policies;
                 }
-                other => return Err(format!("--security {other:?}: give none or all")),
+                "ecc" => {
+                    let mut policies = uascale_server::config::SecurityConfig::default().policies;
+                    policies.extend(uascale_crypto::policy::SecurityPolicy::ECC);
+                    config.security.policies = policies;
+                }
+                other => return Err(format!("--security {other:?}: give none, all or ecc")),
             },
             "--print-config" => print = true,
             other => return Err(format!("unknown option {other:?}")),

@@ -203,3 +203,43 @@ fn user_hash_reads_stdin() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains(hash.trim()));
 }
+
+#[test]
+fn create_ecc_certificates_beside_the_rsa_one() {
+    let dir = temp("ecc");
+    let pki = dir.0.to_str().unwrap();
+    for (key, kind, usage, signature) in [
+        ("ec-p256", "Ec 256 bits", "keyAgreement", "Ecdsa(Sha256)"),
+        ("ec-p384", "Ec 384 bits", "keyAgreement", "Ecdsa(Sha384)"),
+        ("ed25519", "Ed25519 256 bits", "keyCertSign", "Ed25519"),
+    ] {
+        let out = uascale(&[
+            "cert",
+            "create",
+            "--pki",
+            pki,
+            "--uri",
+            "urn:test:ecc",
+            "--key",
+            key,
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        let t = text(&out);
+        assert!(t.contains(&format!("key         {kind}")), "{t}");
+        assert!(t.contains(usage), "{t}");
+        assert!(t.contains(&format!("signature   {signature}")), "{t}");
+        assert!(!t.contains("keyEncipherment"), "{t}");
+        assert!(dir.0.join(format!("own/certs/cert_{key}.der")).exists());
+        assert!(dir.0.join(format!("own/private/key_{key}.pem")).exists());
+        // Not twice without --force.
+        let again = uascale(&["cert", "create", "--pki", pki, "--key", key]);
+        assert!(!again.status.success());
+    }
+    // The RSA one is still its own file, and can be made beside them.
+    assert!(!dir.0.join("own/certs/cert.der").exists());
+    let out = uascale(&["cert", "create", "--pki", pki, "--uri", "urn:test:ecc"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let bad = uascale(&["cert", "create", "--pki", pki, "--key", "dsa"]);
+    assert!(!bad.status.success());
+    assert!(text(&bad).contains("ec-p256"), "{}", text(&bad));
+}

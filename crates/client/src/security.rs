@@ -147,6 +147,7 @@ impl CertificateValidator for TrustListValidator {
             usage: CertificateUse::Server,
             min_key_bits: policy.min_asymmetric_key_bits(),
             max_key_bits: policy.max_asymmetric_key_bits(),
+            policy: Some(policy).filter(|p| !p.is_none()),
             ..ValidationOptions::default()
         };
         self.list.validate(&chain, &options, SystemTime::now())

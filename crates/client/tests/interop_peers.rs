@@ -17,9 +17,9 @@ use uascale_client::{
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_crypto::rsa::RsaPrivateKey;
 use uascale_crypto::x509::TrustList;
-use uascale_crypto::x509::{create_self_signed, to_pem, SelfSignedParams};
+use uascale_crypto::x509::{create_self_signed, to_pem, KeyType, SelfSignedParams};
 use uascale_proto::security::CertificateValidator;
-use uascale_proto::security::Identity;
+use uascale_proto::security::{Identity, PrivateKey};
 use uascale_types as t;
 use uascale_types::{NodeId, StatusCode, Variant};
 
@@ -413,5 +413,163 @@ async fn secured_client_against_the_asyncua_server() {
     // ... and still when trusted blindly: the OPN is for another key.
     o.security.trust = ServerTrust::UnsafeAcceptAny;
     assert!(Client::connect(&url, o).await.is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An ECC certificate and PKCS#8 key for `uri`.
+fn make_ecc_cert(uri: &str, name: &str, key: KeyType) -> (Vec<u8>, Vec<u8>) {
+    let start = SystemTime::now()
+        .checked_sub(Duration::from_secs(3600))
+        .unwrap_or(UNIX_EPOCH);
+    let mut params = SelfSignedParams::new(uri, name, start);
+    params.dns_names = vec!["localhost".into()];
+    params.ip_addresses = vec!["127.0.0.1".parse().unwrap()];
+    params.key_type = key;
+    let made = create_self_signed(&params).unwrap();
+    (
+        made.certificate.der().to_vec(),
+        made.private_key_pkcs8_der.clone(),
+    )
+}
+
+/// The client against open62541's server (o6) over each ECC policy o6
+/// offers - ECC_nistP256_AesGcm and ECC_nistP256_ChaChaPoly with a P-256
+/// server certificate, ECC_curve25519 with an Ed25519 one - in both modes,
+/// Anonymous and UserName (the password as an EccEncryptedSecret for the
+/// server's ECDHKey), with two token renewals inside one session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ecc_client_against_the_open62541_server() {
+    let dir = std::env::temp_dir().join(format!("uascale-peer-ecc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (key, policies) in [
+        (
+            KeyType::EcP256,
+            &[
+                SecurityPolicy::EccNistP256AesGcm,
+                SecurityPolicy::EccNistP256ChaChaPoly,
+            ][..],
+        ),
+        (KeyType::Ed25519, &[SecurityPolicy::EccCurve25519][..]),
+    ] {
+        let server_uri = "urn:uascale:test:o6-ecc-server";
+        let (server_der, server_key) = make_ecc_cert(server_uri, "o6 ecc server", key);
+        let cert_path = dir.join(format!("server-{}.der", key.name()));
+        let key_path = dir.join(format!("server-{}.pem", key.name()));
+        std::fs::write(&cert_path, &server_der).unwrap();
+        std::fs::write(&key_path, to_pem("PRIVATE KEY", &server_key)).unwrap();
+        let peer = start_peer(
+            "o6-ecc",
+            &[
+                cert_path.to_str().unwrap(),
+                key_path.to_str().unwrap(),
+                server_uri,
+            ],
+        );
+        let url = format!("opc.tcp://127.0.0.1:{}/", peer.port);
+        let (client_der, client_key) = make_ecc_cert("urn:uascale:client", "uascale client", key);
+        let identity = Arc::new(
+            Identity::with_key(
+                uascale_crypto::x509::Certificate::from_der(&client_der).unwrap(),
+                PrivateKey::from_der(&client_key).unwrap(),
+            )
+            .unwrap(),
+        );
+        let trust: Arc<dyn CertificateValidator> =
+            Arc::new(TrustListValidator::new(TrustList::new(
+                vec![uascale_crypto::x509::Certificate::from_der(&server_der).unwrap()],
+                vec![],
+                vec![],
+            )));
+        for &policy in policies {
+            for mode in [
+                t::MessageSecurityMode::Sign,
+                t::MessageSecurityMode::SignAndEncrypt,
+            ] {
+                for (who, user) in [
+                    ("anonymous", UserIdentity::Anonymous),
+                    (
+                        "user name",
+                        UserIdentity::UserName {
+                            user: "peer".into(),
+                            password: "peer-pass".into(),
+                        },
+                    ),
+                ] {
+                    let what = format!("{policy:?} {mode:?} {who}");
+                    let mut options = ClientOptions {
+                        security: SecurityOptions {
+                            policy,
+                            mode,
+                            certificate: Some(Arc::clone(&identity)),
+                            trust: ServerTrust::Validator(Arc::clone(&trust)),
+                            server_certificate: None,
+                        },
+                        identity: user,
+                        ..Default::default()
+                    };
+                    // Renewed at 75 % of 2 s.
+                    options.channel.requested_lifetime = Duration::from_secs(2);
+                    let client = Client::connect(&url, options)
+                        .await
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    client
+                        .create_session("ecc interop")
+                        .await
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let temp = NodeId::string(1, "Temperature");
+                    let rounds = if mode == t::MessageSecurityMode::SignAndEncrypt {
+                        3
+                    } else {
+                        1
+                    };
+                    for round in 0..rounds {
+                        if round > 0 {
+                            // Two renewals happen during these waits.
+                            tokio::time::sleep(Duration::from_millis(1800)).await;
+                        }
+                        let values = client
+                            .read_values(&[NodeId::ns0(2258), temp.clone()])
+                            .await
+                            .unwrap_or_else(|e| panic!("{what} round {round}: {e}"));
+                        assert!(
+                            matches!(values[0].value, Some(Variant::DateTime(_))),
+                            "{what}"
+                        );
+                        assert_eq!(values[1].value, Some(Variant::Double(20.5)), "{what}");
+                    }
+                    if rounds > 1 {
+                        assert!(client.token_renewals() >= 2, "{what}: renewed twice");
+                    }
+                    // Many chunks of the AEAD symmetric layer.
+                    let many = vec![NodeId::ns0(2258); 1500];
+                    assert_eq!(client.read_values(&many).await.unwrap().len(), 1500);
+                    client.close().await;
+                }
+            }
+        }
+        // A wrong password is refused by the server.
+        let mut options = ClientOptions {
+            security: SecurityOptions {
+                policy: policies[0],
+                mode: t::MessageSecurityMode::SignAndEncrypt,
+                certificate: Some(Arc::clone(&identity)),
+                trust: ServerTrust::Validator(Arc::clone(&trust)),
+                server_certificate: None,
+            },
+            identity: UserIdentity::UserName {
+                user: "peer".into(),
+                password: "nope".into(),
+            },
+            ..Default::default()
+        };
+        options.channel.requested_lifetime = Duration::from_secs(60);
+        let client = Client::connect(&url, options).await.unwrap();
+        let e = client.create_session("wrong").await.unwrap_err();
+        assert!(
+            matches!(e, ClientError::Service { status, .. } if status.is_bad()),
+            "{e:?}"
+        );
+        client.close().await;
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

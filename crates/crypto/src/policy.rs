@@ -14,7 +14,26 @@
 //! | Aes256_Sha256_RsaPss | HMAC-SHA256, AES-256-CBC | PSS SHA-256 | OAEP SHA-256 | 2048..=4096 |
 //!
 //! The deprecated Basic128Rsa15 and Basic256 are not offered.
+//!
+//! The ECC policies (Part 6 §6.8) have no asymmetric encryption: the
+//! OpenSecureChannel is signed only, the nonces are ephemeral public keys
+//! and the symmetric keys come from ECDH + HKDF ([`derive_ecc_keys`]):
+//!
+//! | Policy | curve | asymmetric signature | symmetric | sig/enc/IV key bytes |
+//! |---|---|---|---|---|
+//! | ECC_nistP256 | P-256 | ECDSA-SHA256 | HMAC-SHA256, AES-128-CBC | 32/16/16 |
+//! | ECC_nistP384 | P-384 | ECDSA-SHA384 | HMAC-SHA384, AES-256-CBC | 48/32/16 |
+//! | ECC_curve25519 | X25519 | Ed25519 | ChaCha20-Poly1305 | 32/32/12 |
+//! | ECC_nistP256_AesGcm | P-256 | ECDSA-SHA256 | AES-128-GCM | 0/16/12 |
+//! | ECC_nistP256_ChaChaPoly | P-256 | ECDSA-SHA256 | ChaCha20-Poly1305 | 0/32/12 |
+//!
+//! For the AEAD policies the symmetric "signature" is the 16-byte tag; in
+//! mode Sign the whole chunk is authenticated data, in SignAndEncrypt the
+//! unencrypted headers are. The curve25519 signing key (used for the tag in
+//! mode Sign) follows open62541, the one peer that implements the policy.
+//! Brainpool and curve448 are not offered (aws-lc implements neither).
 
+use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use aws_lc_rs::cipher::{
     DecryptingKey, DecryptionContext, EncryptingKey, EncryptionContext, UnboundCipherKey, AES_128,
     AES_256,
@@ -24,6 +43,7 @@ use aws_lc_rs::iv::FixedLength;
 use std::sync::OnceLock;
 use uascale_types::StatusCode;
 
+use crate::ecc::{hkdf, salt, EccCurve, HkdfHash, Secret};
 use crate::rsa::{EncryptionPadding, SignatureScheme};
 use crate::CryptoError;
 
@@ -31,6 +51,10 @@ use crate::CryptoError;
 pub const AES_BLOCK: usize = 16;
 /// HMAC-SHA256 output: the symmetric signature size of every RSA policy.
 pub const HMAC_SHA256_LEN: usize = 32;
+/// AEAD tag length (AES-GCM, ChaCha20-Poly1305).
+pub const AEAD_TAG_LEN: usize = 16;
+/// AEAD IV (nonce) length.
+pub const AEAD_IV_LEN: usize = 12;
 
 /// A security policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,15 +68,48 @@ pub enum SecurityPolicy {
     Aes128Sha256RsaOaep,
     /// `http://opcfoundation.org/UA/SecurityPolicy#Aes256_Sha256_RsaPss`.
     Aes256Sha256RsaPss,
+    /// `http://opcfoundation.org/UA/SecurityPolicy#ECC_nistP256`.
+    EccNistP256,
+    /// `http://opcfoundation.org/UA/SecurityPolicy#ECC_nistP384`.
+    EccNistP384,
+    /// `http://opcfoundation.org/UA/SecurityPolicy#ECC_curve25519`.
+    EccCurve25519,
+    /// `http://opcfoundation.org/UA/SecurityPolicy#ECC_nistP256_AesGcm`
+    /// (SecureChannelEnhancements).
+    EccNistP256AesGcm,
+    /// `http://opcfoundation.org/UA/SecurityPolicy#ECC_nistP256_ChaChaPoly`
+    /// (SecureChannelEnhancements).
+    EccNistP256ChaChaPoly,
 }
 
 impl SecurityPolicy {
     /// Every policy offered, None first.
-    pub const ALL: [SecurityPolicy; 4] = [
+    pub const ALL: [SecurityPolicy; 9] = [
         SecurityPolicy::None,
         SecurityPolicy::Basic256Sha256,
         SecurityPolicy::Aes128Sha256RsaOaep,
         SecurityPolicy::Aes256Sha256RsaPss,
+        SecurityPolicy::EccNistP256,
+        SecurityPolicy::EccNistP384,
+        SecurityPolicy::EccCurve25519,
+        SecurityPolicy::EccNistP256AesGcm,
+        SecurityPolicy::EccNistP256ChaChaPoly,
+    ];
+
+    /// The RSA policies.
+    pub const RSA: [SecurityPolicy; 3] = [
+        SecurityPolicy::Basic256Sha256,
+        SecurityPolicy::Aes128Sha256RsaOaep,
+        SecurityPolicy::Aes256Sha256RsaPss,
+    ];
+
+    /// The ECC policies.
+    pub const ECC: [SecurityPolicy; 5] = [
+        SecurityPolicy::EccNistP256,
+        SecurityPolicy::EccNistP384,
+        SecurityPolicy::EccCurve25519,
+        SecurityPolicy::EccNistP256AesGcm,
+        SecurityPolicy::EccNistP256ChaChaPoly,
     ];
 
     /// The SecurityPolicyUri.
@@ -68,6 +125,97 @@ impl SecurityPolicy {
             SecurityPolicy::Aes256Sha256RsaPss => {
                 "http://opcfoundation.org/UA/SecurityPolicy#Aes256_Sha256_RsaPss"
             }
+            SecurityPolicy::EccNistP256 => {
+                "http://opcfoundation.org/UA/SecurityPolicy#ECC_nistP256"
+            }
+            SecurityPolicy::EccNistP384 => {
+                "http://opcfoundation.org/UA/SecurityPolicy#ECC_nistP384"
+            }
+            SecurityPolicy::EccCurve25519 => {
+                "http://opcfoundation.org/UA/SecurityPolicy#ECC_curve25519"
+            }
+            SecurityPolicy::EccNistP256AesGcm => {
+                "http://opcfoundation.org/UA/SecurityPolicy#ECC_nistP256_AesGcm"
+            }
+            SecurityPolicy::EccNistP256ChaChaPoly => {
+                "http://opcfoundation.org/UA/SecurityPolicy#ECC_nistP256_ChaChaPoly"
+            }
+        }
+    }
+
+    /// The curve of an ECC policy (None for None and the RSA policies).
+    pub const fn curve(self) -> Option<EccCurve> {
+        match self {
+            SecurityPolicy::EccNistP256
+            | SecurityPolicy::EccNistP256AesGcm
+            | SecurityPolicy::EccNistP256ChaChaPoly => Some(EccCurve::NistP256),
+            SecurityPolicy::EccNistP384 => Some(EccCurve::NistP384),
+            SecurityPolicy::EccCurve25519 => Some(EccCurve::Curve25519),
+            _ => None,
+        }
+    }
+
+    /// True for the ECC policies.
+    pub const fn is_ecc(self) -> bool {
+        self.curve().is_some()
+    }
+
+    /// True for the RSA policies.
+    pub const fn is_rsa(self) -> bool {
+        !self.is_none() && !self.is_ecc()
+    }
+
+    /// True when the symmetric algorithm is an AEAD (AES-GCM,
+    /// ChaCha20-Poly1305): no padding, a 16-byte tag as the signature.
+    pub const fn is_aead(self) -> bool {
+        matches!(
+            self,
+            SecurityPolicy::EccCurve25519
+                | SecurityPolicy::EccNistP256AesGcm
+                | SecurityPolicy::EccNistP256ChaChaPoly
+        )
+    }
+
+    /// SecureChannelEnhancements (Part 6 1.05.07): the first OPN response
+    /// is signed over the request's signature too (its signature is the
+    /// ChannelThumbprint), session signatures are channel-bound and each
+    /// renewal chains the previous secret into the new keys.
+    pub const fn secure_channel_enhancements(self) -> bool {
+        matches!(
+            self,
+            SecurityPolicy::EccNistP256AesGcm | SecurityPolicy::EccNistP256ChaChaPoly
+        )
+    }
+
+    /// LegacySequenceNumbers: true for None and RSA (start at 1, wrap below
+    /// 1024), false for ECC (start at 0, wrap from `u32::MAX` to 0).
+    pub const fn legacy_sequence_numbers(self) -> bool {
+        !self.is_ecc()
+    }
+
+    /// Length of the nonces a session's CreateSession exchanges (random
+    /// bytes for every policy, 32 unless None).
+    pub const fn session_nonce_length(self) -> usize {
+        match self {
+            SecurityPolicy::None => 0,
+            _ => 32,
+        }
+    }
+
+    /// Length of the derived IV (AES block for CBC, 12 for AEAD).
+    pub const fn iv_length(self) -> usize {
+        match self {
+            SecurityPolicy::None => 0,
+            _ if self.is_aead() => AEAD_IV_LEN,
+            _ => AES_BLOCK,
+        }
+    }
+
+    /// The HKDF hash of an ECC policy.
+    pub const fn hkdf_hash(self) -> HkdfHash {
+        match self {
+            SecurityPolicy::EccNistP384 => HkdfHash::Sha384,
+            _ => HkdfHash::Sha256,
         }
     }
 
@@ -81,11 +229,13 @@ impl SecurityPolicy {
         matches!(self, SecurityPolicy::None)
     }
 
-    /// Length of the client and server nonces (0 for None).
+    /// Length of the client and server nonces of the OpenSecureChannel
+    /// (0 for None, 32 random bytes for RSA, the ephemeral key for ECC).
     pub const fn nonce_length(self) -> usize {
-        match self {
-            SecurityPolicy::None => 0,
-            _ => 32,
+        match self.curve() {
+            Some(c) => c.nonce_length(),
+            None if self.is_none() => 0,
+            None => 32,
         }
     }
 
@@ -105,7 +255,7 @@ impl SecurityPolicy {
         }
     }
 
-    /// The asymmetric signature scheme (None for SecurityPolicy None).
+    /// The RSA signature scheme (None for SecurityPolicy None and ECC).
     pub const fn asymmetric_signature(self) -> Option<SignatureScheme> {
         match self {
             SecurityPolicy::None => None,
@@ -113,10 +263,12 @@ impl SecurityPolicy {
                 Some(SignatureScheme::Pkcs1Sha256)
             }
             SecurityPolicy::Aes256Sha256RsaPss => Some(SignatureScheme::PssSha256),
+            _ => None,
         }
     }
 
-    /// The asymmetric encryption padding (None for SecurityPolicy None).
+    /// The asymmetric encryption padding (None for SecurityPolicy None and
+    /// the ECC policies, which encrypt nothing asymmetrically).
     pub const fn asymmetric_encryption(self) -> Option<EncryptionPadding> {
         match self {
             SecurityPolicy::None => None,
@@ -124,45 +276,60 @@ impl SecurityPolicy {
                 Some(EncryptionPadding::OaepSha1)
             }
             SecurityPolicy::Aes256Sha256RsaPss => Some(EncryptionPadding::OaepSha256),
+            _ => None,
         }
     }
 
-    /// Symmetric signature size in bytes (0 for None).
+    /// Symmetric signature size in bytes (0 for None; the HMAC or the AEAD
+    /// tag).
     pub const fn symmetric_signature_size(self) -> usize {
         match self {
             SecurityPolicy::None => 0,
+            SecurityPolicy::EccNistP384 => 48,
+            _ if self.is_aead() => AEAD_TAG_LEN,
             _ => HMAC_SHA256_LEN,
         }
     }
 
-    /// Length of the derived symmetric signing key.
+    /// Length of the derived symmetric signing key (0 for the AEAD
+    /// policies with SecureChannelEnhancements, which sign with the tag of
+    /// the encrypting key).
     pub const fn signing_key_length(self) -> usize {
         match self {
             SecurityPolicy::None => 0,
+            SecurityPolicy::EccNistP384 => 48,
+            SecurityPolicy::EccNistP256AesGcm | SecurityPolicy::EccNistP256ChaChaPoly => 0,
             _ => 32,
         }
     }
 
-    /// Length of the derived symmetric encryption key (AES-128: 16, AES-256: 32).
+    /// Length of the derived symmetric encryption key (AES-128: 16,
+    /// AES-256 and ChaCha20: 32).
     pub const fn encrypting_key_length(self) -> usize {
         match self {
             SecurityPolicy::None => 0,
-            SecurityPolicy::Aes128Sha256RsaOaep => 16,
+            SecurityPolicy::Aes128Sha256RsaOaep
+            | SecurityPolicy::EccNistP256
+            | SecurityPolicy::EccNistP256AesGcm => 16,
             _ => 32,
         }
     }
 
-    /// Symmetric encryption block size (1 for None: no alignment).
+    /// Symmetric encryption block size (1 for None and AEAD: no alignment).
     pub const fn symmetric_block_size(self) -> usize {
         match self {
             SecurityPolicy::None => 1,
+            _ if self.is_aead() => 1,
             _ => AES_BLOCK,
         }
     }
 
     /// Checks a peer's nonce: exactly [`SecurityPolicy::nonce_length`]
-    /// bytes, else `BadNonceInvalid`.
+    /// bytes and, for ECC, a point on the curve; else `BadNonceInvalid`.
     pub fn check_nonce(self, nonce: &[u8]) -> Result<(), CryptoError> {
+        if let Some(curve) = self.curve() {
+            return crate::ecc::check_ephemeral(curve, nonce);
+        }
         if nonce.len() == self.nonce_length() {
             Ok(())
         } else {
@@ -174,9 +341,12 @@ impl SecurityPolicy {
     }
 
     /// Checks an RSA key size against the policy (Part 4 §6.1.3, "Security
-    /// Policy Check"): `BadCertificatePolicyCheckFailed` outside the range.
+    /// Policy Check"): `BadCertificatePolicyCheckFailed` outside the range
+    /// (and for every RSA key under an ECC policy).
     pub fn check_key_bits(self, bits: usize) -> Result<(), CryptoError> {
-        if (self.min_asymmetric_key_bits()..=self.max_asymmetric_key_bits()).contains(&bits) {
+        if !self.is_ecc()
+            && (self.min_asymmetric_key_bits()..=self.max_asymmetric_key_bits()).contains(&bits)
+        {
             Ok(())
         } else {
             Err(CryptoError::Certificate {
@@ -186,9 +356,31 @@ impl SecurityPolicy {
         }
     }
 
-    /// A fresh random nonce of [`SecurityPolicy::nonce_length`] bytes.
+    /// Checks that a certificate key on `curve` may be used with this ECC
+    /// policy: its own curve, or a P-384 key under a P-256 policy (.NET
+    /// allows it; the signature is then 96 bytes). Anything else is
+    /// `BadCertificatePolicyCheckFailed`.
+    pub fn check_key_curve(self, curve: EccCurve) -> Result<(), CryptoError> {
+        match (self.curve(), curve) {
+            (Some(p), c) if p == c => Ok(()),
+            (Some(EccCurve::NistP256), EccCurve::NistP384) => Ok(()),
+            _ => Err(CryptoError::Certificate {
+                status: StatusCode::BadCertificatePolicyCheckFailed,
+                what: "certificate key curve not allowed by the security policy",
+            }),
+        }
+    }
+
+    /// A fresh random nonce of [`SecurityPolicy::session_nonce_length`]
+    /// bytes under ECC (sessions), [`SecurityPolicy::nonce_length`] under
+    /// RSA.
     pub fn random_nonce(self) -> Result<Vec<u8>, CryptoError> {
-        let mut n = vec![0u8; self.nonce_length()];
+        let len = if self.is_ecc() {
+            self.session_nonce_length()
+        } else {
+            self.nonce_length()
+        };
+        let mut n = vec![0u8; len];
         aws_lc_rs::rand::fill(&mut n).map_err(|_| CryptoError::Config {
             what: "random number generator failed",
         })?;
@@ -214,17 +406,39 @@ pub fn p_sha256(secret: &[u8], seed: &[u8], out: &mut [u8]) {
 }
 
 /// One direction's symmetric keys for one security token: the HMAC key,
-/// the AES key and the IV. The AES key schedules (about 500 bytes each)
-/// are built on first use: a side only ever encrypts with one direction's
-/// keys and decrypts with the other's, so half of them are never built.
+/// the AES key and the IV (CBC policies), or the AEAD keys and IV. The AES
+/// key schedules (about 500 bytes each) are built on first use: a side only
+/// ever encrypts with one direction's keys and decrypts with the other's,
+/// so half of them are never built.
 pub struct SymmetricKeys {
     policy: SecurityPolicy,
+    inner: Inner,
+}
+
+/// CBC keys inline (the RSA policies' hot path, as before the AEAD
+/// policies came), AEAD keys boxed.
+#[allow(clippy::large_enum_variant)] // on purpose: no extra indirection for CBC
+enum Inner {
+    Cbc(CbcKeys),
+    Aead(Box<AeadKeys>),
+}
+
+struct CbcKeys {
     signing: hmac::Key,
     aes: &'static aws_lc_rs::cipher::Algorithm,
     aes_key: [u8; 32],
+    aes_key_len: usize,
     encrypting: OnceLock<EncryptingKey>,
     decrypting: OnceLock<DecryptingKey>,
     iv: [u8; AES_BLOCK],
+}
+
+struct AeadKeys {
+    /// Tags of mode Sign (the signing key when the policy has one, else
+    /// the encrypting key).
+    signing: LessSafeKey,
+    encrypting: LessSafeKey,
+    iv: [u8; AEAD_IV_LEN],
 }
 
 impl std::fmt::Debug for SymmetricKeys {
@@ -237,6 +451,29 @@ fn local(what: &'static str) -> CryptoError {
     CryptoError::Config { what }
 }
 
+fn checks_failed(what: &'static str) -> CryptoError {
+    CryptoError::Peer {
+        status: StatusCode::BadSecurityChecksFailed,
+        what,
+    }
+}
+
+/// Where an AEAD chunk's tag goes and what it covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AeadChunk {
+    /// Bytes of unencrypted headers at the front (authenticated data in
+    /// SignAndEncrypt).
+    pub head_len: usize,
+    /// SignAndEncrypt (true) or Sign (false: everything is authenticated
+    /// data, nothing is encrypted).
+    pub encrypt: bool,
+    /// The TokenId masked into IV bytes 0..4.
+    pub token_id: u32,
+    /// The sequence number masked into IV bytes 4..8: that of the chunk
+    /// the sender sent before this one (what open62541 does).
+    pub previous_sequence_number: u32,
+}
+
 impl SymmetricKeys {
     /// From the derived key material: signing key, encrypting key, IV.
     pub fn new(
@@ -245,20 +482,46 @@ impl SymmetricKeys {
         encrypting_key: &[u8],
         iv: &[u8],
     ) -> Result<Self, CryptoError> {
+        if signing_key.len() != policy.signing_key_length() {
+            return Err(local("signing key length does not match the policy"));
+        }
+        if encrypting_key.len() != policy.encrypting_key_length() || policy.is_none() {
+            return Err(local("no symmetric keys for SecurityPolicy None"));
+        }
+        if policy.is_aead() {
+            let alg = match policy {
+                SecurityPolicy::EccNistP256AesGcm => &aead::AES_128_GCM,
+                _ => &aead::CHACHA20_POLY1305,
+            };
+            let key = |k: &[u8]| {
+                UnboundKey::new(alg, k)
+                    .map(LessSafeKey::new)
+                    .map_err(|_| local("AEAD key rejected"))
+            };
+            let signing = if signing_key.is_empty() {
+                key(encrypting_key)?
+            } else {
+                key(signing_key)?
+            };
+            return Ok(SymmetricKeys {
+                policy,
+                inner: Inner::Aead(Box::new(AeadKeys {
+                    signing,
+                    encrypting: key(encrypting_key)?,
+                    iv: iv
+                        .try_into()
+                        .map_err(|_| local("AEAD IV must be 12 bytes"))?,
+                })),
+            });
+        }
         let alg = match policy.encrypting_key_length() {
             16 => &AES_128,
             32 => &AES_256,
             _ => return Err(local("no symmetric keys for SecurityPolicy None")),
         };
-        if signing_key.len() != policy.signing_key_length() {
-            return Err(local("signing key length does not match the policy"));
-        }
         let iv: [u8; AES_BLOCK] = iv
             .try_into()
             .map_err(|_| local("IV must be one AES block"))?;
-        if encrypting_key.len() != policy.encrypting_key_length() {
-            return Err(local("AES key rejected"));
-        }
         let mut aes_key = [0u8; 32];
         aes_key
             .get_mut(..encrypting_key.len())
@@ -266,41 +529,29 @@ impl SymmetricKeys {
             .copy_from_slice(encrypting_key);
         // Checked once here, so that building it later cannot fail.
         UnboundCipherKey::new(alg, encrypting_key).map_err(|_| local("AES key rejected"))?;
+        let hmac_alg = match policy.symmetric_signature_size() {
+            48 => hmac::HMAC_SHA384,
+            _ => hmac::HMAC_SHA256,
+        };
         Ok(SymmetricKeys {
             policy,
-            signing: hmac::Key::new(hmac::HMAC_SHA256, signing_key),
-            aes: alg,
-            aes_key,
-            encrypting: OnceLock::new(),
-            decrypting: OnceLock::new(),
-            iv,
+            inner: Inner::Cbc(CbcKeys {
+                signing: hmac::Key::new(hmac_alg, signing_key),
+                aes: alg,
+                aes_key,
+                aes_key_len: encrypting_key.len(),
+                encrypting: OnceLock::new(),
+                decrypting: OnceLock::new(),
+                iv,
+            }),
         })
     }
 
-    fn aes_key(&self) -> &[u8] {
-        self.aes_key
-            .get(..self.policy.encrypting_key_length())
-            .unwrap_or(&self.aes_key)
-    }
-
-    fn encrypting_key(&self) -> Result<&EncryptingKey, CryptoError> {
-        if let Some(k) = self.encrypting.get() {
-            return Ok(k);
+    fn cbc(&self) -> Result<&CbcKeys, CryptoError> {
+        match &self.inner {
+            Inner::Cbc(k) => Ok(k),
+            Inner::Aead(_) => Err(local("AEAD keys used as CBC/HMAC keys")),
         }
-        let k = UnboundCipherKey::new(self.aes, self.aes_key())
-            .and_then(EncryptingKey::cbc)
-            .map_err(|_| local("AES key rejected"))?;
-        Ok(self.encrypting.get_or_init(|| k))
-    }
-
-    fn decrypting_key(&self) -> Result<&DecryptingKey, CryptoError> {
-        if let Some(k) = self.decrypting.get() {
-            return Ok(k);
-        }
-        let k = UnboundCipherKey::new(self.aes, self.aes_key())
-            .and_then(DecryptingKey::cbc)
-            .map_err(|_| local("AES key rejected"))?;
-        Ok(self.decrypting.get_or_init(|| k))
     }
 
     /// The policy these keys belong to.
@@ -308,46 +559,60 @@ impl SymmetricKeys {
         self.policy
     }
 
-    /// Signature size in bytes.
+    /// True for AEAD keys (seal and open whole chunks with
+    /// [`SymmetricKeys::seal_aead`] / [`SymmetricKeys::open_aead`]).
+    pub fn is_aead(&self) -> bool {
+        matches!(self.inner, Inner::Aead(_))
+    }
+
+    /// Signature size in bytes (HMAC output or AEAD tag).
     pub fn signature_size(&self) -> usize {
-        HMAC_SHA256_LEN
+        self.policy.symmetric_signature_size()
     }
 
-    /// Appends the HMAC-SHA256 of `data` to `out`.
-    pub fn sign(&self, data: &[u8], out: &mut Vec<u8>) {
-        out.extend_from_slice(hmac::sign(&self.signing, data).as_ref());
+    /// Appends the HMAC of `data` to `out`.
+    pub fn sign(&self, data: &[u8], out: &mut Vec<u8>) -> Result<(), CryptoError> {
+        out.extend_from_slice(hmac::sign(&self.cbc()?.signing, data).as_ref());
+        Ok(())
     }
 
-    /// Signs `buf[..at]` and writes the signature into `buf[at..at + 32]`.
+    /// Signs `buf[..at]` and writes the HMAC into `buf[at..]`.
     pub fn sign_in_place(&self, buf: &mut [u8], at: usize) -> Result<(), CryptoError> {
-        let tag = hmac::sign(&self.signing, buf.get(..at).unwrap_or_default());
+        let tag = hmac::sign(&self.cbc()?.signing, buf.get(..at).unwrap_or_default());
         let dst = buf
-            .get_mut(at..at + HMAC_SHA256_LEN)
+            .get_mut(at..at + tag.as_ref().len())
             .ok_or(local("no room for the signature"))?;
         dst.copy_from_slice(tag.as_ref());
         Ok(())
     }
 
-    /// Checks `signature` over `data` in constant time; a mismatch is
-    /// `BadSecurityChecksFailed`.
+    /// Checks the HMAC `signature` over `data` in constant time; a
+    /// mismatch is `BadSecurityChecksFailed`.
     pub fn verify(&self, data: &[u8], signature: &[u8]) -> Result<(), CryptoError> {
-        hmac::verify(&self.signing, data, signature).map_err(|_| CryptoError::Peer {
-            status: StatusCode::BadSecurityChecksFailed,
-            what: "symmetric signature does not verify",
-        })
+        hmac::verify(&self.cbc()?.signing, data, signature)
+            .map_err(|_| checks_failed("symmetric signature does not verify"))
     }
 
     /// AES-CBC encrypts `data` in place; its length must be a multiple of
     /// the block size (the chunk carries its own padding).
     pub fn encrypt(&self, data: &mut [u8]) -> Result<(), CryptoError> {
+        let k = self.cbc()?;
         if data.len() % AES_BLOCK != 0 {
             return Err(local("plaintext is not a whole number of AES blocks"));
         }
         if data.is_empty() {
             return Ok(());
         }
-        self.encrypting_key()?
-            .less_safe_encrypt(data, EncryptionContext::Iv128(FixedLength::from(self.iv)))
+        let key = match k.encrypting.get() {
+            Some(key) => key,
+            None => {
+                let key = UnboundCipherKey::new(k.aes, k.key())
+                    .and_then(EncryptingKey::cbc)
+                    .map_err(|_| local("AES key rejected"))?;
+                k.encrypting.get_or_init(|| key)
+            }
+        };
+        key.less_safe_encrypt(data, EncryptionContext::Iv128(FixedLength::from(k.iv)))
             .map(|_| ())
             .map_err(|_| local("AES encryption failed"))
     }
@@ -355,22 +620,111 @@ impl SymmetricKeys {
     /// AES-CBC decrypts `data` in place; a length that is not a multiple of
     /// the block size is `BadSecurityChecksFailed`.
     pub fn decrypt(&self, data: &mut [u8]) -> Result<(), CryptoError> {
+        let k = self.cbc()?;
         if data.len() % AES_BLOCK != 0 {
-            return Err(CryptoError::Peer {
-                status: StatusCode::BadSecurityChecksFailed,
-                what: "ciphertext is not a whole number of AES blocks",
-            });
+            return Err(checks_failed(
+                "ciphertext is not a whole number of AES blocks",
+            ));
         }
         if data.is_empty() {
             return Ok(());
         }
-        self.decrypting_key()?
-            .decrypt(data, DecryptionContext::Iv128(FixedLength::from(self.iv)))
+        let key = match k.decrypting.get() {
+            Some(key) => key,
+            None => {
+                let key = UnboundCipherKey::new(k.aes, k.key())
+                    .and_then(DecryptingKey::cbc)
+                    .map_err(|_| local("AES key rejected"))?;
+                k.decrypting.get_or_init(|| key)
+            }
+        };
+        key.decrypt(data, DecryptionContext::Iv128(FixedLength::from(k.iv)))
             .map(|_| ())
-            .map_err(|_| CryptoError::Peer {
-                status: StatusCode::BadSecurityChecksFailed,
-                what: "AES decryption failed",
-            })
+            .map_err(|_| checks_failed("AES decryption failed"))
+    }
+
+    fn aead(&self) -> Result<&AeadKeys, CryptoError> {
+        match &self.inner {
+            Inner::Aead(k) => Ok(k),
+            Inner::Cbc(_) => Err(local("CBC keys used as AEAD keys")),
+        }
+    }
+
+    /// Seals the chunk `chunk` in place: its last [`AEAD_TAG_LEN`] bytes are
+    /// room for the tag; everything before is the plain chunk (headers
+    /// with the final message size already set, sequence header, body).
+    pub fn seal_aead(&self, chunk: &mut [u8], how: AeadChunk) -> Result<(), CryptoError> {
+        let k = self.aead()?;
+        let end = chunk
+            .len()
+            .checked_sub(AEAD_TAG_LEN)
+            .filter(|e| *e >= how.head_len)
+            .ok_or(local("AEAD chunk shorter than its headers"))?;
+        let (data, tag_room) = chunk.split_at_mut(end);
+        let nonce = k.nonce(how.token_id, how.previous_sequence_number);
+        let tag = if how.encrypt {
+            let (head, plain) = data.split_at_mut(how.head_len);
+            k.encrypting
+                .seal_in_place_separate_tag(nonce, Aad::from(&*head), plain)
+        } else {
+            k.signing
+                .seal_in_place_separate_tag(nonce, Aad::from(&*data), &mut [])
+        }
+        .map_err(|_| local("AEAD sealing failed"))?;
+        tag_room.copy_from_slice(tag.as_ref());
+        Ok(())
+    }
+
+    /// Opens (authenticates, and decrypts in SignAndEncrypt) the chunk
+    /// `chunk` in place and returns the length of the plain chunk without
+    /// the tag. A wrong tag is `BadSecurityChecksFailed`.
+    pub fn open_aead(&self, chunk: &mut [u8], how: AeadChunk) -> Result<usize, CryptoError> {
+        let k = self.aead()?;
+        let end = chunk
+            .len()
+            .checked_sub(AEAD_TAG_LEN)
+            .filter(|e| *e >= how.head_len)
+            .ok_or(checks_failed("AEAD chunk shorter than its tag"))?;
+        let nonce = k.nonce(how.token_id, how.previous_sequence_number);
+        if how.encrypt {
+            let (head, rest) = chunk.split_at_mut(how.head_len);
+            k.encrypting
+                .open_in_place(nonce, Aad::from(&*head), rest)
+                .map_err(|_| checks_failed("AEAD chunk does not authenticate"))?;
+        } else {
+            let (data, tag) = chunk.split_at(end);
+            let mut tag_copy = [0u8; AEAD_TAG_LEN];
+            tag_copy.copy_from_slice(tag);
+            k.signing
+                .open_in_place(nonce, Aad::from(data), &mut tag_copy)
+                .map_err(|_| checks_failed("AEAD chunk signature does not verify"))?;
+        }
+        Ok(end)
+    }
+}
+
+impl CbcKeys {
+    fn key(&self) -> &[u8] {
+        self.aes_key
+            .get(..self.aes_key_len)
+            .unwrap_or(&self.aes_key)
+    }
+}
+
+impl AeadKeys {
+    /// The IV with bytes 0..4 XOR TokenId and 4..8 XOR the sequence number,
+    /// both little-endian.
+    fn nonce(&self, token_id: u32, sequence_number: u32) -> Nonce {
+        let mut iv = self.iv;
+        for (b, m) in iv.iter_mut().zip(
+            token_id
+                .to_le_bytes()
+                .into_iter()
+                .chain(sequence_number.to_le_bytes()),
+        ) {
+            *b ^= m;
+        }
+        Nonce::assume_unique_for_key(iv)
     }
 }
 
@@ -393,6 +747,9 @@ pub fn derive_keys(
     client_nonce: &[u8],
     server_nonce: &[u8],
 ) -> Result<ChannelKeys, CryptoError> {
+    if policy.is_ecc() {
+        return Err(local("ECC policies derive keys with derive_ecc_keys"));
+    }
     policy.check_nonce(client_nonce)?;
     policy.check_nonce(server_nonce)?;
     let s = policy.signing_key_length();
@@ -412,6 +769,48 @@ pub fn derive_keys(
     let client = one(server_nonce, client_nonce, &mut buf)?;
     let server = one(client_nonce, server_nonce, &mut buf)?;
     buf.fill(0);
+    Ok(ChannelKeys { client, server })
+}
+
+/// Derives both directions' keys of an ECC policy (Part 6 §6.8.1) from the
+/// ECDH secret (or, on a chained renewal, the chained input keying
+/// material) and both ephemeral keys as sent:
+///
+/// ```text
+/// L          = u16le(signing key + encrypting key + IV length)
+/// ClientSalt = L || "opcua-client" || ClientNonce || ServerNonce
+/// ServerSalt = L || "opcua-server" || ServerNonce || ClientNonce
+/// keys       = HKDF(salt = info = Salt, IKM = secret, L bytes)
+///              cut into signing key | encrypting key | IV
+/// ```
+pub fn derive_ecc_keys(
+    policy: SecurityPolicy,
+    secret: &Secret,
+    client_nonce: &[u8],
+    server_nonce: &[u8],
+) -> Result<ChannelKeys, CryptoError> {
+    if !policy.is_ecc() {
+        return Err(local("ECC key derivation for a policy that is not ECC"));
+    }
+    let s = policy.signing_key_length();
+    let e = policy.encrypting_key_length();
+    let len = s + e + policy.iv_length();
+    let mut buf = [0u8; 48 + 32 + AES_BLOCK];
+    let mut one = |label: &[u8], first: &[u8], second: &[u8]| {
+        let salt = salt(len, label, first, second);
+        let out = buf.get_mut(..len).unwrap_or_default();
+        hkdf(policy.hkdf_hash(), &salt, secret.as_bytes(), &salt, out);
+        let keys = SymmetricKeys::new(
+            policy,
+            out.get(..s).unwrap_or_default(),
+            out.get(s..s + e).unwrap_or_default(),
+            out.get(s + e..).unwrap_or_default(),
+        );
+        out.fill(0);
+        keys
+    };
+    let client = one(b"opcua-client", client_nonce, server_nonce)?;
+    let server = one(b"opcua-server", server_nonce, client_nonce)?;
     Ok(ChannelKeys { client, server })
 }
 
@@ -496,7 +895,7 @@ mod tests {
             b.client.decrypt(&mut msg).unwrap();
             assert_eq!(msg, [7u8; 64]);
             let mut sig = Vec::new();
-            a.server.sign(b"data", &mut sig);
+            a.server.sign(b"data", &mut sig).unwrap();
             assert_eq!(sig.len(), 32);
             b.server.verify(b"data", &sig).unwrap();
             let e = b.client.verify(b"data", &sig).unwrap_err();
@@ -531,8 +930,8 @@ mod tests {
         assert_eq!(a, b);
         let mut s1 = Vec::new();
         let mut s2 = Vec::new();
-        keys.client.sign(b"x", &mut s1);
-        manual.sign(b"x", &mut s2);
+        keys.client.sign(b"x", &mut s1).unwrap();
+        manual.sign(b"x", &mut s2).unwrap();
         assert_eq!(s1, s2);
     }
 }

@@ -33,8 +33,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use uascale_crypto::ecc::{EphemeralKey, Secret};
 use uascale_crypto::policy::{derive_keys, ChannelKeys, SecurityPolicy};
-use uascale_crypto::rsa::RsaPublicKey;
 use uascale_crypto::x509::Certificate;
 use uascale_types::{
     decode_message, encode_message, ByteString, ChannelSecurityToken, CloseSecureChannelRequest,
@@ -50,7 +50,8 @@ use crate::chunk::{
 use crate::error::ChannelError;
 use crate::reassembly::{Assembled, Assembler, AssemblyLimits, ReassemblyBudget};
 use crate::security::{
-    leaf_certificate, open_asymmetric, open_symmetric, ChannelSecurity, Protection, ServerSecurity,
+    ecc_token_keys, leaf_certificate, open_asymmetric, open_asymmetric_ecc, open_symmetric,
+    ChannelSecurity, Identity, Protection, PublicKey, ServerSecurity,
 };
 use crate::tcp::{
     next_message, ErrorMessage, Hello, MessageHeader, MessageType, Negotiated, TransportLimits,
@@ -185,9 +186,18 @@ impl Default for PendingConnection {
     }
 }
 
-/// A secured OPN, opened: the decrypted chunk, the sender's certificate
-/// and its public key.
-type Secured = (Vec<u8>, Arc<Certificate>, Arc<RsaPublicKey>);
+/// A secured OPN, opened.
+struct Secured {
+    /// The plain chunk (decrypted for RSA), without padding and signature.
+    plain: Vec<u8>,
+    cert: Arc<Certificate>,
+    key: PublicKey,
+    /// Our certificate and key for this policy.
+    identity: Arc<Identity>,
+    /// The request's signature (ECC: signed into the first OPN response
+    /// under SecureChannelEnhancements).
+    request_signature: Vec<u8>,
+}
 
 #[derive(Debug)]
 struct Token {
@@ -203,6 +213,10 @@ struct Open {
     previous: Option<Token>,
     last_received: u32,
     send_seq: SequenceNumbers,
+    /// ECC with SecureChannelEnhancements: the input keying material of
+    /// the current token, chained into the next renewal's (boxed: most
+    /// channels have none).
+    ikm: Option<Box<Secret>>,
 }
 
 /// Where a connection is; each state is named after what it waits for.
@@ -234,8 +248,8 @@ fn peer(status: StatusCode, what: &'static str) -> ChannelError {
 }
 
 /// Replayed, skipped or reordered sequence numbers end the channel.
-fn check_sequence(last: u32, received: u32) -> Result<(), ChannelError> {
-    if SequenceNumbers::follows(last, received) {
+fn check_sequence(legacy: bool, last: u32, received: u32) -> Result<(), ChannelError> {
+    if SequenceNumbers::follows_in(legacy, last, received) {
         Ok(())
     } else {
         Err(peer(
@@ -405,7 +419,8 @@ impl ServerConnection {
     }
 
     /// Checks the asymmetric header of a secured OPN and opens the chunk:
-    /// returns the decrypted chunk and the sender's certificate and key.
+    /// returns the decrypted (RSA) or verified (ECC) chunk and the
+    /// sender's certificate and key.
     fn open_secured(
         &self,
         policy: SecurityPolicy,
@@ -414,13 +429,12 @@ impl ServerConnection {
         head_len: usize,
     ) -> Result<Secured, ChannelError> {
         let config = &self.config.security;
-        let Some(identity) = &config.identity else {
+        let Some(identity) = config.identity_for(policy) else {
             return Err(ChannelError::Resource {
                 status: StatusCode::BadSecurityPolicyRejected,
                 what: "no server certificate configured for a secured policy",
             });
         };
-        policy.check_key_bits(identity.private_key().bits())?;
         if asym.receiver_thumbprint.as_bytes() != Some(&identity.thumbprint()[..]) {
             return Err(peer(
                 StatusCode::BadSecurityChecksFailed,
@@ -437,11 +451,11 @@ impl ServerConnection {
                         "renewal with another certificate",
                     ));
                 }
-                let key = self.security.remote_key()?.ok_or(peer(
+                let key = self.security.remote_public_key()?.ok_or(peer(
                     StatusCode::BadSecurityChecksFailed,
                     "renewal on a channel without a key",
                 ))?;
-                (Arc::clone(known), Arc::new(key))
+                (Arc::clone(known), key)
             }
             (State::Open(_), None) => {
                 return Err(peer(
@@ -451,11 +465,7 @@ impl ServerConnection {
             }
             _ => {
                 let cert = Certificate::from_der(leaf)?;
-                // Before the key is loaded: aws-lc refuses short keys with a
-                // vaguer error.
-                policy.check_key_bits(cert.key_bits())?;
-                let key = RsaPublicKey::from_spki_der(cert.subject_public_key_info_der())?;
-                policy.check_key_bits(key.bits())?;
+                let key = PublicKey::of_certificate(&cert, policy)?;
                 let Some(validator) = &config.validator else {
                     return Err(peer(
                         StatusCode::BadCertificateUntrusted,
@@ -463,11 +473,35 @@ impl ServerConnection {
                     ));
                 };
                 validator.validate(&cert, chain, policy)?;
-                (Arc::new(cert), Arc::new(key))
+                (Arc::new(cert), key)
             }
         };
-        let plain = open_asymmetric(policy, identity.private_key(), &key, msg, head_len)?;
-        Ok((plain, cert, key))
+        let (plain, request_signature) = match (&key, identity.rsa_key()) {
+            (PublicKey::Rsa(k), Some(local)) => (
+                open_asymmetric(policy, local, k, msg, head_len)?,
+                Vec::new(),
+            ),
+            (PublicKey::Ecc(k), None) => {
+                let at = open_asymmetric_ecc(policy, k, msg, head_len, &[])?;
+                (
+                    msg.get(..at).unwrap_or_default().to_vec(),
+                    msg.get(at..).unwrap_or_default().to_vec(),
+                )
+            }
+            _ => {
+                return Err(peer(
+                    StatusCode::BadSecurityPolicyRejected,
+                    "certificate kinds do not match the security policy",
+                ))
+            }
+        };
+        Ok(Secured {
+            plain,
+            cert,
+            key,
+            identity: Arc::clone(identity),
+            request_signature,
+        })
     }
 
     fn handle_open(
@@ -505,7 +539,7 @@ impl ServerConnection {
         } else {
             Some(self.open_secured(policy, asym, msg, head_len)?)
         };
-        let plain = secured.as_ref().map_or(msg, |(p, _, _)| p.as_slice());
+        let plain = secured.as_ref().map_or(msg, |sec| sec.plain.as_slice());
         let chunk = Chunk::parse(header, plain)?;
         let limits = &self.config.decode;
         let mut r = Reader::new(chunk.body, limits).map_err(ChannelError::decode)?;
@@ -534,7 +568,7 @@ impl ServerConnection {
                         "security mode not offered with this policy",
                     ));
                 }
-                (1, SequenceNumbers::starting_at(1))
+                (1, SequenceNumbers::for_policy(policy))
             }
             (State::Open(open), SecurityTokenRequestType::Renew) => {
                 if chunk.channel_id != self.channel_id {
@@ -549,7 +583,11 @@ impl ServerConnection {
                         "renewal with another security mode",
                     ));
                 }
-                check_sequence(open.last_received, chunk.sequence_number)?;
+                check_sequence(
+                    policy.legacy_sequence_numbers(),
+                    open.last_received,
+                    chunk.sequence_number,
+                )?;
                 (open.current.id.wrapping_add(1).max(1), open.send_seq)
             }
             (State::Open(_), _) => {
@@ -565,8 +603,29 @@ impl ServerConnection {
                 ))
             }
         };
+        let mut ikm = None;
         let (server_nonce, keys) = if policy.is_none() {
             (Vec::new(), None)
+        } else if let Some(curve) = policy.curve() {
+            let client_nonce = req.client_nonce.as_bytes().unwrap_or_default();
+            let ephemeral = EphemeralKey::generate(curve)?;
+            let previous = match &self.state {
+                State::Open(open) => open.ikm.as_deref(),
+                _ => None,
+            };
+            let server_nonce = ephemeral.public_nonce().to_vec();
+            let (keys, secret) = ecc_token_keys(
+                policy,
+                &ephemeral,
+                client_nonce,
+                client_nonce,
+                &server_nonce,
+                previous,
+            )?;
+            ikm = policy
+                .secure_channel_enhancements()
+                .then(|| Box::new(secret));
+            (server_nonce, Some(Box::new(keys)))
         } else {
             let client_nonce = req.client_nonce.as_bytes().unwrap_or_default();
             policy.check_nonce(client_nonce)?;
@@ -594,31 +653,60 @@ impl ServerConnection {
         encode_message(&resp, &mut body);
         let mut seq = first_seq;
         let send_limits = self.send_limits();
-        let config = Arc::clone(&self.config);
-        match (&secured, &config.security.identity) {
-            (Some((_, cert, key)), Some(identity)) => {
+        let issue = !matches!(self.state, State::Open(_));
+        let mut thumbprint = Vec::new();
+        match &secured {
+            Some(sec) => {
                 let header = AsymmetricHeader {
                     policy_uri: UaString::from(policy.uri()),
-                    sender_certificate: ByteString::new(identity.certificate().der().to_vec()),
-                    receiver_thumbprint: ByteString::new(cert.thumbprint().to_vec()),
+                    sender_certificate: ByteString::new(sec.identity.certificate().der().to_vec()),
+                    receiver_thumbprint: ByteString::new(sec.cert.thumbprint().to_vec()),
                 };
+                let bound = issue && policy.secure_channel_enhancements();
+                let protection = match (&sec.key, sec.identity.key()) {
+                    (PublicKey::Rsa(remote), crate::security::PrivateKey::Rsa(local)) => {
+                        Protection::Asymmetric {
+                            policy,
+                            local,
+                            remote,
+                        }
+                    }
+                    (PublicKey::Ecc(_), crate::security::PrivateKey::Ecc(local)) => {
+                        Protection::EccAsymmetric {
+                            policy,
+                            local,
+                            signed_suffix: if bound { &sec.request_signature } else { &[] },
+                        }
+                    }
+                    _ => {
+                        return Err(ChannelError::Resource {
+                            status: StatusCode::BadInternalError,
+                            what: "key kinds do not match",
+                        })
+                    }
+                };
+                let before = self.out.len();
                 write_chunks_protected(
                     &mut self.out,
                     MessageType::OpenSecureChannel,
                     self.channel_id,
                     &SecurityHeader::Asymmetric(header),
-                    &Protection::Asymmetric {
-                        policy,
-                        local: identity.private_key(),
-                        remote: key,
-                    },
+                    &protection,
                     &mut seq,
                     chunk.request_id,
                     &body,
                     &send_limits,
                 )?;
+                if bound {
+                    let sig = sec.identity.key().signature_length();
+                    let written = self.out.get(before..).unwrap_or_default();
+                    thumbprint = written
+                        .get(written.len().saturating_sub(sig)..)
+                        .unwrap_or_default()
+                        .to_vec();
+                }
             }
-            _ => write_chunks_protected(
+            None => write_chunks_protected(
                 &mut self.out,
                 MessageType::OpenSecureChannel,
                 self.channel_id,
@@ -646,19 +734,22 @@ impl ServerConnection {
                 }
                 open.last_received = last_received;
                 open.send_seq = seq;
+                open.ikm = ikm;
                 self.events.push_back(Event::Renewed { token_id });
             }
             _ => {
                 self.security = ChannelSecurity {
                     policy,
                     mode: req.security_mode,
-                    remote_certificate: secured.as_ref().map(|(_, c, _)| Arc::clone(c)),
+                    remote_certificate: secured.as_ref().map(|sec| Arc::clone(&sec.cert)),
+                    channel_thumbprint: (!thumbprint.is_empty()).then(|| thumbprint.into()),
                 };
                 self.state = State::Open(Open {
                     current: token,
                     previous: None,
                     last_received,
                     send_seq: seq,
+                    ikm,
                 });
                 self.events.push_back(Event::Opened {
                     channel_id: self.channel_id,
@@ -714,6 +805,7 @@ impl ServerConnection {
                 self.security.mode == MessageSecurityMode::SignAndEncrypt,
                 msg,
                 head_len,
+                open.last_received,
             )?,
             None => msg.len(),
         };
@@ -722,7 +814,11 @@ impl ServerConnection {
             open.previous = None;
         }
         let chunk = Chunk::parse(header, msg.get(..plain_len).unwrap_or_default())?;
-        check_sequence(open.last_received, chunk.sequence_number)?;
+        check_sequence(
+            self.security.policy.legacy_sequence_numbers(),
+            open.last_received,
+            chunk.sequence_number,
+        )?;
         open.last_received = chunk.sequence_number;
         if header.message_type == MessageType::CloseSecureChannel {
             let limits = &self.config.decode;

@@ -17,7 +17,7 @@ use crate::security::{
 };
 use crate::tcp::ChunkType;
 use uascale_crypto::policy::ChannelKeys;
-use uascale_crypto::rsa::{EncryptionPadding, RsaPrivateKey};
+use uascale_crypto::rsa::{EncryptionPadding, RsaPrivateKey, RsaPublicKey};
 use uascale_crypto::x509::{create_self_signed, SelfSignedParams};
 use uascale_crypto::CryptoError;
 use uascale_types::RequestHeader;
@@ -82,6 +82,7 @@ fn config_with(security: ServerSecurity) -> Arc<ChannelConfig> {
 fn secure_config(server: &Arc<Identity>) -> Arc<ChannelConfig> {
     config_with(ServerSecurity {
         identity: Some(Arc::clone(server)),
+        ecc_identities: Vec::new(),
         endpoints: all_endpoints(),
         validator: Some(Arc::new(TrustAllCertificates)),
     })
@@ -191,7 +192,7 @@ impl SecureClient {
             &SecurityHeader::Asymmetric(header),
             &Protection::Asymmetric {
                 policy: self.policy,
-                local: self.key_owner.private_key(),
+                local: self.key_owner.rsa_key().unwrap(),
                 remote: &self.server_key,
             },
             &mut self.seq,
@@ -223,7 +224,7 @@ impl SecureClient {
         assert_eq!(a.receiver_thumbprint.as_bytes(), Some(&mine[..]));
         let plain = open_asymmetric(
             self.policy,
-            self.key_owner.private_key(),
+            self.key_owner.rsa_key().unwrap(),
             &self.server_key,
             m,
             head_len,
@@ -301,8 +302,14 @@ impl SecureClient {
             let SecurityHeader::Symmetric(token) = sec else {
                 panic!("symmetric header")
             };
-            let len = open_symmetric(&self.keys(token).server, self.encrypted(), &mut m, head_len)
-                .unwrap();
+            let len = open_symmetric(
+                &self.keys(token).server,
+                self.encrypted(),
+                &mut m,
+                head_len,
+                0,
+            )
+            .unwrap();
             let c = Chunk::parse(&h, &m[..len]).unwrap();
             body.extend_from_slice(c.body);
             if c.chunk_type == ChunkType::Final {
@@ -485,7 +492,7 @@ fn keys_longer_than_2048_bits_use_the_extra_padding_byte() {
             &SecurityHeader::Asymmetric(AsymmetricHeader::none()),
             &Protection::Asymmetric {
                 policy,
-                local: sender.private_key(),
+                local: sender.rsa_key().unwrap(),
                 remote: &receiver_key,
             },
             &mut seq,
@@ -502,11 +509,12 @@ fn keys_longer_than_2048_bits_use_the_extra_padding_byte() {
         let (_, _, head_len) = parse_security_header(h, m).unwrap();
         let mut raw = Vec::new();
         receiver
-            .private_key()
+            .rsa_key()
+            .unwrap()
             .decrypt(EncryptionPadding::OaepSha1, &m[head_len..], &mut raw)
             .unwrap();
         assert_eq!(raw.len() % 470, 0);
-        let sig = sender.private_key().size();
+        let sig = sender.rsa_key().unwrap().size();
         let before_sig = &raw[..raw.len() - sig];
         let n = before_sig.len();
         assert_eq!(before_sig[n - 1] as usize, pad >> 8, "extra padding byte");
@@ -517,8 +525,8 @@ fn keys_longer_than_2048_bits_use_the_extra_padding_byte() {
         assert_eq!(n, SEQUENCE_HEADER_LEN + len + pad + 2);
         let plain = open_asymmetric(
             policy,
-            receiver.private_key(),
-            sender.private_key().public_key(),
+            receiver.rsa_key().unwrap(),
+            sender.rsa_key().unwrap().public_key(),
             m,
             head_len,
         )

@@ -182,34 +182,66 @@ impl<'a> Chunk<'a> {
     }
 }
 
-/// Sequence numbers of one direction (Part 6 §6.7.2.4): they increase by one
-/// and wrap after `u32::MAX - 1024` to a value below 1024.
+/// Sequence numbers of one direction (Part 6 §6.7.2.4). Legacy numbering
+/// (None and the RSA policies) starts at 1 and wraps after
+/// `u32::MAX - 1024` to a value below 1024; the ECC policies
+/// (LegacySequenceNumbers = false) start at 0 and wrap from `u32::MAX`
+/// to 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SequenceNumbers {
     next: u32,
+    legacy: bool,
 }
 
 /// The last sequence number before a wrap.
 const WRAP_AT: u32 = u32::MAX - 1024;
 
 impl SequenceNumbers {
-    /// Starting at `first`.
+    /// Legacy numbering starting at `first`.
     pub const fn starting_at(first: u32) -> Self {
-        SequenceNumbers { next: first }
+        SequenceNumbers {
+            next: first,
+            legacy: true,
+        }
+    }
+
+    /// The numbering of `policy` from its first number (1 legacy, 0 not).
+    pub const fn for_policy(policy: uascale_crypto::policy::SecurityPolicy) -> Self {
+        let legacy = policy.legacy_sequence_numbers();
+        SequenceNumbers {
+            next: if legacy { 1 } else { 0 },
+            legacy,
+        }
     }
 
     /// Takes the next number to send.
     pub fn take(&mut self) -> u32 {
         let n = self.next;
-        self.next = if n >= WRAP_AT { 1 } else { n + 1 };
+        self.next = if !self.legacy {
+            n.wrapping_add(1)
+        } else if n >= WRAP_AT {
+            1
+        } else {
+            n + 1
+        };
         n
     }
 
-    /// Checks a received number against the expected one: `received` must
-    /// follow `last`, or be below 1024 right after a wrap.
+    /// Checks a received number against the expected one (legacy):
+    /// `received` must follow `last`, or be below 1024 right after a wrap.
     pub fn follows(last: u32, received: u32) -> bool {
         if last >= WRAP_AT {
             received < 1024
+        } else {
+            received == last.wrapping_add(1)
+        }
+    }
+
+    /// [`SequenceNumbers::follows`] for legacy numbering; without it,
+    /// `received` is exactly `last + 1`, wrapping from `u32::MAX` to 0.
+    pub fn follows_in(legacy: bool, last: u32, received: u32) -> bool {
+        if legacy {
+            Self::follows(last, received)
         } else {
             received == last.wrapping_add(1)
         }
@@ -362,6 +394,7 @@ pub fn write_abort(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use uascale_crypto::policy::SecurityPolicy;
 
     fn parse_all(bytes: &[u8]) -> Vec<Chunk<'_>> {
         crate::tcp::split_messages(bytes)
@@ -471,6 +504,24 @@ mod tests {
         assert!(SequenceNumbers::follows(41, 42));
         assert!(!SequenceNumbers::follows(41, 41), "replay");
         assert!(!SequenceNumbers::follows(41, 43), "gap");
+        // Non-legacy (ECC): from 0, wrapping from u32::MAX to 0 only.
+        let mut s = SequenceNumbers::for_policy(SecurityPolicy::EccNistP256);
+        assert_eq!(s.take(), 0);
+        assert_eq!(s.take(), 1);
+        let mut s = SequenceNumbers {
+            next: u32::MAX,
+            legacy: false,
+        };
+        assert_eq!(s.take(), u32::MAX);
+        assert_eq!(s.take(), 0);
+        assert!(SequenceNumbers::follows_in(false, u32::MAX, 0));
+        assert!(!SequenceNumbers::follows_in(false, WRAP_AT, 5));
+        assert!(!SequenceNumbers::follows_in(false, u32::MAX, 1));
+        assert!(SequenceNumbers::follows_in(true, WRAP_AT, 5));
+        assert_eq!(
+            SequenceNumbers::for_policy(SecurityPolicy::Basic256Sha256).take(),
+            1
+        );
     }
 
     /// Issue 16, finding 4: an OPN whose SecurityPolicyUri is cut short is a

@@ -20,6 +20,13 @@
 //! renewal brings new nonces and keys. Responses under the previous token
 //! are still accepted after a renewal (the server answers with it until it
 //! sees the new one used).
+//!
+//! ECC policies: the OPN is signed only; the ClientNonce is a fresh
+//! ephemeral key for each Issue and Renew, and the keys come from ECDH with
+//! the ServerNonce (chained with the previous token's secret under
+//! SecureChannelEnhancements, where the first OPN response is also checked
+//! over our request's signature and its own signature is kept as the
+//! ChannelThumbprint, [`ClientConnection::channel_thumbprint`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -31,8 +38,8 @@ use uascale_types::{
     RequestHeader, SecurityTokenRequestType, StatusCode, UaString,
 };
 
+use uascale_crypto::ecc::{EphemeralKey, Secret};
 use uascale_crypto::policy::{derive_keys, ChannelKeys, SecurityPolicy};
-use uascale_crypto::rsa::RsaPublicKey;
 use uascale_crypto::x509::Certificate;
 use uascale_crypto::CryptoError;
 
@@ -43,7 +50,10 @@ use crate::chunk::{
 };
 use crate::error::ChannelError;
 use crate::reassembly::{Assembled, Assembler, AssemblyLimits, ReassemblyBudget};
-use crate::security::{leaf_certificate, open_asymmetric, open_symmetric, Identity, Protection};
+use crate::security::{
+    ecc_token_keys, leaf_certificate, open_asymmetric, open_asymmetric_ecc, open_symmetric,
+    Identity, PrivateKey, Protection, PublicKey,
+};
 use crate::tcp::{
     next_message, Acknowledge, ErrorMessage, Hello, MessageHeader, MessageType, HEADER_LEN,
 };
@@ -85,7 +95,7 @@ pub struct ClientSecurity {
 struct Secured {
     identity: Arc<Identity>,
     server_certificate: Arc<Certificate>,
-    server_key: Arc<RsaPublicKey>,
+    server_key: PublicKey,
 }
 
 impl Default for ClientSecurity {
@@ -128,18 +138,20 @@ impl ClientSecurity {
                 what: "a secured policy needs mode Sign or SignAndEncrypt",
             });
         }
-        policy.check_key_bits(identity.private_key().bits())?;
-        policy.check_key_bits(server_certificate.key_bits())?;
-        let server_key =
-            RsaPublicKey::from_spki_der(server_certificate.subject_public_key_info_der())?;
-        policy.check_key_bits(server_key.bits())?;
+        if !identity.suits(policy) {
+            return Err(CryptoError::Certificate {
+                status: StatusCode::BadCertificatePolicyCheckFailed,
+                what: "our certificate's key does not suit the security policy",
+            });
+        }
+        let server_key = PublicKey::of_certificate(&server_certificate, policy)?;
         Ok(ClientSecurity {
             policy,
             mode,
             secured: Some(Secured {
                 identity,
                 server_certificate,
-                server_key: Arc::new(server_key),
+                server_key,
             }),
         })
     }
@@ -165,7 +177,7 @@ impl ClientSecurity {
     }
 
     /// The server certificate's public key (None for SecurityPolicy None).
-    pub fn server_key(&self) -> Option<&Arc<RsaPublicKey>> {
+    pub fn server_key(&self) -> Option<&PublicKey> {
         self.secured.as_ref().map(|s| &s.server_key)
     }
 }
@@ -261,6 +273,15 @@ pub struct ClientConnection {
     events: VecDeque<ClientEvent>,
     /// The nonce of the OPN request in flight.
     client_nonce: Vec<u8>,
+    /// ECC: the ephemeral key of the OPN in flight.
+    ephemeral: Option<EphemeralKey>,
+    /// SecureChannelEnhancements: our first OPN request's signature, until
+    /// the response has been verified over it.
+    request_signature: Vec<u8>,
+    /// SecureChannelEnhancements: the first OPN response's signature.
+    channel_thumbprint: Vec<u8>,
+    /// SecureChannelEnhancements: the current token's input keying material.
+    ikm: Option<Secret>,
 }
 
 fn peer(status: StatusCode, what: &'static str) -> ChannelError {
@@ -292,7 +313,7 @@ impl ClientConnection {
             state: State::ExpectAcknowledge,
             deadline: Some(now.instant + config.handshake_timeout),
             channel_id: 0,
-            send_seq: SequenceNumbers::starting_at(1),
+            send_seq: SequenceNumbers::for_policy(config.security.policy),
             last_received: None,
             next_request_id: 1,
             send_limits: SendLimits {
@@ -305,7 +326,18 @@ impl ClientConnection {
             out,
             events: VecDeque::new(),
             client_nonce: Vec::new(),
+            ephemeral: None,
+            request_signature: Vec::new(),
+            channel_thumbprint: Vec::new(),
+            ikm: None,
         }
+    }
+
+    /// The ChannelThumbprint (SecureChannelEnhancements: the signature of
+    /// the first OPN response); empty for other policies and before the
+    /// channel is open.
+    pub fn channel_thumbprint(&self) -> &[u8] {
+        &self.channel_thumbprint
     }
 
     /// The secure channel id (0 until open).
@@ -512,6 +544,11 @@ impl ClientConnection {
         let security = &self.config.security;
         self.client_nonce = if security.policy.is_none() {
             Vec::new()
+        } else if let Some(curve) = security.policy.curve() {
+            let ephemeral = EphemeralKey::generate(curve)?;
+            let nonce = ephemeral.public_nonce().to_vec();
+            self.ephemeral = Some(ephemeral);
+            nonce
         } else {
             security.policy.random_nonce()?
         };
@@ -555,30 +592,55 @@ impl ClientConnection {
                         sec.server_certificate.thumbprint().to_vec(),
                     ),
                 };
+                let policy = config.security.policy;
+                let protection = match (sec.identity.key(), &sec.server_key) {
+                    (PrivateKey::Rsa(local), PublicKey::Rsa(remote)) => Protection::Asymmetric {
+                        policy,
+                        local,
+                        remote,
+                    },
+                    (PrivateKey::Ecc(local), PublicKey::Ecc(_)) => Protection::EccAsymmetric {
+                        policy,
+                        local,
+                        signed_suffix: &[],
+                    },
+                    _ => {
+                        return Err(ChannelError::Resource {
+                            status: StatusCode::BadConfigurationError,
+                            what: "key kinds do not match the security policy",
+                        })
+                    }
+                };
+                let before = self.out.len();
                 write_chunks_protected(
                     &mut self.out,
                     MessageType::OpenSecureChannel,
                     channel_id,
                     &SecurityHeader::Asymmetric(header),
-                    &Protection::Asymmetric {
-                        policy: config.security.policy,
-                        local: sec.identity.private_key(),
-                        remote: &sec.server_key,
-                    },
+                    &protection,
                     &mut self.send_seq,
                     request_id,
                     &body,
                     &self.send_limits,
                 )?;
+                if policy.secure_channel_enhancements() && self.channel_thumbprint.is_empty() {
+                    let sig = sec.identity.key().signature_length();
+                    let written = self.out.get(before..).unwrap_or_default();
+                    self.request_signature = written
+                        .get(written.len().saturating_sub(sig)..)
+                        .unwrap_or_default()
+                        .to_vec();
+                }
             }
         }
         Ok(request_id)
     }
 
     /// Checks the asymmetric header of the server's OPN and, when secured,
-    /// decrypts and verifies the chunk.
+    /// decrypts (RSA) and verifies the chunk; keeps the ChannelThumbprint
+    /// of a first ECC response under SecureChannelEnhancements.
     fn open_response_chunk(
-        &self,
+        &mut self,
         header: &MessageHeader,
         msg: &[u8],
     ) -> Result<Option<Vec<u8>>, ChannelError> {
@@ -612,19 +674,37 @@ impl ClientConnection {
                 "receiver thumbprint is not our certificate's",
             ));
         }
-        let plain = open_asymmetric(
-            ours.policy,
-            sec.identity.private_key(),
-            &sec.server_key,
-            msg,
-            head_len,
-        )?;
-        Ok(Some(plain))
+        match (sec.identity.key(), &sec.server_key) {
+            (PrivateKey::Rsa(local), PublicKey::Rsa(remote)) => {
+                let plain = open_asymmetric(ours.policy, local, remote, msg, head_len)?;
+                Ok(Some(plain))
+            }
+            (PrivateKey::Ecc(_), PublicKey::Ecc(remote)) => {
+                let first =
+                    ours.policy.secure_channel_enhancements() && self.channel_thumbprint.is_empty();
+                let suffix = if first {
+                    self.request_signature.as_slice()
+                } else {
+                    &[]
+                };
+                let at = open_asymmetric_ecc(ours.policy, remote, msg, head_len, suffix)?;
+                if first {
+                    self.channel_thumbprint = msg.get(at..).unwrap_or_default().to_vec();
+                    self.request_signature = Vec::new();
+                }
+                Ok(Some(msg.get(..at).unwrap_or_default().to_vec()))
+            }
+            _ => Err(peer(
+                StatusCode::BadSecurityPolicyRejected,
+                "key kinds do not match the security policy",
+            )),
+        }
     }
 
     fn check_sequence(&mut self, received: u32) -> Result<(), ChannelError> {
         if let Some(last) = self.last_received {
-            if !SequenceNumbers::follows(last, received) {
+            let legacy = self.config.security.policy.legacy_sequence_numbers();
+            if !SequenceNumbers::follows_in(legacy, last, received) {
                 return Err(peer(
                     StatusCode::BadSequenceNumberInvalid,
                     "server sequence number out of order",
@@ -675,6 +755,26 @@ impl ClientConnection {
         let policy = self.config.security.policy;
         let keys = if policy.is_none() {
             None
+        } else if policy.is_ecc() {
+            let server_nonce = resp.server_nonce.as_bytes().unwrap_or_default();
+            let ephemeral = self.ephemeral.take().ok_or(peer(
+                StatusCode::BadSecurityChecksFailed,
+                "OpenSecureChannel response without a request",
+            ))?;
+            let previous = match self.state {
+                State::Open { .. } => self.ikm.as_ref(),
+                _ => None,
+            };
+            let (keys, secret) = ecc_token_keys(
+                policy,
+                &ephemeral,
+                server_nonce,
+                &self.client_nonce,
+                server_nonce,
+                previous,
+            )?;
+            self.ikm = policy.secure_channel_enhancements().then_some(secret);
+            Some(Arc::new(keys))
         } else {
             let server_nonce = resp.server_nonce.as_bytes().unwrap_or_default();
             policy.check_nonce(server_nonce)?;
@@ -773,7 +873,8 @@ impl ClientConnection {
             Some(keys) => {
                 let mut copy = msg.to_vec();
                 let encrypted = self.config.security.mode == MessageSecurityMode::SignAndEncrypt;
-                let len = open_symmetric(&keys.server, encrypted, &mut copy, head_len)?;
+                let last = self.last_received.unwrap_or(0);
+                let len = open_symmetric(&keys.server, encrypted, &mut copy, head_len, last)?;
                 copy.truncate(len);
                 opened = copy;
                 opened.as_slice()
@@ -1018,6 +1119,10 @@ mod tests {
 }
 
 #[cfg(test)]
+#[path = "channel_ecc_tests.rs"]
+mod ecc_tests;
+
+#[cfg(test)]
 mod secure_tests {
     use super::*;
     use crate::channel::{ChannelConfig, Event, PendingConnection, ServerConnection};
@@ -1125,6 +1230,7 @@ mod secure_tests {
         let config = ChannelConfig {
             security: ServerSecurity {
                 identity: Some(Arc::clone(server)),
+                ecc_identities: Vec::new(),
                 endpoints,
                 validator: Some(Arc::new(TrustAllCertificates)),
             },

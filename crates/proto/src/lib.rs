@@ -2,7 +2,8 @@
 //! (HEL/ACK/ERR/RHE, [`tcp`]), secure-conversation chunks and sequence
 //! numbers ([`chunk`]), reassembly under the shared incomplete-message
 //! budget ([`reassembly`]), message security (signing, padding, encryption)
-//! for every policy of `uascale-crypto` ([`security`]), the server
+//! for every policy of `uascale-crypto` ([`security`]; the ECC user
+//! secret format in [`ecc_secret`]), the server
 //! connection state machine with token issue and renewal ([`channel`]:
 //! [`PendingConnection`] is where admission accepts or refuses before any
 //! work), and the client connection ([`client`]).
@@ -15,6 +16,7 @@
 pub mod channel;
 pub mod chunk;
 pub mod client;
+pub mod ecc_secret;
 pub mod error;
 pub mod reassembly;
 pub mod security;

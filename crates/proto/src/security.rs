@@ -19,11 +19,23 @@
 //! the padding size, and the extra byte (the high byte) is present only when
 //! the receiver's RSA key is longer than 2048 bits. Sign-only chunks carry
 //! no padding.
+//!
+//! ECC policies (Part 6 §6.8): the OPN is signed, never encrypted, and
+//! carries no padding (a trailing stray byte, which open62541 writes, is
+//! ignored by the decoder); with SecureChannelEnhancements the first OPN
+//! response is signed over the response chunk followed by the request's
+//! signature, and its signature becomes the ChannelThumbprint. Symmetric
+//! chunks of the AEAD policies carry no padding and a 16-byte tag instead
+//! of the HMAC; the IV is masked with the TokenId and the sequence number
+//! of the sender's previous chunk.
 
 use std::fmt;
 use std::sync::Arc;
 
-use uascale_crypto::policy::{SecurityPolicy, SymmetricKeys, AES_BLOCK};
+use uascale_crypto::ecc::{EccPrivateKey, EccPublicKey, EphemeralKey, Secret};
+use uascale_crypto::policy::{
+    derive_ecc_keys, AeadChunk, ChannelKeys, SecurityPolicy, SymmetricKeys, AEAD_TAG_LEN, AES_BLOCK,
+};
 use uascale_crypto::rsa::{RsaPrivateKey, RsaPublicKey};
 use uascale_crypto::x509::Certificate;
 use uascale_crypto::CryptoError;
@@ -60,10 +72,156 @@ fn checks_failed(what: &'static str) -> ChannelError {
     }
 }
 
+/// The private key of an application instance certificate.
+pub enum PrivateKey {
+    /// RSA (the RSA policies).
+    Rsa(RsaPrivateKey),
+    /// P-256, P-384 or Ed25519 (the ECC policies).
+    Ecc(EccPrivateKey),
+}
+
+impl fmt::Debug for PrivateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PrivateKey::Rsa(k) => k.fmt(f),
+            PrivateKey::Ecc(k) => k.fmt(f),
+        }
+    }
+}
+
+impl PrivateKey {
+    /// From PKCS#8 DER (RSA, P-256, P-384 or Ed25519) or PKCS#1 DER (RSA).
+    pub fn from_der(der: &[u8]) -> Result<Self, CryptoError> {
+        match RsaPrivateKey::from_der(der) {
+            Ok(k) => Ok(PrivateKey::Rsa(k)),
+            Err(_) => EccPrivateKey::from_pkcs8_der(der)
+                .map(PrivateKey::Ecc)
+                .map_err(|_| CryptoError::Config {
+                    what: "private key is neither RSA (PKCS#8, PKCS#1) nor ECC (PKCS#8)",
+                }),
+        }
+    }
+
+    /// The DER SubjectPublicKeyInfo of the public half.
+    pub fn spki_der(&self) -> &[u8] {
+        match self {
+            PrivateKey::Rsa(k) => k.public_key().spki_der(),
+            PrivateKey::Ecc(k) => k.public_key().spki_der(),
+        }
+    }
+
+    /// Signature length in bytes.
+    pub fn signature_length(&self) -> usize {
+        match self {
+            PrivateKey::Rsa(k) => k.size(),
+            PrivateKey::Ecc(k) => k.signature_length(),
+        }
+    }
+
+    /// Signs `message` with the asymmetric signature of `policy` and
+    /// appends the signature to `out`. A key of the wrong kind for the
+    /// policy is a configuration error.
+    pub fn sign(
+        &self,
+        policy: SecurityPolicy,
+        message: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), CryptoError> {
+        match (self, policy.asymmetric_signature()) {
+            (PrivateKey::Rsa(k), Some(scheme)) => k.sign(scheme, message, out),
+            (PrivateKey::Ecc(k), None) if policy.is_ecc() => k.sign(message, out),
+            _ => Err(CryptoError::Config {
+                what: "application key does not suit the security policy",
+            }),
+        }
+    }
+
+    /// True when this key can serve `policy`.
+    pub fn suits(&self, policy: SecurityPolicy) -> bool {
+        match self {
+            PrivateKey::Rsa(k) => policy.is_rsa() && policy.check_key_bits(k.bits()).is_ok(),
+            // Our own key signs with the policy's hash, so it must be on the
+            // policy's curve (aws-lc cannot sign ECDSA-SHA256 with P-384;
+            // a peer's P-384 key on nistP256 is accepted on verify).
+            PrivateKey::Ecc(k) => policy.curve() == Some(k.curve()),
+        }
+    }
+}
+
+/// A peer's public key from its certificate.
+#[derive(Debug, Clone)]
+pub enum PublicKey {
+    /// RSA.
+    Rsa(Arc<RsaPublicKey>),
+    /// P-256, P-384 or Ed25519.
+    Ecc(Arc<EccPublicKey>),
+}
+
+impl PublicKey {
+    /// The key of `certificate`, checked against `policy`: an RSA key of
+    /// the allowed size for RSA policies, a key on the policy's curve for
+    /// ECC ones; else `BadCertificatePolicyCheckFailed` (or
+    /// `BadCertificateInvalid` when the key does not parse).
+    pub fn of_certificate(
+        certificate: &Certificate,
+        policy: SecurityPolicy,
+    ) -> Result<Self, CryptoError> {
+        if policy.is_ecc() {
+            let curve = certificate.ecc_curve().ok_or(CryptoError::Certificate {
+                status: StatusCode::BadCertificatePolicyCheckFailed,
+                what: "certificate key is not an ECC key of a supported curve",
+            })?;
+            policy.check_key_curve(curve)?;
+            let key = EccPublicKey::from_spki_der(certificate.subject_public_key_info_der())?;
+            return Ok(PublicKey::Ecc(Arc::new(key)));
+        }
+        // Before the key is loaded: aws-lc refuses short keys with a
+        // vaguer error.
+        policy.check_key_bits(certificate.key_bits())?;
+        let key = RsaPublicKey::from_spki_der(certificate.subject_public_key_info_der())?;
+        policy.check_key_bits(key.bits())?;
+        Ok(PublicKey::Rsa(Arc::new(key)))
+    }
+
+    /// The RSA key, if it is one.
+    pub fn rsa(&self) -> Option<&RsaPublicKey> {
+        match self {
+            PublicKey::Rsa(k) => Some(k),
+            PublicKey::Ecc(_) => None,
+        }
+    }
+
+    /// The ECC key, if it is one.
+    pub fn ecc(&self) -> Option<&EccPublicKey> {
+        match self {
+            PublicKey::Ecc(k) => Some(k),
+            PublicKey::Rsa(_) => None,
+        }
+    }
+
+    /// Checks `signature` over `message` with the asymmetric signature of
+    /// `policy`; a mismatch is `BadSecurityChecksFailed`.
+    pub fn verify(
+        &self,
+        policy: SecurityPolicy,
+        message: &[u8],
+        signature: &[u8],
+    ) -> Result<(), CryptoError> {
+        match (self, policy.asymmetric_signature(), policy.curve()) {
+            (PublicKey::Rsa(k), Some(scheme), _) => k.verify(scheme, message, signature),
+            (PublicKey::Ecc(k), None, Some(curve)) => k.verify(curve, message, signature),
+            _ => Err(CryptoError::Peer {
+                status: StatusCode::BadSecurityChecksFailed,
+                what: "key does not suit the security policy",
+            }),
+        }
+    }
+}
+
 /// An application instance certificate with its private key.
 pub struct Identity {
     certificate: Certificate,
-    private_key: RsaPrivateKey,
+    private_key: PrivateKey,
     thumbprint: [u8; 20],
 }
 
@@ -71,16 +229,25 @@ impl fmt::Debug for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Identity")
             .field("certificate", &self.certificate)
-            .field("key_bits", &self.private_key.bits())
+            .field("key", &self.private_key)
             .finish()
     }
 }
 
 impl Identity {
-    /// Pairs a certificate with its private key; fails when the key is not
-    /// the certificate's.
+    /// Pairs a certificate with its RSA private key; fails when the key is
+    /// not the certificate's.
     pub fn new(certificate: Certificate, private_key: RsaPrivateKey) -> Result<Self, CryptoError> {
-        if certificate.subject_public_key_info_der() != private_key.public_key().spki_der() {
+        Self::with_key(certificate, PrivateKey::Rsa(private_key))
+    }
+
+    /// Pairs a certificate with its private key (RSA or ECC); fails when
+    /// the key is not the certificate's.
+    pub fn with_key(
+        certificate: Certificate,
+        private_key: PrivateKey,
+    ) -> Result<Self, CryptoError> {
+        if certificate.subject_public_key_info_der() != private_key.spki_der() {
             return Err(CryptoError::Config {
                 what: "private key does not belong to the certificate",
             });
@@ -99,8 +266,30 @@ impl Identity {
     }
 
     /// The private key.
-    pub fn private_key(&self) -> &RsaPrivateKey {
+    pub fn key(&self) -> &PrivateKey {
         &self.private_key
+    }
+
+    /// The private key when it is RSA.
+    pub fn rsa_key(&self) -> Option<&RsaPrivateKey> {
+        match &self.private_key {
+            PrivateKey::Rsa(k) => Some(k),
+            PrivateKey::Ecc(_) => None,
+        }
+    }
+
+    /// The private key when it is ECC.
+    pub fn ecc_key(&self) -> Option<&EccPrivateKey> {
+        match &self.private_key {
+            PrivateKey::Ecc(k) => Some(k),
+            PrivateKey::Rsa(_) => None,
+        }
+    }
+
+    /// True when this identity can serve `policy` (RSA key of an allowed
+    /// size, or a key on the policy's curve).
+    pub fn suits(&self, policy: SecurityPolicy) -> bool {
+        self.private_key.suits(policy)
     }
 
     /// SHA-1 of the certificate DER.
@@ -139,7 +328,11 @@ impl CertificateValidator for TrustAllCertificates {
 #[derive(Debug, Clone)]
 pub struct ServerSecurity {
     /// The server's certificate and key; required by every policy but None.
+    /// For RSA policies (or the ECC policies its key suits).
     pub identity: Option<Arc<Identity>>,
+    /// ECC certificates and keys beside `identity` (one per curve): an ECC
+    /// endpoint is served with the first one whose curve suits its policy.
+    pub ecc_identities: Vec<Arc<Identity>>,
     /// The (policy, mode) pairs the endpoints offer. Default: None/None only,
     /// since no certificate exists until one is configured.
     pub endpoints: Vec<(SecurityPolicy, MessageSecurityMode)>,
@@ -152,6 +345,7 @@ impl Default for ServerSecurity {
     fn default() -> Self {
         ServerSecurity {
             identity: None,
+            ecc_identities: Vec::new(),
             endpoints: vec![(SecurityPolicy::None, MessageSecurityMode::None)],
             validator: None,
         }
@@ -168,6 +362,15 @@ impl ServerSecurity {
     pub fn offers(&self, policy: SecurityPolicy, mode: MessageSecurityMode) -> bool {
         self.endpoints.contains(&(policy, mode))
     }
+
+    /// The certificate and key that serve `policy`: `identity` when it
+    /// suits, else the first suitable one of `ecc_identities`.
+    pub fn identity_for(&self, policy: SecurityPolicy) -> Option<&Arc<Identity>> {
+        self.identity
+            .iter()
+            .chain(&self.ecc_identities)
+            .find(|i| i.suits(policy))
+    }
 }
 
 /// What a secure channel was opened with; the session layer needs it for
@@ -181,6 +384,11 @@ pub struct ChannelSecurity {
     pub mode: MessageSecurityMode,
     /// The peer's certificate (None for SecurityPolicy None).
     pub remote_certificate: Option<Arc<Certificate>>,
+    /// The ChannelThumbprint (SecureChannelEnhancements: the signature of
+    /// the first OPN response); None otherwise. Session signatures are
+    /// bound to it. (Shared, not owned: this struct is cloned per request
+    /// and sits in every connection.)
+    pub channel_thumbprint: Option<Arc<[u8]>>,
 }
 
 impl ChannelSecurity {
@@ -190,6 +398,21 @@ impl ChannelSecurity {
             policy: SecurityPolicy::None,
             mode: MessageSecurityMode::None,
             remote_certificate: None,
+            channel_thumbprint: None,
+        }
+    }
+
+    /// The ChannelThumbprint, empty when the channel has none.
+    pub fn thumbprint(&self) -> &[u8] {
+        self.channel_thumbprint.as_deref().unwrap_or_default()
+    }
+
+    /// The peer certificate's key checked against the policy (RSA or ECC);
+    /// None under SecurityPolicy None.
+    pub fn remote_public_key(&self) -> Result<Option<PublicKey>, CryptoError> {
+        match &self.remote_certificate {
+            None => Ok(None),
+            Some(cert) => PublicKey::of_certificate(cert, self.policy).map(Some),
         }
     }
 
@@ -255,6 +478,18 @@ pub enum Protection<'a> {
         /// The peer's public key (encrypts).
         remote: &'a RsaPublicKey,
     },
+    /// Asymmetric under an ECC policy: signed with our key, not encrypted,
+    /// no padding.
+    EccAsymmetric {
+        /// The policy naming the algorithms.
+        policy: SecurityPolicy,
+        /// Our private key (signs).
+        local: &'a EccPrivateKey,
+        /// Bytes signed after the chunk but not sent: the request's
+        /// signature in the first OPN response under
+        /// SecureChannelEnhancements; empty otherwise.
+        signed_suffix: &'a [u8],
+    },
 }
 
 impl Protection<'_> {
@@ -268,8 +503,14 @@ impl Protection<'_> {
             Protection::Sign(k) => avail
                 .saturating_sub(SEQUENCE_HEADER_LEN)
                 .saturating_sub(k.signature_size()),
+            Protection::SignAndEncrypt(k) if k.is_aead() => {
+                avail.saturating_sub(SEQUENCE_HEADER_LEN + AEAD_TAG_LEN)
+            }
             Protection::SignAndEncrypt(k) => (avail / AES_BLOCK * AES_BLOCK)
                 .saturating_sub(SEQUENCE_HEADER_LEN + k.signature_size() + 1),
+            Protection::EccAsymmetric { local, .. } => {
+                avail.saturating_sub(SEQUENCE_HEADER_LEN + local.signature_length())
+            }
             Protection::Asymmetric {
                 policy,
                 local,
@@ -300,6 +541,25 @@ impl Protection<'_> {
             Protection::None => {
                 let size = out.len() - start;
                 set_size(out, start, size);
+            }
+            Protection::Sign(k) | Protection::SignAndEncrypt(k) if k.is_aead() => {
+                let size = out.len() - start + AEAD_TAG_LEN;
+                set_size(out, start, size);
+                let word = |at: usize| {
+                    let mut b = [0u8; 4];
+                    if let Some(w) = out.get(start + at..start + at + 4) {
+                        b.copy_from_slice(w);
+                    }
+                    u32::from_le_bytes(b)
+                };
+                let how = AeadChunk {
+                    head_len,
+                    encrypt: matches!(self, Protection::SignAndEncrypt(_)),
+                    token_id: word(head_len.saturating_sub(4)),
+                    previous_sequence_number: word(head_len).wrapping_sub(1),
+                };
+                out.resize(out.len() + AEAD_TAG_LEN, 0);
+                k.seal_aead(out.get_mut(start..).unwrap_or_default(), how)?;
             }
             Protection::Sign(k) => {
                 let sig = k.signature_size();
@@ -351,6 +611,27 @@ impl Protection<'_> {
                 let tail = out.split_off(start + head_len);
                 remote.encrypt(padding, &tail, out)?;
             }
+            Protection::EccAsymmetric {
+                policy: _,
+                local,
+                signed_suffix,
+            } => {
+                let size = out.len() - start + local.signature_length();
+                set_size(out, start, size);
+                let at = out.len();
+                let signed = if signed_suffix.is_empty() {
+                    out.get(start..).unwrap_or_default().to_vec()
+                } else {
+                    [out.get(start..).unwrap_or_default(), signed_suffix].concat()
+                };
+                local.sign(&signed, out)?;
+                if out.len() != at + local.signature_length() {
+                    return Err(ChannelError::Resource {
+                        status: StatusCode::BadInternalError,
+                        what: "ECC signature of an unexpected length",
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -371,13 +652,32 @@ fn set_size(out: &mut [u8], start: usize, size: usize) {
 /// Verifies (and, with `encrypted`, first decrypts) the symmetric chunk
 /// `msg` in place; `head_len` is the length of its unencrypted headers.
 /// Returns the length of the chunk without padding and signature, so that
-/// `msg[..len]` parses as a plain chunk.
+/// `msg[..len]` parses as a plain chunk. `last_received` is the sequence
+/// number of the peer's previous chunk (the AEAD policies mask the IV
+/// with it; the others ignore it).
 pub fn open_symmetric(
     keys: &SymmetricKeys,
     encrypted: bool,
     msg: &mut [u8],
     head_len: usize,
+    last_received: u32,
 ) -> Result<usize, ChannelError> {
+    if keys.is_aead() {
+        if msg.len() < head_len + SEQUENCE_HEADER_LEN + AEAD_TAG_LEN {
+            return Err(checks_failed("chunk too short for its tag"));
+        }
+        let token: [u8; 4] = msg
+            .get(head_len.saturating_sub(4)..head_len)
+            .and_then(|t| t.try_into().ok())
+            .unwrap_or_default();
+        let how = AeadChunk {
+            head_len,
+            encrypt: encrypted,
+            token_id: u32::from_le_bytes(token),
+            previous_sequence_number: last_received,
+        };
+        return Ok(keys.open_aead(msg, how)?);
+    }
     let sig = keys.signature_size();
     let min = head_len + SEQUENCE_HEADER_LEN + sig + usize::from(encrypted);
     if msg.len() < min {
@@ -447,6 +747,135 @@ pub fn open_asymmetric(
     Ok(plain)
 }
 
+/// Verifies an asymmetric (OPN) chunk of an ECC policy: `msg` is the whole
+/// chunk, signed and not encrypted, with no padding; the signature is as
+/// long as the sender's key makes it (96 bytes for a P-384 certificate on
+/// a P-256 policy). `signed_suffix` is appended to the signed bytes (the
+/// request signature when verifying a first OPN response under
+/// SecureChannelEnhancements). Returns the length of the chunk without
+/// the signature.
+pub fn open_asymmetric_ecc(
+    policy: SecurityPolicy,
+    remote: &EccPublicKey,
+    msg: &[u8],
+    head_len: usize,
+    signed_suffix: &[u8],
+) -> Result<usize, ChannelError> {
+    let Some(curve) = policy.curve() else {
+        return Err(ChannelError::Resource {
+            status: StatusCode::BadInternalError,
+            what: "ECC security under a policy that is not ECC",
+        });
+    };
+    let sig = remote.signature_length();
+    let at = msg
+        .len()
+        .checked_sub(sig)
+        .filter(|at| *at >= head_len + SEQUENCE_HEADER_LEN)
+        .ok_or(checks_failed("OPN chunk too short for its signature"))?;
+    let (signed, signature) = msg.split_at(at);
+    if signed_suffix.is_empty() {
+        remote.verify(curve, signed, signature)?;
+    } else {
+        remote.verify(curve, &[signed, signed_suffix].concat(), signature)?;
+    }
+    Ok(at)
+}
+
+/// One ECC key agreement of an OpenSecureChannel: the ECDH of our
+/// ephemeral key with the peer's nonce (a nonce not on the curve is
+/// `BadNonceInvalid`), chained with the previous token's input keying
+/// material when the policy has SecureChannelEnhancements, then HKDF.
+/// Returns both directions' keys and the input keying material to chain
+/// the next renewal with.
+pub fn ecc_token_keys(
+    policy: SecurityPolicy,
+    ephemeral: &EphemeralKey,
+    peer_nonce: &[u8],
+    client_nonce: &[u8],
+    server_nonce: &[u8],
+    previous: Option<&Secret>,
+) -> Result<(ChannelKeys, Secret), ChannelError> {
+    let z = ephemeral.agree(peer_nonce)?;
+    let ikm = match previous {
+        Some(p) if policy.secure_channel_enhancements() => z.chained(p)?,
+        _ => z,
+    };
+    let keys = derive_ecc_keys(policy, &ikm, client_nonce, server_nonce)?;
+    Ok((keys, ikm))
+}
+
+/// What a CreateSession ServerSignature signs (Part 4 §5.6.2, and the
+/// channel-bound form of SecureChannelEnhancements):
+///
+/// ```text
+/// classic:  ClientCertificate || ClientNonce
+/// bound:    ChannelThumbprint || ClientNonce || H(ServerChannelCert)
+///           || H(ClientChannelCert) || ServerNonce
+/// ```
+///
+/// The bound form applies when `thumbprint` is not empty (only channels of
+/// enhanced policies have one); H is SHA-256 (SHA-384 for P-384).
+pub fn create_session_signed_data(
+    policy: SecurityPolicy,
+    thumbprint: &[u8],
+    client_nonce: &[u8],
+    server_nonce: &[u8],
+    server_channel_cert: &[u8],
+    client_channel_cert: &[u8],
+) -> Vec<u8> {
+    match policy.curve().filter(|_| !thumbprint.is_empty()) {
+        Some(curve) => {
+            let h = |der: &[u8]| uascale_crypto::ecc::certificate_hash(curve, der);
+            [
+                thumbprint,
+                client_nonce,
+                &h(server_channel_cert),
+                &h(client_channel_cert),
+                server_nonce,
+            ]
+            .concat()
+        }
+        None => [client_channel_cert, client_nonce].concat(),
+    }
+}
+
+/// What an ActivateSession ClientSignature signs:
+///
+/// ```text
+/// classic:  ServerCertificate || ServerNonce
+/// bound:    ChannelThumbprint || ServerNonce || H(ServerCert)
+///           || H(ServerChannelCert) || H(ClientChannelCert) || ClientNonce
+/// ```
+///
+/// `server_nonce` is the last nonce the server gave, `client_nonce` the
+/// CreateSession ClientNonce.
+pub fn activate_session_signed_data(
+    policy: SecurityPolicy,
+    thumbprint: &[u8],
+    server_nonce: &[u8],
+    client_nonce: &[u8],
+    server_cert: &[u8],
+    server_channel_cert: &[u8],
+    client_channel_cert: &[u8],
+) -> Vec<u8> {
+    match policy.curve().filter(|_| !thumbprint.is_empty()) {
+        Some(curve) => {
+            let h = |der: &[u8]| uascale_crypto::ecc::certificate_hash(curve, der);
+            [
+                thumbprint,
+                server_nonce,
+                &h(server_cert),
+                &h(server_channel_cert),
+                &h(client_channel_cert),
+                client_nonce,
+            ]
+            .concat()
+        }
+        None => [server_cert, server_nonce].concat(),
+    }
+}
+
 /// Bytes of the unencrypted headers of a symmetric chunk.
 pub const SYMMETRIC_HEAD_LEN: usize = HEADER_LEN + 4 + 4;
 
@@ -506,7 +935,7 @@ mod tests {
             let mut m = m.to_vec();
             let (_, _, head) = parse_security_header(&h, &m).unwrap();
             assert_eq!(head, SYMMETRIC_HEAD_LEN);
-            let len = open_symmetric(keys, encrypted, &mut m, head).unwrap();
+            let len = open_symmetric(keys, encrypted, &mut m, head, 0).unwrap();
             let c = Chunk::parse(&h, &m[..len]).unwrap();
             assert_eq!(
                 c.chunk_type == ChunkType::Final,
@@ -539,11 +968,38 @@ mod tests {
         for len in 0..200 {
             for encrypted in [false, true] {
                 let mut m = vec![0xffu8; len];
-                let e = open_symmetric(&keys.client, encrypted, &mut m, SYMMETRIC_HEAD_LEN);
+                let e = open_symmetric(&keys.client, encrypted, &mut m, SYMMETRIC_HEAD_LEN, 0);
                 assert_eq!(
                     e.unwrap_err().status_code(),
                     StatusCode::BadSecurityChecksFailed
                 );
+            }
+        }
+        // AEAD keys, any length and any header length (even absurd ones).
+        for policy in [
+            SecurityPolicy::EccNistP256AesGcm,
+            SecurityPolicy::EccNistP256ChaChaPoly,
+            SecurityPolicy::EccCurve25519,
+        ] {
+            let s = policy.signing_key_length();
+            let k = SymmetricKeys::new(
+                policy,
+                &vec![1; s],
+                &vec![2; policy.encrypting_key_length()],
+                &[3; 12],
+            )
+            .unwrap();
+            for len in 0..80 {
+                for head in [0usize, 2, 16, 40, 100] {
+                    for encrypted in [false, true] {
+                        let mut m = vec![0x5au8; len];
+                        let e = open_symmetric(&k, encrypted, &mut m, head, 7);
+                        assert_eq!(
+                            e.unwrap_err().status_code(),
+                            StatusCode::BadSecurityChecksFailed
+                        );
+                    }
+                }
             }
         }
         let a = RsaPrivateKey::generate(2048).unwrap();

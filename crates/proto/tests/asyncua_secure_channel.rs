@@ -180,6 +180,7 @@ fn asyncua_opens_secured_channels_with_every_policy_and_mode() {
     let config = Arc::new(ChannelConfig {
         security: ServerSecurity {
             identity: Some(identity),
+            ecc_identities: Vec::new(),
             endpoints,
             validator: Some(Arc::new(TrustAllCertificates)),
         },

@@ -1231,8 +1231,9 @@ mod policy_names {
                     .ok_or_else(|| {
                         D::Error::custom(format!(
                             "security.policies: {n:?} is not one of Basic256Sha256, \
-                             Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss (None is \
-                             allow_security_none)"
+                             Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss, ECC_nistP256, \
+                             ECC_nistP384, ECC_curve25519, ECC_nistP256_AesGcm, \
+                             ECC_nistP256_ChaChaPoly (None is allow_security_none)"
                         ))
                     })
             })

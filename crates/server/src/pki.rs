@@ -26,11 +26,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
+use uascale_crypto::ecc::{EccCurve, EccPrivateKey};
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_crypto::rsa::RsaPrivateKey;
 use uascale_crypto::x509::{
-    self, create_self_signed, Certificate, CertificateUse, Crl, SelfSignedParams, TrustList,
-    ValidationOptions,
+    self, create_self_signed, Certificate, CertificateUse, Crl, KeyType, SelfSignedParams,
+    TrustList, ValidationOptions,
 };
 use uascale_crypto::CryptoError;
 use uascale_types::StatusCode;
@@ -602,6 +603,7 @@ impl Pki {
             application_uri,
             min_key_bits,
             max_key_bits,
+            policy: policy.filter(|p| !p.is_none()),
             allow_sha1_signatures: false,
             reject_unknown_revocation_status: self.options.reject_unknown_revocation_status,
             trust_all: usage == CertificateUse::Client
@@ -704,6 +706,82 @@ pub fn create_own(
     identity: &OwnIdentity,
     now: SystemTime,
 ) -> Result<(Certificate, String), PkiError> {
+    create_own_of(identity, KeyType::Rsa, now)
+}
+
+/// The own certificate and key files of an ECC curve, beside the RSA ones:
+/// `own/certs/cert_<key>.der` and `own/private/key_<key>.pem` with `<key>`
+/// `ec-p256`, `ec-p384` or `ed25519`.
+pub fn own_ecc_paths(root: &Path, curve: EccCurve) -> (PathBuf, PathBuf) {
+    let name = ecc_key_type(curve).name();
+    (
+        root.join(format!("own/certs/cert_{name}.der")),
+        root.join(format!("own/private/key_{name}.pem")),
+    )
+}
+
+/// The certificate key type of a curve.
+pub fn ecc_key_type(curve: EccCurve) -> KeyType {
+    match curve {
+        EccCurve::NistP256 => KeyType::EcP256,
+        EccCurve::NistP384 => KeyType::EcP384,
+        EccCurve::Curve25519 => KeyType::Ed25519,
+    }
+}
+
+/// Opens (and on first use creates) the own ECC certificate and key of
+/// `curve` in the PKI at `root` (see [`own_ecc_paths`]); they must belong
+/// together and carry the configured applicationUri.
+pub fn open_own_ecc(
+    root: &Path,
+    identity: &OwnIdentity,
+    curve: EccCurve,
+    now: SystemTime,
+) -> Result<(Certificate, EccPrivateKey), PkiError> {
+    create_layout(root)?;
+    let (cert_path, key_path) = own_ecc_paths(root, curve);
+    let (cert, key) = match (cert_path.exists(), key_path.exists()) {
+        (false, false) => {
+            let (cert, pem) = create_own_of(identity, ecc_key_type(curve), now)?;
+            write_atomically(&key_path, pem.as_bytes(), true)?;
+            write_atomically(&cert_path, cert.der(), false)?;
+            tracing::info!(
+                path = %cert_path.display(),
+                thumbprint = %cert.thumbprint_hex(),
+                "created a self-signed ECC application instance certificate"
+            );
+            (cert, pem)
+        }
+        (true, true) => {
+            let cert = read_certificate(&cert_path)?;
+            let key = std::fs::read_to_string(&key_path).map_err(io(&key_path))?;
+            (cert, key)
+        }
+        (true, false) => return Err(invalid(&key_path, "missing (the certificate exists)")),
+        (false, true) => return Err(invalid(&cert_path, "missing (the key exists)")),
+    };
+    let der = x509::from_pem("PRIVATE KEY", key.as_bytes())
+        .ok_or_else(|| invalid(&key_path, "no PRIVATE KEY PEM block"))?;
+    let key = EccPrivateKey::from_pkcs8_der(&der).map_err(|e| invalid(&key_path, e))?;
+    if key.curve() != curve || key.public_key().spki_der() != cert.subject_public_key_info_der() {
+        return Err(invalid(&key_path, "does not belong to the certificate"));
+    }
+    if cert.application_uri() != Some(identity.application_uri.as_str()) {
+        return Err(invalid(
+            &cert_path,
+            "its applicationUri differs from the configured one",
+        ));
+    }
+    Ok((cert, key))
+}
+
+/// Creates a self-signed application instance certificate of `key_type`
+/// (RSA 2048, P-256, P-384 or Ed25519) and its PKCS#8 PEM key.
+pub fn create_own_of(
+    identity: &OwnIdentity,
+    key_type: KeyType,
+    now: SystemTime,
+) -> Result<(Certificate, String), PkiError> {
     let identity = identity.with_resolved_addresses();
     let mut params = SelfSignedParams::new(
         &identity.application_uri,
@@ -712,6 +790,7 @@ pub fn create_own(
     );
     params.dns_names = identity.host_names.clone();
     params.ip_addresses = identity.ip_addresses.clone();
+    params.key_type = key_type;
     let created = create_self_signed(&params).map_err(PkiError::Crypto)?;
     let pem = x509::to_pem("PRIVATE KEY", &created.private_key_pkcs8_der);
     Ok((created.certificate, pem))

@@ -7,20 +7,23 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use uascale_crypto::policy::SecurityPolicy;
-use uascale_proto::security::Identity;
+use uascale_proto::security::{Identity, PrivateKey};
 use uascale_types::MessageSecurityMode;
 
 use crate::config::ServerConfig;
 use crate::identity::{AuthFailures, UserDatabase};
-use crate::pki::{OwnIdentity, Pki, PkiError};
+use crate::pki::{open_own_ecc, OwnIdentity, Pki, PkiError};
 
 /// What the services know about security.
 #[derive(Debug)]
 pub struct SecurityState {
     /// The PKI (None when only SecurityPolicy None is published).
     pub pki: Option<Arc<Pki>>,
-    /// The server's certificate and key (with the PKI).
+    /// The server's certificate and key (with the PKI): RSA.
     pub identity: Option<Arc<Identity>>,
+    /// The ECC certificates and keys beside it, one per curve of the
+    /// published ECC policies.
+    pub ecc_identities: Vec<Arc<Identity>>,
     /// Published (policy, mode) pairs, in endpoint order.
     pub endpoints: Vec<(SecurityPolicy, MessageSecurityMode)>,
     /// Offer the Anonymous token.
@@ -37,6 +40,7 @@ impl SecurityState {
         SecurityState {
             pki: None,
             identity: None,
+            ecc_identities: Vec::new(),
             endpoints: vec![(SecurityPolicy::None, MessageSecurityMode::None)],
             allow_anonymous: true,
             users: UserDatabase::default(),
@@ -61,9 +65,28 @@ impl SecurityState {
         } else {
             (None, None)
         };
+        let mut curves: Vec<_> = sec.policies.iter().filter_map(|p| p.curve()).collect();
+        curves.dedup();
+        let mut ecc_identities: Vec<Arc<Identity>> = Vec::new();
+        if pki.is_some() {
+            for curve in curves {
+                if ecc_identities
+                    .iter()
+                    .any(|i| i.ecc_key().map(|k| k.curve()) == Some(curve))
+                {
+                    continue;
+                }
+                let (cert, key) =
+                    open_own_ecc(&sec.pki_dir, &OwnIdentity::for_config(config), curve, now)?;
+                let identity =
+                    Identity::with_key(cert, PrivateKey::Ecc(key)).map_err(PkiError::Crypto)?;
+                ecc_identities.push(Arc::new(identity));
+            }
+        }
         Ok(SecurityState {
             pki,
             identity,
+            ecc_identities,
             endpoints: sec.endpoints(),
             allow_anonymous: sec.allow_anonymous,
             // Checked by ServerConfig::validate; an entry that is not an
@@ -77,6 +100,15 @@ impl SecurityState {
             ),
             failures: AuthFailures::new(sec.max_failed_authentication_attempts),
         })
+    }
+
+    /// The certificate and key serving `policy`: the RSA identity for RSA
+    /// policies, the ECC identity of the policy's curve for ECC ones.
+    pub fn identity_for(&self, policy: SecurityPolicy) -> Option<&Arc<Identity>> {
+        self.identity
+            .iter()
+            .chain(&self.ecc_identities)
+            .find(|i| i.suits(policy))
     }
 
     /// The policy UserName passwords and X509 token signatures use on a

@@ -313,6 +313,7 @@ mod tests {
                     endpoint_url: t::UaString::null(),
                     security_policy: uascale_crypto::policy::SecurityPolicy::None,
                     security_mode: t::MessageSecurityMode::None,
+                    ecc: None,
                 },
             )
             .unwrap();

@@ -19,6 +19,16 @@ use uascale_types::{
 
 const SHARDS: usize = 64;
 
+/// What a session of an ECC policy keeps beyond the others.
+#[derive(Debug)]
+pub struct EccSession {
+    /// The CreateSession ClientNonce (channel-bound signatures cover it).
+    pub client_nonce: Vec<u8>,
+    /// The ephemeral key whose public half was the last ECDHKey sent; an
+    /// EccEncryptedSecret must be encrypted for it.
+    pub ephemeral: Option<uascale_crypto::ecc::EphemeralKey>,
+}
+
 /// One session's state (kept small: it is multiplied by the session count).
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -60,6 +70,9 @@ pub struct Session {
     pub security_policy: uascale_crypto::policy::SecurityPolicy,
     /// The security mode of that channel.
     pub security_mode: uascale_types::MessageSecurityMode,
+    /// ECC policies only: the CreateSession ClientNonce and the ephemeral
+    /// key last sent as ECDHKey (None on other policies: one pointer).
+    pub ecc: Option<std::sync::Arc<EccSession>>,
 }
 
 #[derive(Debug, Default)]
@@ -256,6 +269,8 @@ pub struct Activation {
     pub locale_ids: Vec<UaString>,
     /// Who the session now acts for.
     pub user: crate::identity::UserIdentity,
+    /// ECC: the session's new ECC state (a new ECDHKey); None keeps it.
+    pub ecc: Option<std::sync::Arc<EccSession>>,
 }
 
 /// A place for one more session, taken before any expensive work is done
@@ -498,6 +513,9 @@ impl SessionTable {
             s.locale_ids = a.locale_ids;
             s.server_nonce = a.next_nonce;
             s.user = a.user;
+            if let Some(ecc) = a.ecc {
+                s.ecc = Some(ecc);
+            }
             event
         };
         self.emit(event);
@@ -803,6 +821,7 @@ mod tests {
             created: DateTime::MIN,
             endpoint_url: UaString::null(),
             security_policy: uascale_crypto::policy::SecurityPolicy::None,
+            ecc: None,
             security_mode: uascale_types::MessageSecurityMode::None,
         }
     }

@@ -191,6 +191,7 @@ impl ServerState {
         let mut channel_config = config.limits.channel_config();
         channel_config.security = uascale_proto::security::ServerSecurity {
             identity: security.identity.clone(),
+            ecc_identities: security.ecc_identities.clone(),
             endpoints: security.endpoints.clone(),
             validator: security
                 .pki

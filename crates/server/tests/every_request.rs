@@ -75,6 +75,7 @@ fn every_request_type_gets_a_response() {
                 endpoint_url: UaString::null(),
                 security_policy: uascale_crypto::policy::SecurityPolicy::None,
                 security_mode: uascale_types::MessageSecurityMode::None,
+                ecc: None,
             },
         )
         .unwrap();

@@ -14,7 +14,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_crypto::rsa::RsaPublicKey;
 use uascale_crypto::x509::Certificate;
-use uascale_proto::security::{leaf_certificate, Identity};
+use uascale_proto::ecc_secret;
+use uascale_proto::security::{
+    activate_session_signed_data, create_session_signed_data, leaf_certificate, Identity,
+    PrivateKey, PublicKey,
+};
 use uascale_proto::{ClientConfig, ClientConnection, ClientEvent, ClientSecurity, Now};
 use uascale_types as t;
 use uascale_types::{
@@ -161,6 +165,11 @@ pub(crate) enum Command {
     Close {
         done: oneshot::Sender<()>,
     },
+    /// The channel's ChannelThumbprint (empty but for policies with
+    /// SecureChannelEnhancements).
+    Thumbprint {
+        reply: oneshot::Sender<Vec<u8>>,
+    },
 }
 
 /// The sending side of one connection task.
@@ -194,6 +203,11 @@ pub(crate) struct SessionState {
     pub server_certificate: Vec<u8>,
     /// The token policies the server offered for our identity kinds.
     pub token_policies: Vec<t::UserTokenPolicy>,
+    /// ECC: the CreateSession ClientNonce (channel-bound signatures).
+    pub client_nonce: Vec<u8>,
+    /// ECC: the server's last ECDHKey (an EccEncryptedSecret is encrypted
+    /// for it).
+    pub ecdh_key: Vec<u8>,
 }
 
 /// The state a [`Client`] shares with its connection, reconnect and
@@ -210,6 +224,8 @@ pub(crate) struct Shared {
     pub options: ClientOptions,
     pub security: ClientSecurity,
     pub subscriptions: Mutex<subscription::Registry>,
+    /// Security tokens renewed, over every channel of the client.
+    pub renewals: Arc<AtomicU64>,
 }
 
 /// A connection to one server, with at most one session. With
@@ -446,6 +462,7 @@ impl Client {
             options,
             security,
             subscriptions: Mutex::new(Default::default()),
+            renewals: Arc::new(AtomicU64::new(0)),
         });
         let client = Client { shared };
         let (generation, link) = client.shared.open_link().await?;
@@ -534,6 +551,12 @@ impl Client {
     /// The channel's security (policy, mode, certificates).
     pub fn security(&self) -> &ClientSecurity {
         &self.shared.security
+    }
+
+    /// How many security tokens were renewed so far (every channel of this
+    /// client counted).
+    pub fn token_renewals(&self) -> u64 {
+        self.shared.renewals.load(Ordering::Relaxed)
     }
 
     /// The endpoint URL it connected to.
@@ -816,8 +839,9 @@ impl Shared {
         let (opened_tx, opened_rx) = oneshot::channel();
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let weak = Arc::downgrade(self);
+        let renewals = Arc::clone(&self.renewals);
         tokio::spawn(async move {
-            let (failure, waiting) = drive(stream, conn, rx, opened_tx).await;
+            let (failure, waiting) = drive(stream, conn, rx, opened_tx, renewals).await;
             // Reconnecting (or closed) before the waiting requests hear of
             // the loss: a caller that sees its request fail and asks
             // `is_connected` or `wait_connected` learns about the new
@@ -995,8 +1019,20 @@ impl Shared {
             .security
             .identity()
             .map(|i| i.certificate().der().to_vec());
+        let policy = self.security.policy();
         let mut header = self.request_header();
         header.authentication_token = NodeId::NULL;
+        // ECC: the channel's thumbprint binds the signatures; asking for
+        // the server's ECDHKey lets a password be encrypted later.
+        let link = self.resolve_link(via);
+        let via = via.or(link.as_ref());
+        let thumbprint = match via {
+            Some(l) if policy.secure_channel_enhancements() => link_thumbprint(l).await,
+            _ => Vec::new(),
+        };
+        if policy.is_ecc() {
+            header.additional_header = ecc_secret::ecdh_request(policy);
+        }
         let created: t::CreateSessionResponse = self
             .request(
                 &t::CreateSessionRequest {
@@ -1035,14 +1071,37 @@ impl Shared {
                         .into(),
                 });
             }
-            security::verify(
-                server_key,
-                self.security.policy(),
-                own,
-                &nonce,
-                &created.server_signature,
-            )?;
+            match server_key {
+                PublicKey::Rsa(key) => security::verify(
+                    key,
+                    self.security.policy(),
+                    own,
+                    &nonce,
+                    &created.server_signature,
+                )?,
+                PublicKey::Ecc(_) => {
+                    let data = create_session_signed_data(
+                        policy,
+                        &thumbprint,
+                        &nonce,
+                        created.server_nonce.as_bytes().unwrap_or_default(),
+                        server_cert.der(),
+                        own,
+                    );
+                    server_key
+                        .verify(
+                            policy,
+                            &data,
+                            created.server_signature.signature.as_bytes_or_empty(),
+                        )
+                        .map_err(|_| ClientError::Security {
+                            status: StatusCode::BadApplicationSignatureInvalid,
+                            reason: "the server's signature in CreateSession is invalid".into(),
+                        })?;
+                }
+            }
         }
+        let ecdh_key = self.ecdh_key_of(&created.response_header)?;
         let policies = self.token_policies(&created);
         if let Ok(mut s) = self.session.lock() {
             *s = SessionState {
@@ -1051,6 +1110,8 @@ impl Shared {
                 server_nonce: created.server_nonce.as_bytes().unwrap_or_default().to_vec(),
                 server_certificate: leaf_certificate(sent_cert).unwrap_or_default().to_vec(),
                 token_policies: policies,
+                client_nonce: nonce.clone(),
+                ecdh_key: ecdh_key.unwrap_or_default(),
             };
         }
         Ok(created)
@@ -1060,31 +1121,70 @@ impl Shared {
     /// link): a new channel's signature over the server certificate and
     /// the last server nonce, and our identity token.
     pub(crate) async fn activate(&self, via: Option<&Link>) -> Result<(), ClientError> {
-        let (server_nonce, server_cert, policies) = {
+        let (server_nonce, server_cert, policies, client_nonce, ecdh_key) = {
             let s = self.session.lock().map_err(|_| ClientError::Closed)?;
             (
                 s.server_nonce.clone(),
                 s.server_certificate.clone(),
                 s.token_policies.clone(),
+                s.client_nonce.clone(),
+                s.ecdh_key.clone(),
             )
         };
+        let policy = self.security.policy();
+        let link = self.resolve_link(via);
+        let via = via.or(link.as_ref());
         let mut client_signature = t::SignatureData::default();
         if let (Some(identity), Some(channel_cert)) =
             (self.security.identity(), self.security.server_certificate())
         {
-            client_signature = security::sign(
-                identity.private_key(),
-                self.security.policy(),
-                channel_cert.der(),
-                &server_nonce,
-            )?;
+            client_signature = match identity.key() {
+                PrivateKey::Rsa(key) => {
+                    security::sign(key, policy, channel_cert.der(), &server_nonce)?
+                }
+                PrivateKey::Ecc(_) => {
+                    let thumbprint = match via {
+                        Some(l) if policy.secure_channel_enhancements() => link_thumbprint(l).await,
+                        _ => Vec::new(),
+                    };
+                    let server_app_cert = if server_cert.is_empty() {
+                        channel_cert.der()
+                    } else {
+                        &server_cert
+                    };
+                    let data = activate_session_signed_data(
+                        policy,
+                        &thumbprint,
+                        &server_nonce,
+                        &client_nonce,
+                        server_app_cert,
+                        channel_cert.der(),
+                        identity.certificate().der(),
+                    );
+                    let mut sig = Vec::new();
+                    identity.key().sign(policy, &data, &mut sig).map_err(|e| {
+                        ClientError::Security {
+                            status: e.status_code(),
+                            reason: "signing failed".into(),
+                        }
+                    })?;
+                    t::SignatureData {
+                        algorithm: UaString::null(),
+                        signature: t::ByteString::new(sig),
+                    }
+                }
+            };
         }
         let (token, user_token_signature) =
-            self.identity_token(&policies, &server_nonce, &server_cert)?;
+            self.identity_token(&policies, &server_nonce, &server_cert, &ecdh_key)?;
+        let mut request_header = self.request_header();
+        if policy.is_ecc() {
+            request_header.additional_header = ecc_secret::ecdh_request(policy);
+        }
         let activated: t::ActivateSessionResponse = self
             .request(
                 &t::ActivateSessionRequest {
-                    request_header: self.request_header(),
+                    request_header,
                     client_signature,
                     locale_ids: Some(vec![UaString::from("en")]),
                     user_identity_token: token,
@@ -1095,9 +1195,13 @@ impl Shared {
                 self.options.request_timeout,
             )
             .await?;
+        let next_key = self.ecdh_key_of(&activated.response_header)?;
         if let Ok(mut s) = self.session.lock() {
             if let Some(n) = activated.server_nonce.as_bytes() {
                 s.server_nonce = n.to_vec();
+            }
+            if let Some(k) = next_key {
+                s.ecdh_key = k;
             }
         }
         Ok(())
@@ -1136,12 +1240,38 @@ impl Shared {
         .collect()
     }
 
+    /// The link `via` names, else the current one.
+    fn resolve_link(&self, via: Option<&Link>) -> Option<Link> {
+        match via {
+            Some(l) => Some(l.clone()),
+            None => self
+                .link
+                .lock()
+                .ok()
+                .and_then(|l| l.as_ref().map(|(_, l)| l.clone())),
+        }
+    }
+
+    /// The server's ECDHKey in a response header, its signature checked
+    /// with the channel's server certificate (ECC policies only).
+    fn ecdh_key_of(&self, header: &t::ResponseHeader) -> Result<Option<Vec<u8>>, ClientError> {
+        let Some(PublicKey::Ecc(key)) = self.security.server_key() else {
+            return Ok(None);
+        };
+        ecc_secret::ecdh_key_of_response(self.security.policy(), &header.additional_header, key)
+            .map_err(|e| ClientError::Security {
+                status: e.status_code(),
+                reason: "the server's ECDHKey does not verify".into(),
+            })
+    }
+
     /// The identity token of `options.identity` and its signature.
     fn identity_token(
         &self,
         policies: &[t::UserTokenPolicy],
         server_nonce: &[u8],
         server_cert_der: &[u8],
+        ecdh_key: &[u8],
     ) -> Result<(t::ExtensionObject, t::SignatureData), ClientError> {
         let offered = |kind: t::UserTokenType| policies.iter().find(|p| p.token_type == kind);
         let not_offered = |what: &str| ClientError::Security {
@@ -1182,6 +1312,39 @@ impl Shared {
                 let policy = token_security(p)?;
                 let (data, algorithm) = if policy.is_none() {
                     security::encrypt_secret_plain(password.as_bytes())
+                } else if policy.is_ecc() {
+                    // EccEncryptedSecret, EncryptionAlgorithm left empty.
+                    let identity =
+                        self.security
+                            .identity()
+                            .ok_or_else(|| ClientError::Security {
+                                status: StatusCode::BadIdentityTokenRejected,
+                                reason: "an ECC password needs our application key".into(),
+                            })?;
+                    let key = identity.ecc_key().ok_or_else(|| ClientError::Security {
+                        status: StatusCode::BadIdentityTokenRejected,
+                        reason: "an ECC password needs an ECC application key".into(),
+                    })?;
+                    if ecdh_key.is_empty() {
+                        return Err(ClientError::Security {
+                            status: StatusCode::BadIdentityTokenRejected,
+                            reason: "the server sent no ECDHKey to encrypt the password for".into(),
+                        });
+                    }
+                    let data = ecc_secret::encrypt(
+                        policy,
+                        key,
+                        identity.certificate().der(),
+                        ecdh_key,
+                        server_nonce,
+                        password.as_bytes(),
+                        DateTime::from_system_time(SystemTime::now()),
+                    )
+                    .map_err(|e| ClientError::Security {
+                        status: e.status_code(),
+                        reason: "password encryption failed".into(),
+                    })?;
+                    (data, None)
                 } else {
                     let cert = Certificate::from_der(server_cert()?).map_err(|e| {
                         ClientError::Security {
@@ -1210,8 +1373,11 @@ impl Shared {
                 let p =
                     offered(t::UserTokenType::Certificate).ok_or_else(|| not_offered("X.509"))?;
                 let policy = token_security(p)?;
-                let signature =
-                    security::sign(user.private_key(), policy, server_cert()?, server_nonce)?;
+                let key = user.rsa_key().ok_or_else(|| ClientError::Security {
+                    status: StatusCode::BadIdentityTokenRejected,
+                    reason: "X.509 user tokens need an RSA user key".into(),
+                })?;
+                let signature = security::sign(key, policy, server_cert()?, server_nonce)?;
                 Ok((
                     t::ExtensionObject::new(t::X509IdentityToken {
                         policy_id: p.policy_id.clone(),
@@ -1282,6 +1448,16 @@ async fn open_tcp(
     }))
 }
 
+/// Asks a link for its channel's ChannelThumbprint (empty when it has
+/// none or is gone).
+async fn link_thumbprint(link: &Link) -> Vec<u8> {
+    let (reply, rx) = oneshot::channel();
+    if link.send(Command::Thumbprint { reply }).is_err() {
+        return Vec::new();
+    }
+    rx.await.unwrap_or_default()
+}
+
 /// The connection task: runs until the connection ends; returns why, and
 /// the replies of the requests still waiting (to be failed once the
 /// client knows the link is gone).
@@ -1290,6 +1466,7 @@ async fn drive(
     mut conn: ClientConnection,
     mut commands: mpsc::UnboundedReceiver<Command>,
     opened: oneshot::Sender<Result<(), ClientError>>,
+    renewals: Arc<AtomicU64>,
 ) -> (ClientError, Vec<Reply>) {
     let (mut rd, mut wr) = stream.into_split();
     let mut opened = Some(opened);
@@ -1316,6 +1493,7 @@ async fn drive(
                     }
                 }
                 ClientEvent::Renewed { token_id } => {
+                    renewals.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(token_id, "security token renewed");
                 }
                 ClientEvent::Response { request_id, body } => {
@@ -1388,6 +1566,9 @@ async fn drive(
                             closing = Some(done);
                             break;
                         }
+                        Command::Thumbprint { reply } => {
+                            let _ = reply.send(conn.channel_thumbprint().to_vec());
+                        }
                     }
                     next = commands.try_recv().ok();
                 }
@@ -1416,6 +1597,9 @@ async fn drive(
             Command::Request { reply, .. } => waiting.push(reply),
             Command::Close { done } => {
                 let _ = done.send(());
+            }
+            Command::Thumbprint { reply } => {
+                let _ = reply.send(Vec::new());
             }
         }
     }

@@ -31,8 +31,49 @@ pub struct SelfSignedParams {
     pub not_before: SystemTime,
     /// Length of the validity period.
     pub validity: Duration,
-    /// RSA modulus size: 2048, 3072 or 4096.
+    /// RSA modulus size: 2048, 3072 or 4096 (used when `key_type` is RSA).
     pub key_bits: u32,
+    /// The kind of key: RSA (default) or an ECC curve.
+    pub key_type: KeyType,
+}
+
+/// The key of a created certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyType {
+    /// RSA with `key_bits`, signed with SHA-256 (the RSA policies).
+    #[default]
+    Rsa,
+    /// NIST P-256, ecdsa-with-SHA256 (ECC_nistP256 and its AEAD variants).
+    EcP256,
+    /// NIST P-384, ecdsa-with-SHA384 (ECC_nistP384).
+    EcP384,
+    /// Ed25519 (ECC_curve25519).
+    Ed25519,
+}
+
+impl KeyType {
+    /// The name used on the command line: `rsa`, `ec-p256`, `ec-p384`,
+    /// `ed25519`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KeyType::Rsa => "rsa",
+            KeyType::EcP256 => "ec-p256",
+            KeyType::EcP384 => "ec-p384",
+            KeyType::Ed25519 => "ed25519",
+        }
+    }
+
+    /// From [`KeyType::name`].
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            KeyType::Rsa,
+            KeyType::EcP256,
+            KeyType::EcP384,
+            KeyType::Ed25519,
+        ]
+        .into_iter()
+        .find(|k| k.name() == name)
+    }
 }
 
 impl SelfSignedParams {
@@ -51,6 +92,7 @@ impl SelfSignedParams {
             not_before,
             validity: Duration::from_secs(5 * 365 * 24 * 3600),
             key_bits: 2048,
+            key_type: KeyType::Rsa,
         }
     }
 }
@@ -59,7 +101,7 @@ impl SelfSignedParams {
 pub struct SelfSigned {
     /// The certificate.
     pub certificate: Certificate,
-    /// The RSA private key, PKCS#8 DER.
+    /// The private key (RSA or ECC), PKCS#8 DER.
     pub private_key_pkcs8_der: Vec<u8>,
 }
 
@@ -76,15 +118,24 @@ fn config(what: &'static str) -> CryptoError {
 }
 
 /// The key usages Part 6 (Table 23/§6.2.2) requires of an application
-/// instance certificate; keyCertSign because it is self-signed.
-fn application_key_usages() -> Vec<KeyUsagePurpose> {
-    vec![
+/// instance certificate; keyCertSign because it is self-signed. EC keys
+/// get keyAgreement instead of the encipherment usages (Part 6 §6.2.2 for
+/// ECC certificates).
+fn application_key_usages(key_type: KeyType) -> Vec<KeyUsagePurpose> {
+    let mut usages = vec![
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::ContentCommitment,
-        KeyUsagePurpose::KeyEncipherment,
-        KeyUsagePurpose::DataEncipherment,
-        KeyUsagePurpose::KeyCertSign,
-    ]
+    ];
+    match key_type {
+        KeyType::Rsa => {
+            usages.push(KeyUsagePurpose::KeyEncipherment);
+            usages.push(KeyUsagePurpose::DataEncipherment);
+        }
+        KeyType::EcP256 | KeyType::EcP384 => usages.push(KeyUsagePurpose::KeyAgreement),
+        KeyType::Ed25519 => {}
+    }
+    usages.push(KeyUsagePurpose::KeyCertSign);
+    usages
 }
 
 /// A positive random serial number of 16 bytes (RFC 5280 allows up to 20).
@@ -101,20 +152,29 @@ pub(crate) fn offset_date_time(t: SystemTime) -> Result<time::OffsetDateTime, Cr
         .map_err(|_| config("certificate date out of range"))
 }
 
-/// Creates a self-signed application instance certificate (RSA, SHA-256)
-/// with the applicationUri, DNS names and IPs in the subjectAltName,
-/// KeyUsage digitalSignature, nonRepudiation, keyEncipherment,
-/// dataEncipherment, keyCertSign, ExtendedKeyUsage serverAuth + clientAuth,
-/// BasicConstraints cA=FALSE, and subject/authority key identifiers.
+/// Creates a self-signed application instance certificate (RSA with
+/// SHA-256, ECDSA P-256 with SHA-256, P-384 with SHA-384, or Ed25519) with
+/// the applicationUri, DNS names and IPs in the subjectAltName, KeyUsage
+/// digitalSignature, nonRepudiation, keyEncipherment and dataEncipherment
+/// (RSA) or keyAgreement (ECDSA keys), keyCertSign, ExtendedKeyUsage
+/// serverAuth + clientAuth, BasicConstraints cA=FALSE, and subject/authority
+/// key identifiers.
 pub fn create_self_signed(params: &SelfSignedParams) -> Result<SelfSigned, CryptoError> {
-    let size = match params.key_bits {
-        2048 => RsaKeySize::_2048,
-        3072 => RsaKeySize::_3072,
-        4096 => RsaKeySize::_4096,
-        _ => return Err(config("key_bits must be 2048, 3072 or 4096")),
-    };
-    let key = KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, size)
-        .map_err(|_| config("RSA key generation failed"))?;
+    let key = match params.key_type {
+        KeyType::Rsa => {
+            let size = match params.key_bits {
+                2048 => RsaKeySize::_2048,
+                3072 => RsaKeySize::_3072,
+                4096 => RsaKeySize::_4096,
+                _ => return Err(config("key_bits must be 2048, 3072 or 4096")),
+            };
+            KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, size)
+        }
+        KeyType::EcP256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+        KeyType::EcP384 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
+        KeyType::Ed25519 => KeyPair::generate_for(&rcgen::PKCS_ED25519),
+    }
+    .map_err(|_| config("key generation failed"))?;
 
     let mut p = CertificateParams::default();
     let mut dn = DistinguishedName::new();
@@ -159,7 +219,7 @@ pub fn create_self_signed(params: &SelfSignedParams) -> Result<SelfSigned, Crypt
     )?;
     p.serial_number = Some(random_serial()?);
     p.is_ca = IsCa::ExplicitNoCa;
-    p.key_usages = application_key_usages();
+    p.key_usages = application_key_usages(params.key_type);
     p.extended_key_usages = vec![
         ExtendedKeyUsagePurpose::ServerAuth,
         ExtendedKeyUsagePurpose::ClientAuth,
@@ -168,8 +228,14 @@ pub fn create_self_signed(params: &SelfSignedParams) -> Result<SelfSigned, Crypt
     let cert = p
         .self_signed(&key)
         .map_err(|_| config("certificate could not be signed"))?;
+    let private_key_pkcs8_der = match params.key_type {
+        KeyType::Rsa => key.serialize_der(),
+        // PKCS#8 v1 (RFC 5208): the v2 form with the public key that aws-lc
+        // writes for Ed25519 is refused by OpenSSL (and so by open62541).
+        _ => crate::ecc::EccPrivateKey::from_pkcs8_der(&key.serialize_der())?.to_pkcs8_der()?,
+    };
     Ok(SelfSigned {
         certificate: Certificate::from_der(cert.der())?,
-        private_key_pkcs8_der: key.serialize_der(),
+        private_key_pkcs8_der,
     })
 }

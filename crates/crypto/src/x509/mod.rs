@@ -28,9 +28,12 @@ use x509_parser::signature_algorithm::RsaSsaPssParams;
 
 use crate::CryptoError;
 
-pub use create::{create_self_signed, SelfSigned, SelfSignedParams};
+pub use create::{create_self_signed, KeyType, SelfSigned, SelfSignedParams};
 pub use crl::{Crl, MAX_CRL_SIZE};
 pub use validate::{CertificateUse, IgnoredCrl, TrustList, ValidationOptions, MAX_CHAIN_DEPTH};
+
+/// id-Ed25519 (1.3.101.112), DER contents.
+const OID_ED25519: &[u8] = &[0x2b, 0x65, 0x70];
 
 /// Certificates larger than this are refused before parsing (a certificate
 /// from the network is bounded by the message size anyway; this keeps a
@@ -57,8 +60,10 @@ pub enum SignatureAlgorithm {
     RsaPkcs1(HashAlgorithm),
     /// RSASSA-PSS with MGF1 of the same hash and a salt as long as the hash.
     RsaPss(HashAlgorithm),
-    /// ECDSA with the given hash (parsed, not verified by this stack).
+    /// ECDSA with the given hash.
     Ecdsa(HashAlgorithm),
+    /// Pure Ed25519.
+    Ed25519,
     /// Anything else (or PSS with parameters this stack cannot verify).
     Unsupported,
 }
@@ -133,6 +138,8 @@ pub enum KeyAlgorithm {
     Rsa,
     /// id-ecPublicKey.
     Ec,
+    /// id-Ed25519.
+    Ed25519,
     /// Anything else.
     Other,
 }
@@ -243,6 +250,8 @@ pub(crate) fn signature_algorithm_of(
         SignatureAlgorithm::Ecdsa(HashAlgorithm::Sha256)
     } else if *oid == OID_SIG_ECDSA_WITH_SHA384 {
         SignatureAlgorithm::Ecdsa(HashAlgorithm::Sha384)
+    } else if oid.as_bytes() == OID_ED25519 {
+        SignatureAlgorithm::Ed25519
     } else if *oid == OID_PKCS1_RSASSAPSS {
         pss_algorithm(alg).unwrap_or(SignatureAlgorithm::Unsupported)
     } else {
@@ -300,6 +309,8 @@ impl Certificate {
                 .map(|k| k.key_size())
                 .unwrap_or(0);
             (KeyAlgorithm::Ec, bits)
+        } else if key_oid.as_bytes() == OID_ED25519 {
+            (KeyAlgorithm::Ed25519, 256)
         } else {
             (KeyAlgorithm::Other, 0)
         };
@@ -443,6 +454,19 @@ impl Certificate {
     /// Length of the public key in bits (RSA modulus size; 0 if unknown).
     pub fn key_bits(&self) -> usize {
         self.key_bits
+    }
+
+    /// The curve of an ECC key (P-256, P-384 or Ed25519); None for RSA and
+    /// other curves.
+    pub fn ecc_curve(&self) -> Option<crate::ecc::EccCurve> {
+        match self.key_algorithm {
+            KeyAlgorithm::Ec | KeyAlgorithm::Ed25519 => {
+                crate::ecc::EccPublicKey::from_spki_der(self.subject_public_key_info_der())
+                    .ok()
+                    .map(|k| k.curve())
+            }
+            _ => None,
+        }
     }
 
     /// The TBSCertificate (the signed part), DER encoded.

@@ -633,3 +633,73 @@ mod validation {
         assert_eq!(status(&list, &[pss], &default(), now), StatusCode::Good);
     }
 }
+
+#[test]
+fn ecc_certificates_are_created_and_validated_per_policy() {
+    use crate::ecc::{EccCurve, EccPrivateKey};
+    use crate::policy::SecurityPolicy;
+    let now = at(1_700_000_100);
+    for (key_type, curve, policy) in [
+        (
+            KeyType::EcP256,
+            EccCurve::NistP256,
+            SecurityPolicy::EccNistP256AesGcm,
+        ),
+        (
+            KeyType::EcP384,
+            EccCurve::NistP384,
+            SecurityPolicy::EccNistP384,
+        ),
+        (
+            KeyType::Ed25519,
+            EccCurve::Curve25519,
+            SecurityPolicy::EccCurve25519,
+        ),
+    ] {
+        let mut params = SelfSignedParams::new("urn:test:ecc", "ECC App", at(1_700_000_000));
+        params.key_type = key_type;
+        let created = create_self_signed(&params).unwrap();
+        let cert = &created.certificate;
+        assert_eq!(cert.ecc_curve(), Some(curve));
+        let key = EccPrivateKey::from_pkcs8_der(&created.private_key_pkcs8_der).unwrap();
+        // PKCS#8 v1: version INTEGER 0 (OpenSSL refuses aws-lc's v2 Ed25519 form).
+        let der = &created.private_key_pkcs8_der;
+        let at = if der[1] & 0x80 != 0 {
+            2 + usize::from(der[1] & 0x7f)
+        } else {
+            2
+        };
+        assert_eq!(&der[at..at + 3], &[0x02, 0x01, 0x00]);
+        assert_eq!(
+            key.public_key().spki_der(),
+            cert.subject_public_key_info_der()
+        );
+        let ku = cert.key_usage().unwrap();
+        assert!(ku.contains(KeyUsage::DIGITAL_SIGNATURE));
+        assert!(!ku.contains(KeyUsage::KEY_ENCIPHERMENT));
+        assert_eq!(
+            ku.contains(KeyUsage::KEY_AGREEMENT),
+            key_type != KeyType::Ed25519
+        );
+        let list = TrustList::new(vec![cert.clone()], vec![], vec![]);
+        let options = |p| ValidationOptions {
+            policy: Some(p),
+            ..ValidationOptions::default()
+        };
+        // Trusted, self-signature verified, no keyEncipherment needed.
+        list.validate(std::slice::from_ref(cert), &options(policy), now)
+            .unwrap();
+        // The wrong kind of policy is a policy check failure.
+        for other in [SecurityPolicy::Basic256Sha256, SecurityPolicy::EccNistP384]
+            .into_iter()
+            .filter(|p| *p != policy)
+        {
+            let e = list
+                .validate(std::slice::from_ref(cert), &options(other), now)
+                .unwrap_err();
+            assert_eq!(e.status_code(), StatusCode::BadCertificatePolicyCheckFailed);
+        }
+    }
+    assert_eq!(KeyType::from_name("ec-p384"), Some(KeyType::EcP384));
+    assert_eq!(KeyType::from_name("dsa"), None);
+}

@@ -44,6 +44,10 @@ pub struct ValidationOptions<'a> {
     pub min_key_bits: usize,
     /// Largest RSA key of the leaf the policy accepts (4096).
     pub max_key_bits: usize,
+    /// The security policy the certificate is used with. An ECC policy
+    /// requires a key on its curve (and no keyEncipherment usage); an RSA
+    /// policy an RSA key; None accepts either kind (RSA within the bits).
+    pub policy: Option<crate::policy::SecurityPolicy>,
     /// Accept SHA-1 signatures in the chain. Off by default: SHA-1 collisions
     /// are practical, and no policy this stack offers needs it.
     pub allow_sha1_signatures: bool,
@@ -64,6 +68,7 @@ impl Default for ValidationOptions<'_> {
             application_uri: None,
             min_key_bits: 2048,
             max_key_bits: 4096,
+            policy: None,
             allow_sha1_signatures: false,
             reject_unknown_revocation_status: true,
             trust_all: false,
@@ -372,11 +377,23 @@ fn check_leaf_policy(
     leaf: &Certificate,
     options: &ValidationOptions<'_>,
 ) -> Result<(), CryptoError> {
-    if leaf.key_algorithm() != KeyAlgorithm::Rsa {
-        return Err(fail(
-            StatusCode::BadCertificatePolicyCheckFailed,
-            "certificate key is not RSA",
-        ));
+    let ecc = options.policy.filter(|p| p.is_ecc());
+    match (leaf.ecc_curve(), ecc) {
+        (Some(curve), Some(policy)) => return policy.check_key_curve(curve),
+        (Some(_), None) if options.policy.is_none() => return Ok(()),
+        (None, None) if leaf.key_algorithm() == KeyAlgorithm::Rsa => {}
+        (_, Some(_)) => {
+            return Err(fail(
+                StatusCode::BadCertificatePolicyCheckFailed,
+                "certificate key is not on the security policy's curve",
+            ))
+        }
+        _ => {
+            return Err(fail(
+                StatusCode::BadCertificatePolicyCheckFailed,
+                "certificate key is not RSA",
+            ))
+        }
     }
     if leaf.key_bits() < options.min_key_bits || leaf.key_bits() > options.max_key_bits {
         return Err(fail(
@@ -415,7 +432,11 @@ fn check_leaf_usage(leaf: &Certificate, usage: CertificateUse) -> Result<(), Cry
         if !ku.contains(KeyUsage::DIGITAL_SIGNATURE) {
             return Err(not_allowed("key usage lacks digitalSignature"));
         }
-        if usage != CertificateUse::User && !ku.contains(KeyUsage::KEY_ENCIPHERMENT) {
+        // EC keys sign and agree keys; they never encipher.
+        if usage != CertificateUse::User
+            && leaf.key_algorithm() == KeyAlgorithm::Rsa
+            && !ku.contains(KeyUsage::KEY_ENCIPHERMENT)
+        {
             return Err(not_allowed("key usage lacks keyEncipherment"));
         }
     }
@@ -472,6 +493,7 @@ pub(crate) fn verify_signed(
             (HashAlgorithm::Sha384, 384) => &signature::ECDSA_P384_SHA384_ASN1,
             _ => return Err(policy("unsupported ECDSA curve or hash")),
         },
+        (SignatureAlgorithm::Ed25519, KeyAlgorithm::Ed25519) => &signature::ED25519,
         (SignatureAlgorithm::Unsupported, _) => {
             return Err(policy("unsupported signature algorithm"))
         }

@@ -1129,6 +1129,15 @@ fn handle_events(
                 }
                 continue;
             }
+            Event::Renewed { token_id } => {
+                tracing::debug!(
+                    channel_id = conn.channel_id(),
+                    token_id,
+                    policy = conn.security().policy.uri(),
+                    "security token renewed"
+                );
+                continue;
+            }
             _ => continue,
         };
         // One context, and one clock reading, for the requests that

@@ -947,6 +947,7 @@ mod tests {
             endpoint_url: UaString::null(),
             security_policy: uascale_crypto::policy::SecurityPolicy::None,
             security_mode: uascale_types::MessageSecurityMode::None,
+            ecc: None,
         };
         let read_as = |locales: &[&str], attr: AttributeId| {
             w.state.sessions.close(&token, true);

@@ -67,6 +67,9 @@ fn security_level(policy: SecurityPolicy, mode: MessageSecurityMode) -> u8 {
         SecurityPolicy::Basic256Sha256 => 1,
         SecurityPolicy::Aes128Sha256RsaOaep => 2,
         SecurityPolicy::Aes256Sha256RsaPss => 3,
+        SecurityPolicy::EccNistP256 => 4,
+        SecurityPolicy::EccNistP384 | SecurityPolicy::EccCurve25519 => 5,
+        SecurityPolicy::EccNistP256AesGcm | SecurityPolicy::EccNistP256ChaChaPoly => 6,
         _ => return 0,
     };
     if mode == MessageSecurityMode::SignAndEncrypt {
@@ -109,7 +112,9 @@ pub fn user_token_policies(ctx: &ServiceContext, policy: SecurityPolicy) -> Vec<
                 token_policy_uri.clone(),
             ));
         }
-        if sec.pki.is_some() {
+        // X509 user tokens are RSA-only here (their ECC signature forms
+        // are not implemented).
+        if sec.pki.is_some() && !policy.is_ecc() {
             out.push(policy_of(
                 crate::identity::POLICY_X509,
                 UserTokenType::Certificate,
@@ -126,20 +131,23 @@ pub fn user_token_policies(ctx: &ServiceContext, policy: SecurityPolicy) -> Vec<
 /// used `client_url`.
 pub fn endpoints(ctx: &ServiceContext, client_url: &str) -> Vec<EndpointDescription> {
     let url = endpoint_url_for(ctx, client_url);
-    let certificate = ctx
-        .security
-        .identity
-        .as_ref()
-        .map_or_else(ByteString::null, |i| {
-            ByteString::new(i.certificate().der().to_vec())
-        });
+    // Each endpoint names the certificate its policy uses (RSA or the ECC
+    // one of its curve); None endpoints the RSA one.
+    let certificate = |policy: SecurityPolicy| {
+        ctx.security
+            .identity_for(policy)
+            .or(ctx.security.identity.as_ref())
+            .map_or_else(ByteString::null, |i| {
+                ByteString::new(i.certificate().der().to_vec())
+            })
+    };
     ctx.security
         .endpoints
         .iter()
         .map(|(policy, mode)| EndpointDescription {
             endpoint_url: UaString::from(url.as_str()),
             server: application_description(ctx, client_url),
-            server_certificate: certificate.clone(),
+            server_certificate: certificate(*policy),
             security_mode: *mode,
             security_policy_uri: UaString::from(policy.uri()),
             user_identity_tokens: Some(user_token_policies(ctx, *policy)),

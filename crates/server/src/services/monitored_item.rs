@@ -643,6 +643,7 @@ mod tests {
                         endpoint_url: UaString::null(),
                         security_policy: uascale_crypto::policy::SecurityPolicy::None,
                         security_mode: uascale_types::MessageSecurityMode::None,
+                        ecc: None,
                     },
                 )
                 .unwrap();

@@ -9,16 +9,30 @@
 //! checked against the argon2 hash) or X509 (certificate validated, token
 //! signature verified). All RSA and argon2 work runs before or after the
 //! session-table lock, never under it.
+//!
+//! ECC policies: the signatures are the policy's (ECDSA `r||s` or Ed25519,
+//! algorithm left empty), channel-bound under SecureChannelEnhancements
+//! ([`uascale_proto::security::create_session_signed_data`]); a client that
+//! asks for it in the request's additionalHeader gets a session ephemeral
+//! key (ECDHKey) in the response's, and a UserName password then comes as
+//! an EccEncryptedSecret encrypted for that key.
 
 use std::time::{Duration, SystemTime};
 
+use std::sync::Arc;
+
+use uascale_crypto::ecc::EphemeralKey;
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_crypto::rsa::RsaPublicKey;
+use uascale_proto::ecc_secret;
+use uascale_proto::security::{
+    activate_session_signed_data, create_session_signed_data, Identity, PublicKey,
+};
 use uascale_types::{
     ActivateSessionRequest, ActivateSessionResponse, AnonymousIdentityToken, ByteString,
     CloseSessionRequest, CloseSessionResponse, CreateSessionRequest, CreateSessionResponse,
-    IssuedIdentityToken, NodeId, SignatureData, StatusCode, UaString, UserNameIdentityToken,
-    X509IdentityToken,
+    ExtensionObject, IssuedIdentityToken, NodeId, RequestHeader, SignatureData, StatusCode,
+    UaString, UserNameIdentityToken, X509IdentityToken,
 };
 
 use super::discovery;
@@ -27,7 +41,34 @@ use crate::context::ServiceContext;
 use crate::error::ServiceError;
 use crate::identity::{self, UserIdentity};
 use crate::metrics::is_security_rejection;
-use crate::session::{Activation, Session};
+use crate::session::{Activation, EccSession, Session};
+
+/// What a request's additionalHeader asked of the session's ECDHKey: None
+/// when it asked nothing; else the response header to send and, when the
+/// requested policy is the channel's ECC policy, the new ephemeral key
+/// (another policy gets `BadSecurityPolicyRejected` in place of the key).
+fn ecdh_key_for(
+    policy: SecurityPolicy,
+    identity: &Identity,
+    header: &RequestHeader,
+) -> Result<Option<(Option<EphemeralKey>, ExtensionObject)>, StatusCode> {
+    let Some(requested) = ecc_secret::requested_ecdh_policy(&header.additional_header) else {
+        return Ok(None);
+    };
+    match (requested, policy.curve(), identity.ecc_key()) {
+        (Some(p), Some(curve), Some(key)) if p == policy => {
+            let ephemeral =
+                EphemeralKey::generate(curve).map_err(|_| StatusCode::BadInternalError)?;
+            let header = ecc_secret::ecdh_response(policy, &ephemeral, key)
+                .map_err(|_| StatusCode::BadInternalError)?;
+            Ok(Some((Some(ephemeral), header)))
+        }
+        (p, _, _) => Ok(Some((
+            None,
+            ecc_secret::ecdh_refusal(p.map_or("", |p| p.uri())),
+        ))),
+    }
+}
 
 /// Bounds for the revised session timeout: 10 s ..= 1 h; 0 asks for the
 /// default of 60 s.
@@ -121,6 +162,9 @@ fn create_session_inner(
     let policy = ctx.channel.policy;
     let mut client_thumbprint = None;
     let mut server_signature = SignatureData::default();
+    let nonce = random_bytes::<32>()?;
+    let mut ecc = None;
+    let mut additional_header = ExtensionObject::default();
     if !policy.is_none() {
         // The certificate in the request must be the channel's, and its
         // applicationUri the one the client claims (Part 4 §5.6.2).
@@ -137,29 +181,61 @@ fn create_session_inner(
         if channel_cert.application_uri() != Some(claimed) {
             return Err(StatusCode::BadCertificateUriInvalid.into());
         }
-        let nonce = req.client_nonce.as_bytes_or_empty();
-        if nonce.len() < policy.nonce_length() {
+        let client_nonce = req.client_nonce.as_bytes_or_empty();
+        if client_nonce.len() < policy.session_nonce_length() {
             return Err(StatusCode::BadNonceInvalid.into());
         }
         let identity = ctx
             .security
-            .identity
-            .as_ref()
+            .identity_for(policy)
             .ok_or(StatusCode::BadSecurityPolicyRejected)?;
-        let mut data = Vec::with_capacity(sent.len() + nonce.len());
-        data.extend_from_slice(sent);
-        data.extend_from_slice(nonce);
-        if let Some((uri, sig)) = identity::sign(identity.private_key(), policy, &data)? {
+        if policy.is_ecc() {
+            let data = create_session_signed_data(
+                policy,
+                ctx.channel.thumbprint(),
+                client_nonce,
+                &nonce,
+                identity.certificate().der(),
+                sent,
+            );
+            let mut sig = Vec::new();
+            identity
+                .key()
+                .sign(policy, &data, &mut sig)
+                .map_err(|_| StatusCode::BadInternalError)?;
             server_signature = SignatureData {
-                algorithm: UaString::from(uri),
+                algorithm: UaString::null(),
                 signature: ByteString::new(sig),
             };
+            let ephemeral = match ecdh_key_for(policy, identity, &req.request_header)? {
+                Some((key, header)) => {
+                    additional_header = header;
+                    key
+                }
+                None => None,
+            };
+            ecc = Some(Arc::new(EccSession {
+                client_nonce: client_nonce.to_vec(),
+                ephemeral,
+            }));
+        } else {
+            let mut data = Vec::with_capacity(sent.len() + client_nonce.len());
+            data.extend_from_slice(sent);
+            data.extend_from_slice(client_nonce);
+            let key = identity
+                .rsa_key()
+                .ok_or(StatusCode::BadSecurityPolicyRejected)?;
+            if let Some((uri, sig)) = identity::sign(key, policy, &data)? {
+                server_signature = SignatureData {
+                    algorithm: UaString::from(uri),
+                    signature: ByteString::new(sig),
+                };
+            }
         }
         client_thumbprint = Some(channel_cert.thumbprint());
     }
     let token = NodeId::opaque(0, random_bytes::<32>()?.to_vec());
     let session_id = NodeId::guid(1, uascale_types::Guid::from_bytes(random_bytes::<16>()?));
-    let nonce = random_bytes::<32>()?;
     let session = Session {
         session_id: session_id.clone(),
         channel_id: ctx.channel_id,
@@ -177,18 +253,21 @@ fn create_session_inner(
         endpoint_url: req.endpoint_url.clone(),
         security_policy: ctx.channel.policy,
         security_mode: ctx.channel.mode,
+        ecc,
     };
     ctx.sessions.create(slot, token.clone(), session);
+    let mut response_header = ctx.response_header(&req.request_header);
+    response_header.additional_header = additional_header;
     Ok(CreateSessionResponse {
-        response_header: ctx.response_header(&req.request_header),
+        response_header,
         session_id,
         authentication_token: token,
         revised_session_timeout: timeout.as_secs_f64() * 1000.0,
         server_nonce: ByteString::new(nonce.to_vec()),
         server_certificate: ctx
             .security
-            .identity
-            .as_ref()
+            .identity_for(policy)
+            .or(ctx.security.identity.as_ref())
             .map_or_else(ByteString::null, |i| {
                 ByteString::new(i.certificate().der().to_vec())
             }),
@@ -231,6 +310,8 @@ struct Snapshot {
     /// For the establishment time of a first activation.
     created: uascale_types::DateTime,
     activated: bool,
+    /// ECC: the CreateSession ClientNonce and the session ephemeral key.
+    ecc: Option<Arc<EccSession>>,
 }
 
 /// Counts a failed authentication of lockout key `key` (the lockout
@@ -259,6 +340,7 @@ fn check_identity(
     ctx: &ServiceContext,
     req: &ActivateSessionRequest,
     nonce: &[u8; 32],
+    ecc: Option<&EccSession>,
 ) -> Result<Option<UserIdentity>, StatusCode> {
     let token = &req.user_identity_token;
     let sec = &ctx.security;
@@ -282,19 +364,28 @@ fn check_identity(
         if u.policy_id != POLICY_USERNAME {
             return Err(StatusCode::BadIdentityTokenInvalid);
         }
-        let (Some(policy), Some(identity)) = (token_policy, &sec.identity) else {
+        let Some(policy) = token_policy else {
             return Err(StatusCode::BadIdentityTokenRejected);
         };
         if sec.users.is_empty() {
             return Err(StatusCode::BadIdentityTokenRejected);
         }
-        let password = identity::decrypt_secret(
-            identity.private_key(),
-            policy,
-            u.encryption_algorithm.as_str_or_empty(),
-            u.password.as_bytes_or_empty(),
-            nonce,
-        )?;
+        let password = if policy.is_ecc() {
+            ecc_password(ctx, policy, u, nonce, ecc)?
+        } else {
+            let key = sec
+                .identity
+                .as_ref()
+                .and_then(|i| i.rsa_key())
+                .ok_or(StatusCode::BadIdentityTokenRejected)?;
+            identity::decrypt_secret(
+                key,
+                policy,
+                u.encryption_algorithm.as_str_or_empty(),
+                u.password.as_bytes_or_empty(),
+                nonce,
+            )?
+        };
         let name = u.user_name.as_str_or_empty();
         return Ok(sec
             .users
@@ -305,8 +396,12 @@ fn check_identity(
         if x.policy_id != POLICY_X509 {
             return Err(StatusCode::BadIdentityTokenInvalid);
         }
-        let (Some(policy), Some(identity), Some(pki)) = (token_policy, &sec.identity, &sec.pki)
-        else {
+        let (Some(policy), Some(identity), Some(pki)) = (
+            token_policy.filter(|p| !p.is_ecc()),
+            &sec.identity,
+            &sec.pki,
+        ) else {
+            // X509 user tokens under ECC are not implemented.
             return Err(StatusCode::BadIdentityTokenRejected);
         };
         let cert = match pki.validate_user(
@@ -343,6 +438,42 @@ fn check_identity(
         return Err(StatusCode::BadIdentityTokenRejected);
     }
     Err(StatusCode::BadIdentityTokenInvalid)
+}
+
+/// The password of a UserName token under an ECC policy: an
+/// EccEncryptedSecret for the session's ephemeral key, signed with the
+/// channel's client certificate.
+fn ecc_password(
+    ctx: &ServiceContext,
+    policy: SecurityPolicy,
+    token: &UserNameIdentityToken,
+    nonce: &[u8; 32],
+    ecc: Option<&EccSession>,
+) -> Result<Vec<u8>, StatusCode> {
+    let rejected = StatusCode::BadIdentityTokenRejected;
+    if !token.encryption_algorithm.is_null_or_empty() {
+        return Err(StatusCode::BadIdentityTokenInvalid);
+    }
+    let ephemeral = ecc.and_then(|e| e.ephemeral.as_ref()).ok_or(rejected)?;
+    let client_cert = ctx.channel.remote_certificate.as_ref().ok_or(rejected)?;
+    let Ok(Some(PublicKey::Ecc(sender))) = ctx.channel.remote_public_key() else {
+        return Err(rejected);
+    };
+    let opened = ecc_secret::decrypt(
+        policy,
+        &sender,
+        ephemeral,
+        nonce,
+        token.password.as_bytes_or_empty(),
+    )
+    .map_err(|e| {
+        tracing::debug!(reason = %e, "EccEncryptedSecret refused");
+        StatusCode::BadIdentityTokenInvalid
+    })?;
+    if leaf_der(&opened.signing_certificate).ok() != Some(client_cert.der()) {
+        return Err(StatusCode::BadIdentityTokenInvalid);
+    }
+    Ok(opened.secret)
 }
 
 /// ActivateSession: activates (or moves to this channel) the session.
@@ -396,6 +527,7 @@ fn activate_session_inner(
             client_uri: s.client_uri.clone(),
             created: s.created,
             activated: s.activated,
+            ecc: s.ecc.clone(),
         })
         .map_err(|e| e.status_code())?;
     let channel_thumbprint = ctx
@@ -415,33 +547,64 @@ fn activate_session_inner(
         .inspect_err(|_| ctx.metrics.auth_refused_locked_out())?;
 
     // The client proves it holds its certificate's key.
+    let policy = ctx.channel.policy;
     let remote_key = ctx
         .channel
-        .remote_key()
+        .remote_public_key()
         .map_err(|_| StatusCode::BadCertificateInvalid)?;
     if let Some(remote) = &remote_key {
         let identity = ctx
             .security
-            .identity
-            .as_ref()
+            .identity_for(policy)
             .ok_or(StatusCode::BadSecurityChecksFailed)?;
-        let mut data = identity.certificate().der().to_vec();
-        data.extend_from_slice(&snap.nonce);
         let sig = &req.client_signature;
-        if let Err(status) = identity::verify_signature(
-            remote,
-            ctx.channel.policy,
-            sig.algorithm.as_str_or_empty(),
-            &data,
-            sig.signature.as_bytes_or_empty(),
-            StatusCode::BadApplicationSignatureInvalid,
-        ) {
+        let checked = match remote {
+            PublicKey::Rsa(remote) => {
+                let mut data = identity.certificate().der().to_vec();
+                data.extend_from_slice(&snap.nonce);
+                identity::verify_signature(
+                    remote,
+                    policy,
+                    sig.algorithm.as_str_or_empty(),
+                    &data,
+                    sig.signature.as_bytes_or_empty(),
+                    StatusCode::BadApplicationSignatureInvalid,
+                )
+            }
+            PublicKey::Ecc(_) => {
+                let client_nonce = snap
+                    .ecc
+                    .as_ref()
+                    .map(|e| e.client_nonce.as_slice())
+                    .unwrap_or_default();
+                let client_cert = ctx
+                    .channel
+                    .remote_certificate
+                    .as_ref()
+                    .map(|c| c.der())
+                    .unwrap_or_default();
+                let data = activate_session_signed_data(
+                    policy,
+                    ctx.channel.thumbprint(),
+                    &snap.nonce,
+                    client_nonce,
+                    identity.certificate().der(),
+                    identity.certificate().der(),
+                    client_cert,
+                );
+                // The algorithm field is empty under ECC and ignored.
+                remote
+                    .verify(policy, &data, sig.signature.as_bytes_or_empty())
+                    .map_err(|_| StatusCode::BadApplicationSignatureInvalid)
+            }
+        };
+        if let Err(status) = checked {
             auth_failed(ctx, &key);
             return Err(status);
         }
     }
 
-    let user = match check_identity(ctx, req, &snap.nonce) {
+    let user = match check_identity(ctx, req, &snap.nonce, snap.ecc.as_deref()) {
         Ok(Some(user)) => user,
         Ok(None) => {
             auth_failed(ctx, &key);
@@ -467,6 +630,23 @@ fn activate_session_inner(
     let anonymous = user == UserIdentity::Anonymous;
     let nonce = random_bytes::<32>()?;
     let locales = req.locale_ids.clone().unwrap_or_default();
+    let mut additional_header = ExtensionObject::default();
+    let mut next_ecc = None;
+    if let Some(identity) = ctx.security.identity_for(policy) {
+        if let Some((key, header)) = ecdh_key_for(policy, identity, &req.request_header)? {
+            additional_header = header;
+            if let Some(key) = key {
+                next_ecc = Some(Arc::new(EccSession {
+                    client_nonce: snap
+                        .ecc
+                        .as_ref()
+                        .map(|e| e.client_nonce.clone())
+                        .unwrap_or_default(),
+                    ephemeral: Some(key),
+                }));
+            }
+        }
+    }
     // Fails when a concurrent ActivateSession consumed the nonce first.
     ctx.sessions
         .activate(
@@ -479,6 +659,7 @@ fn activate_session_inner(
                 security_mode: ctx.channel.mode,
                 locale_ids: locales,
                 user,
+                ecc: next_ecc,
             },
             ctx.instant,
         )
@@ -491,8 +672,10 @@ fn activate_session_inner(
     if !anonymous {
         ctx.security.failures.succeeded(&key);
     }
+    let mut response_header = ctx.response_header(&req.request_header);
+    response_header.additional_header = additional_header;
     Ok(ActivateSessionResponse {
-        response_header: ctx.response_header(&req.request_header),
+        response_header,
         server_nonce: ByteString::new(nonce.to_vec()),
         results: Some(vec![]),
         diagnostic_infos: Some(vec![]),
@@ -855,6 +1038,7 @@ mod tests {
             let security = SecurityState {
                 pki: None,
                 identity: Some(identity),
+                ecc_identities: Vec::new(),
                 endpoints: vec![(POLICY, MessageSecurityMode::SignAndEncrypt)],
                 allow_anonymous: true,
                 users: UserDatabase::new(vec![
@@ -866,6 +1050,7 @@ mod tests {
                 policy: POLICY,
                 mode: MessageSecurityMode::SignAndEncrypt,
                 remote_certificate: Some(Arc::new(client_cert.clone())),
+                channel_thumbprint: None,
             };
             Secure {
                 f: Fixture::with_security(10, security),
@@ -1080,6 +1265,295 @@ mod tests {
                 activate_session(&s.ctx(1), &req).unwrap_err(),
                 StatusCode::BadUserAccessDenied
             );
+        }
+    }
+
+    /// Sessions on ECC channels: ECDSA server and client signatures
+    /// (channel-bound with a ChannelThumbprint), the ECDHKey in the
+    /// additional headers and UserName passwords as EccEncryptedSecret.
+    mod ecc {
+        use std::sync::Arc;
+
+        use uascale_crypto::ecc::{EccPrivateKey, EccPublicKey};
+        use uascale_crypto::x509::{create_self_signed, Certificate, KeyType, SelfSignedParams};
+        use uascale_proto::ecc_secret;
+        use uascale_proto::security::{ChannelSecurity, Identity, PrivateKey};
+        use uascale_types::{DateTime, MessageSecurityMode, RequestHeader, ResponseHeader};
+
+        use super::*;
+        use crate::identity::{AuthFailures, UserAccount, UserDatabase};
+        use crate::security::SecurityState;
+
+        fn keyed(uri: &str) -> (Certificate, EccPrivateKey) {
+            let mut p = SelfSignedParams::new(uri, "t", std::time::SystemTime::now());
+            p.key_type = KeyType::EcP256;
+            let made = create_self_signed(&p).unwrap();
+            let key = EccPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).unwrap();
+            (made.certificate, key)
+        }
+
+        fn cheap_hash(password: &[u8]) -> String {
+            use argon2::password_hash::{PasswordHasher, SaltString};
+            let params = argon2::Params::new(64, 1, 1, None).unwrap();
+            let a =
+                argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+            let salt = SaltString::encode_b64(b"0123456789abcdef").unwrap();
+            a.hash_password(password, &salt).unwrap().to_string()
+        }
+
+        struct Ecc {
+            f: Fixture,
+            policy: SecurityPolicy,
+            server_cert: Certificate,
+            server_public: EccPublicKey,
+            client_cert: Certificate,
+            client_key: EccPrivateKey,
+            channel: ChannelSecurity,
+        }
+
+        fn ecc(policy: SecurityPolicy) -> Ecc {
+            let (server_cert, server_key) = keyed("urn:test:server");
+            let (client_cert, client_key) = keyed("urn:test:client");
+            let server_public = server_key.public_key().clone();
+            let identity = Arc::new(
+                Identity::with_key(server_cert.clone(), PrivateKey::Ecc(server_key)).unwrap(),
+            );
+            let security = SecurityState {
+                pki: None,
+                identity: None,
+                ecc_identities: vec![identity],
+                endpoints: vec![(policy, MessageSecurityMode::SignAndEncrypt)],
+                allow_anonymous: true,
+                users: UserDatabase::new(vec![
+                    UserAccount::new("op", &cheap_hash(b"right")).unwrap()
+                ]),
+                failures: AuthFailures::new(10),
+            };
+            let thumbprint = policy
+                .secure_channel_enhancements()
+                .then(|| Arc::from(&[0x5a; 64][..]));
+            let channel = ChannelSecurity {
+                policy,
+                mode: MessageSecurityMode::SignAndEncrypt,
+                remote_certificate: Some(Arc::new(client_cert.clone())),
+                channel_thumbprint: thumbprint,
+            };
+            Ecc {
+                f: Fixture::with_security(10, security),
+                policy,
+                server_cert,
+                server_public,
+                client_cert,
+                client_key,
+                channel,
+            }
+        }
+
+        impl Ecc {
+            fn ctx(&self) -> ServiceContext {
+                let mut ctx = self.f.ctx(1);
+                ctx.channel = self.channel.clone();
+                ctx
+            }
+
+            fn header(&self, token: &NodeId, ecdh: bool) -> RequestHeader {
+                RequestHeader {
+                    authentication_token: token.clone(),
+                    additional_header: if ecdh {
+                        ecc_secret::ecdh_request(self.policy)
+                    } else {
+                        ExtensionObject::default()
+                    },
+                    ..Default::default()
+                }
+            }
+
+            fn create(&self, ecdh: bool) -> CreateSessionResponse {
+                let mut req = CreateSessionRequest {
+                    request_header: self.header(&NodeId::NULL, ecdh),
+                    client_nonce: ByteString::new(vec![9; 32]),
+                    client_certificate: ByteString::new(self.client_cert.der().to_vec()),
+                    ..Default::default()
+                };
+                req.client_description.application_uri = UaString::from("urn:test:client");
+                create_session(&self.ctx(), &req).unwrap()
+            }
+
+            fn ecdh_key(&self, header: &ResponseHeader) -> Option<Vec<u8>> {
+                ecc_secret::ecdh_key_of_response(
+                    self.policy,
+                    &header.additional_header,
+                    &self.server_public,
+                )
+                .unwrap()
+            }
+
+            fn activate(
+                &self,
+                token: &NodeId,
+                nonce: &[u8],
+                user: ExtensionObject,
+            ) -> Result<ActivateSessionResponse, ServiceError> {
+                let data = activate_session_signed_data(
+                    self.policy,
+                    self.channel.thumbprint(),
+                    nonce,
+                    &[9; 32],
+                    self.server_cert.der(),
+                    self.server_cert.der(),
+                    self.client_cert.der(),
+                );
+                let mut sig = Vec::new();
+                self.client_key.sign(&data, &mut sig).unwrap();
+                activate_session(
+                    &self.ctx(),
+                    &ActivateSessionRequest {
+                        request_header: self.header(token, true),
+                        client_signature: SignatureData {
+                            algorithm: UaString::null(),
+                            signature: ByteString::new(sig),
+                        },
+                        user_identity_token: user,
+                        ..Default::default()
+                    },
+                )
+            }
+
+            fn password(&self, key: &[u8], nonce: &[u8], password: &[u8]) -> ExtensionObject {
+                let data = ecc_secret::encrypt(
+                    self.policy,
+                    &self.client_key,
+                    self.client_cert.der(),
+                    key,
+                    nonce,
+                    password,
+                    DateTime::from_ticks(1),
+                )
+                .unwrap();
+                ExtensionObject::new(UserNameIdentityToken {
+                    policy_id: UaString::from(POLICY_USERNAME),
+                    user_name: UaString::from("op"),
+                    password: ByteString::new(data),
+                    encryption_algorithm: UaString::null(),
+                })
+            }
+        }
+
+        #[test]
+        fn signatures_ecdh_keys_and_encrypted_passwords() {
+            for policy in [
+                SecurityPolicy::EccNistP256,
+                SecurityPolicy::EccNistP256AesGcm,
+                SecurityPolicy::EccNistP256ChaChaPoly,
+            ] {
+                let s = ecc(policy);
+                let r = s.create(true);
+                assert_eq!(r.server_certificate.as_bytes(), Some(s.server_cert.der()));
+                // The ServerSignature (channel-bound when enhanced) verifies.
+                let data = create_session_signed_data(
+                    policy,
+                    s.channel.thumbprint(),
+                    &[9; 32],
+                    r.server_nonce.as_bytes_or_empty(),
+                    s.server_cert.der(),
+                    s.client_cert.der(),
+                );
+                assert!(r.server_signature.algorithm.is_null_or_empty());
+                s.server_public
+                    .verify(
+                        policy.curve().unwrap(),
+                        &data,
+                        r.server_signature.signature.as_bytes_or_empty(),
+                    )
+                    .unwrap();
+                let key = s.ecdh_key(&r.response_header).expect("an ECDHKey");
+                let token = r.authentication_token;
+                let nonce = r.server_nonce.as_bytes_or_empty().to_vec();
+                // Encrypted for another key: refused before any password check.
+                let other = uascale_crypto::ecc::EphemeralKey::generate(
+                    uascale_crypto::ecc::EccCurve::NistP256,
+                )
+                .unwrap();
+                let e = s
+                    .activate(
+                        &token,
+                        &nonce,
+                        s.password(other.public_nonce(), &nonce, b"right"),
+                    )
+                    .unwrap_err();
+                assert_eq!(e.status_code(), StatusCode::BadIdentityTokenInvalid);
+                // The wrong password: denied.
+                let e = s
+                    .activate(&token, &nonce, s.password(&key, &nonce, b"wrong"))
+                    .unwrap_err();
+                assert_eq!(e.status_code(), StatusCode::BadUserAccessDenied);
+                // The right one: activated, and a fresh ECDHKey comes back.
+                let ok = s
+                    .activate(&token, &nonce, s.password(&key, &nonce, b"right"))
+                    .unwrap();
+                let user =
+                    s.f.sessions()
+                        .with(&token, None, false, s.f.t0, |x| x.user.clone());
+                assert_eq!(user, Ok(UserIdentity::UserName("op".into())), "{policy:?}");
+                let next = s.ecdh_key(&ok.response_header).expect("a new ECDHKey");
+                assert_ne!(next, key);
+                // The old key is no longer the session's.
+                let nonce = ok.server_nonce.as_bytes_or_empty().to_vec();
+                let e = s
+                    .activate(&token, &nonce, s.password(&key, &nonce, b"right"))
+                    .unwrap_err();
+                assert_eq!(e.status_code(), StatusCode::BadIdentityTokenInvalid);
+                s.activate(&token, &nonce, s.password(&next, &nonce, b"right"))
+                    .unwrap();
+            }
+        }
+
+        #[test]
+        fn a_bad_client_signature_and_no_ecdh_key_are_refused() {
+            let s = ecc(SecurityPolicy::EccNistP256AesGcm);
+            let r = s.create(false);
+            assert_eq!(s.ecdh_key(&r.response_header), None);
+            let token = r.authentication_token;
+            let nonce = r.server_nonce.as_bytes_or_empty().to_vec();
+            // Without an ECDHKey no password can be encrypted for the session.
+            let some_key = uascale_crypto::ecc::EphemeralKey::generate(
+                uascale_crypto::ecc::EccCurve::NistP256,
+            )
+            .unwrap();
+            let e = s
+                .activate(
+                    &token,
+                    &nonce,
+                    s.password(some_key.public_nonce(), &nonce, b"right"),
+                )
+                .unwrap_err();
+            assert_eq!(e.status_code(), StatusCode::BadIdentityTokenRejected);
+            // A client signature over another nonce.
+            let e = s
+                .activate(&token, &[1; 32], ExtensionObject::default())
+                .unwrap_err();
+            assert_eq!(e.status_code(), StatusCode::BadApplicationSignatureInvalid);
+            // Asking for an ECDHKey of another policy: no key, the
+            // StatusCode in its place.
+            let mut req = CreateSessionRequest {
+                request_header: RequestHeader {
+                    additional_header: ecc_secret::ecdh_request(SecurityPolicy::EccNistP384),
+                    ..Default::default()
+                },
+                client_nonce: ByteString::new(vec![9; 32]),
+                client_certificate: ByteString::new(s.client_cert.der().to_vec()),
+                ..Default::default()
+            };
+            req.client_description.application_uri = UaString::from("urn:test:client");
+            let r = create_session(&s.ctx(), &req).unwrap();
+            assert_eq!(s.ecdh_key(&r.response_header), None);
+            let ap = r
+                .response_header
+                .additional_header
+                .downcast_ref::<uascale_types::AdditionalParametersType>()
+                .unwrap();
+            assert!(ap.parameters.iter().flatten().any(|p| p.value
+                == uascale_types::Variant::StatusCode(StatusCode::BadSecurityPolicyRejected)));
         }
     }
 }
