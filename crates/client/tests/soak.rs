@@ -23,7 +23,7 @@ mod common;
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::chaos::{Chaos, Dir};
 use uascale_client::{
@@ -31,9 +31,6 @@ use uascale_client::{
     SubscriptionEvent, SubscriptionSettings,
 };
 use uascale_crypto::policy::SecurityPolicy;
-use uascale_crypto::rsa::RsaPrivateKey;
-use uascale_crypto::x509::{create_self_signed, Certificate, SelfSignedParams};
-use uascale_proto::security::Identity;
 use uascale_types as t;
 use uascale_types::NodeId;
 
@@ -42,25 +39,6 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn client_identity() -> Arc<Identity> {
-    let start = SystemTime::now()
-        .checked_sub(Duration::from_secs(3600))
-        .unwrap_or(UNIX_EPOCH);
-    let made = create_self_signed(&SelfSignedParams::new(
-        "urn:uascale:client",
-        "soak client",
-        start,
-    ))
-    .expect("certificate");
-    Arc::new(
-        Identity::new(
-            Certificate::from_der(made.certificate.der()).expect("parses"),
-            RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).expect("key"),
-        )
-        .expect("identity"),
-    )
 }
 
 /// What the sessions saw, summed.
@@ -160,7 +138,7 @@ async fn soak() {
         options.security = SecurityOptions {
             policy: SecurityPolicy::Basic256Sha256,
             mode,
-            certificate: Some(client_identity()),
+            certificate: Some(common::client_identity("soak client")),
             server_certificate: None,
             trust: ServerTrust::UnsafeAcceptAny,
         };

@@ -11,44 +11,25 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use uascale_client::{
     Client, ClientError, ClientOptions, ConnectGate, ConnectReport, SecurityOptions, ServerTrust,
 };
 use uascale_crypto::policy::SecurityPolicy;
-use uascale_crypto::rsa::RsaPrivateKey;
-use uascale_crypto::x509::{create_self_signed, Certificate, SelfSignedParams};
 use uascale_proto::security::Identity;
 use uascale_server::config::{AdmissionSection, SecurityConfig, ServerSection};
 use uascale_server::{Server, ServerConfig};
 use uascale_types as t;
 use uascale_types::NodeId;
 
+mod common;
+
 const COOPERATIVE: usize = 60;
 const NAIVE: usize = 60;
 /// How long the naive clients keep hammering.
 const STORM: Duration = Duration::from_secs(4);
 const ACTIVATION_DEADLINE: Duration = Duration::from_secs(2);
-
-fn client_identity() -> Arc<Identity> {
-    let start = SystemTime::now()
-        .checked_sub(Duration::from_secs(3600))
-        .unwrap_or(UNIX_EPOCH);
-    let made = create_self_signed(&SelfSignedParams::new(
-        "urn:uascale:client",
-        "storm client",
-        start,
-    ))
-    .unwrap();
-    Arc::new(
-        Identity::new(
-            Certificate::from_der(made.certificate.der()).unwrap(),
-            RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).unwrap(),
-        )
-        .unwrap(),
-    )
-}
 
 fn secured(identity: &Arc<Identity>) -> SecurityOptions {
     SecurityOptions {
@@ -112,7 +93,7 @@ async fn a_connect_storm_is_shed_with_hints_and_leaves_no_orphans() {
     let running = tokio::spawn(server.run(async move {
         let _ = stopped.await;
     }));
-    let identity = client_identity();
+    let identity = common::client_identity("storm client");
 
     // A session from before the storm, reading throughout.
     let steady = Client::connect(

@@ -14,29 +14,16 @@ use uascale_client::{
     Notification, OpenAttempt, OpenObserver, OpenStage, Restore, Subscription, SubscriptionEvent,
     SubscriptionSettings, UserIdentity,
 };
-use uascale_server::config::{DemoSection, SecurityConfig, ServerSection, UserConfig};
+use uascale_server::config::{SecurityConfig, UserConfig};
 use uascale_server::{Server, ServerConfig};
 use uascale_types as t;
 use uascale_types::{NodeId, StatusCode, Variant};
 
-const COUNTER: &str = "Demo.Dynamic.Counter";
+mod common;
 
-fn config() -> ServerConfig {
-    ServerConfig {
-        server: ServerSection {
-            bind: [127, 0, 0, 1].into(),
-            port: 0,
-            host_name: "127.0.0.1".into(),
-            ..Default::default()
-        },
-        demo: DemoSection {
-            rate: Duration::from_millis(50),
-            ..Default::default()
-        },
-        security: SecurityConfig::none_only(),
-        ..Default::default()
-    }
-}
+use common::config;
+
+const COUNTER: &str = "Demo.Dynamic.Counter";
 
 /// Starts a server; its address and a handle that stops it.
 fn start(config: ServerConfig) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {

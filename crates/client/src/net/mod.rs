@@ -889,6 +889,14 @@ impl Shared {
         tokio::spawn(reconnect::run(self, failure));
     }
 
+    /// The server no longer knows our session while the channel works: a
+    /// new session on it takes the subscriptions over (like
+    /// [`link_lost`](Self::link_lost), the recovery is the reconnect
+    /// module's).
+    pub(crate) async fn session_lost(self: &Arc<Self>) -> Result<(), ClientError> {
+        reconnect::renew_session(self).await
+    }
+
     /// Closed for good: requests fail with `reason`, subscription streams
     /// end.
     pub(crate) fn shut_down(&self, reason: ClientError) {

@@ -655,7 +655,7 @@ async fn publish_loop(shared: Arc<Shared>) {
                         end_all(&shared, e.status_code());
                         break;
                     }
-                    if let Err(e) = super::reconnect::renew_session(&shared).await {
+                    if let Err(e) = shared.session_lost().await {
                         tracing::debug!(error = %e, "no new session; waiting for the channel");
                         if !wait_usable(&shared).await {
                             break;

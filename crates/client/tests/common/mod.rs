@@ -194,6 +194,25 @@ impl NodeManager for Ledger {
     }
 }
 
+/// A client application identity (self-signed, RSA 2048, valid from an
+/// hour ago), application URI `urn:uascale:client`, named `name`.
+pub fn client_identity(name: &str) -> Arc<uascale_proto::security::Identity> {
+    use uascale_crypto::rsa::RsaPrivateKey;
+    use uascale_crypto::x509::{create_self_signed, Certificate, SelfSignedParams};
+    let start = std::time::SystemTime::now()
+        .checked_sub(Duration::from_secs(3600))
+        .unwrap_or(std::time::UNIX_EPOCH);
+    let made = create_self_signed(&SelfSignedParams::new("urn:uascale:client", name, start))
+        .expect("a certificate");
+    Arc::new(
+        uascale_proto::security::Identity::new(
+            Certificate::from_der(made.certificate.der()).expect("it parses"),
+            RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).expect("its key"),
+        )
+        .expect("an identity"),
+    )
+}
+
 /// Polls `f` every 20 ms until it holds, at most `limit` (a bound against
 /// hangs, not a timing assertion); whether it held.
 pub async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
