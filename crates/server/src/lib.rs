@@ -39,6 +39,7 @@ pub mod dispatch;
 pub mod error;
 pub mod fxhash;
 pub mod identity;
+pub mod job;
 pub mod metrics;
 pub mod net;
 pub mod node_manager;

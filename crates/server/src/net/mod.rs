@@ -1202,15 +1202,15 @@ fn handle_events(
                     Some(slot.into_owned()),
                 ),
                 None => {
-                    let (owner, _) = scheduler.owner_of(ctx);
-                    let job = crate::scheduler::Job {
+                    let (owner, _) = crate::job::owner_of(ctx);
+                    let job = crate::job::Job {
                         ctx: ctx.clone(),
-                        work: crate::scheduler::Work::Answer {
+                        work: crate::job::Work::Answer {
                             request_handle,
                             future,
                         },
                     };
-                    scheduler.offer_started(owner, body.len(), job);
+                    scheduler.offer_started(owner, body.len(), Box::new(job));
                 }
             },
             Dispatched::Later {
@@ -1243,10 +1243,10 @@ fn enqueue(conn: &mut ServerConnection, ctx: &ServiceContext, body: &[u8]) {
             return;
         }
     };
-    let (owner, kind, trusted) = state.scheduler.classify(ctx, &request);
+    let (owner, kind, trusted) = crate::job::classify(ctx, &request);
     let handle = request.header().request_handle;
     let service = request.service();
-    let job = crate::scheduler::Job::request(ctx.clone(), request);
+    let job = Box::new(crate::job::Job::request(ctx.clone(), request));
     if let Err(refused) = state
         .scheduler
         .offer(owner, kind, trusted, body.len(), job, ctx.instant)
