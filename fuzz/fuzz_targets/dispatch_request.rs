@@ -230,6 +230,7 @@ fn ensure_session(f: &Fixture) {
             endpoint_url: UaString::null(),
             security_policy: uascale_crypto::policy::SecurityPolicy::None,
             security_mode: uascale_types::MessageSecurityMode::None,
+            ecc: None,
         },
     );
 }
