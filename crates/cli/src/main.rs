@@ -23,6 +23,7 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
                      [--isolation-profile NAME] [--nodeset FILE]...
                      [--pki DIR] [--security none|all] [--metrics ADDR]
                      [--log-format text|json]
+                     [--cluster nats://HOST:PORT [--node-id ID]] [--proxy-protocol]
        uascale decode <HEX | @FILE>
        uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
        uascale user hash
@@ -45,6 +46,11 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            all every RSA policy in Sign and SignAndEncrypt (the default);
            --metrics ADDR serves /metrics (Prometheus), /healthz and /readyz
            over HTTP on ADDR, e.g. 127.0.0.1:9464 (metrics.listen);
+           --cluster URL makes this server a node of a cluster mirroring
+           its sessions through the NATS JetStream server at URL
+           (cluster.url; docs/cluster.md), --node-id its id (cluster.node_id,
+           default node-PORT); --proxy-protocol reads a PROXY protocol v2
+           header on every connection (cluster.proxy_protocol);
            --log-format json writes one JSON object per event for log
            shippers (default text: coloured only on a terminal and without
            NO_COLOR)
@@ -155,6 +161,12 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
                     format!("--metrics {v:?} is not an address and port (e.g. 127.0.0.1:9464)")
                 })?);
             }
+            "--cluster" => {
+                let v = value("--cluster")?;
+                config.cluster.url = Some(v.to_owned());
+            }
+            "--node-id" => config.cluster.node_id = Some(value("--node-id")?.to_owned()),
+            "--proxy-protocol" => config.cluster.proxy_protocol = true,
             "--security" => match value("--security")? {
                 // Only the None endpoint: no PKI, no certificate.
                 "none" => {
@@ -386,6 +398,27 @@ mod tests {
         let hex: String = buf.iter().map(|b| format!("{b:02x} ")).collect();
         let out = decode(&hex).unwrap();
         assert!(out.starts_with("ReadRequest"), "{out}");
+    }
+
+    #[test]
+    fn the_cluster_flags_set_the_section() {
+        let (config, _) = serve_config(&[
+            "--security",
+            "none",
+            "--cluster",
+            "nats://127.0.0.1:4222",
+            "--node-id",
+            "n1",
+        ])
+        .unwrap();
+        assert_eq!(config.cluster.url.as_deref(), Some("nats://127.0.0.1:4222"));
+        assert_eq!(config.cluster.node_id.as_deref(), Some("n1"));
+        let (config, _) = serve_config(&["--security", "none"]).unwrap();
+        assert_eq!(config.cluster.url, None, "off by default");
+        let e = serve_config(&["--cluster", "127.0.0.1:4222"]).unwrap_err();
+        assert!(e.contains("cluster.url"), "{e}");
+        let e = serve_config(&["--cluster", "nats://h:1", "--node-id", "a b"]).unwrap_err();
+        assert!(e.contains("cluster.node_id"), "{e}");
     }
 
     #[test]

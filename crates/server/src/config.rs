@@ -52,6 +52,64 @@ pub struct ServerConfig {
     /// `[metrics]`: the Prometheus endpoint and health probes
     /// (SCALABILITY.md §9).
     pub metrics: MetricsSection,
+    /// `[cluster]`: scale-out through NATS JetStream (SCALABILITY.md §8,
+    /// docs/cluster.md). Off unless `url` is set.
+    pub cluster: ClusterSection,
+}
+
+/// `[cluster]`: this server as one node of a cluster behind a TCP front
+/// end, mirroring its sessions through NATS JetStream (docs/cluster.md).
+/// Without `url` nothing here is used and nothing is contacted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSection {
+    /// The NATS server (`url`, `nats://HOST:PORT`; `uascale serve
+    /// --cluster URL`). Default unset: not a cluster node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// This node's id in the cluster (`node_id`, 1-64 of `A-Z a-z 0-9 _
+    /// -`; `--node-id`). Default derived: `node-` and the port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// How often the node beats its heartbeat record (`heartbeat_ms`).
+    /// Default 1 s.
+    #[serde(rename = "heartbeat_ms", with = "millis")]
+    pub heartbeat: Duration,
+    /// A node whose heartbeat did not change for this long is dead and its
+    /// sessions are adopted by a survivor (`lease_ms`; at least twice
+    /// `heartbeat_ms`). Default 5 s: a few missed beats, not one slow one.
+    #[serde(rename = "lease_ms", with = "millis")]
+    pub lease: Duration,
+    /// Copies JetStream keeps of each bucket (`replicas`, 1..=5; 3 on a
+    /// three-server NATS cluster). Default 1: a single nats-server.
+    pub replicas: usize,
+    /// Read a PROXY protocol v2 header before the Hello on every
+    /// connection, so admission sees the client's address behind the
+    /// front end (`proxy_protocol`). Default false: only enable it behind
+    /// a balancer that sends the header (anyone could claim any address).
+    pub proxy_protocol: bool,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            url: None,
+            node_id: None,
+            heartbeat: Duration::from_secs(1),
+            lease: Duration::from_secs(5),
+            replicas: 1,
+            proxy_protocol: false,
+        }
+    }
+}
+
+impl ClusterSection {
+    /// The node id: the configured one, or `node-PORT`.
+    pub fn node_id_or(&self, port: u16) -> String {
+        self.node_id
+            .clone()
+            .unwrap_or_else(|| format!("node-{port}"))
+    }
 }
 
 /// `[metrics]`: the HTTP endpoint with `/metrics` (Prometheus), `/healthz`
@@ -965,7 +1023,45 @@ impl ServerConfig {
         self.validate_security()?;
         self.validate_subscriptions()?;
         self.validate_admission()?;
-        self.validate_requests()
+        self.validate_requests()?;
+        self.validate_cluster()
+    }
+
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let c = &self.cluster;
+        if let Some(url) = &c.url {
+            let rest = url.strip_prefix("nats://").unwrap_or("");
+            let (host, port) = rest.rsplit_once(':').unwrap_or(("", ""));
+            if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+                return fail(
+                    "cluster.url",
+                    format!("{url:?}"),
+                    "must be nats://HOST:PORT",
+                );
+            }
+        }
+        if let Some(id) = &c.node_id {
+            let ok = |ch: char| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-';
+            if id.is_empty() || id.len() > 64 || !id.chars().all(ok) {
+                return fail(
+                    "cluster.node_id",
+                    format!("{id:?}"),
+                    "must be 1-64 characters of A-Z a-z 0-9 _ -",
+                );
+            }
+        }
+        positive_ms("cluster.heartbeat_ms", c.heartbeat)?;
+        if c.lease < c.heartbeat * 2 {
+            return fail(
+                "cluster.lease_ms",
+                millis::of(c.lease),
+                "must be at least twice cluster.heartbeat_ms",
+            );
+        }
+        if !(1..=5).contains(&c.replicas) {
+            return fail("cluster.replicas", c.replicas, "must be 1..=5");
+        }
+        Ok(())
     }
 
     fn validate_requests(&self) -> Result<(), ConfigError> {

@@ -95,9 +95,8 @@ fn role(name: &str, clients: &[Interval], secs: f64) -> (Vec<(String, String)>, 
         .get(&StatusCode::BadServerTooBusy)
         .copied()
         .unwrap_or(0);
-    let pct = |q: f64| {
-        (total.reads > 0).then(|| total.latency_us.value_at_quantile(q) as f64 / 1000.0)
-    };
+    let pct =
+        |q: f64| (total.reads > 0).then(|| total.latency_us.value_at_quantile(q) as f64 / 1000.0);
     let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2} ms"));
     let min = per_client.iter().copied().fold(f64::INFINITY, f64::min);
     let max = per_client.iter().copied().fold(0.0f64, f64::max);
@@ -151,9 +150,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let duration = a.seconds("--duration-s", 10.0)?;
     let pid = a.server_pid()?;
     if flooders == 0 || window == 0 || victims == 0 || duration.is_zero() {
-        return Err(
-            "--flooders, --flood-inflight, --victims and --duration-s must be > 0".into(),
-        );
+        return Err("--flooders, --flood-inflight, --victims and --duration-s must be > 0".into());
     }
     let node: NodeId = match a.last("--node") {
         None => NodeId::string(2, "Demo.Slow.0"),

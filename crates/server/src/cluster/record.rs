@@ -1,0 +1,389 @@
+//! The records a node writes to the store, in the OPC UA binary encoding
+//! (the codec the server already trusts for bounded decoding): a tag, a
+//! format number, the owner and the record's version, then the fields.
+//! A record the store hands back is decoded with small limits, and
+//! anything wrong in it is a [`RecordError`], never a panic.
+
+use std::time::Duration;
+
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_types::{
+    BinaryDecode, BinaryEncode, ByteString, DateTime, DecodeError, DecodeLimits,
+    MessageSecurityMode, NodeId, Reader, UaString,
+};
+
+use crate::identity::UserIdentity;
+
+/// The first bytes of a session record.
+const SESSION_TAG: &[u8; 4] = b"UASs";
+/// The first bytes of a node (heartbeat) record.
+const NODE_TAG: &[u8; 4] = b"UASn";
+/// The record layout this code writes and reads.
+const FORMAT: u8 = 1;
+
+/// Why a record from the store was refused.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// It does not start with the tag of the expected record kind.
+    WrongKind,
+    /// A layout this version does not read.
+    Format(u8),
+    /// Its fields did not decode.
+    Decode(String),
+    /// A field decoded to a value that cannot be (named).
+    Field(&'static str),
+}
+
+impl std::fmt::Display for RecordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordError::WrongKind => f.write_str("not a record of the expected kind"),
+            RecordError::Format(v) => write!(f, "record format {v} is not known"),
+            RecordError::Decode(e) => write!(f, "record does not decode: {e}"),
+            RecordError::Field(name) => write!(f, "record field {name} is invalid"),
+        }
+    }
+}
+
+impl std::error::Error for RecordError {}
+
+impl From<DecodeError> for RecordError {
+    fn from(e: DecodeError) -> Self {
+        RecordError::Decode(e.to_string())
+    }
+}
+
+fn limits() -> DecodeLimits {
+    DecodeLimits {
+        max_string_length: 4096,
+        max_byte_string_length: 16 * 1024,
+        max_array_length: 256,
+        max_message_size: super::store::MAX_RECORD_BYTES,
+        ..DecodeLimits::default()
+    }
+}
+
+fn header(w: &mut Vec<u8>, tag: &[u8; 4], owner: &str, version: u64) {
+    w.extend_from_slice(tag);
+    w.push(FORMAT);
+    UaString::from(owner).encode(w);
+    version.encode(w);
+}
+
+fn read_header(r: &mut Reader<'_>, tag: &[u8; 4]) -> Result<(String, u64), RecordError> {
+    if r.take(4).map_err(|_| RecordError::WrongKind)? != tag {
+        return Err(RecordError::WrongKind);
+    }
+    let format = u8::decode(r)?;
+    if format != FORMAT {
+        return Err(RecordError::Format(format));
+    }
+    let owner = UaString::decode(r)?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .ok_or(RecordError::Field("owner"))?
+        .to_owned();
+    Ok((owner, u64::decode(r)?))
+}
+
+fn fixed<const N: usize>(b: &ByteString, name: &'static str) -> Result<[u8; N], RecordError> {
+    b.as_bytes()
+        .and_then(|b| <[u8; N]>::try_from(b).ok())
+        .ok_or(RecordError::Field(name))
+}
+
+/// A session as the cluster mirrors it: what another node needs to take
+/// it over when its client comes back (the authentication token and the
+/// current server nonce, the client certificate's thumbprint, the user,
+/// the channel's policy and mode, the endpoint, the timeout, the locales).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    /// The node that serves the session now.
+    pub owner: String,
+    /// Bumped by every write of the record.
+    pub version: u64,
+    /// The public SessionId.
+    pub session_id: NodeId,
+    /// The authentication token (the record's key is made from it).
+    pub token: NodeId,
+    /// The nonce the next ActivateSession must be signed over; consumed
+    /// once, cluster-wide, by the compare-and-set that claims the session.
+    pub server_nonce: [u8; 32],
+    /// The thumbprint of the client certificate that created the session
+    /// (None on SecurityPolicy None): only a channel with that
+    /// certificate may take the session over.
+    pub client_thumbprint: Option<[u8; 20]>,
+    /// The client's ApplicationUri.
+    pub client_uri: UaString,
+    /// The client's session name.
+    pub name: UaString,
+    /// Who the session acts for.
+    pub user: UserIdentity,
+    /// The security policy of the channel it was last activated on.
+    pub security_policy: SecurityPolicy,
+    /// The security mode of that channel.
+    pub security_mode: MessageSecurityMode,
+    /// The EndpointUrl the client gave in CreateSession.
+    pub endpoint_url: UaString,
+    /// The revised session timeout.
+    pub timeout: Duration,
+    /// Locale ids from ActivateSession.
+    pub locale_ids: Vec<UaString>,
+    /// When CreateSession made it.
+    pub created: DateTime,
+    /// True once activated.
+    pub activated: bool,
+}
+
+impl SessionRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(256);
+        header(&mut w, SESSION_TAG, &self.owner, self.version);
+        self.session_id.encode(&mut w);
+        self.token.encode(&mut w);
+        ByteString::new(self.server_nonce.to_vec()).encode(&mut w);
+        self.client_thumbprint
+            .map_or_else(ByteString::null, |t| ByteString::new(t.to_vec()))
+            .encode(&mut w);
+        self.client_uri.encode(&mut w);
+        self.name.encode(&mut w);
+        match &self.user {
+            UserIdentity::Anonymous => 0u8.encode(&mut w),
+            UserIdentity::UserName(n) => {
+                1u8.encode(&mut w);
+                UaString::from(n.as_str()).encode(&mut w);
+            }
+            UserIdentity::X509 {
+                subject,
+                thumbprint,
+            } => {
+                2u8.encode(&mut w);
+                UaString::from(subject.as_str()).encode(&mut w);
+                ByteString::new(thumbprint.to_vec()).encode(&mut w);
+            }
+        }
+        UaString::from(self.security_policy.uri()).encode(&mut w);
+        self.security_mode.encode(&mut w);
+        self.endpoint_url.encode(&mut w);
+        u64::try_from(self.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .encode(&mut w);
+        Some(self.locale_ids.clone()).encode(&mut w);
+        self.created.encode(&mut w);
+        self.activated.encode(&mut w);
+        w
+    }
+
+    /// Decodes a record read from the store.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = limits();
+        let mut r = Reader::new(bytes, &limits)?;
+        let (owner, version) = read_header(&mut r, SESSION_TAG)?;
+        let session_id = NodeId::decode(&mut r)?;
+        let token = NodeId::decode(&mut r)?;
+        let server_nonce = fixed::<32>(&ByteString::decode(&mut r)?, "server_nonce")?;
+        let thumb = ByteString::decode(&mut r)?;
+        let client_thumbprint = match thumb.as_bytes() {
+            None => None,
+            Some(_) => Some(fixed::<20>(&thumb, "client_thumbprint")?),
+        };
+        let client_uri = UaString::decode(&mut r)?;
+        let name = UaString::decode(&mut r)?;
+        let text = |s: UaString| s.as_str().map(str::to_owned);
+        let user = match u8::decode(&mut r)? {
+            0 => UserIdentity::Anonymous,
+            1 => UserIdentity::UserName(
+                text(UaString::decode(&mut r)?).ok_or(RecordError::Field("user"))?,
+            ),
+            2 => UserIdentity::X509 {
+                subject: text(UaString::decode(&mut r)?).ok_or(RecordError::Field("user"))?,
+                thumbprint: fixed::<20>(&ByteString::decode(&mut r)?, "user")?,
+            },
+            _ => return Err(RecordError::Field("user")),
+        };
+        let security_policy = UaString::decode(&mut r)?
+            .as_str()
+            .and_then(SecurityPolicy::from_uri)
+            .ok_or(RecordError::Field("security_policy"))?;
+        let security_mode = MessageSecurityMode::decode(&mut r)?;
+        let endpoint_url = UaString::decode(&mut r)?;
+        let timeout = Duration::from_millis(u64::decode(&mut r)?);
+        let locale_ids = Option::<Vec<UaString>>::decode(&mut r)?.unwrap_or_default();
+        let created = DateTime::decode(&mut r)?;
+        let activated = bool::decode(&mut r)?;
+        r.finish()?;
+        Ok(SessionRecord {
+            owner,
+            version,
+            session_id,
+            token,
+            server_nonce,
+            client_thumbprint,
+            client_uri,
+            name,
+            user,
+            security_policy,
+            security_mode,
+            endpoint_url,
+            timeout,
+            locale_ids,
+            created,
+            activated,
+        })
+    }
+}
+
+/// A node's heartbeat: the node id and a counter bumped by every beat.
+/// Liveness is judged on the reader's own clock (when the counter last
+/// changed), so the nodes' clocks need not agree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRecord {
+    /// The node.
+    pub node_id: String,
+    /// Bumped by every heartbeat.
+    pub beat: u64,
+    /// True while the node cannot write its mirror (it serves its own
+    /// sessions and catches up later).
+    pub degraded: bool,
+}
+
+impl NodeRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(32);
+        header(&mut w, NODE_TAG, &self.node_id, self.beat);
+        self.degraded.encode(&mut w);
+        w
+    }
+
+    /// Decodes a record read from the store.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = limits();
+        let mut r = Reader::new(bytes, &limits)?;
+        let (node_id, beat) = read_header(&mut r, NODE_TAG)?;
+        let degraded = bool::decode(&mut r)?;
+        r.finish()?;
+        Ok(NodeRecord {
+            node_id,
+            beat,
+            degraded,
+        })
+    }
+}
+
+/// The store key of the session whose authentication token is `token`:
+/// `s.` and the hex of the token's 32 bytes. `None` for a token this
+/// server does not issue (such a session cannot exist anywhere).
+pub fn session_key(token: &NodeId) -> Option<String> {
+    let uascale_types::Identifier::Opaque(b) = &token.identifier else {
+        return None;
+    };
+    let bytes = b
+        .as_bytes()
+        .filter(|b| b.len() == 32 && token.namespace == 0)?;
+    let mut key = String::with_capacity(2 + 64);
+    key.push_str("s.");
+    for byte in bytes {
+        key.push_str(&format!("{byte:02x}"));
+    }
+    Some(key)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A session record as a test makes it.
+    pub(crate) fn sample(owner: &str, token_byte: u8) -> SessionRecord {
+        SessionRecord {
+            owner: owner.to_owned(),
+            version: 1,
+            session_id: NodeId::guid(1, uascale_types::Guid::from_bytes([token_byte; 16])),
+            token: NodeId::opaque(0, vec![token_byte; 32]),
+            server_nonce: [token_byte; 32],
+            client_thumbprint: Some([7; 20]),
+            client_uri: UaString::from("urn:client"),
+            name: UaString::from("s"),
+            user: UserIdentity::X509 {
+                subject: "CN=u".into(),
+                thumbprint: [9; 20],
+            },
+            security_policy: SecurityPolicy::Basic256Sha256,
+            security_mode: MessageSecurityMode::SignAndEncrypt,
+            endpoint_url: UaString::from("opc.tcp://front:4840"),
+            timeout: Duration::from_secs(30),
+            locale_ids: vec![UaString::from("en")],
+            created: DateTime::from_ticks(5),
+            activated: true,
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let mut s = sample("n1", 3);
+        assert_eq!(SessionRecord::decode(&s.encode()).unwrap(), s);
+        s.client_thumbprint = None;
+        s.user = UserIdentity::UserName("bob".into());
+        s.security_policy = SecurityPolicy::None;
+        assert_eq!(SessionRecord::decode(&s.encode()).unwrap(), s);
+        s.user = UserIdentity::Anonymous;
+        assert_eq!(SessionRecord::decode(&s.encode()).unwrap(), s);
+        let n = NodeRecord {
+            node_id: "n2".into(),
+            beat: 9,
+            degraded: true,
+        };
+        assert_eq!(NodeRecord::decode(&n.encode()).unwrap(), n);
+    }
+
+    #[test]
+    fn bad_records_are_errors_not_panics() {
+        let good = sample("n1", 3).encode();
+        // Every truncation fails cleanly.
+        for len in 0..good.len() {
+            assert!(SessionRecord::decode(&good[..len]).is_err(), "{len}");
+        }
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert!(SessionRecord::decode(&trailing).is_err());
+        assert_eq!(
+            SessionRecord::decode(
+                &NodeRecord {
+                    node_id: "n".into(),
+                    beat: 1,
+                    degraded: false
+                }
+                .encode()
+            ),
+            Err(RecordError::WrongKind)
+        );
+        let mut format = good.clone();
+        format[4] = 99;
+        assert_eq!(SessionRecord::decode(&format), Err(RecordError::Format(99)));
+        // Bytes flipped one at a time never panic.
+        for i in 0..good.len() {
+            let mut b = good.clone();
+            b[i] ^= 0xa5;
+            let _ = SessionRecord::decode(&b);
+        }
+        let mut empty_owner = sample("", 3);
+        empty_owner.owner.clear();
+        assert_eq!(
+            SessionRecord::decode(&empty_owner.encode()),
+            Err(RecordError::Field("owner"))
+        );
+    }
+
+    #[test]
+    fn keys_come_from_issued_tokens_only() {
+        let k = session_key(&NodeId::opaque(0, vec![0xab; 32])).unwrap();
+        assert_eq!(k.len(), 66);
+        assert!(k.starts_with("s.abab"));
+        super::super::store::check_key(&k).unwrap();
+        assert_eq!(session_key(&NodeId::opaque(0, vec![1; 31])), None);
+        assert_eq!(session_key(&NodeId::numeric(0, 5)), None);
+        assert_eq!(session_key(&NodeId::opaque(1, vec![1; 32])), None);
+    }
+}
