@@ -23,7 +23,8 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
                      [--isolation-profile NAME] [--nodeset FILE]...
                      [--pki DIR] [--security none|all] [--metrics ADDR]
                      [--log-format text|json]
-                     [--cluster nats://HOST:PORT [--node-id ID]] [--proxy-protocol]
+                     [--cluster nats://HOST:PORT [--node-id ID] [--advertise URL]]
+                     [--proxy-protocol]
        uascale decode <HEX | @FILE>
        uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
        uascale user hash
@@ -49,7 +50,8 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            --cluster URL makes this server a node of a cluster mirroring
            its sessions through the NATS JetStream server at URL
            (cluster.url; docs/cluster.md), --node-id its id (cluster.node_id,
-           default node-PORT); --proxy-protocol reads a PROXY protocol v2
+           default node-PORT), --advertise the front end's URL its endpoints
+           name (cluster.endpoint_url); --proxy-protocol reads a PROXY protocol v2
            header on every connection (cluster.proxy_protocol);
            --log-format json writes one JSON object per event for log
            shippers (default text: coloured only on a terminal and without
@@ -165,6 +167,7 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
                 let v = value("--cluster")?;
                 config.cluster.url = Some(v.to_owned());
             }
+            "--advertise" => config.cluster.endpoint_url = Some(value("--advertise")?.to_owned()),
             "--node-id" => config.cluster.node_id = Some(value("--node-id")?.to_owned()),
             "--proxy-protocol" => config.cluster.proxy_protocol = true,
             "--security" => match value("--security")? {

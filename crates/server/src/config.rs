@@ -71,6 +71,11 @@ pub struct ClusterSection {
     /// -`; `--node-id`). Default derived: `node-` and the port.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
+    /// The URL the node advertises in its endpoints (`endpoint_url`,
+    /// `opc.tcp://HOST:PORT`; `--advertise URL`): the front end's, which
+    /// clients use to reach any node. Default unset: the node's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint_url: Option<String>,
     /// How often the node beats its heartbeat record (`heartbeat_ms`).
     /// Default 1 s.
     #[serde(rename = "heartbeat_ms", with = "millis")]
@@ -95,6 +100,7 @@ impl Default for ClusterSection {
         ClusterSection {
             url: None,
             node_id: None,
+            endpoint_url: None,
             heartbeat: Duration::from_secs(1),
             lease: Duration::from_secs(5),
             replicas: 1,
@@ -1047,6 +1053,16 @@ impl ServerConfig {
                     "cluster.node_id",
                     format!("{id:?}"),
                     "must be 1-64 characters of A-Z a-z 0-9 _ -",
+                );
+            }
+        }
+        if let Some(u) = &c.endpoint_url {
+            let rest = u.strip_prefix("opc.tcp://").unwrap_or("");
+            if rest.is_empty() || !rest.contains(':') {
+                return fail(
+                    "cluster.endpoint_url",
+                    format!("{u:?}"),
+                    "must be opc.tcp://HOST:PORT",
                 );
             }
         }

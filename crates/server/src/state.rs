@@ -62,6 +62,10 @@ impl From<StateError> for std::io::Error {
     }
 }
 
+/// The ServiceLevel ceiling of a cluster node that cannot reach its
+/// store: in Part 4's Degraded range.
+pub const DEGRADED_SERVICE_LEVEL: u8 = 100;
+
 /// The server: its configuration and all its state.
 #[derive(Debug)]
 pub struct ServerState {
@@ -109,6 +113,9 @@ pub struct ServerState {
     listening: std::sync::atomic::AtomicBool,
     /// Readiness: set by admission while it sheds every new connection.
     shedding_all: std::sync::atomic::AtomicBool,
+    /// The cluster node, once this server joined a cluster
+    /// ([`ServerState::join_cluster`]); unset without `[cluster]`.
+    cluster: std::sync::OnceLock<Arc<crate::cluster::node::ClusterNode>>,
 }
 
 impl ServerState {
@@ -224,6 +231,7 @@ impl ServerState {
             diagnostics_enabled: config.server.diagnostics_enabled.into(),
             listening: false.into(),
             shedding_all: false.into(),
+            cluster: std::sync::OnceLock::new(),
             config,
         });
         Self::listen_to_sessions(&state);
@@ -306,6 +314,45 @@ impl ServerState {
         }
     }
 
+    /// The cluster node, when this server is one.
+    pub fn cluster(&self) -> Option<&Arc<crate::cluster::node::ClusterNode>> {
+        self.cluster.get()
+    }
+
+    /// Makes this server a node of the cluster that mirrors through
+    /// `store` (`[cluster]`; once - a second call returns the first
+    /// node): every session transition is queued for the store from now
+    /// on, and a session another node takes is removed from this table.
+    /// The node's tasks run in [`crate::Server::run`].
+    pub fn join_cluster(
+        self: &Arc<Self>,
+        store: Arc<dyn crate::cluster::store::Store>,
+    ) -> Arc<crate::cluster::node::ClusterNode> {
+        if let Some(node) = self.cluster.get() {
+            return Arc::clone(node);
+        }
+        let weak = Arc::downgrade(self);
+        let node = crate::cluster::node::ClusterNode::new(
+            store,
+            self.config.cluster.node_id_or(self.config.server.port),
+            self.config.cluster.clone(),
+            Box::new(move |token| {
+                if let Some(state) = weak.upgrade() {
+                    state.sessions.evict(token);
+                }
+            }),
+        );
+        if self.cluster.set(Arc::clone(&node)).is_err() {
+            return self.cluster.get().map_or(node, Arc::clone);
+        }
+        let mirror = Arc::clone(&node);
+        self.sessions
+            .set_mirror(Arc::new(move |event, token, session| {
+                mirror.heard(event, token, session)
+            }));
+        node
+    }
+
     /// Recomputes the load-based ServiceLevel from the session count.
     fn update_service_level(&self) {
         let mut level = self.service_level.lock().unwrap_or_else(|p| p.into_inner());
@@ -319,8 +366,15 @@ impl ServerState {
     /// `max_session_count`, then down to 1 at 100 %, moving in steps of 5
     /// or more (SCALABILITY.md §2).
     pub fn service_level(&self) -> u8 {
-        self.service_level_now
-            .load(std::sync::atomic::Ordering::Relaxed)
+        let level = self
+            .service_level_now
+            .load(std::sync::atomic::Ordering::Relaxed);
+        // A cluster node whose store is away serves, but degraded (Part 4
+        // §6.6.2.4.2: 1..=199).
+        match self.cluster.get() {
+            Some(c) if c.degraded() => level.min(DEGRADED_SERVICE_LEVEL),
+            _ => level,
+        }
     }
 
     /// Whether audit events are raised now (initially `auditing`).

@@ -592,11 +592,36 @@ impl Server {
         self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// With `[cluster] url`: connects to the NATS store (failing the start
+    /// when it does not answer) unless a store was joined already
+    /// ([`ServerState::join_cluster`]), and runs the node's tasks.
+    /// Without it: nothing.
+    async fn start_cluster(&self) -> io::Result<Option<tokio::task::JoinHandle<()>>> {
+        let state = &self.shared.state;
+        let node = match (state.cluster(), &state.config.cluster.url) {
+            (Some(node), _) => Arc::clone(node),
+            (None, Some(url)) => {
+                let store = crate::cluster::nats::NatsStore::connect(
+                    url,
+                    state.config.cluster.replicas,
+                    crate::cluster::nats::OPERATION_TIMEOUT,
+                )
+                .await
+                .map_err(|e| io::Error::other(format!("cluster store {url}: {e}")))?;
+                state.join_cluster(Arc::new(store))
+            }
+            (None, None) => return Ok(None),
+        };
+        tracing::info!(node = node.node_id(), "cluster node running");
+        Ok(Some(tokio::spawn(node.run())))
+    }
+
     /// Serves until `shutdown` completes, then closes every connection with
     /// `BadShutdown` and waits (at most 5 s) for them to flush. The metrics
     /// endpoint, when configured, serves from the start until the
     /// connections are gone (`/readyz` answers 503 from shutdown on).
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
+        let cluster = self.start_cluster().await?;
         let metrics = self.metrics.map(|listener| {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(url = %format!("http://{addr}/metrics"), "metrics endpoint listening");
@@ -638,6 +663,9 @@ impl Server {
             }
         }
         self.shared.state.set_listening(false);
+        if let Some(task) = cluster {
+            task.abort();
+        }
         reaper.abort();
         ticker.abort();
         publisher.abort();

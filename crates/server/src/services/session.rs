@@ -23,10 +23,14 @@ use uascale_types::{
 
 use super::discovery;
 use crate::audit::{self, SessionAction};
+use crate::cluster::node::{self as cluster_node, ClusterNode};
+use crate::cluster::record;
+use crate::cluster::takeover::ClaimError;
 use crate::context::ServiceContext;
 use crate::error::ServiceError;
 use crate::identity::{self, UserIdentity};
 use crate::metrics::is_security_rejection;
+use crate::reply::Answer;
 use crate::session::{Activation, Session};
 
 /// Bounds for the revised session timeout: 10 s ..= 1 h; 0 asks for the
@@ -380,6 +384,109 @@ pub fn activate_session(
         );
     }
     r
+}
+
+/// ActivateSession as the dispatcher calls it: on a cluster node, a
+/// token this node does not know may be a session of another node whose
+/// client came back through this one - then the answer comes later, after
+/// the takeover ([`take_over`]). Anything else answers at once, exactly
+/// as [`activate_session`].
+pub fn activate_session_answer(
+    ctx: &ServiceContext,
+    req: ActivateSessionRequest,
+) -> Result<Answer<ActivateSessionResponse>, ServiceError> {
+    if let Some(cluster) = ctx.cluster() {
+        let auth = &req.request_header.authentication_token;
+        let known = ctx
+            .sessions
+            .with(auth, None, false, ctx.instant, |_| ())
+            .is_ok();
+        if let (false, Some(key)) = (known, record::session_key(auth)) {
+            let ctx = ctx.clone();
+            let cluster = std::sync::Arc::clone(cluster);
+            return Ok(Answer::Later(Box::pin(async move {
+                take_over(&ctx, &cluster, &key, &req).await
+            })));
+        }
+    }
+    Ok(Answer::Now(activate_session(ctx, &req)?))
+}
+
+/// How long a client whose takeover met an unreachable store is asked to
+/// wait before it tries again.
+const TAKEOVER_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Takes over the session under `key` from the cluster store: restores it
+/// into this node's table (same session id and token), runs the ordinary
+/// ActivateSession on it - which verifies the client's signature over the
+/// nonce in the record - and claims it by compare-and-set, consuming that
+/// nonce cluster-wide. A failed claim removes it again.
+async fn take_over(
+    ctx: &ServiceContext,
+    cluster: &ClusterNode,
+    key: &str,
+    req: &ActivateSessionRequest,
+) -> Result<ActivateSessionResponse, ServiceError> {
+    let auth = &req.request_header.authentication_token;
+    let busy = || ServiceError::busy(StatusCode::BadServerTooBusy, TAKEOVER_RETRY_AFTER);
+    let record = match cluster.read_session(key).await {
+        Ok(Some(r)) if r.token == *auth => r,
+        Ok(_) => return activate_session(ctx, req),
+        Err(ClaimError::Store(e)) => {
+            tracing::warn!(error = %e, "session takeover: store unreachable");
+            return Err(busy());
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "session takeover: bad record");
+            return Err(StatusCode::BadSessionIdInvalid.into());
+        }
+    };
+    cluster.begin_claim(key);
+    let restored = match ctx
+        .sessions
+        .restore(auth, cluster_node::session_of(&record, ctx.instant))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            cluster.end_claim(key, None);
+            return Err(ServiceError::busy(
+                e.status_code(),
+                crate::admission::SESSION_FULL_RETRY_AFTER,
+            ));
+        }
+    };
+    if !restored {
+        // A concurrent ActivateSession on this node restored it first.
+        cluster.end_claim(key, None);
+        return activate_session(ctx, req);
+    }
+    let fail = |e: ServiceError| {
+        ctx.sessions.evict(auth);
+        cluster.end_claim(key, None);
+        e
+    };
+    let response = activate_session(ctx, req).map_err(fail)?;
+    let Ok(session) = ctx
+        .sessions
+        .with(auth, None, false, ctx.instant, |s| s.clone())
+    else {
+        cluster.end_claim(key, None);
+        return Err(StatusCode::BadSessionIdInvalid.into());
+    };
+    match cluster
+        .claim(key, &record.server_nonce, auth, &session)
+        .await
+    {
+        Ok(claimed) => {
+            cluster.end_claim(key, Some(claimed.revision));
+            Ok(response)
+        }
+        Err(ClaimError::Store(_)) => Err(fail(busy())),
+        Err(ClaimError::NonceConsumed) | Err(ClaimError::Lost) => {
+            Err(fail(StatusCode::BadNonceInvalid.into()))
+        }
+        Err(_) => Err(fail(StatusCode::BadSessionIdInvalid.into())),
+    }
 }
 
 fn activate_session_inner(

@@ -1,0 +1,260 @@
+//! The cluster against a real nats-server (started here on a free port,
+//! killed at the end; installed with apt-get when missing):
+//! - the NATS JetStream store keeps the store contract the takeover logic
+//!   relies on (create once, compare-and-set, delete on a revision, keys,
+//!   a watch that reports every change);
+//! - two uascale nodes share the store: a client's session made on node 1
+//!   is reactivated through a new channel on node 2 after node 1 stopped
+//!   - same session, same token, now owned by node 2 - and its Reads work.
+
+mod common;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use common::RawClient;
+use support::nats;
+use uascale_server::cluster::nats::NatsStore;
+use uascale_server::cluster::record::{session_key, SessionRecord};
+use uascale_server::cluster::store::{Bucket, Store, StoreError};
+use uascale_server::cluster::takeover;
+use uascale_server::Server;
+use uascale_types::{
+    ActivateSessionRequest, ActivateSessionResponse, AnonymousIdentityToken, AttributeId,
+    ExtensionObject, NodeId, ReadRequest, ReadResponse, ReadValueId, ServiceFault, StatusCode,
+    UaString,
+};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+#[test]
+fn the_nats_store_keeps_the_store_contract() {
+    let Some(server) = nats::start() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let s = NatsStore::connect(&server.url(), 1, Duration::from_secs(5))
+            .await
+            .expect("connect and open the buckets");
+        let mut watch = s.watch(Bucket::Sessions).await.expect("watch");
+        let r1 = s
+            .create(Bucket::Sessions, "s.k", b"one".to_vec())
+            .await
+            .unwrap();
+        assert_eq!(
+            s.create(Bucket::Sessions, "s.k", b"two".to_vec()).await,
+            Err(StoreError::Conflict)
+        );
+        let r2 = s
+            .update(Bucket::Sessions, "s.k", b"two".to_vec(), r1)
+            .await
+            .unwrap();
+        assert!(r2 > r1);
+        assert_eq!(
+            s.update(Bucket::Sessions, "s.k", b"three".to_vec(), r1)
+                .await,
+            Err(StoreError::Conflict),
+            "a stale revision loses"
+        );
+        assert_eq!(
+            s.delete(Bucket::Sessions, "s.k", Some(r1)).await,
+            Err(StoreError::Conflict)
+        );
+        let e = s.get(Bucket::Sessions, "s.k").await.unwrap().unwrap();
+        assert_eq!((e.value.as_slice(), e.revision), (&b"two"[..], r2));
+        s.put(Bucket::Nodes, "n1", b"beat".to_vec()).await.unwrap();
+        assert_eq!(s.keys(Bucket::Sessions).await.unwrap(), vec!["s.k"]);
+        s.delete(Bucket::Sessions, "s.k", Some(r2)).await.unwrap();
+        assert_eq!(s.get(Bucket::Sessions, "s.k").await.unwrap(), None);
+        // A deleted key can be created again (a new session, same key).
+        s.create(Bucket::Sessions, "s.k", b"again".to_vec())
+            .await
+            .unwrap();
+        assert!(matches!(
+            s.put(Bucket::Nodes, "bad key", vec![]).await,
+            Err(StoreError::Invalid(_))
+        ));
+        let mut seen = Vec::new();
+        while seen.len() < 4 {
+            let c = tokio::time::timeout(LIMIT, watch.recv())
+                .await
+                .expect("a change within the limit")
+                .expect("the watch is open");
+            seen.push(c.value);
+        }
+        assert_eq!(
+            seen,
+            vec![
+                Some(b"one".to_vec()),
+                Some(b"two".to_vec()),
+                None,
+                Some(b"again".to_vec())
+            ]
+        );
+        // A second connection (another node) sees the same records and
+        // loses the same races.
+        let other = NatsStore::connect(&server.url(), 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let e = other.get(Bucket::Sessions, "s.k").await.unwrap().unwrap();
+        s.update(Bucket::Sessions, "s.k", b"mine".to_vec(), e.revision)
+            .await
+            .unwrap();
+        assert_eq!(
+            other
+                .update(Bucket::Sessions, "s.k", b"theirs".to_vec(), e.revision)
+                .await,
+            Err(StoreError::Conflict)
+        );
+    });
+    drop(server);
+    // With the server gone every operation is an error, not a hang.
+    rt.block_on(async {
+        assert!(matches!(
+            NatsStore::connect("nats://127.0.0.1:1", 1, Duration::from_secs(2)).await,
+            Err(StoreError::Unreachable(_))
+        ));
+    });
+}
+
+/// A running in-process node: its address and what stops it.
+struct Node {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+fn start_node(rt: &tokio::runtime::Runtime, url: &str, id: &str) -> Node {
+    let mut config = common::loopback_config();
+    config.cluster.url = Some(url.to_owned());
+    config.cluster.node_id = Some(id.to_owned());
+    config.cluster.heartbeat = Duration::from_millis(200);
+    config.cluster.lease = Duration::from_millis(1000);
+    let _guard = rt.enter();
+    let server = Server::bind(config).expect("bind");
+    let addr = server.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = rt.spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    Node {
+        addr,
+        stop: Some(tx),
+        task,
+    }
+}
+
+fn read_state(c: &mut RawClient) -> Box<dyn uascale_types::DynStructure> {
+    let h = c.header();
+    c.send(&ReadRequest {
+        request_header: h,
+        nodes_to_read: Some(vec![ReadValueId {
+            node_id: NodeId::ns0(2259), // Server_ServerStatus_State
+            attribute_id: AttributeId::Value as u32,
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    c.read_response().1
+}
+
+fn activate(c: &mut RawClient) -> Box<dyn uascale_types::DynStructure> {
+    let h = c.header();
+    c.send(&ActivateSessionRequest {
+        request_header: h,
+        user_identity_token: ExtensionObject::new(AnonymousIdentityToken {
+            policy_id: UaString::from("anonymous"),
+        }),
+        ..Default::default()
+    });
+    c.read_response().1
+}
+
+fn stored(rt: &tokio::runtime::Runtime, url: &str, token: &NodeId) -> Option<SessionRecord> {
+    let key = session_key(token).expect("an issued token");
+    rt.block_on(async {
+        let s = NatsStore::connect(url, 1, Duration::from_secs(5))
+            .await
+            .ok()?;
+        takeover::read(&s, &key).await.ok()?.map(|(r, _)| r)
+    })
+}
+
+#[test]
+fn a_session_moves_to_another_node_when_its_node_stops() {
+    let Some(nats) = nats::start() else { return };
+    let rt = runtime();
+    let url = nats.url();
+    let mut n1 = start_node(&rt, &url, "n1");
+    let n2 = start_node(&rt, &url, "n2");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    assert!(nats::wait_listening(n2.addr, LIMIT));
+
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    assert!(read_state(&mut c)
+        .as_any()
+        .downcast_ref::<ReadResponse>()
+        .is_some());
+    // The mirror writes behind the request path: wait for the record.
+    let start = Instant::now();
+    let record = loop {
+        if let Some(r) = stored(&rt, &url, &c.auth).filter(|r| r.activated) {
+            break r;
+        }
+        assert!(start.elapsed() < LIMIT, "the session was never mirrored");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(record.owner, "n1");
+
+    // A token no node knows is refused as before.
+    let mut stranger = RawClient::connect(n2.addr);
+    stranger.auth = NodeId::opaque(0, vec![0x42; 32]);
+    let fault = activate(&mut stranger);
+    let fault = fault
+        .as_any()
+        .downcast_ref::<ServiceFault>()
+        .expect("a fault");
+    assert_eq!(
+        fault.response_header.service_result,
+        StatusCode::BadSessionIdInvalid
+    );
+
+    // Node 1 goes away; the client opens a channel to node 2 and
+    // activates its session there.
+    let _ = n1.stop.take().map(|s| s.send(()));
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
+    });
+    let mut moved = RawClient::connect(n2.addr);
+    moved.auth = c.auth.clone();
+    let answer = activate(&mut moved);
+    assert!(
+        answer
+            .as_any()
+            .downcast_ref::<ActivateSessionResponse>()
+            .is_some(),
+        "the session was not taken over: {answer:?}"
+    );
+    let read = read_state(&mut moved);
+    let read = read
+        .as_any()
+        .downcast_ref::<ReadResponse>()
+        .expect("a Read on the taken-over session");
+    assert_eq!(read.results.as_ref().map(Vec::len), Some(1));
+    let after = stored(&rt, &url, &c.auth).expect("still mirrored");
+    assert_eq!(after.owner, "n2");
+    assert_eq!(after.session_id, record.session_id, "the same session");
+    assert_ne!(
+        after.server_nonce, record.server_nonce,
+        "the nonce was consumed"
+    );
+    drop(n2);
+}
