@@ -308,6 +308,7 @@ impl Collector for ServerCollector {
                 (vec![("transition", "timed_out")], s.timed_out),
                 (vec![("transition", "orphaned")], s.orphaned),
                 (vec![("transition", "aborted")], s.aborted),
+                (vec![("transition", "restored")], s.restored),
             ],
             true,
         )?;

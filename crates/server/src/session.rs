@@ -217,6 +217,13 @@ pub enum SessionEvent {
         /// The channel it is now bound to.
         to: u32,
     },
+    /// It was taken over from another cluster node: restored from the
+    /// cluster store, already activated, bound to no channel yet (the
+    /// ActivateSession that follows moves it to its channel).
+    Restored {
+        /// The public SessionId.
+        session_id: NodeId,
+    },
     /// CloseSession removed it.
     Closed {
         /// The public SessionId.
@@ -444,8 +451,8 @@ impl SessionTable {
     }
 
     /// Puts `session`, taken over from another cluster node, under
-    /// `token`: no transition is told (the ActivateSession that follows
-    /// is it). `TooMany` when the table is full; false when a session
+    /// `token` (the transition [`SessionEvent::Restored`]; the mirror is
+    /// not told: the claim writes the record). `TooMany` when the table is full; false when a session
     /// with that token is here already (it is left as it is).
     pub fn restore(&self, token: &NodeId, session: Session) -> Result<bool, SessionError> {
         let slot = self.reserve()?;
@@ -460,7 +467,12 @@ impl SessionTable {
         shard
             .deadlines
             .push(Reverse((session.deadline, seq, HeapKey(key.clone()))));
+        let event = SessionEvent::Restored {
+            session_id: session.session_id.clone(),
+        };
         shard.sessions.insert(key, Box::new(session));
+        drop(shard);
+        self.emit(event);
         Ok(true)
     }
 

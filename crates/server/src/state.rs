@@ -256,6 +256,7 @@ impl ServerState {
             if matches!(
                 event,
                 SessionEvent::Created { .. }
+                    | SessionEvent::Restored { .. }
                     | SessionEvent::Closed { .. }
                     | SessionEvent::TimedOut { .. }
             ) {

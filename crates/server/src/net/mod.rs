@@ -263,6 +263,7 @@ struct Running {
 }
 
 mod metrics_http;
+pub mod proxy;
 mod timers;
 
 /// What the network layer keeps beside the server state.
@@ -641,6 +642,12 @@ impl Server {
             tokio::select! {
                 () = &mut shutdown => break,
                 accepted = self.listener.accept() => match accepted {
+                    Ok((stream, peer)) if self.shared.state.config.cluster.proxy_protocol => {
+                        // Behind a balancer: the client's address is in the
+                        // PROXY header, read first (bounded by the
+                        // handshake timeout), and admission judges it.
+                        tokio::spawn(accept_proxied(stream, peer, Arc::clone(&self.shared)));
+                    }
                     Ok((stream, peer)) => {
                         // Admission decides before any work (SCALABILITY.md §2).
                         if let Some(refusal) = self.shared.admit(peer) {
@@ -690,6 +697,36 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// A connection whose first bytes are a PROXY protocol v2 header: reads
+/// it (within the handshake timeout), then admits and serves the
+/// connection as coming from the address inside. A connection without a
+/// valid header is closed.
+async fn accept_proxied(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let limit = shared.state.config.limits.handshake_timeout;
+    let header = match tokio::time::timeout(limit, proxy::read(&mut stream)).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "PROXY protocol header refused; closed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "no PROXY protocol header in time; closed");
+            return;
+        }
+    };
+    let peer = header.source().unwrap_or(peer);
+    if let Some(refusal) = shared.admit(peer) {
+        refuse(stream, refusal).await;
+        return;
+    }
+    let id = shared
+        .next_channel_id
+        .fetch_add(1, Ordering::Relaxed)
+        .max(1);
+    let task = tokio::spawn(serve(stream, peer, id, Arc::clone(&shared)));
+    shared.spawned(id, task.abort_handle());
 }
 
 /// Pending connections the metrics endpoint's listener keeps.

@@ -430,7 +430,7 @@ async fn take_over(
     let auth = &req.request_header.authentication_token;
     let busy = || ServiceError::busy(StatusCode::BadServerTooBusy, TAKEOVER_RETRY_AFTER);
     let record = match cluster.read_session(key).await {
-        Ok(Some(r)) if r.token == *auth => r,
+        Ok(Some(r)) if r.token == *auth && r.activated => r,
         Ok(_) => return activate_session(ctx, req),
         Err(ClaimError::Store(e)) => {
             tracing::warn!(error = %e, "session takeover: store unreachable");
