@@ -602,13 +602,27 @@ impl Server {
         let node = match (state.cluster(), &state.config.cluster.url) {
             (Some(node), _) => Arc::clone(node),
             (None, Some(url)) => {
-                let store = crate::cluster::nats::NatsStore::connect(
-                    url,
-                    state.config.cluster.replicas,
-                    crate::cluster::nats::OPERATION_TIMEOUT,
-                )
-                .await
-                .map_err(|e| io::Error::other(format!("cluster store {url}: {e}")))?;
+                // A NATS cluster that is starting has no JetStream leader
+                // for a few seconds: try for a while before giving up.
+                let deadline = Instant::now() + CLUSTER_CONNECT_LIMIT;
+                let store = loop {
+                    match crate::cluster::nats::NatsStore::connect(
+                        url,
+                        state.config.cluster.replicas,
+                        crate::cluster::nats::OPERATION_TIMEOUT,
+                    )
+                    .await
+                    {
+                        Ok(s) => break s,
+                        Err(e) if Instant::now() >= deadline => {
+                            return Err(io::Error::other(format!("cluster store {url}: {e}")));
+                        }
+                        Err(e) => {
+                            tracing::info!(%url, error = %e, "cluster store not ready; retrying");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    }
+                };
                 state.join_cluster(Arc::new(store))
             }
             (None, None) => return Ok(None),
@@ -728,6 +742,9 @@ async fn accept_proxied(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Sha
     let task = tokio::spawn(serve(stream, peer, id, Arc::clone(&shared)));
     shared.spawned(id, task.abort_handle());
 }
+
+/// How long a starting cluster node tries to reach its store.
+const CLUSTER_CONNECT_LIMIT: Duration = Duration::from_secs(30);
 
 /// Pending connections the metrics endpoint's listener keeps.
 const METRICS_BACKLOG: u32 = 64;

@@ -113,3 +113,47 @@ pub fn start() -> Option<Nats> {
     );
     Some(nats)
 }
+
+/// Starts `n` nats-servers with JetStream routed into one cluster (each
+/// knows the others' route ports); the first one's URL reaches them all
+/// (the client learns the others from it). `None` (skip) only when the
+/// binary cannot be installed.
+pub fn start_cluster(n: usize) -> Option<Vec<Nats>> {
+    let bin = ensure_installed("nats-server", "nats-server")?;
+    let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+    let mut servers = Vec::new();
+    for (i, (port, route)) in ports.iter().enumerate() {
+        let dir = std::env::temp_dir().join(format!("uascale-nats-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a store directory");
+        let routes: Vec<String> = ports
+            .iter()
+            .filter(|(_, r)| r != route)
+            .map(|(_, r)| format!("nats://127.0.0.1:{r}"))
+            .collect();
+        let child = Command::new(&bin)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(&dir)
+            .args([
+                "--server_name",
+                &format!("s{i}"),
+                "--cluster_name",
+                "uascale",
+            ])
+            .args(["--cluster", &format!("nats://127.0.0.1:{route}")])
+            .args(["--routes", &routes.join(",")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        let addr: SocketAddr = ([127, 0, 0, 1], *port).into();
+        servers.push(Nats { child, dir, addr });
+    }
+    for s in &servers {
+        assert!(
+            wait_listening(s.addr, Duration::from_secs(10)),
+            "nats-server did not listen on {}",
+            s.addr
+        );
+    }
+    Some(servers)
+}
