@@ -115,7 +115,7 @@ pub struct ServerState {
     shedding_all: std::sync::atomic::AtomicBool,
     /// The cluster node, once this server joined a cluster
     /// ([`ServerState::join_cluster`]); unset without `[cluster]`.
-    cluster: std::sync::OnceLock<Arc<crate::cluster::node::ClusterNode>>,
+    cluster: Arc<std::sync::OnceLock<Arc<crate::cluster::node::ClusterNode>>>,
 }
 
 impl ServerState {
@@ -231,15 +231,21 @@ impl ServerState {
             diagnostics_enabled: config.server.diagnostics_enabled.into(),
             listening: false.into(),
             shedding_all: false.into(),
-            cluster: std::sync::OnceLock::new(),
+            cluster: Arc::default(),
             config,
         });
         Self::listen_to_sessions(&state);
         // Parked Publishes are counted when the engine answers them.
         let metrics = Arc::clone(&state.metrics);
-        state
-            .subscriptions
-            .observe_answers(Box::new(move |answer| metrics.publish_answered(answer)));
+        let cluster = Arc::clone(&state.cluster);
+        state.subscriptions.observe_answers(Box::new(move |answer| {
+            metrics.publish_answered(answer);
+            // A cluster node rewrites the subscription's record behind
+            // this answer; without a cluster this is one atomic load.
+            if let (Some(c), crate::subscription::Answer::Publish(r)) = (cluster.get(), answer) {
+                c.subscription_answered(r.subscription_id);
+            }
+        }));
         state
     }
 
@@ -346,6 +352,13 @@ impl ServerState {
         if self.cluster.set(Arc::clone(&node)).is_err() {
             return self.cluster.get().map_or(node, Arc::clone);
         }
+        let weak = Arc::downgrade(self);
+        node.set_images(Box::new(move |id| {
+            let state = weak.upgrade()?;
+            let session = state.subscriptions.session_of(id)?;
+            let images = state.subscriptions.images_of(&session);
+            Some((session, images))
+        }));
         let mirror = Arc::clone(&node);
         self.sessions
             .set_mirror(Arc::new(move |event, token, session| {

@@ -15,14 +15,15 @@ use std::time::{Duration, Instant};
 use common::RawClient;
 use support::nats;
 use uascale_server::cluster::nats::NatsStore;
-use uascale_server::cluster::record::{session_key, SessionRecord};
+use uascale_server::cluster::record::{session_key, SessionRecord, SubscriptionsRecord};
 use uascale_server::cluster::store::{Bucket, Store, StoreError};
 use uascale_server::cluster::takeover;
 use uascale_server::Server;
 use uascale_types::{
     ActivateSessionRequest, ActivateSessionResponse, AnonymousIdentityToken, AttributeId,
-    ExtensionObject, NodeId, ReadRequest, ReadResponse, ReadValueId, ServiceFault, StatusCode,
-    UaString,
+    DataChangeNotification, ExtensionObject, NodeId, PublishResponse, ReadRequest, ReadResponse,
+    ReadValueId, RepublishRequest, RepublishResponse, ServiceFault, StatusCode,
+    SubscriptionAcknowledgement, UaString,
 };
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -256,5 +257,134 @@ fn a_session_moves_to_another_node_when_its_node_stops() {
         after.server_nonce, record.server_nonce,
         "the nonce was consumed"
     );
+    drop(n2);
+}
+
+fn publish_response(c: &mut RawClient, acks: Vec<SubscriptionAcknowledgement>) -> PublishResponse {
+    c.publish(acks);
+    let (_, m) = c.read_response();
+    m.as_any()
+        .downcast_ref::<PublishResponse>()
+        .unwrap_or_else(|| panic!("a PublishResponse: {m:?}"))
+        .clone()
+}
+
+fn subscriptions_record(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    token: &NodeId,
+) -> Option<SubscriptionsRecord> {
+    let key = session_key(token).expect("an issued token");
+    rt.block_on(async {
+        let s = NatsStore::connect(url, 1, Duration::from_secs(5))
+            .await
+            .ok()?;
+        let e = s.get(Bucket::Subscriptions, &key).await.ok()??;
+        SubscriptionsRecord::decode(&e.value).ok()
+    })
+}
+
+/// A subscription moves with its session: the node that takes the
+/// session over restores it from the mirror with the same id, answers
+/// Republish for the messages the client did not acknowledge, and goes on
+/// with the next sequence number and the item's current value.
+#[test]
+fn a_subscription_continues_with_its_sequence_numbers_on_the_new_node() {
+    let Some(nats) = nats::start() else { return };
+    let rt = runtime();
+    let url = nats.url();
+    let mut n1 = start_node(&rt, &url, "n1");
+    let n2 = start_node(&rt, &url, "n2");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    assert!(nats::wait_listening(n2.addr, LIMIT));
+
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    c.send_create_subscription(600, 10);
+    let sub = c.read_subscription_id();
+    c.send_monitor(sub, NodeId::ns0(2258)); // CurrentTime: a new value each sample
+    let _ = c.read_response();
+    // Three notifications, none acknowledged.
+    let mut seqs = Vec::new();
+    while seqs.len() < 3 {
+        let p = publish_response(&mut c, vec![]);
+        if p.notification_message
+            .notification_data
+            .as_ref()
+            .is_some_and(|d| !d.is_empty())
+        {
+            seqs.push(p.notification_message.sequence_number);
+        }
+    }
+    let last = *seqs.last().unwrap();
+    let start = Instant::now();
+    loop {
+        let r = subscriptions_record(&rt, &url, &c.auth);
+        if r.as_ref().is_some_and(|r| {
+            r.subscriptions
+                .first()
+                .is_some_and(|s| s.next_seq == last + 1)
+        }) {
+            break;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the subscription was never mirrored: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let _ = n1.stop.take().map(|s| s.send(()));
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
+    });
+    let mut moved = RawClient::connect(n2.addr);
+    moved.auth = c.auth.clone();
+    let answer = activate(&mut moved);
+    assert!(
+        answer
+            .as_any()
+            .downcast_ref::<ActivateSessionResponse>()
+            .is_some(),
+        "{answer:?}"
+    );
+    // Republish answers from the mirrored retransmission queue.
+    for seq in &seqs {
+        let h = moved.header();
+        moved.send(&RepublishRequest {
+            request_header: h,
+            subscription_id: sub,
+            retransmit_sequence_number: *seq,
+        });
+        let (_, m) = moved.read_response();
+        let r = m
+            .as_any()
+            .downcast_ref::<RepublishResponse>()
+            .unwrap_or_else(|| panic!("Republish of {seq}: {m:?}"));
+        assert_eq!(r.notification_message.sequence_number, *seq);
+    }
+    // Publishing goes on: the next number, the item's current value.
+    let acks = seqs
+        .iter()
+        .map(|s| SubscriptionAcknowledgement {
+            subscription_id: sub,
+            sequence_number: *s,
+        })
+        .collect();
+    let p = publish_response(&mut moved, acks);
+    assert_eq!(p.subscription_id, sub, "the same subscription id");
+    assert_eq!(
+        p.notification_message.sequence_number,
+        last + 1,
+        "no gap, no reuse"
+    );
+    let data = p.notification_message.notification_data.unwrap_or_default();
+    let change = data
+        .iter()
+        .find_map(|d| d.downcast_ref::<DataChangeNotification>())
+        .expect("a data change");
+    let items = change.monitored_items.as_deref().unwrap_or_default();
+    assert_eq!(items.first().map(|i| i.client_handle), Some(1));
+    assert!(items[0].value.value.is_some(), "the item's current value");
     drop(n2);
 }

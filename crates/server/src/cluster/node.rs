@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 
 use uascale_types::NodeId;
 
-use super::record::{session_key, NodeRecord, SessionRecord};
+use super::record::{session_key, NodeRecord, SessionRecord, SubscriptionsRecord};
 use super::store::{Bucket, Store, StoreError};
 use super::takeover::{self, ClaimError, Claimed, Leases};
 use crate::config::ClusterSection;
 use crate::session::{Session, SessionEvent};
+use crate::subscription::SubscriptionImage;
 
 /// How long the writer waits before trying again after a store error.
 const RETRY: Duration = Duration::from_millis(500);
@@ -30,6 +31,11 @@ const RETRY: Duration = Duration::from_millis(500);
 /// Removes a session from this node's table when another node took it
 /// (set by the server state, which owns the table).
 pub type Evict = Box<dyn Fn(&NodeId) + Send + Sync>;
+
+/// The subscriptions of a session now (the subscription engine's images),
+/// by subscription id: the session and its images (set by the server
+/// state).
+pub type Images = Box<dyn Fn(u32) -> Option<(NodeId, Vec<SubscriptionImage>)> + Send + Sync>;
 
 /// A write waiting for the writer task.
 #[derive(Debug, Clone)]
@@ -51,6 +57,11 @@ struct Mirror {
     pending: HashMap<String, Pending>,
     /// When the oldest write still pending was queued.
     oldest: Option<Instant>,
+    /// The key of each mirrored session, by session id.
+    keys: HashMap<NodeId, String>,
+    /// Subscriptions answered since their session's subscriptions record
+    /// was last written.
+    dirty_subscriptions: std::collections::HashSet<u32>,
 }
 
 /// Counters of the cluster, for /metrics.
@@ -85,6 +96,7 @@ pub struct ClusterNode {
     orphans: Mutex<HashMap<String, (Instant, u64)>>,
     degraded: AtomicBool,
     evict: Evict,
+    images: std::sync::OnceLock<Images>,
     /// The cluster's counters.
     pub metrics: ClusterMetrics,
 }
@@ -169,8 +181,87 @@ impl ClusterNode {
             orphans: Mutex::default(),
             degraded: AtomicBool::new(false),
             evict,
+            images: std::sync::OnceLock::new(),
             metrics: ClusterMetrics::default(),
         })
+    }
+
+    /// Sets where the subscriptions' images come from (once).
+    pub fn set_images(&self, images: Images) {
+        let _ = self.images.set(images);
+    }
+
+    /// A Publish of subscription `id` was answered: its session's
+    /// subscriptions record is rewritten (coalesced, behind the publish
+    /// path: this only marks it).
+    pub fn subscription_answered(&self, id: u32) {
+        let fresh = lock(&self.mirror).dirty_subscriptions.insert(id);
+        if fresh {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The subscriptions record of the session under `key`, if any.
+    pub async fn read_subscriptions(
+        &self,
+        key: &str,
+    ) -> Result<Option<SubscriptionsRecord>, ClaimError> {
+        match self.store.get(Bucket::Subscriptions, key).await {
+            Ok(Some(e)) => Ok(Some(SubscriptionsRecord::decode(&e.value)?)),
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.store_failed(&e);
+                Err(ClaimError::Store(e))
+            }
+        }
+    }
+
+    /// Writes the subscriptions records of the sessions whose
+    /// subscriptions were answered; false when the store failed (the rest
+    /// stays marked).
+    async fn write_subscriptions(&self) -> bool {
+        let Some(images) = self.images.get() else {
+            return true;
+        };
+        let dirty: Vec<u32> = lock(&self.mirror).dirty_subscriptions.drain().collect();
+        let mut done: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+        for (i, id) in dirty.iter().enumerate() {
+            let Some((session_id, subs)) = images(*id) else {
+                continue;
+            };
+            if !done.insert(session_id.clone()) {
+                continue;
+            }
+            let key = {
+                let m = lock(&self.mirror);
+                match m.keys.get(&session_id) {
+                    Some(k) if matches!(m.owned.get(k), Some(Some(_))) => k.clone(),
+                    _ => continue,
+                }
+            };
+            let rec = SubscriptionsRecord {
+                owner: self.me.clone(),
+                version: 0,
+                session_id,
+                subscriptions: subs,
+            };
+            match self
+                .store
+                .put(Bucket::Subscriptions, &key, rec.encode())
+                .await
+            {
+                Ok(_) => {
+                    self.metrics.records_written.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.store_failed(&e);
+                    let mut m = lock(&self.mirror);
+                    m.dirty_subscriptions.extend(dirty.iter().skip(i).copied());
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     /// This node's id.
@@ -224,9 +315,13 @@ impl ClusterNode {
             let p = match session {
                 Some(s) => {
                     m.owned.entry(key.clone()).or_insert(None);
+                    m.keys.insert(s.session_id.clone(), key.clone());
                     Pending::Write(Box::new(record_of(&self.me, token, s)))
                 }
-                None => Pending::Delete,
+                None => {
+                    m.keys.retain(|_, k| *k != key);
+                    Pending::Delete
+                }
             };
             m.pending.insert(key, p);
             m.oldest.get_or_insert_with(Instant::now);
@@ -258,9 +353,15 @@ impl ClusterNode {
                         .map(Some)
                 }
                 Pending::Delete => match known {
-                    Some(rev) => takeover::delete_owned(&*self.store, &key, rev)
-                        .await
-                        .map(|()| None),
+                    Some(rev) => match takeover::delete_owned(&*self.store, &key, rev).await {
+                        Ok(()) => self
+                            .store
+                            .delete(Bucket::Subscriptions, &key, None)
+                            .await
+                            .map(|()| None)
+                            .map_err(ClaimError::from),
+                        Err(e) => Err(e),
+                    },
                     None => Ok(None),
                 },
             };
@@ -389,11 +490,12 @@ impl ClusterNode {
 
     /// Ends a claim: `revision` is the claimed record's (this node owns
     /// it now), `None` when the claim failed.
-    pub fn end_claim(&self, key: &str, revision: Option<u64>) {
+    pub fn end_claim(&self, key: &str, revision: Option<u64>, session_id: &NodeId) {
         let mut m = lock(&self.mirror);
         m.claiming.remove(key);
         if let Some(rev) = revision {
             m.owned.insert(key.to_owned(), Some(rev));
+            m.keys.insert(session_id.clone(), key.to_owned());
         }
     }
 
@@ -484,7 +586,7 @@ impl ClusterNode {
             let node = Arc::clone(&self);
             async move {
                 loop {
-                    let all = node.write_pending().await;
+                    let all = node.write_pending().await && node.write_subscriptions().await;
                     if all {
                         node.wake.notified().await;
                     } else {
@@ -650,7 +752,7 @@ mod tests {
         next.server_nonce = [0xee; 32];
         b.begin_claim(&key);
         let c = now(b.claim(&key, &nonce, &token, &next)).unwrap();
-        b.end_claim(&key, Some(c.revision));
+        b.end_claim(&key, Some(c.revision), &s.session_id);
         assert_eq!(c.previous_owner, "a");
         // a, not having heard yet, writes what it has: it loses and evicts.
         s.locale_ids = vec!["fr".into()];

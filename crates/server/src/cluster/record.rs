@@ -13,6 +13,7 @@ use uascale_types::{
 };
 
 use crate::identity::UserIdentity;
+use crate::subscription::{ItemImage, SubscriptionImage};
 
 /// The first bytes of a session record.
 const SESSION_TAG: &[u8; 4] = b"UASs";
@@ -235,6 +236,160 @@ impl SessionRecord {
     }
 }
 
+/// The first bytes of a subscriptions record.
+const SUBSCRIPTIONS_TAG: &[u8; 4] = b"UASu";
+
+/// The subscriptions of one session as the cluster mirrors them (written
+/// by the session's owner after each Publish answer, coalesced), kept
+/// under the session's key in their own bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriptionsRecord {
+    /// The node that wrote it.
+    pub owner: String,
+    /// Bumped by every write.
+    pub version: u64,
+    /// The session they belong to.
+    pub session_id: NodeId,
+    /// Its subscriptions.
+    pub subscriptions: Vec<SubscriptionImage>,
+}
+
+fn encode_image(w: &mut Vec<u8>, s: &SubscriptionImage) {
+    s.id.encode(w);
+    u64::try_from(s.interval.as_micros())
+        .unwrap_or(u64::MAX)
+        .encode(w);
+    s.lifetime_count.encode(w);
+    s.keep_alive_count.encode(w);
+    s.max_notifications.encode(w);
+    s.priority.encode(w);
+    s.enabled.encode(w);
+    s.next_seq.encode(w);
+    Some(s.retransmission.clone()).encode(w);
+    s.next_item_id.encode(w);
+    u32::try_from(s.items.len()).unwrap_or(u32::MAX).encode(w);
+    for i in &s.items {
+        i.id.encode(w);
+        i.client_handle.encode(w);
+        i.target.node_id.encode(w);
+        i.target.attribute_id.encode(w);
+        i.target.index_range.encode(w);
+        i.mode.encode(w);
+        u64::try_from(i.sampling_interval.as_micros())
+            .unwrap_or(u64::MAX)
+            .encode(w);
+        i.sampled.encode(w);
+        i.queue_size.encode(w);
+        i.discard_oldest.encode(w);
+        i.timestamps.encode(w);
+        i.trigger.encode(w);
+        i.deadband.encode(w);
+    }
+}
+
+/// The most subscriptions, and items per subscription, a record may hold.
+const MAX_IMAGES: u32 = 10_000;
+
+fn decode_image(r: &mut Reader<'_>) -> Result<SubscriptionImage, RecordError> {
+    let id = u32::decode(r)?;
+    let interval = Duration::from_micros(u64::decode(r)?);
+    let lifetime_count = u32::decode(r)?;
+    let keep_alive_count = u32::decode(r)?;
+    let max_notifications = u32::decode(r)?;
+    let priority = u8::decode(r)?;
+    let enabled = bool::decode(r)?;
+    let next_seq = u32::decode(r)?;
+    let retransmission =
+        Option::<Vec<uascale_types::NotificationMessage>>::decode(r)?.unwrap_or_default();
+    let next_item_id = u32::decode(r)?;
+    let n = u32::decode(r)?;
+    // Each item takes at least 40 bytes: a count larger than what is left
+    // is a bad record, not an allocation.
+    if n > MAX_IMAGES || n as usize > r.remaining() / 40 {
+        return Err(RecordError::Field("items"));
+    }
+    let mut items = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        items.push(ItemImage {
+            id: u32::decode(r)?,
+            client_handle: u32::decode(r)?,
+            target: crate::subscription::item::ItemTarget {
+                node_id: NodeId::decode(r)?,
+                attribute_id: u32::decode(r)?,
+                index_range: UaString::decode(r)?,
+            },
+            mode: uascale_types::MonitoringMode::decode(r)?,
+            sampling_interval: Duration::from_micros(u64::decode(r)?),
+            sampled: bool::decode(r)?,
+            queue_size: u32::decode(r)?,
+            discard_oldest: bool::decode(r)?,
+            timestamps: uascale_types::TimestampsToReturn::decode(r)?,
+            trigger: uascale_types::DataChangeTrigger::decode(r)?,
+            deadband: f64::decode(r)?,
+        });
+    }
+    if interval.is_zero() {
+        return Err(RecordError::Field("interval"));
+    }
+    Ok(SubscriptionImage {
+        id,
+        interval,
+        lifetime_count,
+        keep_alive_count,
+        max_notifications,
+        priority,
+        enabled,
+        next_seq,
+        retransmission,
+        next_item_id,
+        items,
+    })
+}
+
+impl SubscriptionsRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(256);
+        header(&mut w, SUBSCRIPTIONS_TAG, &self.owner, self.version);
+        self.session_id.encode(&mut w);
+        u32::try_from(self.subscriptions.len())
+            .unwrap_or(u32::MAX)
+            .encode(&mut w);
+        for s in &self.subscriptions {
+            encode_image(&mut w, s);
+        }
+        w
+    }
+
+    /// Decodes a record read from the store.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = DecodeLimits {
+            // A retransmission queue holds whole messages.
+            max_byte_string_length: super::store::MAX_RECORD_BYTES,
+            max_array_length: 100_000,
+            ..limits()
+        };
+        let mut r = Reader::new(bytes, &limits)?;
+        let (owner, version) = read_header(&mut r, SUBSCRIPTIONS_TAG)?;
+        let session_id = NodeId::decode(&mut r)?;
+        let n = u32::decode(&mut r)?;
+        if n > MAX_IMAGES || n as usize > r.remaining() / 40 {
+            return Err(RecordError::Field("subscriptions"));
+        }
+        let mut subscriptions = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            subscriptions.push(decode_image(&mut r)?);
+        }
+        r.finish()?;
+        Ok(SubscriptionsRecord {
+            owner,
+            version,
+            session_id,
+            subscriptions,
+        })
+    }
+}
+
 /// A node's heartbeat: the node id and a counter bumped by every beat.
 /// Liveness is judged on the reader's own clock (when the counter last
 /// changed), so the nodes' clocks need not agree.
@@ -373,6 +528,66 @@ pub(crate) mod tests {
         assert_eq!(
             SessionRecord::decode(&empty_owner.encode()),
             Err(RecordError::Field("owner"))
+        );
+    }
+
+    fn subscriptions() -> SubscriptionsRecord {
+        SubscriptionsRecord {
+            owner: "n1".into(),
+            version: 3,
+            session_id: NodeId::numeric(1, 7),
+            subscriptions: vec![SubscriptionImage {
+                id: 0x0100_0005,
+                interval: Duration::from_millis(250),
+                lifetime_count: 60,
+                keep_alive_count: 10,
+                max_notifications: 0,
+                priority: 1,
+                enabled: true,
+                next_seq: 42,
+                retransmission: vec![uascale_types::NotificationMessage {
+                    sequence_number: 41,
+                    publish_time: DateTime::from_ticks(9),
+                    notification_data: Some(vec![]),
+                }],
+                next_item_id: 3,
+                items: vec![ItemImage {
+                    id: 2,
+                    client_handle: 77,
+                    target: crate::subscription::item::ItemTarget {
+                        node_id: NodeId::string(2, "Demo.Dynamic.Counter"),
+                        attribute_id: 13,
+                        index_range: UaString::null(),
+                    },
+                    mode: uascale_types::MonitoringMode::Reporting,
+                    sampling_interval: Duration::from_millis(100),
+                    sampled: false,
+                    queue_size: 1,
+                    discard_oldest: true,
+                    timestamps: uascale_types::TimestampsToReturn::Both,
+                    trigger: uascale_types::DataChangeTrigger::StatusValue,
+                    deadband: 0.5,
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn subscription_records_round_trip_and_bad_ones_fail() {
+        let r = subscriptions();
+        let bytes = r.encode();
+        assert_eq!(SubscriptionsRecord::decode(&bytes).unwrap(), r);
+        for len in 0..bytes.len() {
+            assert!(SubscriptionsRecord::decode(&bytes[..len]).is_err(), "{len}");
+        }
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x5a;
+            let _ = SubscriptionsRecord::decode(&b);
+        }
+        assert_eq!(
+            SubscriptionsRecord::decode(&sample("n", 1).encode()),
+            Err(RecordError::WrongKind)
         );
     }
 

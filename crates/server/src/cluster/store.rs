@@ -29,17 +29,20 @@ pub enum Bucket {
     Sessions,
     /// One heartbeat record per node, keyed by node id.
     Nodes,
+    /// The subscriptions of each session, under the session's key.
+    Subscriptions,
 }
 
 impl Bucket {
     /// Every bucket.
-    pub const ALL: [Bucket; 2] = [Bucket::Sessions, Bucket::Nodes];
+    pub const ALL: [Bucket; 3] = [Bucket::Sessions, Bucket::Nodes, Bucket::Subscriptions];
 
     /// Its name in the store.
     pub const fn name(self) -> &'static str {
         match self {
             Bucket::Sessions => "uascale_sessions",
             Bucket::Nodes => "uascale_nodes",
+            Bucket::Subscriptions => "uascale_subscriptions",
         }
     }
 }

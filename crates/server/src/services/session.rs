@@ -448,7 +448,7 @@ async fn take_over(
     {
         Ok(r) => r,
         Err(e) => {
-            cluster.end_claim(key, None);
+            cluster.end_claim(key, None, &record.session_id);
             return Err(ServiceError::busy(
                 e.status_code(),
                 crate::admission::SESSION_FULL_RETRY_AFTER,
@@ -457,12 +457,12 @@ async fn take_over(
     };
     if !restored {
         // A concurrent ActivateSession on this node restored it first.
-        cluster.end_claim(key, None);
+        cluster.end_claim(key, None, &record.session_id);
         return activate_session(ctx, req);
     }
     let fail = |e: ServiceError| {
         ctx.sessions.evict(auth);
-        cluster.end_claim(key, None);
+        cluster.end_claim(key, None, &record.session_id);
         e
     };
     let response = activate_session(ctx, req).map_err(fail)?;
@@ -470,7 +470,7 @@ async fn take_over(
         .sessions
         .with(auth, None, false, ctx.instant, |s| s.clone())
     else {
-        cluster.end_claim(key, None);
+        cluster.end_claim(key, None, &record.session_id);
         return Err(StatusCode::BadSessionIdInvalid.into());
     };
     match cluster
@@ -478,7 +478,8 @@ async fn take_over(
         .await
     {
         Ok(claimed) => {
-            cluster.end_claim(key, Some(claimed.revision));
+            cluster.end_claim(key, Some(claimed.revision), &record.session_id);
+            restore_subscriptions(ctx, cluster, key, &record.session_id).await;
             Ok(response)
         }
         Err(ClaimError::Store(_)) => Err(fail(busy())),
@@ -487,6 +488,44 @@ async fn take_over(
         }
         Err(_) => Err(fail(StatusCode::BadSessionIdInvalid.into())),
     }
+}
+
+/// Restores the subscriptions of a session just taken over, from its
+/// subscriptions record: same ids, next sequence numbers and
+/// retransmission queues (Republish answers from them); each item is
+/// offered its current value. A missing or bad record leaves the session
+/// without subscriptions (the client's Publish then says so).
+async fn restore_subscriptions(
+    ctx: &ServiceContext,
+    cluster: &ClusterNode,
+    key: &str,
+    session_id: &NodeId,
+) {
+    let record = match cluster.read_subscriptions(key).await {
+        Ok(Some(r)) if r.session_id == *session_id => r,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(session = %session_id, error = %e, "subscriptions not restored");
+            return;
+        }
+    };
+    let ids = ctx
+        .subscriptions
+        .restore(ctx.instant, session_id, &record.subscriptions);
+    for id in &ids {
+        let _ = ctx.subscriptions.with_subscription(session_id, *id, |s| {
+            let next_publish = s.next_publish;
+            for item in s.items_mut() {
+                if item.mode != uascale_types::MonitoringMode::Disabled {
+                    item.offer(super::monitored_item::sample(ctx, &item.target));
+                    item.schedule_sampling(ctx.instant, next_publish);
+                }
+            }
+            s.items_changed();
+        });
+        cluster.subscription_answered(*id);
+    }
+    tracing::info!(session = %session_id, subscriptions = ids.len(), "subscriptions restored");
 }
 
 fn activate_session_inner(
