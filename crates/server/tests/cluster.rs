@@ -153,11 +153,15 @@ fn start_node(rt: &tokio::runtime::Runtime, url: &str, id: &str) -> Node {
 }
 
 fn read_state(c: &mut RawClient) -> Box<dyn uascale_types::DynStructure> {
+    read_node(c, NodeId::ns0(2259)) // Server_ServerStatus_State
+}
+
+fn read_node(c: &mut RawClient, node_id: NodeId) -> Box<dyn uascale_types::DynStructure> {
     let h = c.header();
     c.send(&ReadRequest {
         request_header: h,
         nodes_to_read: Some(vec![ReadValueId {
-            node_id: NodeId::ns0(2259), // Server_ServerStatus_State
+            node_id,
             attribute_id: AttributeId::Value as u32,
             ..Default::default()
         }]),
@@ -250,6 +254,11 @@ fn a_session_moves_to_another_node_when_its_node_stops() {
         .downcast_ref::<ReadResponse>()
         .expect("a Read on the taken-over session");
     assert_eq!(read.results.as_ref().map(Vec::len), Some(1));
+    // A cluster node says its redundancy is transparent.
+    let r = read_node(&mut moved, NodeId::ns0(3709));
+    let r = r.as_any().downcast_ref::<ReadResponse>().expect("a Read");
+    let support = r.results.as_ref().and_then(|v| v.first()).and_then(|d| d.value.clone());
+    assert_eq!(support, Some(uascale_types::Variant::Int32(4)), "Transparent");
     let after = stored(&rt, &url, &c.auth).expect("still mirrored");
     assert_eq!(after.owner, "n2");
     assert_eq!(after.session_id, record.session_id, "the same session");
