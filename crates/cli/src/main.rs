@@ -23,7 +23,8 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
                      [--isolation-profile NAME] [--nodeset FILE]...
                      [--pki DIR] [--security none|all] [--metrics ADDR]
                      [--log-format text|json]
-                     [--cluster nats://HOST:PORT [--node-id ID] [--advertise URL]]
+                     [--cluster nats://HOST:PORT [--node-id ID] [--node-index N]
+                                                [--advertise URL]]
                      [--proxy-protocol]
        uascale decode <HEX | @FILE>
        uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
@@ -50,7 +51,9 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            --cluster URL makes this server a node of a cluster mirroring
            its sessions through the NATS JetStream server at URL
            (cluster.url; docs/cluster.md), --node-id its id (cluster.node_id,
-           default node-PORT), --advertise the front end's URL its endpoints
+           default node-PORT), --node-index the top byte of its subscription
+           ids (cluster.node_index, 1..=255, different on each node),
+           --advertise the front end's URL its endpoints
            name (cluster.endpoint_url); --proxy-protocol reads a PROXY protocol v2
            header on every connection (cluster.proxy_protocol);
            --log-format json writes one JSON object per event for log
@@ -166,6 +169,13 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
             "--cluster" => {
                 let v = value("--cluster")?;
                 config.cluster.url = Some(v.to_owned());
+            }
+            "--node-index" => {
+                let v = value("--node-index")?;
+                config.cluster.node_index = Some(
+                    v.parse()
+                        .map_err(|_| format!("--node-index {v:?} is not a number 1..=255"))?,
+                );
             }
             "--advertise" => config.cluster.endpoint_url = Some(value("--advertise")?.to_owned()),
             "--node-id" => config.cluster.node_id = Some(value("--node-id")?.to_owned()),

@@ -4,13 +4,17 @@
 //! nodes), all on 127.0.0.1 ports this test picks, all stopped at the end
 //! (nats-server and haproxy are installed with apt-get when missing).
 //!
-//! Clients with sessions connect through the front end; one node is
-//! killed with SIGKILL. Every client carries on: its library reconnects
-//! through the front end and activates its session on a survivor, which
-//! takes it over from the store - no client makes a new session (the
-//! survivors' `created` counts do not move, their `restored` counts grow
-//! by the sessions the dead node had), and the sessions already on the
-//! survivors are untouched (none lost, closed or moved away).
+//! 300 clients (every tenth on Basic256Sha256 SignAndEncrypt, the rest on
+//! None; the nodes share one application instance certificate) each hold
+//! a session with a subscription, through the front end; the busiest node
+//! is killed with SIGKILL. Every client carries on: its library
+//! reconnects through the front end and activates its session on a
+//! survivor, which takes it over from the store with its subscription -
+//! no client makes a new session (the survivors' `created` counts do not
+//! move, their `restored` counts grow by the sessions the dead node had),
+//! no client sees a sequence number gap that Republish could not fill or a
+//! number twice, every item's values go on, and the sessions already on
+//! the survivors are untouched (none lost, closed or restored).
 
 mod common;
 #[path = "../../server/tests/support/nats.rs"]
@@ -22,11 +26,19 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use uascale_client::{Client, ClientOptions};
-use uascale_types::NodeId;
+use std::sync::{Arc, Mutex};
 
-const CLIENTS: usize = 24;
-const LIMIT: Duration = Duration::from_secs(40);
+use uascale_client::{
+    Client, ClientOptions, MonitorItem, Notification, Restore, SecurityOptions, ServerTrust,
+    SubscriptionEvent, SubscriptionSettings,
+};
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_types::{MessageSecurityMode, NodeId};
+
+const CLIENTS: usize = 300;
+/// Every this-many-th client uses Basic256Sha256 SignAndEncrypt.
+const SECURE_EVERY: usize = 10;
+const LIMIT: Duration = Duration::from_secs(60);
 
 /// A running HAProxy, killed on drop.
 struct Haproxy {
@@ -86,9 +98,25 @@ fn metrics(port: u16) -> String {
         s,
         "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
     );
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
+    // Read up to the length the head gives (the connection may stay open).
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        let text = String::from_utf8_lossy(&out).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .and_then(|n| n.trim().parse::<usize>().ok());
+            if length.is_some_and(|n| body.len() >= n) {
+                return body.to_owned();
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return text,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
 }
 
 /// The value of the series named exactly `series` (0 when absent).
@@ -126,6 +154,35 @@ fn figures(port: u16) -> NodeFigures {
     }
 }
 
+/// What a client's subscription reported, in order.
+#[derive(Debug, Clone)]
+enum Seen {
+    /// A NotificationMessage (its number, when it arrived, whether a data
+    /// change carried a value, whether it came from a Republish).
+    Message(u32, Instant, bool, bool),
+    Lost,
+    Restored(Restore),
+    Ended,
+}
+
+fn client_identity() -> Arc<uascale_proto::security::Identity> {
+    use uascale_crypto::x509::{create_self_signed, SelfSignedParams};
+    let made = create_self_signed(&SelfSignedParams::new(
+        "urn:uascale:test:failover",
+        "failover",
+        std::time::SystemTime::now() - Duration::from_secs(3600),
+    ))
+    .expect("a client certificate");
+    let key = uascale_crypto::rsa::RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der)
+        .expect("its key");
+    Arc::new(uascale_proto::security::Identity::new(made.certificate, key).expect("an identity"))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(i).copied().unwrap_or_default()
+}
+
 #[test]
 fn clients_of_a_killed_node_carry_on_through_the_others() {
     let Some(nats) = nats::start_cluster(3) else {
@@ -138,29 +195,44 @@ fn clients_of_a_killed_node_carry_on_through_the_others() {
     let config = dir.join("cluster.toml");
     std::fs::write(
         &config,
-        "[cluster]\nheartbeat_ms = 200\nlease_ms = 1000\nreplicas = 3\n",
+        "[cluster]\nheartbeat_ms = 300\nlease_ms = 3000\nreplicas = 3\n\
+         [security]\nallow_security_none = true\ntrust_all_client_certificates = true\n",
     )
     .unwrap();
+    let pki = dir.join("pki");
     let metrics_ports: Vec<u16> = (0..3).map(|_| common::free_port()).collect();
+    // One after the other: the first creates the shared certificate.
     let mut nodes: Vec<Option<common::Served>> = metrics_ports
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            Some(common::serve([
+            let node = common::serve([
                 "--config",
                 config.to_str().unwrap(),
-                "--security",
-                "none",
+                "--host",
+                "127.0.0.1",
+                "--pki",
+                pki.to_str().unwrap(),
                 "--cluster",
                 &url,
                 "--node-id",
                 &format!("n{i}"),
+                "--node-index",
+                &(i + 1).to_string(),
                 "--advertise",
                 &format!("opc.tcp://127.0.0.1:{front}"),
                 "--proxy-protocol",
                 "--metrics",
                 &format!("127.0.0.1:{m}"),
-            ]))
+            ]);
+            // The OPC UA port listens before the state (and the PKI) is
+            // built; the metrics port after: the next node must find the
+            // certificate this one created.
+            assert!(
+                nats::wait_listening(([127, 0, 0, 1], *m).into(), LIMIT),
+                "node {i} did not start"
+            );
+            Some(node)
         })
         .collect();
     let ports: Vec<u16> = nodes.iter().flatten().map(|n| n.port).collect();
@@ -174,72 +246,219 @@ fn clients_of_a_killed_node_carry_on_through_the_others() {
         .build()
         .unwrap();
     let front_url = format!("opc.tcp://127.0.0.1:{front}");
-    let time = NodeId::ns0(2258); // Server_ServerStatus_CurrentTime
+    let time = NodeId::ns0(2258); // Server_ServerStatus_CurrentTime: changes every sample
+    let identity = client_identity();
+    let logs: Vec<Arc<Mutex<Vec<Seen>>>> = (0..CLIENTS).map(|_| Arc::default()).collect();
+    let setup = Instant::now();
     let clients: Vec<Client> = rt.block_on(async {
         let mut v = Vec::new();
-        for i in 0..CLIENTS {
-            let c = Client::connect(&front_url, ClientOptions::default())
+        for (i, log) in logs.iter().enumerate() {
+            let mut options = ClientOptions {
+                application_uri: "urn:uascale:test:failover".into(),
+                ..ClientOptions::default()
+            };
+            if i % SECURE_EVERY == 0 {
+                options.security = SecurityOptions {
+                    policy: SecurityPolicy::Basic256Sha256,
+                    mode: MessageSecurityMode::SignAndEncrypt,
+                    certificate: Some(Arc::clone(&identity)),
+                    server_certificate: None,
+                    trust: ServerTrust::UnsafeAcceptAny,
+                };
+            }
+            let c = Client::connect(&front_url, options)
                 .await
-                .expect("connect through the front end");
+                .unwrap_or_else(|e| panic!("client {i} through the front end: {e}"));
             c.create_session(&format!("c{i}")).await.expect("a session");
-            c.read_values(std::slice::from_ref(&time))
+            let mut sub = c
+                .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(1000)))
                 .await
-                .expect("a Read");
+                .expect("a subscription");
+            sub.monitor(vec![MonitorItem::value(time.clone()).sampling(500.0)])
+                .await
+                .expect("an item");
+            let log = Arc::clone(log);
+            tokio::spawn(async move {
+                while let Some(e) = sub.recv().await {
+                    let seen = match e {
+                        SubscriptionEvent::Notifications {
+                            sequence_number,
+                            notifications,
+                            republished,
+                            ..
+                        } => Seen::Message(
+                            sequence_number,
+                            Instant::now(),
+                            notifications.iter().any(|n| {
+                                matches!(n, Notification::DataChange { value, .. } if value.value.is_some())
+                            }),
+                            republished,
+                        ),
+                        SubscriptionEvent::Lost { .. } => Seen::Lost,
+                        SubscriptionEvent::Restored(how) => Seen::Restored(how),
+                        SubscriptionEvent::Ended(_) => Seen::Ended,
+                        SubscriptionEvent::KeepAlive { .. } => continue,
+                    };
+                    log.lock().unwrap().push(seen);
+                }
+            });
             v.push(c);
         }
         v
     });
 
-    // Every session is on some node and mirrored.
+    eprintln!(
+        "failover: {CLIENTS} clients set up in {:?}",
+        setup.elapsed()
+    );
+    // Every session is on some node, mirrored, and its subscription
+    // reports.
     let start = Instant::now();
     let before = loop {
         let f: Vec<NodeFigures> = metrics_ports.iter().map(|p| figures(*p)).collect();
         let active: f64 = f.iter().map(|f| f.active).sum();
-        if active == CLIENTS as f64 && f.iter().all(|f| f.pending == 0.0) {
+        let reporting = logs
+            .iter()
+            .filter(|l| {
+                l.lock()
+                    .unwrap()
+                    .iter()
+                    .any(|s| matches!(s, Seen::Message(..)))
+            })
+            .count();
+        let pending: Vec<f64> = f.iter().map(|f| f.pending).collect();
+        if active == CLIENTS as f64 && reporting == CLIENTS && pending.iter().all(|p| *p == 0.0) {
             break f;
         }
+        let silent: Vec<usize> = (0..CLIENTS)
+            .filter(|i| {
+                !logs[*i]
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|s| matches!(s, Seen::Message(..)))
+            })
+            .collect();
         assert!(
             start.elapsed() < LIMIT,
-            "sessions not all active and mirrored"
+            "sessions not all active, mirrored and reporting: {active} active, \
+             {reporting} reporting (silent: {silent:?}), pending writes {pending:?}; \
+             a node's metrics: {:?}",
+            metrics(metrics_ports[0])
+                .lines()
+                .filter(|l| l.contains("sessions{") || l.contains("transitions"))
+                .collect::<Vec<_>>()
         );
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(200));
     };
     let victim = (0..3)
         .max_by(|a, b| before[*a].active.total_cmp(&before[*b].active))
         .unwrap();
     let on_victim = before[victim].active;
     assert!(on_victim > 0.0, "leastconn put sessions on every node");
-    // Let the mirror's last writes settle on the replicas.
-    std::thread::sleep(Duration::from_millis(300));
 
     // SIGKILL: nothing is flushed, nothing is closed politely.
     let mut dead = nodes[victim].take().unwrap();
+    let killed = Instant::now();
     dead.child.kill().unwrap();
     let _ = dead.child.wait();
 
-    // Every client reads again, on its own session.
-    rt.block_on(async {
-        for (i, c) in clients.iter().enumerate() {
-            let deadline = Instant::now() + LIMIT;
-            loop {
-                match c.read_values(std::slice::from_ref(&time)).await {
-                    Ok(v) if v.first().is_some_and(|d| d.value.is_some()) => break,
-                    r => {
-                        assert!(
-                            Instant::now() < deadline,
-                            "client {i} did not carry on: {r:?}"
-                        );
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                }
+    // Every client's subscription reports again, with a value.
+    let start = Instant::now();
+    loop {
+        let waiting = logs
+            .iter()
+            .filter(|l| {
+                !l.lock()
+                    .unwrap()
+                    .iter()
+                    .any(|s| matches!(s, Seen::Message(_, at, true, false) if *at > killed))
+            })
+            .count();
+        if waiting == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "{waiting} clients' values did not continue"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Two more publishing intervals, for anything still in flight.
+    std::thread::sleep(Duration::from_millis(2000));
+
+    let mut resumed = Vec::new();
+    let mut moved = 0usize;
+    for (i, log) in logs.iter().enumerate() {
+        let log = log.lock().unwrap().clone();
+        assert!(
+            !log.iter().any(|s| matches!(s, Seen::Lost | Seen::Ended)),
+            "client {i}: a gap Republish could not fill, or the subscription ended: {log:?}"
+        );
+        let restored: Vec<&Restore> = log
+            .iter()
+            .filter_map(|s| match s {
+                Seen::Restored(how) => Some(how),
+                _ => None,
+            })
+            .collect();
+        if !restored.is_empty() {
+            moved += 1;
+            assert_eq!(
+                restored,
+                vec![&Restore::Reactivated],
+                "client {i}: its own session, reactivated once"
+            );
+        }
+        let mut seqs: Vec<u32> = log
+            .iter()
+            .filter_map(|s| match s {
+                Seen::Message(n, ..) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        let count = seqs.len();
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(
+            seqs.len(),
+            count,
+            "client {i}: a sequence number twice: {log:?}"
+        );
+        assert_eq!(
+            seqs.last().copied().unwrap_or(0) - seqs.first().copied().unwrap_or(0) + 1,
+            count as u32,
+            "client {i}: a gap in the sequence numbers: {log:?}"
+        );
+        if let Some(at) = log.iter().find_map(|s| match s {
+            Seen::Message(_, at, true, _) if *at > killed => Some(*at),
+            _ => None,
+        }) {
+            if !restored.is_empty() {
+                resumed.push(at - killed);
             }
         }
-    });
+    }
+    resumed.sort();
+    eprintln!(
+        "failover: {moved} sessions moved; time to the first value after the kill p50 {:?} p99 {:?} max {:?}",
+        percentile(&resumed, 0.5),
+        percentile(&resumed, 0.99),
+        resumed.last().copied().unwrap_or_default()
+    );
+    assert_eq!(
+        moved as f64, on_victim,
+        "the dead node's clients, and only they, moved"
+    );
+
     let after: Vec<(usize, NodeFigures)> = (0..3)
         .filter(|i| *i != victim)
         .map(|i| (i, figures(metrics_ports[i])))
         .collect();
-    let restored: f64 = after.iter().map(|(_, f)| f.restored).sum();
+    let restored: f64 = after
+        .iter()
+        .map(|(i, f)| f.restored - before[*i].restored)
+        .sum();
     assert_eq!(
         restored, on_victim,
         "the dead node's sessions were taken over, each once"

@@ -71,6 +71,13 @@ pub struct ClusterSection {
     /// -`; `--node-id`). Default derived: `node-` and the port.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
+    /// The top byte of the subscription ids this node makes
+    /// (`node_index`, 1..=255; `--node-index`), so that a subscription
+    /// moved here from another node keeps its id. Must differ between the
+    /// nodes. Default derived: from a hash of the node id (set it to be
+    /// sure).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_index: Option<u8>,
     /// The URL the node advertises in its endpoints (`endpoint_url`,
     /// `opc.tcp://HOST:PORT`; `--advertise URL`): the front end's, which
     /// clients use to reach any node. Default unset: the node's own.
@@ -100,6 +107,7 @@ impl Default for ClusterSection {
         ClusterSection {
             url: None,
             node_id: None,
+            node_index: None,
             endpoint_url: None,
             heartbeat: Duration::from_secs(1),
             lease: Duration::from_secs(5),
@@ -110,6 +118,17 @@ impl Default for ClusterSection {
 }
 
 impl ClusterSection {
+    /// The node index: the configured one, or 1..=255 from a hash of
+    /// `node_id` (FNV-1a: the same on every build).
+    pub fn node_index_or(&self, node_id: &str) -> u8 {
+        self.node_index.unwrap_or_else(|| {
+            let h = node_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            (h % 255) as u8 + 1
+        })
+    }
+
     /// The node id: the configured one, or `node-PORT`.
     pub fn node_id_or(&self, port: u16) -> String {
         self.node_id
@@ -1065,6 +1084,9 @@ impl ServerConfig {
                     "must be opc.tcp://HOST:PORT",
                 );
             }
+        }
+        if c.node_index == Some(0) {
+            return fail("cluster.node_index", 0, "must be 1..=255");
         }
         positive_ms("cluster.heartbeat_ms", c.heartbeat)?;
         if c.lease < c.heartbeat * 2 {

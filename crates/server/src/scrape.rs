@@ -311,6 +311,12 @@ impl Collector for ServerCollector {
             )?;
             counter(
                 &mut enc,
+                "opcua_cluster_sessions_reclaimed",
+                "Sessions of this node that a survivor adopted while this node still served them, taken back",
+                cm.sessions_reclaimed.load(Relaxed),
+            )?;
+            counter(
+                &mut enc,
                 "opcua_cluster_store_errors",
                 "Failed operations on the cluster store",
                 cm.store_errors.load(Relaxed),

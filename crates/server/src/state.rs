@@ -339,9 +339,14 @@ impl ServerState {
             return Arc::clone(node);
         }
         let weak = Arc::downgrade(self);
+        let node_id = self.config.cluster.node_id_or(self.config.server.port);
+        // Subscription ids made here carry this node's index, so that one
+        // moved here from another node keeps its id.
+        self.subscriptions
+            .set_node_index(self.config.cluster.node_index_or(&node_id));
         let node = crate::cluster::node::ClusterNode::new(
             store,
-            self.config.cluster.node_id_or(self.config.server.port),
+            node_id,
             self.config.cluster.clone(),
             Box::new(move |token| {
                 if let Some(state) = weak.upgrade() {

@@ -136,6 +136,8 @@ fn start_node(rt: &tokio::runtime::Runtime, url: &str, id: &str) -> Node {
     let mut config = common::loopback_config();
     config.cluster.url = Some(url.to_owned());
     config.cluster.node_id = Some(id.to_owned());
+    // Different top bytes, so that ids made on n2 cannot meet n1's.
+    config.cluster.node_index = Some(if id == "n1" { 1 } else { 2 });
     config.cluster.heartbeat = Duration::from_millis(200);
     config.cluster.lease = Duration::from_millis(1000);
     let _guard = rt.enter();
@@ -257,8 +259,16 @@ fn a_session_moves_to_another_node_when_its_node_stops() {
     // A cluster node says its redundancy is transparent.
     let r = read_node(&mut moved, NodeId::ns0(3709));
     let r = r.as_any().downcast_ref::<ReadResponse>().expect("a Read");
-    let support = r.results.as_ref().and_then(|v| v.first()).and_then(|d| d.value.clone());
-    assert_eq!(support, Some(uascale_types::Variant::Int32(4)), "Transparent");
+    let support = r
+        .results
+        .as_ref()
+        .and_then(|v| v.first())
+        .and_then(|d| d.value.clone());
+    assert_eq!(
+        support,
+        Some(uascale_types::Variant::Int32(4)),
+        "Transparent"
+    );
     let after = stored(&rt, &url, &c.auth).expect("still mirrored");
     assert_eq!(after.owner, "n2");
     assert_eq!(after.session_id, record.session_id, "the same session");
@@ -311,6 +321,13 @@ fn a_subscription_continues_with_its_sequence_numbers_on_the_new_node() {
     c.session();
     c.send_create_subscription(600, 10);
     let sub = c.read_subscription_id();
+    // A client of n2 has a subscription there too: the ids of the two
+    // nodes must not meet when n1's moves to n2.
+    let mut other = RawClient::connect(n2.addr);
+    other.session();
+    other.send_create_subscription(600, 10);
+    let theirs = other.read_subscription_id();
+    assert_ne!(theirs, sub, "subscription ids carry the node index");
     c.send_monitor(sub, NodeId::ns0(2258)); // CurrentTime: a new value each sample
     let _ = c.read_response();
     // Three notifications, none acknowledged.

@@ -62,6 +62,14 @@ struct Mirror {
     /// Subscriptions answered since their session's subscriptions record
     /// was last written.
     dirty_subscriptions: std::collections::HashSet<u32>,
+    /// The nonce of each session this node serves, as it last heard it:
+    /// a record of another owner with the same nonce was adopted by a
+    /// janitor (no client came), one with another nonce was claimed by
+    /// the client.
+    nonces: HashMap<String, [u8; 32]>,
+    /// The last record of each session this node serves (rewritten when a
+    /// janitor adopted the session by mistake).
+    records: HashMap<String, Box<SessionRecord>>,
 }
 
 /// Counters of the cluster, for /metrics.
@@ -75,6 +83,9 @@ pub struct ClusterMetrics {
     pub sessions_lost: AtomicU64,
     /// Sessions adopted from dead nodes.
     pub sessions_adopted: AtomicU64,
+    /// Sessions of this node that a janitor adopted while this node still
+    /// served them (it was thought dead), taken back.
+    pub sessions_reclaimed: AtomicU64,
     /// Failed store operations.
     pub store_errors: AtomicU64,
     /// Records written.
@@ -316,10 +327,15 @@ impl ClusterNode {
                 Some(s) => {
                     m.owned.entry(key.clone()).or_insert(None);
                     m.keys.insert(s.session_id.clone(), key.clone());
-                    Pending::Write(Box::new(record_of(&self.me, token, s)))
+                    m.nonces.insert(key.clone(), s.server_nonce);
+                    let rec = Box::new(record_of(&self.me, token, s));
+                    m.records.insert(key.clone(), rec.clone());
+                    Pending::Write(rec)
                 }
                 None => {
                     m.keys.retain(|_, k| *k != key);
+                    m.nonces.remove(&key);
+                    m.records.remove(&key);
                     Pending::Delete
                 }
             };
@@ -374,11 +390,33 @@ impl ClusterNode {
                     lock(&self.mirror).owned.remove(&key);
                 }
                 (Err(ClaimError::Lost), Pending::Write(rec)) => {
-                    // Another node took it: let it go, do not fight.
-                    lock(&self.mirror).owned.remove(&key);
-                    self.metrics.sessions_lost.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(node = %self.me, session = %rec.session_id, "session taken over by another node; released");
-                    (self.evict)(&rec.token);
+                    match takeover::read(&*self.store, &key).await {
+                        // A janitor adopted it while this node still serves
+                        // it (it thought this node dead): take it back.
+                        Ok(Some((now, rev))) if now.server_nonce == rec.server_nonce => {
+                            let mut m = lock(&self.mirror);
+                            m.owned.insert(key.clone(), Some(rev));
+                            m.pending.entry(key).or_insert(p);
+                            m.oldest.get_or_insert_with(Instant::now);
+                            drop(m);
+                            self.metrics
+                                .sessions_reclaimed
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(ClaimError::Store(e)) => {
+                            self.store_failed(&e);
+                            failed = Some(e);
+                            left.push((key, p));
+                        }
+                        // A client claimed it on another node: let it go,
+                        // do not fight.
+                        _ => {
+                            self.forget(&key);
+                            self.metrics.sessions_lost.fetch_add(1, Ordering::Relaxed);
+                            tracing::info!(node = %self.me, session = %rec.session_id, "session taken over by another node; released");
+                            (self.evict)(&rec.token);
+                        }
+                    }
                 }
                 (Err(ClaimError::Lost), Pending::Delete) => {
                     lock(&self.mirror).owned.remove(&key);
@@ -458,12 +496,30 @@ impl ClusterNode {
                 .owned
                 .get(key)
                 .is_some_and(|known| known.is_none_or(|k| k < revision));
-            if mine && !m.claiming.contains_key(key) {
+            if !mine || m.claiming.contains_key(key) {
+                false
+            } else if m.nonces.get(key) == Some(&rec.server_nonce) {
+                // Adopted by a janitor, not claimed by the client: this
+                // node still serves it and writes it back.
+                m.owned.insert(key.to_owned(), Some(revision));
+                if let Some(last) = m.records.get(key).cloned() {
+                    m.pending
+                        .entry(key.to_owned())
+                        .or_insert(Pending::Write(last));
+                    m.oldest.get_or_insert_with(Instant::now);
+                }
+                drop(m);
+                self.metrics
+                    .sessions_reclaimed
+                    .fetch_add(1, Ordering::Relaxed);
+                self.wake.notify_one();
+                false
+            } else {
                 m.owned.remove(key);
                 m.pending.remove(key);
+                m.nonces.remove(key);
+                m.records.remove(key);
                 true
-            } else {
-                false
             }
         };
         if mine {
@@ -482,6 +538,14 @@ impl ClusterNode {
         Ok(r?.map(|(rec, _)| rec))
     }
 
+    /// Forgets a session this node no longer serves.
+    fn forget(&self, key: &str) {
+        let mut m = lock(&self.mirror);
+        m.owned.remove(key);
+        m.nonces.remove(key);
+        m.records.remove(key);
+    }
+
     /// Marks `key` as being claimed: its transitions are not queued until
     /// [`ClusterNode::end_claim`].
     pub fn begin_claim(&self, key: &str) {
@@ -490,12 +554,14 @@ impl ClusterNode {
 
     /// Ends a claim: `revision` is the claimed record's (this node owns
     /// it now), `None` when the claim failed.
-    pub fn end_claim(&self, key: &str, revision: Option<u64>, session_id: &NodeId) {
+    pub fn end_claim(&self, key: &str, claimed: Option<&Claimed>, session_id: &NodeId) {
         let mut m = lock(&self.mirror);
         m.claiming.remove(key);
-        if let Some(rev) = revision {
-            m.owned.insert(key.to_owned(), Some(rev));
+        if let Some(c) = claimed {
+            m.owned.insert(key.to_owned(), Some(c.revision));
             m.keys.insert(session_id.clone(), key.to_owned());
+            m.nonces.insert(key.to_owned(), c.record.server_nonce);
+            m.records.insert(key.to_owned(), Box::new(c.record.clone()));
         }
     }
 
@@ -734,6 +800,61 @@ mod tests {
     }
 
     #[test]
+    fn a_live_owner_takes_back_what_a_janitor_adopted() {
+        let store = Arc::new(MemoryStore::new());
+        let (a, evicted_a) = node(&store, "a");
+        let (token, mut s) = session();
+        let key = session_key(&token).unwrap();
+        let ev = SessionEvent::Created {
+            session_id: s.session_id.clone(),
+            channel_id: 1,
+        };
+        a.heard(&ev, &token, Some(&s));
+        assert!(now(a.write_pending()));
+        // c thought a dead (a slow heartbeat) and adopted its session.
+        let t0 = Instant::now();
+        let leases = Leases::new(Duration::from_millis(10), t0);
+        let (adopted, _) = now(takeover::adopt_orphans(
+            &*store,
+            "c",
+            &leases,
+            t0 + Duration::from_secs(1),
+        ))
+        .unwrap();
+        assert_eq!(adopted.len(), 1);
+        // a still serves it: its next write conflicts, sees the same nonce
+        // (no client came) and writes it back instead of letting it go.
+        s.locale_ids = vec!["it".into()];
+        a.heard(&ev, &token, Some(&s));
+        assert!(now(a.write_pending()));
+        assert!(now(a.write_pending()));
+        assert!(lock(&evicted_a).is_empty(), "nothing evicted");
+        let (rec, _) = now(takeover::read(&*store, &key)).unwrap().unwrap();
+        assert_eq!(rec.owner, "a");
+        assert_eq!(a.metrics.sessions_reclaimed.load(Ordering::Relaxed), 1);
+        // The same through the watch: an adoption seen is written back.
+        let (_, rev) = now(takeover::adopt_orphans(
+            &*store,
+            "c",
+            &leases,
+            t0 + Duration::from_secs(2),
+        ))
+        .map(|(mut v, _)| {
+            let a = v.remove(0);
+            (a.record, a.revision)
+        })
+        .unwrap();
+        let adopted = now(takeover::read(&*store, &key)).unwrap().unwrap().0;
+        a.session_seen(&key, Some(&adopted.encode()), rev);
+        assert!(lock(&evicted_a).is_empty());
+        assert!(now(a.write_pending()));
+        assert_eq!(
+            now(takeover::read(&*store, &key)).unwrap().unwrap().0.owner,
+            "a"
+        );
+    }
+
+    #[test]
     fn a_node_whose_session_was_claimed_lets_it_go() {
         let store = Arc::new(MemoryStore::new());
         let (a, evicted_a) = node(&store, "a");
@@ -752,7 +873,7 @@ mod tests {
         next.server_nonce = [0xee; 32];
         b.begin_claim(&key);
         let c = now(b.claim(&key, &nonce, &token, &next)).unwrap();
-        b.end_claim(&key, Some(c.revision), &s.session_id);
+        b.end_claim(&key, Some(&c), &s.session_id);
         assert_eq!(c.previous_owner, "a");
         // a, not having heard yet, writes what it has: it loses and evicts.
         s.locale_ids = vec!["fr".into()];

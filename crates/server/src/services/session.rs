@@ -478,7 +478,7 @@ async fn take_over(
         .await
     {
         Ok(claimed) => {
-            cluster.end_claim(key, Some(claimed.revision), &record.session_id);
+            cluster.end_claim(key, Some(&claimed), &record.session_id);
             restore_subscriptions(ctx, cluster, key, &record.session_id).await;
             Ok(response)
         }
