@@ -18,7 +18,6 @@
 
 mod common;
 #[path = "../../server/tests/support/nats.rs"]
-#[allow(dead_code)] // the single-server helpers are the server tests'
 mod nats;
 
 use std::io::{Read, Write};
@@ -183,8 +182,12 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted.get(i).copied().unwrap_or_default()
 }
 
+/// The tests of this file one at a time (each starts a whole cluster).
+static SERIAL: Mutex<()> = Mutex::new(());
+
 #[test]
 fn clients_of_a_killed_node_carry_on_through_the_others() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(nats) = nats::start_cluster(3) else {
         return;
     };
@@ -480,4 +483,94 @@ fn clients_of_a_killed_node_carry_on_through_the_others() {
     });
     drop(nodes);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Python asyncua through the front end: its session, made through
+/// HAProxy, is activated again through HAProxy on a new channel after its
+/// node was killed (tests/interop/cluster_asyncua.py drives asyncua's own
+/// steps with the old token: asyncua 2.1 itself would make a new session).
+#[test]
+fn python_asyncua_reactivates_its_session_after_its_node_died() {
+    use std::io::{BufRead, BufReader};
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = root.join("target/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `cargo xtask ci` first",
+        python.display()
+    );
+    let Some(nats) = nats::start() else { return };
+    let url = nats.url();
+    let front = common::free_port();
+    let metrics_ports: Vec<u16> = (0..2).map(|_| common::free_port()).collect();
+    let mut nodes: Vec<Option<common::Served>> = metrics_ports
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let node = common::serve([
+                "--security",
+                "none",
+                "--cluster",
+                &url,
+                "--node-id",
+                &format!("p{i}"),
+                "--node-index",
+                &(i + 1).to_string(),
+                "--advertise",
+                &format!("opc.tcp://127.0.0.1:{front}"),
+                "--proxy-protocol",
+                "--metrics",
+                &format!("127.0.0.1:{m}"),
+            ]);
+            assert!(nats::wait_listening(([127, 0, 0, 1], *m).into(), LIMIT));
+            Some(node)
+        })
+        .collect();
+    let ports: Vec<u16> = nodes.iter().flatten().map(|n| n.port).collect();
+    let Some(_haproxy) = haproxy(front, &ports) else {
+        return;
+    };
+
+    let mut script = Command::new(&python)
+        .arg(root.join("tests/interop/cluster_asyncua.py"))
+        .arg(format!("opc.tcp://127.0.0.1:{front}"))
+        .current_dir(root.join("tests/interop"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the asyncua script");
+    let mut lines = BufReader::new(script.stdout.take().unwrap()).lines();
+    let line = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert_eq!(line, "READY", "the script's first session");
+
+    // Which node has it: the one with the active session; kill it.
+    let start = Instant::now();
+    let (victim, survivor) = loop {
+        let f: Vec<NodeFigures> = metrics_ports.iter().map(|p| figures(*p)).collect();
+        if let Some(v) = (0..2).find(|i| f[*i].active == 1.0 && f[*i].pending == 0.0) {
+            break (v, 1 - v);
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the session is not active and mirrored"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let created_before = figures(metrics_ports[survivor]).created;
+    let mut dead = nodes[victim].take().unwrap();
+    dead.child.kill().unwrap();
+    let _ = dead.child.wait();
+    // HAProxy sends the next connection to the survivor once its check
+    // fails (or redispatches after a refused connect).
+    std::thread::sleep(Duration::from_millis(700));
+    writeln!(script.stdin.as_mut().unwrap()).unwrap();
+    let line = lines.next().and_then(Result::ok).unwrap_or_default();
+    let status = script.wait().unwrap();
+    assert_eq!(line, "OK", "the script did not carry on ({status})");
+    assert!(status.success(), "{status}");
+    let f = figures(metrics_ports[survivor]);
+    assert_eq!(f.restored, 1.0, "the survivor took the session over");
+    assert_eq!(f.created, created_before, "no new session was made");
+    drop(nodes);
 }
