@@ -414,3 +414,67 @@ fn a_subscription_continues_with_its_sequence_numbers_on_the_new_node() {
     assert!(items[0].value.value.is_some(), "the item's current value");
     drop(n2);
 }
+
+fn service_level(c: &mut RawClient) -> u8 {
+    let r = read_node(c, NodeId::ns0(2267)); // Server_ServiceLevel
+    let r = r.as_any().downcast_ref::<ReadResponse>().expect("a Read");
+    match r
+        .results
+        .as_ref()
+        .and_then(|v| v.first())
+        .and_then(|d| d.value.clone())
+    {
+        Some(uascale_types::Variant::Byte(b)) => b,
+        other => panic!("ServiceLevel: {other:?}"),
+    }
+}
+
+/// The store goes away: the node keeps serving its sessions, says it is
+/// degraded (ServiceLevel at most 100), keeps what changed, and writes it
+/// when the store is back (ServiceLevel back up).
+#[test]
+fn without_its_store_a_node_serves_degraded_and_catches_up() {
+    let Some(mut nats) = nats::start() else {
+        return;
+    };
+    let rt = runtime();
+    let url = nats.url();
+    let n1 = start_node(&rt, &url, "n1");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    let start = Instant::now();
+    while stored(&rt, &url, &c.auth).is_none() {
+        assert!(start.elapsed() < LIMIT, "the session was never mirrored");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(service_level(&mut c), 255);
+
+    nats.kill();
+    let start = Instant::now();
+    while service_level(&mut c) > uascale_server::state::DEGRADED_SERVICE_LEVEL {
+        assert!(
+            start.elapsed() < LIMIT,
+            "the node never said it was degraded"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Its sessions are served; a new one too, mirrored later.
+    assert!(read_state(&mut c)
+        .as_any()
+        .downcast_ref::<ReadResponse>()
+        .is_some());
+    let mut late = RawClient::connect(n1.addr);
+    late.session();
+
+    nats.restart();
+    let start = Instant::now();
+    while service_level(&mut c) != 255 || stored(&rt, &url, &late.auth).is_none() {
+        assert!(
+            start.elapsed() < LIMIT * 2,
+            "the node did not catch up when the store came back"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(n1);
+}

@@ -441,25 +441,19 @@ async fn take_over(
             return Err(StatusCode::BadSessionIdInvalid.into());
         }
     };
-    cluster.begin_claim(key);
-    let restored = match ctx
+    let restored = ctx
         .sessions
         .restore(auth, cluster_node::session_of(&record, ctx.instant))
-    {
-        Ok(r) => r,
-        Err(e) => {
-            cluster.end_claim(key, None, &record.session_id);
-            return Err(ServiceError::busy(
-                e.status_code(),
-                crate::admission::SESSION_FULL_RETRY_AFTER,
-            ));
-        }
-    };
+        .map_err(|e| {
+            ServiceError::busy(e.status_code(), crate::admission::SESSION_FULL_RETRY_AFTER)
+        })?;
     if !restored {
-        // A concurrent ActivateSession on this node restored it first.
-        cluster.end_claim(key, None, &record.session_id);
+        // A concurrent ActivateSession on this node restored it first (and
+        // claims it); this one is an ordinary activation.
         return activate_session(ctx, req);
     }
+    // Its transitions are the claim's to write from here on.
+    cluster.begin_claim(key);
     let fail = |e: ServiceError| {
         ctx.sessions.evict(auth);
         cluster.end_claim(key, None, &record.session_id);

@@ -17,6 +17,37 @@ pub struct Nats {
 }
 
 impl Nats {
+    /// Kills it (SIGKILL), keeping its store directory.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port and store directory (after
+    /// [`Nats::kill`]; a single server only).
+    pub fn restart(&mut self) {
+        let bin = ensure_installed("nats-server", "nats-server").expect("nats-server");
+        self.child = Command::new(bin)
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.addr.port().to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server again");
+        assert!(
+            wait_listening(self.addr, Duration::from_secs(10)),
+            "nats-server did not listen again on {}",
+            self.addr
+        );
+    }
+
     /// Its URL, `nats://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("nats://{}", self.addr)
