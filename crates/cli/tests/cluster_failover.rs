@@ -18,6 +18,7 @@
 
 mod common;
 #[path = "../../server/tests/support/nats.rs"]
+#[allow(dead_code)] // killing and restarting the store is the server tests'
 mod nats;
 
 use std::io::{Read, Write};
