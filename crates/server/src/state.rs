@@ -191,8 +191,15 @@ impl ServerState {
         let subscriptions = Arc::new(SubscriptionRegistry::new(config.subscriptions.clone()));
         // Value changes reach monitored items as they happen (no sampling).
         let registry = Arc::clone(&subscriptions);
+        let cluster: Arc<std::sync::OnceLock<Arc<crate::cluster::node::ClusterNode>>> =
+            Arc::default();
+        let mirror = Arc::clone(&cluster);
         let observer: crate::node_manager::ValueObserver = Arc::new(move |node, value| {
             registry.value_changed(clock(), node, value);
+            // A cluster node mirrors the change (one atomic load without).
+            if let Some(c) = mirror.get() {
+                c.value_changed(node, value);
+            }
         });
         managers.set_observer(&observer);
         let mut channel_config = config.limits.channel_config();
@@ -231,7 +238,7 @@ impl ServerState {
             diagnostics_enabled: config.server.diagnostics_enabled.into(),
             listening: false.into(),
             shedding_all: false.into(),
-            cluster: Arc::default(),
+            cluster,
             config,
         });
         Self::listen_to_sessions(&state);
@@ -363,6 +370,14 @@ impl ServerState {
             let session = state.subscriptions.session_of(id)?;
             let images = state.subscriptions.images_of(&session);
             Some((session, images))
+        }));
+        let weak = Arc::downgrade(self);
+        node.set_apply(Box::new(move |id, value| {
+            if let Some(state) = weak.upgrade() {
+                if let Err(status) = state.managers.write_value(id, value) {
+                    tracing::debug!(node = %id, %status, "a mirrored value was not applied");
+                }
+            }
         }));
         let mirror = Arc::clone(&node);
         self.sessions

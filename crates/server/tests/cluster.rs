@@ -478,3 +478,56 @@ fn without_its_store_a_node_serves_degraded_and_catches_up() {
     }
     drop(n1);
 }
+
+/// A Write on one node is seen on the other: the value goes through the
+/// store and the other node applies it to its in-memory node manager.
+#[test]
+fn a_write_on_one_node_is_read_on_the_other() {
+    let Some(nats) = nats::start() else { return };
+    let rt = runtime();
+    let url = nats.url();
+    let n1 = start_node(&rt, &url, "n1");
+    let n2 = start_node(&rt, &url, "n2");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    assert!(nats::wait_listening(n2.addr, LIMIT));
+    let node = NodeId::string(2, "Demo.Static.Scalar.Double");
+    let mut a = RawClient::connect(n1.addr);
+    a.session();
+    let mut b = RawClient::connect(n2.addr);
+    b.session();
+    let h = a.header();
+    a.send(&uascale_types::WriteRequest {
+        request_header: h,
+        nodes_to_write: Some(vec![uascale_types::WriteValue {
+            node_id: node.clone(),
+            attribute_id: AttributeId::Value as u32,
+            value: uascale_types::DataValue {
+                value: Some(uascale_types::Variant::Double(4242.5)),
+                ..Default::default()
+            },
+            ..Default::default()
+        }]),
+    });
+    let (_, w) = a.read_response();
+    let w = w
+        .as_any()
+        .downcast_ref::<uascale_types::WriteResponse>()
+        .expect("a WriteResponse");
+    assert_eq!(w.results.as_deref(), Some(&[StatusCode::Good][..]));
+    let start = Instant::now();
+    loop {
+        let r = read_node(&mut b, node.clone());
+        let r = r.as_any().downcast_ref::<ReadResponse>().expect("a Read");
+        let v = r
+            .results
+            .as_ref()
+            .and_then(|v| v.first())
+            .and_then(|d| d.value.clone());
+        if v == Some(uascale_types::Variant::Double(4242.5)) {
+            break;
+        }
+        assert!(start.elapsed() < LIMIT, "node 2 still reads {v:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop((n1, n2));
+}

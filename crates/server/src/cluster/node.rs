@@ -16,9 +16,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use uascale_types::NodeId;
+use uascale_types::{NodeId, Variant};
 
-use super::record::{session_key, NodeRecord, SessionRecord, SubscriptionsRecord};
+use super::record::{
+    session_key, value_key, NodeRecord, SessionRecord, SubscriptionsRecord, ValueRecord,
+};
 use super::store::{Bucket, Store, StoreError};
 use super::takeover::{self, ClaimError, Claimed, Leases};
 use crate::config::ClusterSection;
@@ -36,6 +38,16 @@ pub type Evict = Box<dyn Fn(&NodeId) + Send + Sync>;
 /// by subscription id: the session and its images (set by the server
 /// state).
 pub type Images = Box<dyn Fn(u32) -> Option<(NodeId, Vec<SubscriptionImage>)> + Send + Sync>;
+
+/// Applies a value another node wrote to this node's variable (set by the
+/// server state: through the node managers, so subscriptions hear it).
+pub type ApplyValue = Box<dyn Fn(&NodeId, Variant) + Send + Sync>;
+
+thread_local! {
+    /// Set while a value from the feed is applied: its change is not
+    /// mirrored back.
+    static APPLYING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 /// A write waiting for the writer task.
 #[derive(Debug, Clone)]
@@ -70,6 +82,9 @@ struct Mirror {
     /// The last record of each session this node serves (rewritten when a
     /// janitor adopted the session by mistake).
     records: HashMap<String, Box<SessionRecord>>,
+    /// Values changed here since they were last written (the latest of
+    /// each: bounded by the number of variables).
+    values: HashMap<NodeId, Variant>,
 }
 
 /// Counters of the cluster, for /metrics.
@@ -108,6 +123,7 @@ pub struct ClusterNode {
     degraded: AtomicBool,
     evict: Evict,
     images: std::sync::OnceLock<Images>,
+    apply: std::sync::OnceLock<ApplyValue>,
     /// The cluster's counters.
     pub metrics: ClusterMetrics,
 }
@@ -193,8 +209,98 @@ impl ClusterNode {
             degraded: AtomicBool::new(false),
             evict,
             images: std::sync::OnceLock::new(),
+            apply: std::sync::OnceLock::new(),
             metrics: ClusterMetrics::default(),
         })
+    }
+
+    /// Sets how values from other nodes are applied here (once).
+    pub fn set_apply(&self, apply: ApplyValue) {
+        let _ = self.apply.set(apply);
+    }
+
+    /// A variable of an in-memory node manager changed here: its value is
+    /// written to the store (coalesced) unless it came from the store.
+    pub fn value_changed(&self, node: &NodeId, value: &Variant) {
+        if APPLYING.with(|a| a.get()) {
+            return;
+        }
+        let fresh = lock(&self.mirror)
+            .values
+            .insert(node.clone(), value.clone())
+            .is_none();
+        if fresh {
+            self.wake.notify_one();
+        }
+    }
+
+    /// True when this node is the one that runs the demo's changing
+    /// values: the alive node with the smallest id (the others follow
+    /// the feed; one writer per value).
+    pub fn leads(&self) -> bool {
+        let alive = lock(&self.leases).alive_nodes(Instant::now());
+        alive.iter().all(|n| self.me <= *n)
+    }
+
+    /// Writes the changed values; false when the store failed (they wait).
+    async fn write_values(&self) -> bool {
+        let values = std::mem::take(&mut lock(&self.mirror).values);
+        let mut left = Vec::new();
+        let mut failed = false;
+        for (node, value) in values {
+            if failed {
+                left.push((node, value));
+                continue;
+            }
+            let Some(key) = value_key(&node) else {
+                continue;
+            };
+            let rec = ValueRecord {
+                owner: self.me.clone(),
+                node_id: node.clone(),
+                value: value.clone(),
+            };
+            match self.store.put(Bucket::Values, &key, rec.encode()).await {
+                Ok(_) => {
+                    self.metrics.records_written.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(StoreError::Invalid(e)) => {
+                    tracing::debug!(node = %node, error = %e, "value not mirrored");
+                }
+                Err(e) => {
+                    self.store_failed(&e);
+                    failed = true;
+                    left.push((node, value));
+                }
+            }
+        }
+        let mut m = lock(&self.mirror);
+        for (node, value) in left {
+            m.values.entry(node).or_insert(value);
+        }
+        !failed
+    }
+
+    /// Applies a value record another node wrote.
+    fn value_seen(&self, key: &str, value: Option<&[u8]>) {
+        let Some(value) = value else {
+            return;
+        };
+        let rec = match ValueRecord::decode(value) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "undecodable value record ignored");
+                return;
+            }
+        };
+        if rec.owner == self.me {
+            return;
+        }
+        if let Some(apply) = self.apply.get() {
+            APPLYING.with(|a| a.set(true));
+            apply(&rec.node_id, rec.value);
+            APPLYING.with(|a| a.set(false));
+        }
     }
 
     /// Sets where the subscriptions' images come from (once).
@@ -652,7 +758,9 @@ impl ClusterNode {
             let node = Arc::clone(&self);
             async move {
                 loop {
-                    let all = node.write_pending().await && node.write_subscriptions().await;
+                    let all = node.write_pending().await
+                        && node.write_subscriptions().await
+                        && node.write_values().await;
                     if all {
                         node.wake.notified().await;
                     } else {
@@ -704,17 +812,18 @@ impl ClusterNode {
 
     /// Watches both buckets until a watch ends or fails.
     async fn watch_until_closed(&self) {
-        let (nodes, sessions) = match (
+        let (nodes, sessions, values) = match (
             self.store.watch(Bucket::Nodes).await,
             self.store.watch(Bucket::Sessions).await,
+            self.store.watch(Bucket::Values).await,
         ) {
-            (Ok(n), Ok(s)) => (n, s),
-            (Err(e), _) | (_, Err(e)) => {
+            (Ok(n), Ok(s), Ok(v)) => (n, s, v),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 self.store_failed(&e);
                 return;
             }
         };
-        let (mut nodes, mut sessions) = (nodes, sessions);
+        let (mut nodes, mut sessions, mut values) = (nodes, sessions, values);
         loop {
             tokio::select! {
                 c = nodes.recv() => match c {
@@ -723,6 +832,10 @@ impl ClusterNode {
                 },
                 c = sessions.recv() => match c {
                     Some(c) => self.session_seen(&c.key, c.value.as_deref(), c.revision),
+                    None => return,
+                },
+                c = values.recv() => match c {
+                    Some(c) => self.value_seen(&c.key, c.value.as_deref()),
                     None => return,
                 },
             }

@@ -390,6 +390,68 @@ impl SubscriptionsRecord {
     }
 }
 
+/// The first bytes of a value record.
+const VALUE_TAG: &[u8; 4] = b"UASv";
+
+/// A variable's value as the cluster mirrors it: the node that wrote it
+/// (the one writer of the value), the variable and the value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValueRecord {
+    /// The node that wrote it.
+    pub owner: String,
+    /// The variable.
+    pub node_id: NodeId,
+    /// Its value.
+    pub value: uascale_types::Variant,
+}
+
+impl ValueRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(64);
+        header(&mut w, VALUE_TAG, &self.owner, 0);
+        self.node_id.encode(&mut w);
+        self.value.encode(&mut w);
+        w
+    }
+
+    /// Decodes a record read from the store.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = DecodeLimits {
+            max_byte_string_length: super::store::MAX_RECORD_BYTES,
+            max_string_length: super::store::MAX_RECORD_BYTES,
+            max_array_length: 100_000,
+            ..limits()
+        };
+        let mut r = Reader::new(bytes, &limits)?;
+        let (owner, _) = read_header(&mut r, VALUE_TAG)?;
+        let node_id = NodeId::decode(&mut r)?;
+        let value = uascale_types::Variant::decode(&mut r)?;
+        r.finish()?;
+        Ok(ValueRecord {
+            owner,
+            node_id,
+            value,
+        })
+    }
+}
+
+/// The store key of variable `node`: `v.` and the hex of its binary
+/// encoding (any NodeId, within the store's key length).
+pub fn value_key(node: &NodeId) -> Option<String> {
+    let mut b = Vec::new();
+    node.encode(&mut b);
+    if b.len() > 120 {
+        return None;
+    }
+    let mut key = String::with_capacity(2 + 2 * b.len());
+    key.push_str("v.");
+    for byte in b {
+        key.push_str(&format!("{byte:02x}"));
+    }
+    Some(key)
+}
+
 /// A node's heartbeat: the node id and a counter bumped by every beat.
 /// Liveness is judged on the reader's own clock (when the counter last
 /// changed), so the nodes' clocks need not agree.
@@ -589,6 +651,23 @@ pub(crate) mod tests {
             SubscriptionsRecord::decode(&sample("n", 1).encode()),
             Err(RecordError::WrongKind)
         );
+    }
+
+    #[test]
+    fn value_records_round_trip() {
+        let v = ValueRecord {
+            owner: "n2".into(),
+            node_id: NodeId::string(2, "Demo.Static.Scalar.Double"),
+            value: uascale_types::Variant::Double(2.5),
+        };
+        let bytes = v.encode();
+        assert_eq!(ValueRecord::decode(&bytes).unwrap(), v);
+        for len in 0..bytes.len() {
+            assert!(ValueRecord::decode(&bytes[..len]).is_err());
+        }
+        let k = value_key(&v.node_id).unwrap();
+        super::super::store::check_key(&k).unwrap();
+        assert_eq!(value_key(&NodeId::string(2, "x".repeat(200))), None);
     }
 
     #[test]

@@ -31,11 +31,18 @@ pub enum Bucket {
     Nodes,
     /// The subscriptions of each session, under the session's key.
     Subscriptions,
+    /// The values of in-memory node managers' variables, by node.
+    Values,
 }
 
 impl Bucket {
     /// Every bucket.
-    pub const ALL: [Bucket; 3] = [Bucket::Sessions, Bucket::Nodes, Bucket::Subscriptions];
+    pub const ALL: [Bucket; 4] = [
+        Bucket::Sessions,
+        Bucket::Nodes,
+        Bucket::Subscriptions,
+        Bucket::Values,
+    ];
 
     /// Its name in the store.
     pub const fn name(self) -> &'static str {
@@ -43,6 +50,7 @@ impl Bucket {
             Bucket::Sessions => "uascale_sessions",
             Bucket::Nodes => "uascale_nodes",
             Bucket::Subscriptions => "uascale_subscriptions",
+            Bucket::Values => "uascale_values",
         }
     }
 }

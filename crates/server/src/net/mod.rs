@@ -795,6 +795,11 @@ async fn tick_demo(state: Arc<ServerState>) {
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     for n in 0u64.. {
         interval.tick().await;
+        // In a cluster one node runs the changing values; the others
+        // follow them through the store (one writer per value).
+        if state.cluster().is_some_and(|c| !c.leads()) {
+            continue;
+        }
         state.tick_demo(n, &mut seed);
     }
 }
