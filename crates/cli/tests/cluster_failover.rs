@@ -486,6 +486,113 @@ fn clients_of_a_killed_node_carry_on_through_the_others() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A small cluster for the tests below: one nats-server, `n` nodes (None
+/// only), HAProxy in front; `None` when a package cannot be installed.
+struct Small {
+    _nats: nats::Nats,
+    nodes: Vec<Option<common::Served>>,
+    metrics: Vec<u16>,
+    _haproxy: Haproxy,
+    front: u16,
+}
+
+fn small_cluster(n: usize, prefix: &str) -> Option<Small> {
+    let nats = nats::start()?;
+    let url = nats.url();
+    let front = common::free_port();
+    let metrics: Vec<u16> = (0..n).map(|_| common::free_port()).collect();
+    let nodes: Vec<Option<common::Served>> = metrics
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let node = common::serve([
+                "--security",
+                "none",
+                "--cluster",
+                &url,
+                "--node-id",
+                &format!("{prefix}{i}"),
+                "--node-index",
+                &(i + 1).to_string(),
+                "--advertise",
+                &format!("opc.tcp://127.0.0.1:{front}"),
+                "--proxy-protocol",
+                "--metrics",
+                &format!("127.0.0.1:{m}"),
+            ]);
+            assert!(nats::wait_listening(([127, 0, 0, 1], *m).into(), LIMIT));
+            Some(node)
+        })
+        .collect();
+    let ports: Vec<u16> = nodes.iter().flatten().map(|n| n.port).collect();
+    let haproxy = haproxy(front, &ports)?;
+    Some(Small {
+        _nats: nats,
+        nodes,
+        metrics,
+        _haproxy: haproxy,
+        front,
+    })
+}
+
+/// `uascale bench failover` against a small cluster, killing one node:
+/// what it reports agrees with the survivor (sessions moved = sessions it
+/// restored) and nothing was lost or duplicated.
+#[test]
+fn bench_failover_reports_what_the_cluster_did() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut c) = small_cluster(2, "b") else {
+        return;
+    };
+    let victim = c.nodes[0].as_ref().unwrap().child.id().to_string();
+    let out = Command::new(common::BIN)
+        .args([
+            "bench",
+            "failover",
+            &format!("opc.tcp://127.0.0.1:{}", c.front),
+            "--sessions",
+            "8",
+            "--interval-ms",
+            "300",
+            "--kill-pid",
+            &victim,
+            "--kill-after-s",
+            "2",
+            "--duration-s",
+            "6",
+            "--json",
+        ])
+        .output()
+        .expect("run uascale bench failover");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The killed node is reaped by its Served on drop.
+    let _ = c.nodes[0].take().map(|mut n| n.child.wait());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let survivor = figures(c.metrics[1]);
+    assert_eq!(report["sessions"], 8);
+    assert_eq!(
+        report["moved"].as_f64(),
+        Some(survivor.restored),
+        "{report}"
+    );
+    assert!(
+        survivor.restored >= 1.0,
+        "leastconn put sessions on both nodes: {report}"
+    );
+    assert_eq!(report["moved_not_resumed"], 0, "{report}");
+    assert_eq!(report["lost"], 0, "{report}");
+    assert_eq!(report["duplicates"], 0, "{report}");
+    assert_eq!(report["ended"], 0, "{report}");
+    assert!(
+        report["resume_ms"]["max"].as_f64().unwrap_or(0.0) > 0.0,
+        "{report}"
+    );
+}
+
 /// Python asyncua through the front end: its session, made through
 /// HAProxy, is activated again through HAProxy on a new channel after its
 /// node was killed (tests/interop/cluster_asyncua.py drives asyncua's own
@@ -501,38 +608,10 @@ fn python_asyncua_reactivates_its_session_after_its_node_died() {
         "{} is missing: run `cargo xtask ci` first",
         python.display()
     );
-    let Some(nats) = nats::start() else { return };
-    let url = nats.url();
-    let front = common::free_port();
-    let metrics_ports: Vec<u16> = (0..2).map(|_| common::free_port()).collect();
-    let mut nodes: Vec<Option<common::Served>> = metrics_ports
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let node = common::serve([
-                "--security",
-                "none",
-                "--cluster",
-                &url,
-                "--node-id",
-                &format!("p{i}"),
-                "--node-index",
-                &(i + 1).to_string(),
-                "--advertise",
-                &format!("opc.tcp://127.0.0.1:{front}"),
-                "--proxy-protocol",
-                "--metrics",
-                &format!("127.0.0.1:{m}"),
-            ]);
-            assert!(nats::wait_listening(([127, 0, 0, 1], *m).into(), LIMIT));
-            Some(node)
-        })
-        .collect();
-    let ports: Vec<u16> = nodes.iter().flatten().map(|n| n.port).collect();
-    let Some(_haproxy) = haproxy(front, &ports) else {
+    let Some(mut c) = small_cluster(2, "p") else {
         return;
     };
-
+    let (front, metrics_ports) = (c.front, c.metrics.clone());
     let mut script = Command::new(&python)
         .arg(root.join("tests/interop/cluster_asyncua.py"))
         .arg(format!("opc.tcp://127.0.0.1:{front}"))
@@ -559,7 +638,7 @@ fn python_asyncua_reactivates_its_session_after_its_node_died() {
         std::thread::sleep(Duration::from_millis(100));
     };
     let created_before = figures(metrics_ports[survivor]).created;
-    let mut dead = nodes[victim].take().unwrap();
+    let mut dead = c.nodes[victim].take().unwrap();
     dead.child.kill().unwrap();
     let _ = dead.child.wait();
     // HAProxy sends the next connection to the survivor once its check
@@ -573,5 +652,4 @@ fn python_asyncua_reactivates_its_session_after_its_node_died() {
     let f = figures(metrics_ports[survivor]);
     assert_eq!(f.restored, 1.0, "the survivor took the session over");
     assert_eq!(f.created, created_before, "no new session was made");
-    drop(nodes);
 }

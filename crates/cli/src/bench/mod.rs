@@ -19,10 +19,15 @@
 //!   victims on one node: per-client throughput, busy answers and
 //!   latency - who waits behind whom under the server's isolation profile.
 //!
+//! - `bench failover` ([`failover`]): sessions with a subscription through
+//!   a cluster's front end, one node killed: sessions moved, time to
+//!   resume, notifications lost and duplicated, steady lateness.
+//!
 //! All sample once a second ([`series`]), show progress on stderr
 //! ([`progress`]), print a summary table or `--json` on stdout, and with
 //! `--report FILE` write a self-contained HTML page ([`report`]).
 
+mod failover;
 mod fairness;
 mod progress;
 mod publish;
@@ -64,6 +69,9 @@ pub const USAGE: &str =
                           [--user NAME [--password PW] | --cert FILE --key FILE]
                           [--server-pid PID] [--interval-s S] [--json]
                           [--report FILE.html]
+       uascale bench failover URL [--sessions S] [--node NODE] [--interval-ms MS]
+                          [--concurrency C] [--kill-pid PID] [--kill-after-s T]
+                          [--duration-s D] [--json] [--report FILE.html]
        uascale bench fairness URL [--flooders F] [--flood-inflight W]
                           [--victims V] [--node NODE] [--warmup-s S]
                           [--duration-s S] [--server-pid PID] [--json]
@@ -126,6 +134,13 @@ pub const USAGE: &str =
                   --duration-s (10) measured: per role, Reads/s per client,
                   busy answers/s, latency p50/p99/max, errors; run it
                   against servers with each requests.isolation_profile
+  bench failover  S sessions (50) through a cluster's front end, each with a
+                  subscription (--interval-ms, 500) on NODE (i=2258); after
+                  --kill-after-s (5) kills --kill-pid with SIGKILL, watches
+                  --duration-s (15): sessions moved, time to resume
+                  p50/p99/max, notifications lost, duplicates, the steady
+                  lateness before the kill (run against a node without
+                  --cluster for mirroring off). No series
 
   All sample their series every --interval-s (1). Progress goes to stderr
   (a bar on a terminal, a line per sample otherwise); stdout gets only the
@@ -328,6 +343,8 @@ pub fn run(args: &[&str]) -> ExitCode {
             .and_then(|a| Ok((runtime()?.block_on(sessions::run(&a))?, a))),
         ["publish", rest @ ..] => Args::parse("publish", rest, publish::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(publish::run(&a))?, a))),
+        ["failover", rest @ ..] => Args::parse("failover", rest, failover::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(failover::run(&a))?, a))),
         ["fairness", rest @ ..] => Args::parse("fairness", rest, fairness::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(fairness::run(&a))?, a))),
         // A child process of `bench storm --processes P`.
@@ -337,7 +354,7 @@ pub fn run(args: &[&str]) -> ExitCode {
         ["storm", rest @ ..] => Args::parse("storm", rest, storm::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(storm::run(&a))?, a))),
         _ => Err(format!(
-            "unknown bench; one of: read, sessions, publish, storm, fairness\n{USAGE}"
+            "unknown bench; one of: read, sessions, publish, storm, fairness, failover\n{USAGE}"
         )),
     };
     match result.and_then(|(mut outcome, a)| {
