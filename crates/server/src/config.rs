@@ -1447,6 +1447,66 @@ mod tests {
     }
 
     #[test]
+    fn cluster_keys_are_checked_with_their_names() {
+        let check = |f: &dyn Fn(&mut ClusterSection)| {
+            let mut c = ServerConfig::default();
+            f(&mut c.cluster);
+            c.validate().err().map(|e| e.key)
+        };
+        assert_eq!(check(&|_| {}), None, "off by default");
+        assert_eq!(
+            check(&|c| c.url = Some("nats://127.0.0.1:4222".into())),
+            None
+        );
+        for bad in [
+            "127.0.0.1:4222",
+            "nats://host",
+            "nats://:4222",
+            "nats://h:0",
+            "nats://h:x",
+        ] {
+            assert_eq!(
+                check(&|c| c.url = Some(bad.into())).as_deref(),
+                Some("cluster.url"),
+                "{bad}"
+            );
+        }
+        for bad in ["", "a b", "n.1", &"x".repeat(65)] {
+            assert_eq!(
+                check(&|c| c.node_id = Some(bad.into())).as_deref(),
+                Some("cluster.node_id"),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            check(&|c| c.node_index = Some(0)).as_deref(),
+            Some("cluster.node_index")
+        );
+        assert_eq!(
+            check(&|c| c.endpoint_url = Some("front:4840".into())).as_deref(),
+            Some("cluster.endpoint_url")
+        );
+        assert_eq!(
+            check(&|c| c.lease = c.heartbeat).as_deref(),
+            Some("cluster.lease_ms")
+        );
+        assert_eq!(
+            check(&|c| c.heartbeat = Duration::ZERO).as_deref(),
+            Some("cluster.heartbeat_ms")
+        );
+        assert_eq!(
+            check(&|c| c.replicas = 0).as_deref(),
+            Some("cluster.replicas")
+        );
+        // The derived node index is 1..=255 and stable.
+        let c = ClusterSection::default();
+        let i = c.node_index_or("n1");
+        assert!(i >= 1);
+        assert_eq!(i, c.node_index_or("n1"));
+        assert_eq!(c.node_id_or(4841), "node-4841");
+    }
+
+    #[test]
     fn admission_ranges_name_the_key() {
         let check = |f: &dyn Fn(&mut ServerConfig)| {
             let mut c = ServerConfig::default();
