@@ -371,6 +371,9 @@ impl ServerState {
             let images = state.subscriptions.images_of(&session);
             Some((session, images))
         }));
+        if let Some(pki) = &self.security.pki {
+            node.set_trust_dir(pki.root());
+        }
         let weak = Arc::downgrade(self);
         node.set_apply(Box::new(move |id, value| {
             if let Some(state) = weak.upgrade() {

@@ -99,6 +99,16 @@ fn the_nats_store_keeps_the_store_contract() {
                 Some(b"again".to_vec())
             ]
         );
+        // A watch opened now starts with the record there is.
+        let mut late = s.watch(Bucket::Sessions).await.unwrap();
+        let first = tokio::time::timeout(LIMIT, late.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (first.key.as_str(), first.value.as_deref()),
+            ("s.k", Some(&b"again"[..]))
+        );
         // A second connection (another node) sees the same records and
         // loses the same races.
         let other = NatsStore::connect(&server.url(), 1, Duration::from_secs(5))

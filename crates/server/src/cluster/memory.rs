@@ -164,7 +164,22 @@ impl Store for MemoryStore {
     fn watch(&self, bucket: Bucket) -> StoreFuture<'_, mpsc::Receiver<Change>> {
         ready(self.lock().map(|mut inner| {
             let (tx, rx) = mpsc::channel(WATCH_CAPACITY);
-            inner.watchers.push((bucket, tx));
+            let mut now: Vec<Change> = inner
+                .records
+                .iter()
+                .filter(|((b, _), _)| *b == bucket)
+                .map(|((_, key), e)| Change {
+                    bucket,
+                    key: key.clone(),
+                    value: Some(e.value.clone()),
+                    revision: e.revision,
+                })
+                .collect();
+            now.sort_by_key(|c| c.revision);
+            let all_sent = now.into_iter().all(|c| tx.try_send(c).is_ok());
+            if all_sent {
+                inner.watchers.push((bucket, tx));
+            }
             rx
         }))
     }
@@ -208,6 +223,10 @@ mod tests {
             .map(|c| c.value)
             .collect();
         assert_eq!(seen, vec![Some(b"1".to_vec()), Some(b"2".to_vec()), None]);
+        // A new watch starts with the records there are.
+        let mut late = now(s.watch(Bucket::Nodes)).unwrap();
+        assert_eq!(late.try_recv().map(|c| c.key).ok().as_deref(), Some("a"));
+        assert!(late.try_recv().is_err());
     }
 
     #[test]

@@ -216,7 +216,8 @@ impl Store for NatsStore {
     fn watch(&self, bucket: Bucket) -> StoreFuture<'_, mpsc::Receiver<Change>> {
         Box::pin(async move {
             let kv = self.bucket(bucket)?;
-            let mut stream = bounded(self.timeout, "watch", kv.watch_all()).await?;
+            // The last record of every key first, then the changes.
+            let mut stream = bounded(self.timeout, "watch", kv.watch_with_history(">")).await?;
             let (tx, rx) = mpsc::channel(WATCH_CAPACITY);
             tokio::spawn(async move {
                 while let Some(item) = stream.next().await {

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use uascale_types::{NodeId, Variant};
 
 use super::record::{
-    session_key, value_key, NodeRecord, SessionRecord, SubscriptionsRecord, ValueRecord,
+    is_plain_file_name, session_key, trust_key, value_key, NodeRecord, SessionRecord,
+    SubscriptionsRecord, TrustRecord, ValueRecord,
 };
 use super::store::{Bucket, Store, StoreError};
 use super::takeover::{self, ClaimError, Claimed, Leases};
@@ -124,6 +125,10 @@ pub struct ClusterNode {
     evict: Evict,
     images: std::sync::OnceLock<Images>,
     apply: std::sync::OnceLock<ApplyValue>,
+    /// The PKI's `trusted/certs`, when the server has a PKI.
+    trust_dir: std::sync::OnceLock<std::path::PathBuf>,
+    /// The trusted certificate files this node published or wrote, by name.
+    trust_known: Mutex<HashMap<String, Vec<u8>>>,
     /// The cluster's counters.
     pub metrics: ClusterMetrics,
 }
@@ -210,8 +215,104 @@ impl ClusterNode {
             evict,
             images: std::sync::OnceLock::new(),
             apply: std::sync::OnceLock::new(),
+            trust_dir: std::sync::OnceLock::new(),
+            trust_known: Mutex::default(),
             metrics: ClusterMetrics::default(),
         })
+    }
+
+    /// Sets the PKI directory whose `trusted/certs` is mirrored (once).
+    pub fn set_trust_dir(&self, pki_root: &std::path::Path) {
+        let _ = self.trust_dir.set(pki_root.join("trusted/certs"));
+    }
+
+    /// Publishes the trusted certificate files added here since the last
+    /// pass, and deletes from the store the ones removed here.
+    async fn sync_trust(&self) -> Result<(), StoreError> {
+        let Some(dir) = self.trust_dir.get() else {
+            return Ok(());
+        };
+        let mut now: HashMap<String, Vec<u8>> = HashMap::new();
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !is_plain_file_name(&name) || name.starts_with('.') {
+                    continue;
+                }
+                if let Ok(bytes) = std::fs::read(e.path()) {
+                    if bytes.len() <= super::store::MAX_RECORD_BYTES / 2 {
+                        now.insert(name, bytes);
+                    }
+                }
+            }
+        }
+        let known = lock(&self.trust_known).clone();
+        for (name, bytes) in &now {
+            if known.get(name) == Some(bytes) {
+                continue;
+            }
+            let rec = TrustRecord {
+                owner: self.me.clone(),
+                file_name: name.clone(),
+                bytes: bytes.clone(),
+            };
+            self.store
+                .put(Bucket::Trust, &trust_key(name), rec.encode())
+                .await?;
+            lock(&self.trust_known).insert(name.clone(), bytes.clone());
+        }
+        for name in known.keys().filter(|n| !now.contains_key(*n)) {
+            self.store
+                .delete(Bucket::Trust, &trust_key(name), None)
+                .await?;
+            lock(&self.trust_known).remove(name);
+        }
+        Ok(())
+    }
+
+    /// Applies a trusted certificate another node published (or removed):
+    /// the file is written to (or removed from) `trusted/certs`, where the
+    /// PKI's reload finds it.
+    fn trust_seen(&self, key: &str, value: Option<&[u8]>) {
+        let Some(dir) = self.trust_dir.get() else {
+            return;
+        };
+        let Some(value) = value else {
+            // Removed on another node: the file of that key goes here too.
+            let name = lock(&self.trust_known)
+                .keys()
+                .find(|n| trust_key(n) == key)
+                .cloned();
+            if let Some(name) = name {
+                let _ = std::fs::remove_file(dir.join(&name));
+                lock(&self.trust_known).remove(&name);
+            }
+            return;
+        };
+        let rec = match TrustRecord::decode(value) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "undecodable trust record ignored");
+                return;
+            }
+        };
+        if lock(&self.trust_known).get(&rec.file_name) == Some(&rec.bytes) {
+            return;
+        }
+        // Written beside, then renamed: the PKI never reads half a file.
+        let tmp = dir.join(format!(".{}.part", rec.file_name));
+        let done = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&tmp, &rec.bytes))
+            .and_then(|()| std::fs::rename(&tmp, dir.join(&rec.file_name)));
+        match done {
+            Ok(()) => {
+                tracing::info!(file = %rec.file_name, from = %rec.owner, "trusted certificate from the cluster");
+                lock(&self.trust_known).insert(rec.file_name, rec.bytes);
+            }
+            Err(e) => {
+                tracing::warn!(file = %rec.file_name, error = %e, "trusted certificate from the cluster not written");
+            }
+        }
     }
 
     /// Sets how values from other nodes are applied here (once).
@@ -794,6 +895,9 @@ impl ClusterNode {
                         if let Err(e) = node.sweep(last_sweep).await {
                             node.store_failed(&e);
                         }
+                        if let Err(e) = node.sync_trust().await {
+                            node.store_failed(&e);
+                        }
                     }
                 }
             }
@@ -812,18 +916,19 @@ impl ClusterNode {
 
     /// Watches both buckets until a watch ends or fails.
     async fn watch_until_closed(&self) {
-        let (nodes, sessions, values) = match (
+        let (nodes, sessions, values, trust) = match (
             self.store.watch(Bucket::Nodes).await,
             self.store.watch(Bucket::Sessions).await,
             self.store.watch(Bucket::Values).await,
+            self.store.watch(Bucket::Trust).await,
         ) {
-            (Ok(n), Ok(s), Ok(v)) => (n, s, v),
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            (Ok(n), Ok(s), Ok(v), Ok(t)) => (n, s, v, t),
+            (Err(e), _, _, _) | (_, Err(e), _, _) | (_, _, Err(e), _) | (_, _, _, Err(e)) => {
                 self.store_failed(&e);
                 return;
             }
         };
-        let (mut nodes, mut sessions, mut values) = (nodes, sessions, values);
+        let (mut nodes, mut sessions, mut values, mut trust) = (nodes, sessions, values, trust);
         loop {
             tokio::select! {
                 c = nodes.recv() => match c {
@@ -836,6 +941,10 @@ impl ClusterNode {
                 },
                 c = values.recv() => match c {
                     Some(c) => self.value_seen(&c.key, c.value.as_deref()),
+                    None => return,
+                },
+                c = trust.recv() => match c {
+                    Some(c) => self.trust_seen(&c.key, c.value.as_deref()),
                     None => return,
                 },
             }
@@ -965,6 +1074,49 @@ mod tests {
             now(takeover::read(&*store, &key)).unwrap().unwrap().0.owner,
             "a"
         );
+    }
+
+    #[test]
+    fn trusted_certificates_follow_the_cluster() {
+        let store = Arc::new(MemoryStore::new());
+        let (a, _) = node(&store, "a");
+        let (b, _) = node(&store, "b");
+        let root = std::env::temp_dir().join(format!("uascale-trust-{}", std::process::id()));
+        let (pa, pb) = (root.join("a"), root.join("b"));
+        std::fs::create_dir_all(pa.join("trusted/certs")).unwrap();
+        a.set_trust_dir(&pa);
+        b.set_trust_dir(&pb);
+        let mut feed = now(store.watch(Bucket::Trust)).unwrap();
+        std::fs::write(pa.join("trusted/certs/client.der"), b"\x30\x82cert").unwrap();
+        now(a.sync_trust()).unwrap();
+        now(a.sync_trust()).unwrap(); // nothing new: nothing written again
+        let c = feed.try_recv().expect("published");
+        assert!(feed.try_recv().is_err(), "published once");
+        b.trust_seen(&c.key, c.value.as_deref());
+        assert_eq!(
+            std::fs::read(pb.join("trusted/certs/client.der")).unwrap(),
+            b"\x30\x82cert"
+        );
+        // Removed on a: removed on b.
+        std::fs::remove_file(pa.join("trusted/certs/client.der")).unwrap();
+        now(a.sync_trust()).unwrap();
+        let c = feed.try_recv().expect("deleted");
+        assert_eq!(c.value, None);
+        b.trust_seen(&c.key, None);
+        assert!(!pb.join("trusted/certs/client.der").exists());
+        // A record naming a path outside the directory is refused.
+        let evil = TrustRecord {
+            owner: "x".into(),
+            file_name: "ok.der".into(),
+            bytes: vec![1],
+        }
+        .encode()
+        .iter()
+        .map(|b| if *b == b'o' { b'/' } else { *b })
+        .collect::<Vec<u8>>();
+        b.trust_seen("t.x", Some(&evil));
+        assert!(!pb.join("trusted/certs/ok.der").exists());
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

@@ -452,6 +452,72 @@ pub fn value_key(node: &NodeId) -> Option<String> {
     Some(key)
 }
 
+/// The first bytes of a trusted-certificate record.
+const TRUST_TAG: &[u8; 4] = b"UASt";
+
+/// A trusted certificate as the cluster mirrors it: the file's name in
+/// the PKI's `trusted/certs` and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustRecord {
+    /// The node that published it.
+    pub owner: String,
+    /// The file name (no directory part).
+    pub file_name: String,
+    /// The file's bytes (DER or PEM, as the PKI reads them).
+    pub bytes: Vec<u8>,
+}
+
+impl TrustRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(self.bytes.len() + 64);
+        header(&mut w, TRUST_TAG, &self.owner, 0);
+        UaString::from(self.file_name.as_str()).encode(&mut w);
+        ByteString::new(self.bytes.clone()).encode(&mut w);
+        w
+    }
+
+    /// Decodes a record read from the store; the file name must be a plain
+    /// name (no separator, not `.` or `..`), so a record cannot write
+    /// outside the directory.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = DecodeLimits {
+            max_byte_string_length: super::store::MAX_RECORD_BYTES,
+            ..limits()
+        };
+        let mut r = Reader::new(bytes, &limits)?;
+        let (owner, _) = read_header(&mut r, TRUST_TAG)?;
+        let file_name = UaString::decode(&mut r)?
+            .as_str()
+            .filter(|n| is_plain_file_name(n))
+            .ok_or(RecordError::Field("file_name"))?
+            .to_owned();
+        let bytes = ByteString::decode(&mut r)?.as_bytes_or_empty().to_vec();
+        r.finish()?;
+        Ok(TrustRecord {
+            owner,
+            file_name,
+            bytes,
+        })
+    }
+}
+
+/// A file name without any directory part.
+pub fn is_plain_file_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 100 && n != "." && n != ".." && !n.contains(['/', '\\', '\0'])
+}
+
+/// The store key of the trusted certificate file `file_name`: `t.` and
+/// the hex of the name.
+pub fn trust_key(file_name: &str) -> String {
+    let mut key = String::with_capacity(2 + 2 * file_name.len());
+    key.push_str("t.");
+    for byte in file_name.bytes() {
+        key.push_str(&format!("{byte:02x}"));
+    }
+    key
+}
+
 /// A node's heartbeat: the node id and a counter bumped by every beat.
 /// Liveness is judged on the reader's own clock (when the counter last
 /// changed), so the nodes' clocks need not agree.
@@ -668,6 +734,26 @@ pub(crate) mod tests {
         let k = value_key(&v.node_id).unwrap();
         super::super::store::check_key(&k).unwrap();
         assert_eq!(value_key(&NodeId::string(2, "x".repeat(200))), None);
+    }
+
+    #[test]
+    fn trust_records_round_trip_and_refuse_paths() {
+        let t = TrustRecord {
+            owner: "n1".into(),
+            file_name: "client [abcd].der".into(),
+            bytes: vec![0x30, 0x82, 1, 2],
+        };
+        assert_eq!(TrustRecord::decode(&t.encode()).unwrap(), t);
+        for bad in ["../x.der", "a/b.der", "..", ".", ""] {
+            let mut b = t.clone();
+            b.file_name = bad.into();
+            assert_eq!(
+                TrustRecord::decode(&b.encode()),
+                Err(RecordError::Field("file_name")),
+                "{bad:?}"
+            );
+        }
+        super::super::store::check_key(&trust_key("client [abcd].der")).unwrap();
     }
 
     #[test]

@@ -33,15 +33,18 @@ pub enum Bucket {
     Subscriptions,
     /// The values of in-memory node managers' variables, by node.
     Values,
+    /// The trusted certificates (the PKI's `trusted/certs`), by file name.
+    Trust,
 }
 
 impl Bucket {
     /// Every bucket.
-    pub const ALL: [Bucket; 4] = [
+    pub const ALL: [Bucket; 5] = [
         Bucket::Sessions,
         Bucket::Nodes,
         Bucket::Subscriptions,
         Bucket::Values,
+        Bucket::Trust,
     ];
 
     /// Its name in the store.
@@ -51,6 +54,7 @@ impl Bucket {
             Bucket::Nodes => "uascale_nodes",
             Bucket::Subscriptions => "uascale_subscriptions",
             Bucket::Values => "uascale_values",
+            Bucket::Trust => "uascale_trust",
         }
     }
 }
@@ -164,7 +168,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The keys of the records in `bucket`.
     fn keys(&self, bucket: Bucket) -> StoreFuture<'_, Vec<String>>;
 
-    /// The changes of `bucket` from now on (at most [`WATCH_CAPACITY`]
-    /// unread; the receiver closes when the watch ends).
+    /// The records of `bucket` now (each as a change), then its changes
+    /// (at most [`WATCH_CAPACITY`] unread; the receiver closes when the
+    /// watch ends).
     fn watch(&self, bucket: Bucket) -> StoreFuture<'_, tokio::sync::mpsc::Receiver<Change>>;
 }
