@@ -1,16 +1,22 @@
-//! Scale-out (SCALABILITY.md §8): several nodes behind a TCP front end,
-//! mirroring sessions through an existing distributed engine (NATS
+//! Scale-out (SCALABILITY.md §8, docs/cluster.md): several nodes behind a
+//! TCP front end, mirroring sessions, subscriptions, variable values and
+//! trusted certificates through an existing distributed engine (NATS
 //! JetStream), so that a client whose node dies carries on through
-//! another node with the same session.
+//! another node with the same session. Without `[cluster] url` nothing
+//! here runs.
 //!
 //! - [`store`]: the store trait - buckets of records with revisions,
 //!   compare-and-set writes, a watch; [`memory`] keeps it in memory,
 //!   [`nats`] in NATS JetStream key-value buckets.
-//! - [`record`]: the records (session, node heartbeat), with their owner
-//!   and version, in the OPC UA binary encoding, decoded with bounds.
+//! - [`record`]: the records (session, subscriptions, value, trusted
+//!   certificate, node heartbeat), with their owner, in the OPC UA binary
+//!   encoding, decoded with bounds.
 //! - [`takeover`]: who owns a session and how that moves (claim by
 //!   compare-and-set with the nonce consumed once, leases on heartbeats,
 //!   adoption of a dead node's sessions), as functions over the trait.
+//! - [`node`]: a server as a cluster node - the writer behind the request
+//!   and publish paths, the heartbeat, the watches, the takeover steps the
+//!   ActivateSession handler calls.
 //!
 //! The seams into the rest of the server:
 //! - a server's whole state is one owned value built from its
