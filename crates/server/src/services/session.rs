@@ -389,7 +389,7 @@ pub fn activate_session(
 /// ActivateSession as the dispatcher calls it: on a cluster node, a
 /// token this node does not know may be a session of another node whose
 /// client came back through this one - then the answer comes later, after
-/// the takeover ([`take_over`]). Anything else answers at once, exactly
+/// the takeover (`take_over`). Anything else answers at once, exactly
 /// as [`activate_session`].
 pub fn activate_session_answer(
     ctx: &ServiceContext,
