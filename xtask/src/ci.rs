@@ -129,8 +129,50 @@ fn fuzz(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The Debian packages the tests start real processes of (the cluster
+/// tests: nats-server, HAProxy), with the binary that tells each is there.
+const SYSTEM_PACKAGES: [(&str, &str); 2] = [("nats-server", "nats-server"), ("haproxy", "haproxy")];
+
+fn on_path(binary: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/bin".into()])
+        .any(|d| d.join(binary).is_file())
+}
+
+/// Installs the missing [`SYSTEM_PACKAGES`] with apt-get (CI runs as
+/// root). A failure is reported, not fatal: the tests that need a package
+/// try once more and skip loudly.
+fn system_packages() {
+    let missing: Vec<&str> = SYSTEM_PACKAGES
+        .iter()
+        .filter(|(binary, _)| !on_path(binary))
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let _ = Command::new("apt-get").args(["update", "-q"]).status();
+    let ok = Command::new("apt-get")
+        .args(["install", "-y", "-q"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!(
+            "apt-get install -y {} failed: the tests that need them will skip",
+            missing.join(" ")
+        );
+    }
+}
+
 /// Runs every CI step; stops at the first failure.
 pub fn ci(root: &Path) -> Result<(), String> {
+    {
+        let _s = Step::new("system packages");
+        system_packages();
+    }
     {
         let _s = Step::new("rustfmt");
         run(cargo()

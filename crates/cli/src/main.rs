@@ -23,6 +23,9 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
                      [--isolation-profile NAME] [--nodeset FILE]...
                      [--pki DIR] [--security none|all|ecc] [--metrics ADDR]
                      [--log-format text|json]
+                     [--cluster nats://HOST:PORT [--node-id ID] [--node-index N]
+                                                [--advertise URL]]
+                     [--proxy-protocol]
        uascale decode <HEX | @FILE>
        uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
        uascale user hash
@@ -47,6 +50,14 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            per curve is created in the PKI next to the RSA one);
            --metrics ADDR serves /metrics (Prometheus), /healthz and /readyz
            over HTTP on ADDR, e.g. 127.0.0.1:9464 (metrics.listen);
+           --cluster URL makes this server a node of a cluster mirroring
+           its sessions through the NATS JetStream server at URL
+           (cluster.url; docs/cluster.md), --node-id its id (cluster.node_id,
+           default node-PORT), --node-index the top byte of its subscription
+           ids (cluster.node_index, 1..=255, different on each node),
+           --advertise the front end's URL its endpoints
+           name (cluster.endpoint_url); --proxy-protocol reads a PROXY protocol v2
+           header on every connection (cluster.proxy_protocol);
            --log-format json writes one JSON object per event for log
            shippers (default text: coloured only on a terminal and without
            NO_COLOR)
@@ -157,6 +168,20 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
                     format!("--metrics {v:?} is not an address and port (e.g. 127.0.0.1:9464)")
                 })?);
             }
+            "--cluster" => {
+                let v = value("--cluster")?;
+                config.cluster.url = Some(v.to_owned());
+            }
+            "--node-index" => {
+                let v = value("--node-index")?;
+                config.cluster.node_index = Some(
+                    v.parse()
+                        .map_err(|_| format!("--node-index {v:?} is not a number 1..=255"))?,
+                );
+            }
+            "--advertise" => config.cluster.endpoint_url = Some(value("--advertise")?.to_owned()),
+            "--node-id" => config.cluster.node_id = Some(value("--node-id")?.to_owned()),
+            "--proxy-protocol" => config.cluster.proxy_protocol = true,
             "--security" => match value("--security")? {
                 // Only the None endpoint: no PKI, no certificate.
                 "none" => {
@@ -393,6 +418,27 @@ mod tests {
         let hex: String = buf.iter().map(|b| format!("{b:02x} ")).collect();
         let out = decode(&hex).unwrap();
         assert!(out.starts_with("ReadRequest"), "{out}");
+    }
+
+    #[test]
+    fn the_cluster_flags_set_the_section() {
+        let (config, _) = serve_config(&[
+            "--security",
+            "none",
+            "--cluster",
+            "nats://127.0.0.1:4222",
+            "--node-id",
+            "n1",
+        ])
+        .unwrap();
+        assert_eq!(config.cluster.url.as_deref(), Some("nats://127.0.0.1:4222"));
+        assert_eq!(config.cluster.node_id.as_deref(), Some("n1"));
+        let (config, _) = serve_config(&["--security", "none"]).unwrap();
+        assert_eq!(config.cluster.url, None, "off by default");
+        let e = serve_config(&["--cluster", "127.0.0.1:4222"]).unwrap_err();
+        assert!(e.contains("cluster.url"), "{e}");
+        let e = serve_config(&["--cluster", "nats://h:1", "--node-id", "a b"]).unwrap_err();
+        assert!(e.contains("cluster.node_id"), "{e}");
     }
 
     #[test]

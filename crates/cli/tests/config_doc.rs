@@ -135,7 +135,9 @@ fn configuration_doc_lists_every_key_with_its_default() {
         &file,
         "[[users]]\nname = \"alice\"\npassword_hash = \
          \"$argon2id$v=19$m=64,t=1,p=1$MDEyMzQ1Njc4OWFiY2RlZg$VqTeVXbWRg6XKh3mS9Zb5B5y4gFHmT1nbC3WlbnJEhc\"\n\
-         [metrics]\nlisten = \"127.0.0.1:9464\"\n",
+         [metrics]\nlisten = \"127.0.0.1:9464\"\n\
+         [cluster]\nurl = \"nats://127.0.0.1:4222\"\nnode_id = \"n1\"\nnode_index = 3\n\
+         endpoint_url = \"opc.tcp://front:4840\"\n",
     )
     .unwrap();
     let with_user = printed_keys(&print_config(&["--config", file.to_str().unwrap()]));
@@ -147,6 +149,7 @@ fn configuration_doc_lists_every_key_with_its_default() {
     );
     assert!(printed.contains_key("users.password_hash"), "{printed:?}");
     assert!(printed.contains_key("metrics.listen"), "{printed:?}");
+    assert!(printed.contains_key("cluster.url"), "{printed:?}");
 
     let missing: Vec<_> = printed
         .keys()

@@ -52,6 +52,89 @@ pub struct ServerConfig {
     /// `[metrics]`: the Prometheus endpoint and health probes
     /// (SCALABILITY.md §9).
     pub metrics: MetricsSection,
+    /// `[cluster]`: scale-out through NATS JetStream (SCALABILITY.md §8,
+    /// docs/cluster.md). Off unless `url` is set.
+    pub cluster: ClusterSection,
+}
+
+/// `[cluster]`: this server as one node of a cluster behind a TCP front
+/// end, mirroring its sessions through NATS JetStream (docs/cluster.md).
+/// Without `url` nothing here is used and nothing is contacted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSection {
+    /// The NATS server (`url`, `nats://HOST:PORT`; `uascale serve
+    /// --cluster URL`). Default unset: not a cluster node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// This node's id in the cluster (`node_id`, 1-64 of `A-Z a-z 0-9 _
+    /// -`; `--node-id`). Default derived: `node-` and the port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// The top byte of the subscription ids this node makes
+    /// (`node_index`, 1..=255; `--node-index`), so that a subscription
+    /// moved here from another node keeps its id. Must differ between the
+    /// nodes. Default derived: from a hash of the node id (set it to be
+    /// sure).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_index: Option<u8>,
+    /// The URL the node advertises in its endpoints (`endpoint_url`,
+    /// `opc.tcp://HOST:PORT`; `--advertise URL`): the front end's, which
+    /// clients use to reach any node. Default unset: the node's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint_url: Option<String>,
+    /// How often the node beats its heartbeat record (`heartbeat_ms`).
+    /// Default 1 s.
+    #[serde(rename = "heartbeat_ms", with = "millis")]
+    pub heartbeat: Duration,
+    /// A node whose heartbeat did not change for this long is dead and its
+    /// sessions are adopted by a survivor (`lease_ms`; at least twice
+    /// `heartbeat_ms`). Default 5 s: a few missed beats, not one slow one.
+    #[serde(rename = "lease_ms", with = "millis")]
+    pub lease: Duration,
+    /// Copies JetStream keeps of each bucket (`replicas`, 1..=5; 3 on a
+    /// three-server NATS cluster). Default 1: a single nats-server.
+    pub replicas: usize,
+    /// Read a PROXY protocol v2 header before the Hello on every
+    /// connection, so admission sees the client's address behind the
+    /// front end (`proxy_protocol`). Default false: only enable it behind
+    /// a balancer that sends the header (anyone could claim any address).
+    pub proxy_protocol: bool,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            url: None,
+            node_id: None,
+            node_index: None,
+            endpoint_url: None,
+            heartbeat: Duration::from_secs(1),
+            lease: Duration::from_secs(5),
+            replicas: 1,
+            proxy_protocol: false,
+        }
+    }
+}
+
+impl ClusterSection {
+    /// The node index: the configured one, or 1..=255 from a hash of
+    /// `node_id` (FNV-1a: the same on every build).
+    pub fn node_index_or(&self, node_id: &str) -> u8 {
+        self.node_index.unwrap_or_else(|| {
+            let h = node_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            (h % 255) as u8 + 1
+        })
+    }
+
+    /// The node id: the configured one, or `node-PORT`.
+    pub fn node_id_or(&self, port: u16) -> String {
+        self.node_id
+            .clone()
+            .unwrap_or_else(|| format!("node-{port}"))
+    }
 }
 
 /// `[metrics]`: the HTTP endpoint with `/metrics` (Prometheus), `/healthz`
@@ -965,7 +1048,58 @@ impl ServerConfig {
         self.validate_security()?;
         self.validate_subscriptions()?;
         self.validate_admission()?;
-        self.validate_requests()
+        self.validate_requests()?;
+        self.validate_cluster()
+    }
+
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let c = &self.cluster;
+        if let Some(url) = &c.url {
+            let rest = url.strip_prefix("nats://").unwrap_or("");
+            let (host, port) = rest.rsplit_once(':').unwrap_or(("", ""));
+            if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+                return fail(
+                    "cluster.url",
+                    format!("{url:?}"),
+                    "must be nats://HOST:PORT",
+                );
+            }
+        }
+        if let Some(id) = &c.node_id {
+            let ok = |ch: char| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-';
+            if id.is_empty() || id.len() > 64 || !id.chars().all(ok) {
+                return fail(
+                    "cluster.node_id",
+                    format!("{id:?}"),
+                    "must be 1-64 characters of A-Z a-z 0-9 _ -",
+                );
+            }
+        }
+        if let Some(u) = &c.endpoint_url {
+            let rest = u.strip_prefix("opc.tcp://").unwrap_or("");
+            if rest.is_empty() || !rest.contains(':') {
+                return fail(
+                    "cluster.endpoint_url",
+                    format!("{u:?}"),
+                    "must be opc.tcp://HOST:PORT",
+                );
+            }
+        }
+        if c.node_index == Some(0) {
+            return fail("cluster.node_index", 0, "must be 1..=255");
+        }
+        positive_ms("cluster.heartbeat_ms", c.heartbeat)?;
+        if c.lease < c.heartbeat * 2 {
+            return fail(
+                "cluster.lease_ms",
+                millis::of(c.lease),
+                "must be at least twice cluster.heartbeat_ms",
+            );
+        }
+        if !(1..=5).contains(&c.replicas) {
+            return fail("cluster.replicas", c.replicas, "must be 1..=5");
+        }
+        Ok(())
     }
 
     fn validate_requests(&self) -> Result<(), ConfigError> {
@@ -1311,6 +1445,66 @@ mod tests {
         assert_eq!(once.resolved(2), once);
         once.validate().unwrap();
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn cluster_keys_are_checked_with_their_names() {
+        let check = |f: &dyn Fn(&mut ClusterSection)| {
+            let mut c = ServerConfig::default();
+            f(&mut c.cluster);
+            c.validate().err().map(|e| e.key)
+        };
+        assert_eq!(check(&|_| {}), None, "off by default");
+        assert_eq!(
+            check(&|c| c.url = Some("nats://127.0.0.1:4222".into())),
+            None
+        );
+        for bad in [
+            "127.0.0.1:4222",
+            "nats://host",
+            "nats://:4222",
+            "nats://h:0",
+            "nats://h:x",
+        ] {
+            assert_eq!(
+                check(&|c| c.url = Some(bad.into())).as_deref(),
+                Some("cluster.url"),
+                "{bad}"
+            );
+        }
+        for bad in ["", "a b", "n.1", &"x".repeat(65)] {
+            assert_eq!(
+                check(&|c| c.node_id = Some(bad.into())).as_deref(),
+                Some("cluster.node_id"),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            check(&|c| c.node_index = Some(0)).as_deref(),
+            Some("cluster.node_index")
+        );
+        assert_eq!(
+            check(&|c| c.endpoint_url = Some("front:4840".into())).as_deref(),
+            Some("cluster.endpoint_url")
+        );
+        assert_eq!(
+            check(&|c| c.lease = c.heartbeat).as_deref(),
+            Some("cluster.lease_ms")
+        );
+        assert_eq!(
+            check(&|c| c.heartbeat = Duration::ZERO).as_deref(),
+            Some("cluster.heartbeat_ms")
+        );
+        assert_eq!(
+            check(&|c| c.replicas = 0).as_deref(),
+            Some("cluster.replicas")
+        );
+        // The derived node index is 1..=255 and stable.
+        let c = ClusterSection::default();
+        let i = c.node_index_or("n1");
+        assert!(i >= 1);
+        assert_eq!(i, c.node_index_or("n1"));
+        assert_eq!(c.node_id_or(4841), "node-4841");
     }
 
     #[test]

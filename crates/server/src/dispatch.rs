@@ -345,7 +345,7 @@ fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceEr
         R::GetEndpoints(r) => return now(discovery::get_endpoints(ctx, &r)),
         R::FindServers(r) => return now(discovery::find_servers(ctx, &r)),
         R::CreateSession(r) => return create_session(ctx, r),
-        R::ActivateSession(r) => return now(session::activate_session(ctx, &r)?),
+        R::ActivateSession(r) => return answer(session::activate_session_answer(ctx, r)?),
         R::CloseSession(r) => return now(session::close_session(ctx, &r)?),
         _ => {}
     }

@@ -703,6 +703,7 @@ pub struct SessionCounters {
     timed_out: AtomicU64,
     orphaned: AtomicU64,
     aborted: AtomicU64,
+    restored: AtomicU64,
     establishing: AtomicI64,
     active: AtomicI64,
 }
@@ -726,6 +727,9 @@ pub struct SessionCounts {
     /// Sessions closed by the server for an error
     /// ([`ServerMetrics::session_aborted`]).
     pub aborted: u64,
+    /// Sessions taken over from another cluster node (restored from the
+    /// store; docs/cluster.md).
+    pub restored: u64,
     /// Sessions created and not yet activated, now.
     pub establishing: i64,
     /// Activated sessions, now.
@@ -739,6 +743,7 @@ impl SessionCounters {
             SessionEvent::Created { .. } => (&self.created, 1, 0),
             SessionEvent::Activated { .. } => (&self.activated, -1, 1),
             SessionEvent::Moved { .. } => (&self.moved, 0, 0),
+            SessionEvent::Restored { .. } => (&self.restored, 0, 1),
             SessionEvent::Closed {
                 activated: true, ..
             } => (&self.closed, 0, -1),
@@ -773,6 +778,7 @@ impl SessionCounters {
             timed_out: get(&self.timed_out),
             orphaned: get(&self.orphaned),
             aborted: get(&self.aborted),
+            restored: get(&self.restored),
             establishing: self.establishing.load(RELAXED),
             active: self.active.load(RELAXED),
         }
@@ -847,6 +853,7 @@ mod tests {
                 timed_out: 1,
                 orphaned: 1,
                 aborted: 0,
+                restored: 0,
                 establishing: 0,
                 active: 0,
             }

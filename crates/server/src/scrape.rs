@@ -283,6 +283,70 @@ impl Collector for ServerCollector {
             )?;
         }
 
+        // The cluster (docs/cluster.md), only on a cluster node.
+        if let Some(c) = state.cluster() {
+            use std::sync::atomic::Ordering::Relaxed;
+            let cm = &c.metrics;
+            counters(
+                &mut enc,
+                "opcua_cluster_takeovers",
+                "Sessions of other nodes taken over by a client's ActivateSession (ok), and claims refused (failed)",
+                &[
+                    (vec![("result", "ok")], cm.takeovers.load(Relaxed)),
+                    (vec![("result", "failed")], cm.takeovers_failed.load(Relaxed)),
+                ],
+                true,
+            )?;
+            counter(
+                &mut enc,
+                "opcua_cluster_sessions_lost",
+                "Sessions of this node that another node took over (released here)",
+                cm.sessions_lost.load(Relaxed),
+            )?;
+            counter(
+                &mut enc,
+                "opcua_cluster_sessions_adopted",
+                "Sessions of dead nodes adopted (their timeouts run here)",
+                cm.sessions_adopted.load(Relaxed),
+            )?;
+            counter(
+                &mut enc,
+                "opcua_cluster_sessions_reclaimed",
+                "Sessions of this node that a survivor adopted while this node still served them, taken back",
+                cm.sessions_reclaimed.load(Relaxed),
+            )?;
+            counter(
+                &mut enc,
+                "opcua_cluster_store_errors",
+                "Failed operations on the cluster store",
+                cm.store_errors.load(Relaxed),
+            )?;
+            counter(
+                &mut enc,
+                "opcua_cluster_records_written",
+                "Session records written to the cluster store",
+                cm.records_written.load(Relaxed),
+            )?;
+            gauge(
+                &mut enc,
+                "opcua_cluster_mirror_lag_microseconds",
+                "Age of the oldest queued session change when the last batch was written",
+                i64::try_from(cm.mirror_lag_us.load(Relaxed)).unwrap_or(i64::MAX),
+            )?;
+            gauge(
+                &mut enc,
+                "opcua_cluster_pending_writes",
+                "Session changes waiting for the cluster store",
+                i64::try_from(c.pending_writes()).unwrap_or(i64::MAX),
+            )?;
+            gauge(
+                &mut enc,
+                "opcua_cluster_degraded",
+                "1 while the cluster store cannot be written (the node serves its own sessions)",
+                i64::from(c.degraded()),
+            )?;
+        }
+
         // Sessions.
         let s = m.sessions.snapshot();
         {
@@ -308,6 +372,7 @@ impl Collector for ServerCollector {
                 (vec![("transition", "timed_out")], s.timed_out),
                 (vec![("transition", "orphaned")], s.orphaned),
                 (vec![("transition", "aborted")], s.aborted),
+                (vec![("transition", "restored")], s.restored),
             ],
             true,
         )?;

@@ -65,6 +65,12 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         // Load-based (SCALABILITY.md §2): a capacity signal for clients.
         v::Server_ServiceLevel => Variant::Byte(ctx.service_level()),
         v::Server_Auditing => Variant::Boolean(ctx.auditing()),
+        // A cluster node behind a front end: the client sees one server and
+        // the nodes move its session (docs/cluster.md). Without a cluster
+        // the address space's value stands.
+        v::Server_ServerRedundancy_RedundancySupport if ctx.cluster().is_some() => {
+            Variant::Int32(uascale_types::RedundancySupport::Transparent.0)
+        }
         // The configured `[operation_limits]`.
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {
             Variant::UInt32(u32_of(ctx.config.operation_limits.max_nodes_per_read))

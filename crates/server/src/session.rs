@@ -105,6 +105,15 @@ impl TokenKey {
     }
 }
 
+impl TokenKey {
+    fn token(&self) -> NodeId {
+        match self {
+            TokenKey::Issued(b) => NodeId::opaque(0, b.to_vec()),
+            TokenKey::Other(n) => n.clone(),
+        }
+    }
+}
+
 /// The table's key of an authentication token, kept by a resolved
 /// request (an issued token is inline: no allocation per request).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -221,6 +230,13 @@ pub enum SessionEvent {
         /// The channel it is now bound to.
         to: u32,
     },
+    /// It was taken over from another cluster node: restored from the
+    /// cluster store, already activated, bound to no channel yet (the
+    /// ActivateSession that follows moves it to its channel).
+    Restored {
+        /// The public SessionId.
+        session_id: NodeId,
+    },
     /// CloseSession removed it.
     Closed {
         /// The public SessionId.
@@ -249,6 +265,13 @@ pub enum SessionEvent {
 /// subscriptions, audit, metrics, a cluster mirror). Called on the task
 /// that made the transition: keep it short and never block.
 pub type SessionListener = std::sync::Arc<dyn Fn(&SessionEvent) + Send + Sync>;
+
+/// Hears every transition with the session's authentication token and
+/// the session as it is after it (`None` once it is gone): what a cluster
+/// mirror writes to its store. Set once ([`SessionTable::set_mirror`]);
+/// without one no session is copied. Called with no table lock held.
+pub type SessionMirror =
+    std::sync::Arc<dyn Fn(&SessionEvent, &NodeId, Option<&Session>) + Send + Sync>;
 
 /// What a successful ActivateSession sets on the session.
 #[derive(Debug, Clone)]
@@ -303,6 +326,8 @@ pub struct SessionTable {
     orphaned: AtomicUsize,
     /// Who hears of each transition (see [`SessionEvent`]).
     listeners: std::sync::RwLock<Vec<SessionListener>>,
+    /// The cluster mirror, when this server is a cluster node.
+    mirror: std::sync::OnceLock<SessionMirror>,
     /// The last SessionDiagnosticsArray and when it was built.
     diagnostics: Mutex<Option<(Instant, Variant)>>,
     /// The same for the SessionSecurityDiagnosticsArray.
@@ -339,6 +364,7 @@ impl SessionTable {
             security_rejected: AtomicUsize::new(0),
             orphaned: AtomicUsize::new(0),
             listeners: std::sync::RwLock::new(Vec::new()),
+            mirror: std::sync::OnceLock::new(),
             diagnostics: Mutex::new(None),
             security_diagnostics: Mutex::new(None),
         }
@@ -427,6 +453,60 @@ impl SessionTable {
         }
     }
 
+    /// Sets the cluster mirror (once; false when one was set already).
+    pub fn set_mirror(&self, mirror: SessionMirror) -> bool {
+        self.mirror.set(mirror).is_ok()
+    }
+
+    /// Tells the mirror, if there is one.
+    fn mirrored(&self, event: &SessionEvent, token: &NodeId, session: Option<&Session>) {
+        if let Some(m) = self.mirror.get() {
+            m(event, token, session);
+        }
+    }
+
+    /// Puts `session`, taken over from another cluster node, under
+    /// `token` (the transition [`SessionEvent::Restored`]; the mirror is
+    /// not told: the claim writes the record). `TooMany` when the table is full; false when a session
+    /// with that token is here already (it is left as it is).
+    pub fn restore(&self, token: &NodeId, session: Session) -> Result<bool, SessionError> {
+        let slot = self.reserve()?;
+        let key = TokenKey::of(token);
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) as u64;
+        let mut shard = self.shard(&key);
+        if shard.sessions.contains_key(&key) {
+            return Ok(false);
+        }
+        let mut slot = slot;
+        slot.used = true;
+        shard
+            .deadlines
+            .push(Reverse((session.deadline, seq, HeapKey(key.clone()))));
+        let event = SessionEvent::Restored {
+            session_id: session.session_id.clone(),
+        };
+        shard.sessions.insert(key, Box::new(session));
+        drop(shard);
+        self.emit(event);
+        Ok(true)
+    }
+
+    /// Removes the session of `token` because another cluster node owns
+    /// it now: the listeners hear it closed (its subscriptions go with
+    /// it), the mirror does not (the record is the new owner's).
+    pub fn evict(&self, token: &NodeId) -> Option<Session> {
+        let key = TokenKey::of(token);
+        let s = self.shard(&key).sessions.remove(&key)?;
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.emit(SessionEvent::Closed {
+            session_id: s.session_id.clone(),
+            channel_id: s.channel_id,
+            activated: s.activated,
+            delete_subscriptions: true,
+        });
+        Some(*s)
+    }
+
     /// Takes a place for one more session: `TooMany` when the table holds
     /// `max_session_count` (counting places taken and not yet used).
     pub fn reserve(&self) -> Result<SessionSlot<'_>, SessionError> {
@@ -452,6 +532,7 @@ impl SessionTable {
             session_id: session.session_id.clone(),
             channel_id: session.channel_id,
         };
+        let copy = self.mirror.get().map(|_| session.clone());
         {
             let mut shard = self.shard(&key);
             shard
@@ -461,6 +542,9 @@ impl SessionTable {
                 // Tokens are random; a duplicate replaces, so the count must not grow.
                 self.count.fetch_sub(1, Ordering::AcqRel);
             }
+        }
+        if let Some(copy) = copy {
+            self.mirrored(&event, &token, Some(&copy));
         }
         self.emit(event);
     }
@@ -516,8 +600,12 @@ impl SessionTable {
             if let Some(ecc) = a.ecc {
                 s.ecc = Some(ecc);
             }
-            event
+            (event, self.mirror.get().map(|_| (**s).clone()))
         };
+        let (event, copy) = event;
+        if let Some(copy) = copy {
+            self.mirrored(&event, token, Some(&copy));
+        }
         self.emit(event);
         Ok(())
     }
@@ -596,12 +684,14 @@ impl SessionTable {
         let key = TokenKey::of(token);
         let s = self.shard(&key).sessions.remove(&key)?;
         self.count.fetch_sub(1, Ordering::AcqRel);
-        self.emit(SessionEvent::Closed {
+        let event = SessionEvent::Closed {
             session_id: s.session_id.clone(),
             channel_id: s.channel_id,
             activated: s.activated,
             delete_subscriptions,
-        });
+        };
+        self.mirrored(&event, token, None);
+        self.emit(event);
         Some(*s)
     }
 
@@ -634,11 +724,14 @@ impl SessionTable {
                             if !s.activated {
                                 self.orphaned.fetch_add(1, Ordering::Relaxed);
                             }
-                            events.push(SessionEvent::TimedOut {
-                                session_id: s.session_id.clone(),
-                                channel_id: s.channel_id,
-                                activated: s.activated,
-                            });
+                            events.push((
+                                SessionEvent::TimedOut {
+                                    session_id: s.session_id.clone(),
+                                    channel_id: s.channel_id,
+                                    activated: s.activated,
+                                },
+                                self.mirror.get().map(|_| token.token()),
+                            ));
                             gone.push(s.session_id);
                         }
                     }
@@ -649,7 +742,10 @@ impl SessionTable {
                 }
             }
         }
-        for e in events {
+        for (e, token) in events {
+            if let Some(token) = token {
+                self.mirrored(&e, &token, None);
+            }
             self.emit(e);
         }
         gone

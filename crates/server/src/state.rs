@@ -62,6 +62,10 @@ impl From<StateError> for std::io::Error {
     }
 }
 
+/// The ServiceLevel ceiling of a cluster node that cannot reach its
+/// store: in Part 4's Degraded range.
+pub const DEGRADED_SERVICE_LEVEL: u8 = 100;
+
 /// The server: its configuration and all its state.
 #[derive(Debug)]
 pub struct ServerState {
@@ -109,6 +113,9 @@ pub struct ServerState {
     listening: std::sync::atomic::AtomicBool,
     /// Readiness: set by admission while it sheds every new connection.
     shedding_all: std::sync::atomic::AtomicBool,
+    /// The cluster node, once this server joined a cluster
+    /// ([`ServerState::join_cluster`]); unset without `[cluster]`.
+    cluster: Arc<std::sync::OnceLock<Arc<crate::cluster::node::ClusterNode>>>,
 }
 
 impl ServerState {
@@ -184,8 +191,15 @@ impl ServerState {
         let subscriptions = Arc::new(SubscriptionRegistry::new(config.subscriptions.clone()));
         // Value changes reach monitored items as they happen (no sampling).
         let registry = Arc::clone(&subscriptions);
+        let cluster: Arc<std::sync::OnceLock<Arc<crate::cluster::node::ClusterNode>>> =
+            Arc::default();
+        let mirror = Arc::clone(&cluster);
         let observer: crate::node_manager::ValueObserver = Arc::new(move |node, value| {
             registry.value_changed(clock(), node, value);
+            // A cluster node mirrors the change (one atomic load without).
+            if let Some(c) = mirror.get() {
+                c.value_changed(node, value);
+            }
         });
         managers.set_observer(&observer);
         let mut channel_config = config.limits.channel_config();
@@ -225,14 +239,21 @@ impl ServerState {
             diagnostics_enabled: config.server.diagnostics_enabled.into(),
             listening: false.into(),
             shedding_all: false.into(),
+            cluster,
             config,
         });
         Self::listen_to_sessions(&state);
         // Parked Publishes are counted when the engine answers them.
         let metrics = Arc::clone(&state.metrics);
-        state
-            .subscriptions
-            .observe_answers(Box::new(move |answer| metrics.publish_answered(answer)));
+        let cluster = Arc::clone(&state.cluster);
+        state.subscriptions.observe_answers(Box::new(move |answer| {
+            metrics.publish_answered(answer);
+            // A cluster node rewrites the subscription's record behind
+            // this answer; without a cluster this is one atomic load.
+            if let (Some(c), crate::subscription::Answer::Publish(r)) = (cluster.get(), answer) {
+                c.subscription_answered(r.subscription_id);
+            }
+        }));
         state
     }
 
@@ -249,6 +270,7 @@ impl ServerState {
             if matches!(
                 event,
                 SessionEvent::Created { .. }
+                    | SessionEvent::Restored { .. }
                     | SessionEvent::Closed { .. }
                     | SessionEvent::TimedOut { .. }
             ) {
@@ -307,6 +329,68 @@ impl ServerState {
         }
     }
 
+    /// The cluster node, when this server is one.
+    pub fn cluster(&self) -> Option<&Arc<crate::cluster::node::ClusterNode>> {
+        self.cluster.get()
+    }
+
+    /// Makes this server a node of the cluster that mirrors through
+    /// `store` (`[cluster]`; once - a second call returns the first
+    /// node): every session transition is queued for the store from now
+    /// on, and a session another node takes is removed from this table.
+    /// The node's tasks run in [`crate::Server::run`].
+    pub fn join_cluster(
+        self: &Arc<Self>,
+        store: Arc<dyn crate::cluster::store::Store>,
+    ) -> Arc<crate::cluster::node::ClusterNode> {
+        if let Some(node) = self.cluster.get() {
+            return Arc::clone(node);
+        }
+        let weak = Arc::downgrade(self);
+        let node_id = self.config.cluster.node_id_or(self.config.server.port);
+        // Subscription ids made here carry this node's index, so that one
+        // moved here from another node keeps its id.
+        self.subscriptions
+            .set_node_index(self.config.cluster.node_index_or(&node_id));
+        let node = crate::cluster::node::ClusterNode::new(
+            store,
+            node_id,
+            self.config.cluster.clone(),
+            Box::new(move |token| {
+                if let Some(state) = weak.upgrade() {
+                    state.sessions.evict(token);
+                }
+            }),
+        );
+        if self.cluster.set(Arc::clone(&node)).is_err() {
+            return self.cluster.get().map_or(node, Arc::clone);
+        }
+        let weak = Arc::downgrade(self);
+        node.set_images(Box::new(move |id| {
+            let state = weak.upgrade()?;
+            let session = state.subscriptions.session_of(id)?;
+            let images = state.subscriptions.images_of(&session);
+            Some((session, images))
+        }));
+        if let Some(pki) = &self.security.pki {
+            node.set_trust_dir(pki.root());
+        }
+        let weak = Arc::downgrade(self);
+        node.set_apply(Box::new(move |id, value| {
+            if let Some(state) = weak.upgrade() {
+                if let Err(status) = state.managers.write_value(id, value) {
+                    tracing::debug!(node = %id, %status, "a mirrored value was not applied");
+                }
+            }
+        }));
+        let mirror = Arc::clone(&node);
+        self.sessions
+            .set_mirror(Arc::new(move |event, token, session| {
+                mirror.heard(event, token, session)
+            }));
+        node
+    }
+
     /// Recomputes the load-based ServiceLevel from the session count.
     fn update_service_level(&self) {
         let mut level = self.service_level.lock().unwrap_or_else(|p| p.into_inner());
@@ -320,8 +404,15 @@ impl ServerState {
     /// `max_session_count`, then down to 1 at 100 %, moving in steps of 5
     /// or more (SCALABILITY.md §2).
     pub fn service_level(&self) -> u8 {
-        self.service_level_now
-            .load(std::sync::atomic::Ordering::Relaxed)
+        let level = self
+            .service_level_now
+            .load(std::sync::atomic::Ordering::Relaxed);
+        // A cluster node whose store is away serves, but degraded (Part 4
+        // §6.6.2.4.2: 1..=199).
+        match self.cluster.get() {
+            Some(c) if c.degraded() => level.min(DEGRADED_SERVICE_LEVEL),
+            _ => level,
+        }
     }
 
     /// Whether audit events are raised now (initially `auditing`).

@@ -23,11 +23,15 @@
 //!   echo server (`bench floor serve`) and N sockets sending a small
 //!   message every interval: server CPU per round trip and per
 //!   socket-second.
+//! - `bench failover` ([`failover`]): sessions with a subscription through
+//!   a cluster's front end, one node killed: sessions moved, time to
+//!   resume, notifications lost and duplicated, steady lateness.
 //!
 //! All sample once a second ([`series`]), show progress on stderr
 //! ([`progress`]), print a summary table or `--json` on stdout, and with
 //! `--report FILE` write a self-contained HTML page ([`report`]).
 
+mod failover;
 mod fairness;
 mod floor;
 mod progress;
@@ -70,6 +74,9 @@ pub const USAGE: &str =
                           [--user NAME [--password PW] | --cert FILE --key FILE]
                           [--server-pid PID] [--interval-s S] [--json]
                           [--report FILE.html]
+       uascale bench failover URL [--sessions S] [--node NODE] [--interval-ms MS]
+                          [--concurrency C] [--kill-pid PID] [--kill-after-s T]
+                          [--duration-s D] [--json] [--report FILE.html]
        uascale bench fairness URL [--flooders F] [--flood-inflight W]
                           [--victims V] [--node NODE] [--warmup-s S]
                           [--duration-s S] [--server-pid PID] [--json]
@@ -143,6 +150,13 @@ pub const USAGE: &str =
                   --warmup-s (3) then --duration-s (10): round trips/s,
                   latency, server CPU per round trip and per socket-second
                   (compare with bench sessions --publishing-ms I holding)
+  bench failover  S sessions (50) through a cluster's front end, each with a
+                  subscription (--interval-ms, 500) on NODE (i=2258); after
+                  --kill-after-s (5) kills --kill-pid with SIGKILL, watches
+                  --duration-s (15): sessions moved, time to resume
+                  p50/p99/max, notifications lost, duplicates, the steady
+                  lateness before the kill (run against a node without
+                  --cluster for mirroring off). No series
 
   All sample their series every --interval-s (1). Progress goes to stderr
   (a bar on a terminal, a line per sample otherwise); stdout gets only the
@@ -356,6 +370,8 @@ pub fn run(args: &[&str]) -> ExitCode {
         }
         ["floor", rest @ ..] => Args::parse("floor", rest, floor::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(floor::run(&a))?, a))),
+        ["failover", rest @ ..] => Args::parse("failover", rest, failover::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(failover::run(&a))?, a))),
         ["fairness", rest @ ..] => Args::parse("fairness", rest, fairness::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(fairness::run(&a))?, a))),
         // A child process of `bench storm --processes P`.
@@ -365,7 +381,7 @@ pub fn run(args: &[&str]) -> ExitCode {
         ["storm", rest @ ..] => Args::parse("storm", rest, storm::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(storm::run(&a))?, a))),
         _ => Err(format!(
-            "unknown bench; one of: read, sessions, publish, storm, fairness, floor\n{USAGE}"
+            "unknown bench; one of: read, sessions, publish, storm, fairness, floor, failover\n{USAGE}"
         )),
     };
     match result.and_then(|(mut outcome, a)| {

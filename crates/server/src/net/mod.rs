@@ -263,6 +263,7 @@ struct Running {
 }
 
 mod metrics_http;
+pub mod proxy;
 mod timers;
 
 /// What the network layer keeps beside the server state.
@@ -592,11 +593,50 @@ impl Server {
         self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// With `[cluster] url`: connects to the NATS store (failing the start
+    /// when it does not answer) unless a store was joined already
+    /// ([`ServerState::join_cluster`]), and runs the node's tasks.
+    /// Without it: nothing.
+    async fn start_cluster(&self) -> io::Result<Option<tokio::task::JoinHandle<()>>> {
+        let state = &self.shared.state;
+        let node = match (state.cluster(), &state.config.cluster.url) {
+            (Some(node), _) => Arc::clone(node),
+            (None, Some(url)) => {
+                // A NATS cluster that is starting has no JetStream leader
+                // for a few seconds: try for a while before giving up.
+                let deadline = Instant::now() + CLUSTER_CONNECT_LIMIT;
+                let store = loop {
+                    match crate::cluster::nats::NatsStore::connect(
+                        url,
+                        state.config.cluster.replicas,
+                        crate::cluster::nats::OPERATION_TIMEOUT,
+                    )
+                    .await
+                    {
+                        Ok(s) => break s,
+                        Err(e) if Instant::now() >= deadline => {
+                            return Err(io::Error::other(format!("cluster store {url}: {e}")));
+                        }
+                        Err(e) => {
+                            tracing::info!(%url, error = %e, "cluster store not ready; retrying");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    }
+                };
+                state.join_cluster(Arc::new(store))
+            }
+            (None, None) => return Ok(None),
+        };
+        tracing::info!(node = node.node_id(), "cluster node running");
+        Ok(Some(tokio::spawn(node.run())))
+    }
+
     /// Serves until `shutdown` completes, then closes every connection with
     /// `BadShutdown` and waits (at most 5 s) for them to flush. The metrics
     /// endpoint, when configured, serves from the start until the
     /// connections are gone (`/readyz` answers 503 from shutdown on).
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
+        let cluster = self.start_cluster().await?;
         let metrics = self.metrics.map(|listener| {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(url = %format!("http://{addr}/metrics"), "metrics endpoint listening");
@@ -616,6 +656,12 @@ impl Server {
             tokio::select! {
                 () = &mut shutdown => break,
                 accepted = self.listener.accept() => match accepted {
+                    Ok((stream, peer)) if self.shared.state.config.cluster.proxy_protocol => {
+                        // Behind a balancer: the client's address is in the
+                        // PROXY header, read first (bounded by the
+                        // handshake timeout), and admission judges it.
+                        tokio::spawn(accept_proxied(stream, peer, Arc::clone(&self.shared)));
+                    }
                     Ok((stream, peer)) => {
                         // Admission decides before any work (SCALABILITY.md §2).
                         if let Some(refusal) = self.shared.admit(peer) {
@@ -638,6 +684,9 @@ impl Server {
             }
         }
         self.shared.state.set_listening(false);
+        if let Some(task) = cluster {
+            task.abort();
+        }
         reaper.abort();
         ticker.abort();
         publisher.abort();
@@ -663,6 +712,39 @@ impl Server {
         Ok(())
     }
 }
+
+/// A connection whose first bytes are a PROXY protocol v2 header: reads
+/// it (within the handshake timeout), then admits and serves the
+/// connection as coming from the address inside. A connection without a
+/// valid header is closed.
+async fn accept_proxied(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let limit = shared.state.config.limits.handshake_timeout;
+    let header = match tokio::time::timeout(limit, proxy::read(&mut stream)).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "PROXY protocol header refused; closed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "no PROXY protocol header in time; closed");
+            return;
+        }
+    };
+    let peer = header.source().unwrap_or(peer);
+    if let Some(refusal) = shared.admit(peer) {
+        refuse(stream, refusal).await;
+        return;
+    }
+    let id = shared
+        .next_channel_id
+        .fetch_add(1, Ordering::Relaxed)
+        .max(1);
+    let task = tokio::spawn(serve(stream, peer, id, Arc::clone(&shared)));
+    shared.spawned(id, task.abort_handle());
+}
+
+/// How long a starting cluster node tries to reach its store.
+const CLUSTER_CONNECT_LIMIT: Duration = Duration::from_secs(30);
 
 /// Pending connections the metrics endpoint's listener keeps.
 const METRICS_BACKLOG: u32 = 64;
@@ -713,6 +795,11 @@ async fn tick_demo(state: Arc<ServerState>) {
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     for n in 0u64.. {
         interval.tick().await;
+        // In a cluster one node runs the changing values; the others
+        // follow them through the store (one writer per value).
+        if state.cluster().is_some_and(|c| !c.leads()) {
+            continue;
+        }
         state.tick_demo(n, &mut seed);
     }
 }

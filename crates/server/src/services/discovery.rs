@@ -34,6 +34,10 @@ fn url_host(url: &str) -> Option<&str> {
 /// configured `server.host_name` (a name, or a front end's address in a
 /// cluster, is kept as configured).
 pub fn endpoint_url_for(ctx: &ServiceContext, client_url: &str) -> String {
+    // A cluster node behind a front end names the front end.
+    if let Some(url) = &ctx.config.cluster.endpoint_url {
+        return url.clone();
+    }
     let port = ctx.config.server.port;
     let used = url_host(client_url).and_then(|h| h.parse::<std::net::IpAddr>().ok());
     match (used, ctx.local_ip) {

@@ -37,10 +37,14 @@ use uascale_types::{
 
 use super::discovery;
 use crate::audit::{self, SessionAction};
+use crate::cluster::node::{self as cluster_node, ClusterNode};
+use crate::cluster::record;
+use crate::cluster::takeover::ClaimError;
 use crate::context::ServiceContext;
 use crate::error::ServiceError;
 use crate::identity::{self, UserIdentity};
 use crate::metrics::is_security_rejection;
+use crate::reply::Answer;
 use crate::session::{Activation, EccSession, Session};
 
 /// What a request's additionalHeader asked of the session's ECDHKey: None
@@ -511,6 +515,142 @@ pub fn activate_session(
         );
     }
     r
+}
+
+/// ActivateSession as the dispatcher calls it: on a cluster node, a
+/// token this node does not know may be a session of another node whose
+/// client came back through this one - then the answer comes later, after
+/// the takeover (`take_over`). Anything else answers at once, exactly
+/// as [`activate_session`].
+pub fn activate_session_answer(
+    ctx: &ServiceContext,
+    req: ActivateSessionRequest,
+) -> Result<Answer<ActivateSessionResponse>, ServiceError> {
+    if let Some(cluster) = ctx.cluster() {
+        let auth = &req.request_header.authentication_token;
+        let known = ctx
+            .sessions
+            .with(auth, None, false, ctx.instant, |_| ())
+            .is_ok();
+        if let (false, Some(key)) = (known, record::session_key(auth)) {
+            let ctx = ctx.clone();
+            let cluster = std::sync::Arc::clone(cluster);
+            return Ok(Answer::Later(Box::pin(async move {
+                take_over(&ctx, &cluster, &key, &req).await
+            })));
+        }
+    }
+    Ok(Answer::Now(activate_session(ctx, &req)?))
+}
+
+/// How long a client whose takeover met an unreachable store is asked to
+/// wait before it tries again.
+const TAKEOVER_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Takes over the session under `key` from the cluster store: restores it
+/// into this node's table (same session id and token), runs the ordinary
+/// ActivateSession on it - which verifies the client's signature over the
+/// nonce in the record - and claims it by compare-and-set, consuming that
+/// nonce cluster-wide. A failed claim removes it again.
+async fn take_over(
+    ctx: &ServiceContext,
+    cluster: &ClusterNode,
+    key: &str,
+    req: &ActivateSessionRequest,
+) -> Result<ActivateSessionResponse, ServiceError> {
+    let auth = &req.request_header.authentication_token;
+    let busy = || ServiceError::busy(StatusCode::BadServerTooBusy, TAKEOVER_RETRY_AFTER);
+    let record = match cluster.read_session(key).await {
+        Ok(Some(r)) if r.token == *auth && r.activated => r,
+        Ok(_) => return activate_session(ctx, req),
+        Err(ClaimError::Store(e)) => {
+            tracing::warn!(error = %e, "session takeover: store unreachable");
+            return Err(busy());
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "session takeover: bad record");
+            return Err(StatusCode::BadSessionIdInvalid.into());
+        }
+    };
+    let restored = ctx
+        .sessions
+        .restore(auth, cluster_node::session_of(&record, ctx.instant))
+        .map_err(|e| {
+            ServiceError::busy(e.status_code(), crate::admission::SESSION_FULL_RETRY_AFTER)
+        })?;
+    if !restored {
+        // A concurrent ActivateSession on this node restored it first (and
+        // claims it); this one is an ordinary activation.
+        return activate_session(ctx, req);
+    }
+    // Its transitions are the claim's to write from here on.
+    cluster.begin_claim(key);
+    let fail = |e: ServiceError| {
+        ctx.sessions.evict(auth);
+        cluster.end_claim(key, None, &record.session_id);
+        e
+    };
+    let response = activate_session(ctx, req).map_err(fail)?;
+    let Ok(session) = ctx
+        .sessions
+        .with(auth, None, false, ctx.instant, |s| s.clone())
+    else {
+        cluster.end_claim(key, None, &record.session_id);
+        return Err(StatusCode::BadSessionIdInvalid.into());
+    };
+    match cluster
+        .claim(key, &record.server_nonce, auth, &session)
+        .await
+    {
+        Ok(claimed) => {
+            cluster.end_claim(key, Some(&claimed), &record.session_id);
+            restore_subscriptions(ctx, cluster, key, &record.session_id).await;
+            Ok(response)
+        }
+        Err(ClaimError::Store(_)) => Err(fail(busy())),
+        Err(ClaimError::NonceConsumed) | Err(ClaimError::Lost) => {
+            Err(fail(StatusCode::BadNonceInvalid.into()))
+        }
+        Err(_) => Err(fail(StatusCode::BadSessionIdInvalid.into())),
+    }
+}
+
+/// Restores the subscriptions of a session just taken over, from its
+/// subscriptions record: same ids, next sequence numbers and
+/// retransmission queues (Republish answers from them); each item is
+/// offered its current value. A missing or bad record leaves the session
+/// without subscriptions (the client's Publish then says so).
+async fn restore_subscriptions(
+    ctx: &ServiceContext,
+    cluster: &ClusterNode,
+    key: &str,
+    session_id: &NodeId,
+) {
+    let record = match cluster.read_subscriptions(key).await {
+        Ok(Some(r)) if r.session_id == *session_id => r,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(session = %session_id, error = %e, "subscriptions not restored");
+            return;
+        }
+    };
+    let ids = ctx
+        .subscriptions
+        .restore(ctx.instant, session_id, &record.subscriptions);
+    for id in &ids {
+        let _ = ctx.subscriptions.with_subscription(session_id, *id, |s| {
+            let next_publish = s.next_publish;
+            for item in s.items_mut() {
+                if item.mode != uascale_types::MonitoringMode::Disabled {
+                    item.offer(super::monitored_item::sample(ctx, &item.target));
+                    item.schedule_sampling(ctx.instant, next_publish);
+                }
+            }
+            s.items_changed();
+        });
+        cluster.subscription_answered(*id);
+    }
+    tracing::info!(session = %session_id, subscriptions = ids.len(), "subscriptions restored");
 }
 
 fn activate_session_inner(

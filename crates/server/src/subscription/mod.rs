@@ -42,7 +42,7 @@ use uascale_types::{
     StatusChangeNotification, StatusCode, SubscriptionAcknowledgement,
 };
 
-use item::{MonitoredItem, Queued};
+use item::{Filter, ItemTarget, MonitoredItem, Queued};
 
 // Collections here grow one element at a time (`reserve_exact(1)`), not to
 // the 4 that `push` starts with: most sessions hold one subscription with
@@ -251,6 +251,161 @@ pub struct Subscription {
 
 /// What happened to an item operation.
 pub type ItemResult<T> = Result<T, StatusCode>;
+
+/// What a cluster mirror keeps of a subscription so that another node can
+/// restore it with its sequence numbers (docs/cluster.md): its
+/// parameters, the next sequence number, the retransmission queue (the
+/// messages not yet acknowledged) and its data-change items. Event items
+/// are not kept.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriptionImage {
+    /// Its id (kept across nodes).
+    pub id: u32,
+    /// Revised publishing interval.
+    pub interval: Duration,
+    /// Revised lifetime count.
+    pub lifetime_count: u32,
+    /// Revised keep-alive count.
+    pub keep_alive_count: u32,
+    /// Notifications per publish (0 = the server's limit).
+    pub max_notifications: u32,
+    /// Priority.
+    pub priority: u8,
+    /// PublishingEnabled.
+    pub enabled: bool,
+    /// The sequence number of the next NotificationMessage.
+    pub next_seq: u32,
+    /// The messages not yet acknowledged.
+    pub retransmission: Vec<NotificationMessage>,
+    /// The id the next item gets.
+    pub next_item_id: u32,
+    /// The data-change items.
+    pub items: Vec<ItemImage>,
+}
+
+/// What a cluster mirror keeps of a data-change monitored item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemImage {
+    /// Its id.
+    pub id: u32,
+    /// The client's handle.
+    pub client_handle: u32,
+    /// What it watches.
+    pub target: ItemTarget,
+    /// Disabled, Sampling or Reporting.
+    pub mode: uascale_types::MonitoringMode,
+    /// The revised sampling interval.
+    pub sampling_interval: Duration,
+    /// True when sampled by the timer (else pushed by its node manager).
+    pub sampled: bool,
+    /// The revised queue size.
+    pub queue_size: u32,
+    /// Which end of a full queue is dropped.
+    pub discard_oldest: bool,
+    /// Which timestamps notifications carry.
+    pub timestamps: uascale_types::TimestampsToReturn,
+    /// The DataChangeFilter's trigger.
+    pub trigger: uascale_types::DataChangeTrigger,
+    /// The absolute deadband (0: none).
+    pub deadband: f64,
+}
+
+impl Subscription {
+    /// What a cluster mirror keeps of it.
+    pub fn image(&self) -> SubscriptionImage {
+        SubscriptionImage {
+            id: self.id,
+            interval: self.interval,
+            lifetime_count: self.lifetime_count,
+            keep_alive_count: self.keep_alive_count,
+            max_notifications: self.max_notifications,
+            priority: self.priority,
+            enabled: self.enabled,
+            next_seq: self.next_seq,
+            retransmission: self.retransmission.iter().cloned().collect(),
+            next_item_id: self.next_item_id,
+            items: self
+                .items
+                .iter()
+                .filter_map(|i| match &i.filter {
+                    Filter::DataChange { trigger, deadband } => Some(ItemImage {
+                        id: i.id,
+                        client_handle: i.client_handle,
+                        target: i.target.clone(),
+                        mode: i.mode,
+                        sampling_interval: i.sampling_interval,
+                        sampled: i.sampled,
+                        queue_size: i.queue_size,
+                        discard_oldest: i.discard_oldest,
+                        timestamps: i.timestamps,
+                        trigger: *trigger,
+                        deadband: *deadband,
+                    }),
+                    Filter::Event(_) => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// The subscription an image describes, restored at `now` on another
+    /// node: the same id, parameters, next sequence number and
+    /// retransmission queue; its items have no value yet (the caller
+    /// offers each its current one).
+    pub fn from_image(img: &SubscriptionImage, now: Instant) -> Self {
+        let mut items: Vec<MonitoredItem> = img
+            .items
+            .iter()
+            .map(|i| {
+                MonitoredItem::new(
+                    i.id,
+                    i.client_handle,
+                    i.target.clone(),
+                    i.mode,
+                    i.sampling_interval,
+                    i.sampled,
+                    i.queue_size,
+                    i.discard_oldest,
+                    i.timestamps,
+                    Filter::DataChange {
+                        trigger: i.trigger,
+                        deadband: i.deadband,
+                    },
+                )
+            })
+            .collect();
+        items.sort_by_key(|i| i.id);
+        items.dedup_by_key(|i| i.id);
+        let mut s = Subscription {
+            id: img.id,
+            interval: img.interval,
+            lifetime_count: img.lifetime_count,
+            keep_alive_count: img.keep_alive_count,
+            max_notifications: img.max_notifications,
+            priority: img.priority,
+            enabled: img.enabled,
+            state: State::Normal,
+            message_sent: false,
+            more: false,
+            lifetime_counter: img.lifetime_count,
+            keep_alive_counter: img.keep_alive_count,
+            late_since: 0,
+            next_publish: now + img.interval,
+            next_seq: img.next_seq.max(1),
+            retransmission: img.retransmission.iter().cloned().collect(),
+            next_item_id: img.next_item_id.max(1),
+            items,
+            sample_due: None,
+            data_hint: true,
+        };
+        s.items_changed();
+        s
+    }
+
+    /// The items, to change (a restored subscription's first values).
+    pub fn items_mut(&mut self) -> &mut [MonitoredItem] {
+        &mut self.items
+    }
+}
 
 impl Subscription {
     /// A new subscription, its first publishing cycle ending one interval

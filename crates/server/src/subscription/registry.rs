@@ -411,6 +411,79 @@ impl<P: PublishSink> Registry<P> {
         Ok((id, revised))
     }
 
+    /// The session subscription `id` belongs to, if it exists.
+    pub fn session_of(&self, id: u32) -> Option<NodeId> {
+        self.owners(id).get(&id).map(|o| o.session.clone())
+    }
+
+    /// What a cluster mirror keeps of `session`'s subscriptions (empty
+    /// when it has none).
+    pub fn images_of(&self, session: &NodeId) -> Vec<super::SubscriptionImage> {
+        match self.set_of(session) {
+            Some(set) => lock(&set)
+                .subscriptions()
+                .iter()
+                .map(Subscription::image)
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Restores subscriptions of `session` taken over from another cluster
+    /// node, with their ids; an id in use here, or one over the limits, is
+    /// skipped. Returns the ids restored.
+    pub fn restore(
+        &self,
+        now: Instant,
+        session: &NodeId,
+        images: &[super::SubscriptionImage],
+    ) -> Vec<u32> {
+        let mut restored = Vec::new();
+        for img in images {
+            if img.id == 0 || self.owners(img.id).contains_key(&img.id) {
+                continue;
+            }
+            let max = self.limits.max_subscription_count;
+            if self
+                .subscription_count
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (max == 0 || n < max).then_some(n + 1)
+                })
+                .is_err()
+            {
+                break;
+            }
+            if !self.reserve_items(img.items.len()) {
+                self.subscription_count.fetch_sub(1, Ordering::AcqRel);
+                break;
+            }
+            let set = self.set_or_new(session);
+            self.owners(img.id).insert(
+                img.id,
+                Owner {
+                    session: session.clone(),
+                    set: Arc::clone(&set),
+                },
+            );
+            let sub = Subscription::from_image(img, now);
+            for item in sub.items() {
+                if !item.sampled {
+                    self.watch(
+                        &item.target.node_id,
+                        item.target.attribute_id,
+                        sub.id,
+                        item.id,
+                    );
+                }
+            }
+            let mut g = lock(&set);
+            g.insert(sub);
+            self.schedule(&set, &mut g);
+            restored.push(img.id);
+        }
+        restored
+    }
+
     /// Reserves `n` monitored items against the server-wide limit.
     pub fn reserve_items(&self, n: usize) -> bool {
         let max = self.limits.max_monitored_item_count;

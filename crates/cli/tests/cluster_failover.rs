@@ -1,0 +1,655 @@
+//! Failover through a real cluster: three nats-servers in one JetStream
+//! cluster (buckets replicated 3 times), three `uascale serve` nodes, and
+//! HAProxy in front (`mode tcp`, `leastconn`, PROXY protocol v2 to the
+//! nodes), all on 127.0.0.1 ports this test picks, all stopped at the end
+//! (nats-server and haproxy are installed with apt-get when missing).
+//!
+//! 300 clients (every tenth on Basic256Sha256 SignAndEncrypt, the rest on
+//! None; the nodes share one application instance certificate) each hold
+//! a session with a subscription, through the front end; the busiest node
+//! is killed with SIGKILL. Every client carries on: its library
+//! reconnects through the front end and activates its session on a
+//! survivor, which takes it over from the store with its subscription -
+//! no client makes a new session (the survivors' `created` counts do not
+//! move, their `restored` counts grow by the sessions the dead node had),
+//! no client sees a sequence number gap that Republish could not fill or a
+//! number twice, every item's values go on, and the sessions already on
+//! the survivors are untouched (none lost, closed or restored).
+
+mod common;
+#[path = "../../server/tests/support/nats.rs"]
+#[allow(dead_code)] // killing and restarting the store is the server tests'
+mod nats;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use std::sync::{Arc, Mutex};
+
+use uascale_client::{
+    Client, ClientOptions, MonitorItem, Notification, Restore, SecurityOptions, ServerTrust,
+    SubscriptionEvent, SubscriptionSettings,
+};
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_types::{MessageSecurityMode, NodeId};
+
+const CLIENTS: usize = 300;
+/// Every this-many-th client uses Basic256Sha256 SignAndEncrypt.
+const SECURE_EVERY: usize = 10;
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A running HAProxy, killed on drop.
+struct Haproxy {
+    child: Child,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn haproxy(front: u16, nodes: &[u16]) -> Option<Haproxy> {
+    let bin = nats::ensure_installed("haproxy", "haproxy")?;
+    let dir = std::env::temp_dir().join(format!("uascale-haproxy-{}-{front}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = format!(
+        "global\n  maxconn 4096\n\
+         defaults\n  mode tcp\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n  \
+         retries 3\n  option redispatch\n\
+         frontend opcua\n  bind 127.0.0.1:{front}\n  default_backend nodes\n\
+         backend nodes\n  balance leastconn\n"
+    );
+    for (i, port) in nodes.iter().enumerate() {
+        cfg.push_str(&format!(
+            "  server n{i} 127.0.0.1:{port} send-proxy-v2 check inter 300ms fall 1 rise 2\n"
+        ));
+    }
+    let file = dir.join("haproxy.cfg");
+    std::fs::write(&file, cfg).unwrap();
+    let child = Command::new(bin)
+        .arg("-f")
+        .arg(&file)
+        .arg("-db")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start haproxy");
+    let h = Haproxy { child, dir };
+    assert!(
+        nats::wait_listening(([127, 0, 0, 1], front).into(), Duration::from_secs(10)),
+        "haproxy did not listen"
+    );
+    Some(h)
+}
+
+/// The text of `/metrics` on `port`.
+fn metrics(port: u16) -> String {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    );
+    // Read up to the length the head gives (the connection may stay open).
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        let text = String::from_utf8_lossy(&out).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .and_then(|n| n.trim().parse::<usize>().ok());
+            if length.is_some_and(|n| body.len() >= n) {
+                return body.to_owned();
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return text,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// The value of the series named exactly `series` (0 when absent).
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+struct NodeFigures {
+    active: f64,
+    created: f64,
+    restored: f64,
+    closed: f64,
+    lost: f64,
+    pending: f64,
+}
+
+fn figures(port: u16) -> NodeFigures {
+    let m = metrics(port);
+    let t = |name: &str| {
+        value(
+            &m,
+            &format!("opcua_server_session_transitions_total{{transition=\"{name}\"}}"),
+        )
+    };
+    NodeFigures {
+        active: value(&m, "opcua_server_sessions{state=\"active\"}"),
+        created: t("created"),
+        restored: t("restored"),
+        closed: t("closed") + t("timed_out"),
+        lost: value(&m, "opcua_cluster_sessions_lost_total"),
+        pending: value(&m, "opcua_cluster_pending_writes"),
+    }
+}
+
+/// What a client's subscription reported, in order.
+#[derive(Debug, Clone)]
+enum Seen {
+    /// A NotificationMessage (its number, when it arrived, whether a data
+    /// change carried a value, whether it came from a Republish).
+    Message(u32, Instant, bool, bool),
+    Lost,
+    Restored(Restore),
+    Ended,
+}
+
+fn client_identity() -> Arc<uascale_proto::security::Identity> {
+    use uascale_crypto::x509::{create_self_signed, SelfSignedParams};
+    let made = create_self_signed(&SelfSignedParams::new(
+        "urn:uascale:test:failover",
+        "failover",
+        std::time::SystemTime::now() - Duration::from_secs(3600),
+    ))
+    .expect("a client certificate");
+    let key = uascale_crypto::rsa::RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der)
+        .expect("its key");
+    Arc::new(uascale_proto::security::Identity::new(made.certificate, key).expect("an identity"))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(i).copied().unwrap_or_default()
+}
+
+/// The tests of this file one at a time (each starts a whole cluster).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+#[test]
+fn clients_of_a_killed_node_carry_on_through_the_others() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(nats) = nats::start_cluster(3) else {
+        return;
+    };
+    let url = format!("nats://{}", nats[0].addr);
+    let front = common::free_port();
+    let dir = std::env::temp_dir().join(format!("uascale-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("cluster.toml");
+    std::fs::write(
+        &config,
+        "[cluster]\nheartbeat_ms = 300\nlease_ms = 3000\nreplicas = 3\n\
+         [security]\nallow_security_none = true\ntrust_all_client_certificates = true\n",
+    )
+    .unwrap();
+    let pki = dir.join("pki");
+    let metrics_ports: Vec<u16> = (0..3).map(|_| common::free_port()).collect();
+    // One after the other: the first creates the shared certificate.
+    let mut nodes: Vec<Option<common::Served>> = metrics_ports
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let node = common::serve([
+                "--config",
+                config.to_str().unwrap(),
+                "--host",
+                "127.0.0.1",
+                "--pki",
+                pki.to_str().unwrap(),
+                "--cluster",
+                &url,
+                "--node-id",
+                &format!("n{i}"),
+                "--node-index",
+                &(i + 1).to_string(),
+                "--advertise",
+                &format!("opc.tcp://127.0.0.1:{front}"),
+                "--proxy-protocol",
+                "--metrics",
+                &format!("127.0.0.1:{m}"),
+            ]);
+            // The OPC UA port listens before the state (and the PKI) is
+            // built; the metrics port after: the next node must find the
+            // certificate this one created.
+            assert!(
+                nats::wait_listening(([127, 0, 0, 1], *m).into(), LIMIT),
+                "node {i} did not start"
+            );
+            Some(node)
+        })
+        .collect();
+    let ports: Vec<u16> = nodes.iter().flatten().map(|n| n.port).collect();
+    let Some(_haproxy) = haproxy(front, &ports) else {
+        return;
+    };
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let front_url = format!("opc.tcp://127.0.0.1:{front}");
+    let time = NodeId::ns0(2258); // Server_ServerStatus_CurrentTime: changes every sample
+    let identity = client_identity();
+    let logs: Vec<Arc<Mutex<Vec<Seen>>>> = (0..CLIENTS).map(|_| Arc::default()).collect();
+    let setup = Instant::now();
+    let clients: Vec<Client> = rt.block_on(async {
+        let mut v = Vec::new();
+        for (i, log) in logs.iter().enumerate() {
+            let mut options = ClientOptions {
+                application_uri: "urn:uascale:test:failover".into(),
+                ..ClientOptions::default()
+            };
+            if i % SECURE_EVERY == 0 {
+                options.security = SecurityOptions {
+                    policy: SecurityPolicy::Basic256Sha256,
+                    mode: MessageSecurityMode::SignAndEncrypt,
+                    certificate: Some(Arc::clone(&identity)),
+                    server_certificate: None,
+                    trust: ServerTrust::UnsafeAcceptAny,
+                };
+            }
+            let c = Client::connect(&front_url, options)
+                .await
+                .unwrap_or_else(|e| panic!("client {i} through the front end: {e}"));
+            c.create_session(&format!("c{i}")).await.expect("a session");
+            let mut sub = c
+                .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(1000)))
+                .await
+                .expect("a subscription");
+            sub.monitor(vec![MonitorItem::value(time.clone()).sampling(500.0)])
+                .await
+                .expect("an item");
+            let log = Arc::clone(log);
+            tokio::spawn(async move {
+                while let Some(e) = sub.recv().await {
+                    let seen = match e {
+                        SubscriptionEvent::Notifications {
+                            sequence_number,
+                            notifications,
+                            republished,
+                            ..
+                        } => Seen::Message(
+                            sequence_number,
+                            Instant::now(),
+                            notifications.iter().any(|n| {
+                                matches!(n, Notification::DataChange { value, .. } if value.value.is_some())
+                            }),
+                            republished,
+                        ),
+                        SubscriptionEvent::Lost { .. } => Seen::Lost,
+                        SubscriptionEvent::Restored(how) => Seen::Restored(how),
+                        SubscriptionEvent::Ended(_) => Seen::Ended,
+                        SubscriptionEvent::KeepAlive { .. } => continue,
+                    };
+                    log.lock().unwrap().push(seen);
+                }
+            });
+            v.push(c);
+        }
+        v
+    });
+
+    eprintln!(
+        "failover: {CLIENTS} clients set up in {:?}",
+        setup.elapsed()
+    );
+    // Every session is on some node, mirrored, and its subscription
+    // reports.
+    let start = Instant::now();
+    let before = loop {
+        let f: Vec<NodeFigures> = metrics_ports.iter().map(|p| figures(*p)).collect();
+        let active: f64 = f.iter().map(|f| f.active).sum();
+        let reporting = logs
+            .iter()
+            .filter(|l| {
+                l.lock()
+                    .unwrap()
+                    .iter()
+                    .any(|s| matches!(s, Seen::Message(..)))
+            })
+            .count();
+        let pending: Vec<f64> = f.iter().map(|f| f.pending).collect();
+        if active == CLIENTS as f64 && reporting == CLIENTS && pending.iter().all(|p| *p == 0.0) {
+            break f;
+        }
+        let silent: Vec<usize> = (0..CLIENTS)
+            .filter(|i| {
+                !logs[*i]
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|s| matches!(s, Seen::Message(..)))
+            })
+            .collect();
+        assert!(
+            start.elapsed() < LIMIT,
+            "sessions not all active, mirrored and reporting: {active} active, \
+             {reporting} reporting (silent: {silent:?}), pending writes {pending:?}; \
+             a node's metrics: {:?}",
+            metrics(metrics_ports[0])
+                .lines()
+                .filter(|l| l.contains("sessions{") || l.contains("transitions"))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let victim = (0..3)
+        .max_by(|a, b| before[*a].active.total_cmp(&before[*b].active))
+        .unwrap();
+    let on_victim = before[victim].active;
+    assert!(on_victim > 0.0, "leastconn put sessions on every node");
+
+    // SIGKILL: nothing is flushed, nothing is closed politely.
+    let mut dead = nodes[victim].take().unwrap();
+    let killed = Instant::now();
+    dead.child.kill().unwrap();
+    let _ = dead.child.wait();
+
+    // Every client's subscription reports again, with a value.
+    let start = Instant::now();
+    loop {
+        let waiting = logs
+            .iter()
+            .filter(|l| {
+                !l.lock()
+                    .unwrap()
+                    .iter()
+                    .any(|s| matches!(s, Seen::Message(_, at, true, false) if *at > killed))
+            })
+            .count();
+        if waiting == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "{waiting} clients' values did not continue"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Two more publishing intervals, for anything still in flight.
+    std::thread::sleep(Duration::from_millis(2000));
+
+    let mut resumed = Vec::new();
+    let mut moved = 0usize;
+    for (i, log) in logs.iter().enumerate() {
+        let log = log.lock().unwrap().clone();
+        assert!(
+            !log.iter().any(|s| matches!(s, Seen::Lost | Seen::Ended)),
+            "client {i}: a gap Republish could not fill, or the subscription ended: {log:?}"
+        );
+        let restored: Vec<&Restore> = log
+            .iter()
+            .filter_map(|s| match s {
+                Seen::Restored(how) => Some(how),
+                _ => None,
+            })
+            .collect();
+        if !restored.is_empty() {
+            moved += 1;
+            assert_eq!(
+                restored,
+                vec![&Restore::Reactivated],
+                "client {i}: its own session, reactivated once"
+            );
+        }
+        let mut seqs: Vec<u32> = log
+            .iter()
+            .filter_map(|s| match s {
+                Seen::Message(n, ..) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        let count = seqs.len();
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(
+            seqs.len(),
+            count,
+            "client {i}: a sequence number twice: {log:?}"
+        );
+        assert_eq!(
+            seqs.last().copied().unwrap_or(0) - seqs.first().copied().unwrap_or(0) + 1,
+            count as u32,
+            "client {i}: a gap in the sequence numbers: {log:?}"
+        );
+        if let Some(at) = log.iter().find_map(|s| match s {
+            Seen::Message(_, at, true, _) if *at > killed => Some(*at),
+            _ => None,
+        }) {
+            if !restored.is_empty() {
+                resumed.push(at - killed);
+            }
+        }
+    }
+    resumed.sort();
+    eprintln!(
+        "failover: {moved} sessions moved; time to the first value after the kill p50 {:?} p99 {:?} max {:?}",
+        percentile(&resumed, 0.5),
+        percentile(&resumed, 0.99),
+        resumed.last().copied().unwrap_or_default()
+    );
+    assert_eq!(
+        moved as f64, on_victim,
+        "the dead node's clients, and only they, moved"
+    );
+
+    let after: Vec<(usize, NodeFigures)> = (0..3)
+        .filter(|i| *i != victim)
+        .map(|i| (i, figures(metrics_ports[i])))
+        .collect();
+    let restored: f64 = after
+        .iter()
+        .map(|(i, f)| f.restored - before[*i].restored)
+        .sum();
+    assert_eq!(
+        restored, on_victim,
+        "the dead node's sessions were taken over, each once"
+    );
+    let active: f64 = after.iter().map(|(_, f)| f.active).sum();
+    assert_eq!(active, CLIENTS as f64, "every session lives on a survivor");
+    for (i, f) in &after {
+        assert_eq!(
+            f.created, before[*i].created,
+            "node {i}: no new session was made"
+        );
+        assert_eq!(f.closed, 0.0, "node {i}: no session closed");
+        assert_eq!(f.lost, 0.0, "node {i}: its own sessions stayed");
+    }
+    rt.block_on(async {
+        for c in &clients {
+            c.close().await;
+        }
+    });
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A small cluster for the tests below: one nats-server, `n` nodes (None
+/// only), HAProxy in front; `None` when a package cannot be installed.
+struct Small {
+    _nats: nats::Nats,
+    nodes: Vec<Option<common::Served>>,
+    metrics: Vec<u16>,
+    _haproxy: Haproxy,
+    front: u16,
+}
+
+fn small_cluster(n: usize, prefix: &str) -> Option<Small> {
+    let nats = nats::start()?;
+    let url = nats.url();
+    let front = common::free_port();
+    let metrics: Vec<u16> = (0..n).map(|_| common::free_port()).collect();
+    let nodes: Vec<Option<common::Served>> = metrics
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let node = common::serve([
+                "--security",
+                "none",
+                "--cluster",
+                &url,
+                "--node-id",
+                &format!("{prefix}{i}"),
+                "--node-index",
+                &(i + 1).to_string(),
+                "--advertise",
+                &format!("opc.tcp://127.0.0.1:{front}"),
+                "--proxy-protocol",
+                "--metrics",
+                &format!("127.0.0.1:{m}"),
+            ]);
+            assert!(nats::wait_listening(([127, 0, 0, 1], *m).into(), LIMIT));
+            Some(node)
+        })
+        .collect();
+    let ports: Vec<u16> = nodes.iter().flatten().map(|n| n.port).collect();
+    let haproxy = haproxy(front, &ports)?;
+    Some(Small {
+        _nats: nats,
+        nodes,
+        metrics,
+        _haproxy: haproxy,
+        front,
+    })
+}
+
+/// `uascale bench failover` against a small cluster, killing one node:
+/// what it reports agrees with the survivor (sessions moved = sessions it
+/// restored) and nothing was lost or duplicated.
+#[test]
+fn bench_failover_reports_what_the_cluster_did() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut c) = small_cluster(2, "b") else {
+        return;
+    };
+    let victim = c.nodes[0].as_ref().unwrap().child.id().to_string();
+    let out = Command::new(common::BIN)
+        .args([
+            "bench",
+            "failover",
+            &format!("opc.tcp://127.0.0.1:{}", c.front),
+            "--sessions",
+            "8",
+            "--interval-ms",
+            "300",
+            "--kill-pid",
+            &victim,
+            "--kill-after-s",
+            "2",
+            "--duration-s",
+            "6",
+            "--json",
+        ])
+        .output()
+        .expect("run uascale bench failover");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The killed node is reaped by its Served on drop.
+    let _ = c.nodes[0].take().map(|mut n| n.child.wait());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let survivor = figures(c.metrics[1]);
+    assert_eq!(report["sessions"], 8);
+    assert_eq!(
+        report["moved"].as_f64(),
+        Some(survivor.restored),
+        "{report}"
+    );
+    assert!(
+        survivor.restored >= 1.0,
+        "leastconn put sessions on both nodes: {report}"
+    );
+    assert_eq!(report["moved_not_resumed"], 0, "{report}");
+    assert_eq!(report["lost"], 0, "{report}");
+    assert_eq!(report["duplicates"], 0, "{report}");
+    assert_eq!(report["ended"], 0, "{report}");
+    assert!(
+        report["resume_ms"]["max"].as_f64().unwrap_or(0.0) > 0.0,
+        "{report}"
+    );
+}
+
+/// Python asyncua through the front end: its session, made through
+/// HAProxy, is activated again through HAProxy on a new channel after its
+/// node was killed (tests/interop/cluster_asyncua.py drives asyncua's own
+/// steps with the old token: asyncua 2.1 itself would make a new session).
+#[test]
+fn python_asyncua_reactivates_its_session_after_its_node_died() {
+    use std::io::{BufRead, BufReader};
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = root.join("target/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `cargo xtask ci` first",
+        python.display()
+    );
+    let Some(mut c) = small_cluster(2, "p") else {
+        return;
+    };
+    let (front, metrics_ports) = (c.front, c.metrics.clone());
+    let mut script = Command::new(&python)
+        .arg(root.join("tests/interop/cluster_asyncua.py"))
+        .arg(format!("opc.tcp://127.0.0.1:{front}"))
+        .current_dir(root.join("tests/interop"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the asyncua script");
+    let mut lines = BufReader::new(script.stdout.take().unwrap()).lines();
+    let line = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert_eq!(line, "READY", "the script's first session");
+
+    // Which node has it: the one with the active session; kill it.
+    let start = Instant::now();
+    let (victim, survivor) = loop {
+        let f: Vec<NodeFigures> = metrics_ports.iter().map(|p| figures(*p)).collect();
+        if let Some(v) = (0..2).find(|i| f[*i].active == 1.0 && f[*i].pending == 0.0) {
+            break (v, 1 - v);
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the session is not active and mirrored"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let created_before = figures(metrics_ports[survivor]).created;
+    let mut dead = c.nodes[victim].take().unwrap();
+    dead.child.kill().unwrap();
+    let _ = dead.child.wait();
+    // HAProxy sends the next connection to the survivor once its check
+    // fails (or redispatches after a refused connect).
+    std::thread::sleep(Duration::from_millis(700));
+    writeln!(script.stdin.as_mut().unwrap()).unwrap();
+    let line = lines.next().and_then(Result::ok).unwrap_or_default();
+    let status = script.wait().unwrap();
+    assert_eq!(line, "OK", "the script did not carry on ({status})");
+    assert!(status.success(), "{status}");
+    let f = figures(metrics_ports[survivor]);
+    assert_eq!(f.restored, 1.0, "the survivor took the session over");
+    assert_eq!(f.created, created_before, "no new session was made");
+}

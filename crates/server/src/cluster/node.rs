@@ -1,0 +1,1159 @@
+//! A server as a cluster node: the mirror of its sessions, its heartbeat,
+//! the watch that tells it when another node took one of its sessions, the
+//! adoption of dead nodes' sessions, and the takeover of a session whose
+//! client comes back through this node.
+//!
+//! Writes run behind the request path: a session transition only puts
+//! the session's latest record into a map (one per session: later
+//! transitions replace earlier ones, so the map is bounded by the session
+//! count) and wakes the writer task. When the store is unreachable the
+//! node keeps serving its own sessions, marks itself degraded, keeps the
+//! latest record of each changed session, and writes them when the store
+//! is back.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use uascale_types::{NodeId, Variant};
+
+use super::record::{
+    is_plain_file_name, session_key, trust_key, value_key, NodeRecord, SessionRecord,
+    SubscriptionsRecord, TrustRecord, ValueRecord,
+};
+use super::store::{Bucket, Store, StoreError};
+use super::takeover::{self, ClaimError, Claimed, Leases};
+use crate::config::ClusterSection;
+use crate::session::{Session, SessionEvent};
+use crate::subscription::SubscriptionImage;
+
+/// How long the writer waits before trying again after a store error.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// Removes a session from this node's table when another node took it
+/// (set by the server state, which owns the table).
+pub type Evict = Box<dyn Fn(&NodeId) + Send + Sync>;
+
+/// The subscriptions of a session now (the subscription engine's images),
+/// by subscription id: the session and its images (set by the server
+/// state).
+pub type Images = Box<dyn Fn(u32) -> Option<(NodeId, Vec<SubscriptionImage>)> + Send + Sync>;
+
+/// Applies a value another node wrote to this node's variable (set by the
+/// server state: through the node managers, so subscriptions hear it).
+pub type ApplyValue = Box<dyn Fn(&NodeId, Variant) + Send + Sync>;
+
+thread_local! {
+    /// Set while a value from the feed is applied: its change is not
+    /// mirrored back.
+    static APPLYING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A write waiting for the writer task.
+#[derive(Debug, Clone)]
+enum Pending {
+    /// The session's latest record.
+    Write(Box<SessionRecord>),
+    /// The session closed.
+    Delete,
+}
+
+#[derive(Debug, Default)]
+struct Mirror {
+    /// Revision of each session record this node last wrote (`None`:
+    /// queued for its first write).
+    owned: HashMap<String, Option<u64>>,
+    /// Sessions being claimed: their transitions are not queued (the
+    /// claim writes the record).
+    claiming: HashMap<String, ()>,
+    pending: HashMap<String, Pending>,
+    /// When the oldest write still pending was queued.
+    oldest: Option<Instant>,
+    /// The key of each mirrored session, by session id.
+    keys: HashMap<NodeId, String>,
+    /// Subscriptions answered since their session's subscriptions record
+    /// was last written.
+    dirty_subscriptions: std::collections::HashSet<u32>,
+    /// The nonce of each session this node serves, as it last heard it:
+    /// a record of another owner with the same nonce was adopted by a
+    /// janitor (no client came), one with another nonce was claimed by
+    /// the client.
+    nonces: HashMap<String, [u8; 32]>,
+    /// The last record of each session this node serves (rewritten when a
+    /// janitor adopted the session by mistake).
+    records: HashMap<String, Box<SessionRecord>>,
+    /// Values changed here since they were last written (the latest of
+    /// each: bounded by the number of variables).
+    values: HashMap<NodeId, Variant>,
+}
+
+/// Counters of the cluster, for /metrics.
+#[derive(Debug, Default)]
+pub struct ClusterMetrics {
+    /// Sessions taken over from another node by a client's ActivateSession.
+    pub takeovers: AtomicU64,
+    /// Claims refused (nonce consumed, lost race, store error).
+    pub takeovers_failed: AtomicU64,
+    /// Sessions this node lost to another node.
+    pub sessions_lost: AtomicU64,
+    /// Sessions adopted from dead nodes.
+    pub sessions_adopted: AtomicU64,
+    /// Sessions of this node that a janitor adopted while this node still
+    /// served them (it was thought dead), taken back.
+    pub sessions_reclaimed: AtomicU64,
+    /// Failed store operations.
+    pub store_errors: AtomicU64,
+    /// Records written.
+    pub records_written: AtomicU64,
+    /// The age of the oldest pending write when the last batch was
+    /// written, in microseconds (the mirror lag).
+    pub mirror_lag_us: AtomicU64,
+}
+
+/// This server as a cluster node.
+pub struct ClusterNode {
+    store: Arc<dyn Store>,
+    me: String,
+    settings: ClusterSection,
+    mirror: Mutex<Mirror>,
+    wake: tokio::sync::Notify,
+    leases: Mutex<Leases>,
+    /// Adopted sessions of dead nodes: key -> (deadline, revision).
+    orphans: Mutex<HashMap<String, (Instant, u64)>>,
+    degraded: AtomicBool,
+    evict: Evict,
+    images: std::sync::OnceLock<Images>,
+    apply: std::sync::OnceLock<ApplyValue>,
+    /// The PKI's `trusted/certs`, when the server has a PKI.
+    trust_dir: std::sync::OnceLock<std::path::PathBuf>,
+    /// The trusted certificate files this node published or wrote, by name.
+    trust_known: Mutex<HashMap<String, Vec<u8>>>,
+    /// The cluster's counters.
+    pub metrics: ClusterMetrics,
+}
+
+impl std::fmt::Debug for ClusterNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterNode")
+            .field("me", &self.me)
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Each update under these locks is one map operation.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The record of `session` (token `token`) as node `owner` writes it.
+pub fn record_of(owner: &str, token: &NodeId, s: &Session) -> SessionRecord {
+    SessionRecord {
+        owner: owner.to_owned(),
+        version: 0,
+        session_id: s.session_id.clone(),
+        token: token.clone(),
+        server_nonce: s.server_nonce,
+        client_thumbprint: s.client_thumbprint,
+        client_uri: s.client_uri.clone(),
+        name: s.name.clone(),
+        user: s.user.clone(),
+        security_policy: s.security_policy,
+        security_mode: s.security_mode,
+        endpoint_url: s.endpoint_url.clone(),
+        timeout: s.timeout,
+        locale_ids: s.locale_ids.clone(),
+        created: s.created,
+        activated: s.activated,
+    }
+}
+
+/// The session a record describes, as this node restores it at `now`:
+/// bound to no channel yet (the ActivateSession that takes it over moves
+/// it to its own), its timeout running from now.
+pub fn session_of(r: &SessionRecord, now: Instant) -> Session {
+    Session {
+        session_id: r.session_id.clone(),
+        channel_id: 0,
+        timeout: r.timeout,
+        deadline: now + r.timeout,
+        activated: r.activated,
+        name: r.name.clone(),
+        locale_ids: r.locale_ids.clone(),
+        continuation_points: Vec::new(),
+        server_nonce: r.server_nonce,
+        client_thumbprint: r.client_thumbprint,
+        client_uri: r.client_uri.clone(),
+        user: r.user.clone(),
+        created: r.created,
+        endpoint_url: r.endpoint_url.clone(),
+        security_policy: r.security_policy,
+        security_mode: r.security_mode,
+        // Not mirrored: an ECC session taken over has no ephemeral key
+        // until its client asks for a new ECDHKey (docs/cluster.md).
+        ecc: None,
+    }
+}
+
+impl ClusterNode {
+    /// Node `me` mirroring through `store`; `evict` removes a session
+    /// another node took from this node's table.
+    pub fn new(
+        store: Arc<dyn Store>,
+        me: String,
+        settings: ClusterSection,
+        evict: Evict,
+    ) -> Arc<Self> {
+        let lease = settings.lease;
+        Arc::new(ClusterNode {
+            store,
+            me,
+            settings,
+            mirror: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            leases: Mutex::new(Leases::new(lease, Instant::now())),
+            orphans: Mutex::default(),
+            degraded: AtomicBool::new(false),
+            evict,
+            images: std::sync::OnceLock::new(),
+            apply: std::sync::OnceLock::new(),
+            trust_dir: std::sync::OnceLock::new(),
+            trust_known: Mutex::default(),
+            metrics: ClusterMetrics::default(),
+        })
+    }
+
+    /// Sets the PKI directory whose `trusted/certs` is mirrored (once).
+    pub fn set_trust_dir(&self, pki_root: &std::path::Path) {
+        let _ = self.trust_dir.set(pki_root.join("trusted/certs"));
+    }
+
+    /// Publishes the trusted certificate files added here since the last
+    /// pass, and deletes from the store the ones removed here.
+    async fn sync_trust(&self) -> Result<(), StoreError> {
+        let Some(dir) = self.trust_dir.get() else {
+            return Ok(());
+        };
+        let mut now: HashMap<String, Vec<u8>> = HashMap::new();
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !is_plain_file_name(&name) || name.starts_with('.') {
+                    continue;
+                }
+                if let Ok(bytes) = std::fs::read(e.path()) {
+                    if bytes.len() <= super::store::MAX_RECORD_BYTES / 2 {
+                        now.insert(name, bytes);
+                    }
+                }
+            }
+        }
+        let known = lock(&self.trust_known).clone();
+        for (name, bytes) in &now {
+            if known.get(name) == Some(bytes) {
+                continue;
+            }
+            let rec = TrustRecord {
+                owner: self.me.clone(),
+                file_name: name.clone(),
+                bytes: bytes.clone(),
+            };
+            self.store
+                .put(Bucket::Trust, &trust_key(name), rec.encode())
+                .await?;
+            lock(&self.trust_known).insert(name.clone(), bytes.clone());
+        }
+        for name in known.keys().filter(|n| !now.contains_key(*n)) {
+            self.store
+                .delete(Bucket::Trust, &trust_key(name), None)
+                .await?;
+            lock(&self.trust_known).remove(name);
+        }
+        Ok(())
+    }
+
+    /// Applies a trusted certificate another node published (or removed):
+    /// the file is written to (or removed from) `trusted/certs`, where the
+    /// PKI's reload finds it.
+    fn trust_seen(&self, key: &str, value: Option<&[u8]>) {
+        let Some(dir) = self.trust_dir.get() else {
+            return;
+        };
+        let Some(value) = value else {
+            // Removed on another node: the file of that key goes here too.
+            let name = lock(&self.trust_known)
+                .keys()
+                .find(|n| trust_key(n) == key)
+                .cloned();
+            if let Some(name) = name {
+                let _ = std::fs::remove_file(dir.join(&name));
+                lock(&self.trust_known).remove(&name);
+            }
+            return;
+        };
+        let rec = match TrustRecord::decode(value) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "undecodable trust record ignored");
+                return;
+            }
+        };
+        if lock(&self.trust_known).get(&rec.file_name) == Some(&rec.bytes) {
+            return;
+        }
+        // Written beside, then renamed: the PKI never reads half a file.
+        let tmp = dir.join(format!(".{}.part", rec.file_name));
+        let done = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&tmp, &rec.bytes))
+            .and_then(|()| std::fs::rename(&tmp, dir.join(&rec.file_name)));
+        match done {
+            Ok(()) => {
+                tracing::info!(file = %rec.file_name, from = %rec.owner, "trusted certificate from the cluster");
+                lock(&self.trust_known).insert(rec.file_name, rec.bytes);
+            }
+            Err(e) => {
+                tracing::warn!(file = %rec.file_name, error = %e, "trusted certificate from the cluster not written");
+            }
+        }
+    }
+
+    /// Sets how values from other nodes are applied here (once).
+    pub fn set_apply(&self, apply: ApplyValue) {
+        let _ = self.apply.set(apply);
+    }
+
+    /// A variable of an in-memory node manager changed here: its value is
+    /// written to the store (coalesced) unless it came from the store.
+    pub fn value_changed(&self, node: &NodeId, value: &Variant) {
+        if APPLYING.with(|a| a.get()) {
+            return;
+        }
+        let fresh = lock(&self.mirror)
+            .values
+            .insert(node.clone(), value.clone())
+            .is_none();
+        if fresh {
+            self.wake.notify_one();
+        }
+    }
+
+    /// True when this node is the one that runs the demo's changing
+    /// values: the alive node with the smallest id (the others follow
+    /// the feed; one writer per value).
+    pub fn leads(&self) -> bool {
+        let alive = lock(&self.leases).alive_nodes(Instant::now());
+        alive.iter().all(|n| self.me <= *n)
+    }
+
+    /// Writes the changed values; false when the store failed (they wait).
+    async fn write_values(&self) -> bool {
+        let values = std::mem::take(&mut lock(&self.mirror).values);
+        let mut left = Vec::new();
+        let mut failed = false;
+        for (node, value) in values {
+            if failed {
+                left.push((node, value));
+                continue;
+            }
+            let Some(key) = value_key(&node) else {
+                continue;
+            };
+            let rec = ValueRecord {
+                owner: self.me.clone(),
+                node_id: node.clone(),
+                value: value.clone(),
+            };
+            match self.store.put(Bucket::Values, &key, rec.encode()).await {
+                Ok(_) => {
+                    self.metrics.records_written.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(StoreError::Invalid(e)) => {
+                    tracing::debug!(node = %node, error = %e, "value not mirrored");
+                }
+                Err(e) => {
+                    self.store_failed(&e);
+                    failed = true;
+                    left.push((node, value));
+                }
+            }
+        }
+        let mut m = lock(&self.mirror);
+        for (node, value) in left {
+            m.values.entry(node).or_insert(value);
+        }
+        !failed
+    }
+
+    /// Applies a value record another node wrote.
+    fn value_seen(&self, key: &str, value: Option<&[u8]>) {
+        let Some(value) = value else {
+            return;
+        };
+        let rec = match ValueRecord::decode(value) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "undecodable value record ignored");
+                return;
+            }
+        };
+        if rec.owner == self.me {
+            return;
+        }
+        if let Some(apply) = self.apply.get() {
+            APPLYING.with(|a| a.set(true));
+            apply(&rec.node_id, rec.value);
+            APPLYING.with(|a| a.set(false));
+        }
+    }
+
+    /// Sets where the subscriptions' images come from (once).
+    pub fn set_images(&self, images: Images) {
+        let _ = self.images.set(images);
+    }
+
+    /// A Publish of subscription `id` was answered: its session's
+    /// subscriptions record is rewritten (coalesced, behind the publish
+    /// path: this only marks it).
+    pub fn subscription_answered(&self, id: u32) {
+        let fresh = lock(&self.mirror).dirty_subscriptions.insert(id);
+        if fresh {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The subscriptions record of the session under `key`, if any.
+    pub async fn read_subscriptions(
+        &self,
+        key: &str,
+    ) -> Result<Option<SubscriptionsRecord>, ClaimError> {
+        match self.store.get(Bucket::Subscriptions, key).await {
+            Ok(Some(e)) => Ok(Some(SubscriptionsRecord::decode(&e.value)?)),
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.store_failed(&e);
+                Err(ClaimError::Store(e))
+            }
+        }
+    }
+
+    /// Writes the subscriptions records of the sessions whose
+    /// subscriptions were answered; false when the store failed (the rest
+    /// stays marked).
+    async fn write_subscriptions(&self) -> bool {
+        let Some(images) = self.images.get() else {
+            return true;
+        };
+        let dirty: Vec<u32> = lock(&self.mirror).dirty_subscriptions.drain().collect();
+        let mut done: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+        for (i, id) in dirty.iter().enumerate() {
+            let Some((session_id, subs)) = images(*id) else {
+                continue;
+            };
+            if !done.insert(session_id.clone()) {
+                continue;
+            }
+            let key = {
+                let m = lock(&self.mirror);
+                match m.keys.get(&session_id) {
+                    Some(k) if matches!(m.owned.get(k), Some(Some(_))) => k.clone(),
+                    _ => continue,
+                }
+            };
+            let rec = SubscriptionsRecord {
+                owner: self.me.clone(),
+                version: 0,
+                session_id,
+                subscriptions: subs,
+            };
+            match self
+                .store
+                .put(Bucket::Subscriptions, &key, rec.encode())
+                .await
+            {
+                Ok(_) => {
+                    self.metrics.records_written.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.store_failed(&e);
+                    let mut m = lock(&self.mirror);
+                    m.dirty_subscriptions.extend(dirty.iter().skip(i).copied());
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.me
+    }
+
+    /// True while the store cannot be written (the node serves its own
+    /// sessions and catches up when the store is back).
+    pub fn degraded(&self) -> bool {
+        self.degraded.load(Ordering::Relaxed)
+    }
+
+    /// Writes still waiting for the store.
+    pub fn pending_writes(&self) -> usize {
+        lock(&self.mirror).pending.len()
+    }
+
+    /// The nodes whose heartbeat this node sees alive now.
+    pub fn alive_nodes(&self) -> Vec<String> {
+        lock(&self.leases).alive_nodes(Instant::now())
+    }
+
+    fn set_degraded(&self, degraded: bool, why: Option<&StoreError>) {
+        let was = self.degraded.swap(degraded, Ordering::Relaxed);
+        match (was, degraded, why) {
+            (false, true, Some(e)) => {
+                tracing::warn!(node = %self.me, error = %e, "cluster store unreachable: degraded, serving own sessions");
+            }
+            (true, false, _) => tracing::info!(node = %self.me, "cluster store back: caught up"),
+            _ => {}
+        }
+    }
+
+    fn store_failed(&self, e: &StoreError) {
+        self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+        self.set_degraded(true, Some(e));
+    }
+
+    /// Hears a session transition (the session table's mirror): queues
+    /// the session's latest record, or its deletion.
+    pub fn heard(&self, _event: &SessionEvent, token: &NodeId, session: Option<&Session>) {
+        let Some(key) = session_key(token) else {
+            return;
+        };
+        {
+            let mut m = lock(&self.mirror);
+            if m.claiming.contains_key(&key) {
+                return;
+            }
+            let p = match session {
+                Some(s) => {
+                    m.owned.entry(key.clone()).or_insert(None);
+                    m.keys.insert(s.session_id.clone(), key.clone());
+                    m.nonces.insert(key.clone(), s.server_nonce);
+                    let rec = Box::new(record_of(&self.me, token, s));
+                    m.records.insert(key.clone(), rec.clone());
+                    Pending::Write(rec)
+                }
+                None => {
+                    m.keys.retain(|_, k| *k != key);
+                    m.nonces.remove(&key);
+                    m.records.remove(&key);
+                    Pending::Delete
+                }
+            };
+            m.pending.insert(key, p);
+            m.oldest.get_or_insert_with(Instant::now);
+        }
+        self.wake.notify_one();
+    }
+
+    /// Writes what is pending, until the store fails (the rest stays
+    /// queued). Returns whether everything was written.
+    async fn write_pending(&self) -> bool {
+        let (batch, oldest) = {
+            let mut m = lock(&self.mirror);
+            (std::mem::take(&mut m.pending), m.oldest.take())
+        };
+        let mut failed: Option<StoreError> = None;
+        let mut left = Vec::new();
+        for (key, p) in batch {
+            if failed.is_some() {
+                left.push((key, p));
+                continue;
+            }
+            let known = lock(&self.mirror).owned.get(&key).copied().flatten();
+            let r = match &p {
+                Pending::Write(rec) => {
+                    let mut rec = (**rec).clone();
+                    rec.version = known.map_or(1, |v| v.wrapping_add(1));
+                    takeover::write_owned(&*self.store, &key, &rec, known)
+                        .await
+                        .map(Some)
+                }
+                Pending::Delete => match known {
+                    Some(rev) => match takeover::delete_owned(&*self.store, &key, rev).await {
+                        Ok(()) => self
+                            .store
+                            .delete(Bucket::Subscriptions, &key, None)
+                            .await
+                            .map(|()| None)
+                            .map_err(ClaimError::from),
+                        Err(e) => Err(e),
+                    },
+                    None => Ok(None),
+                },
+            };
+            match (r, &p) {
+                (Ok(Some(rev)), _) => {
+                    self.metrics.records_written.fetch_add(1, Ordering::Relaxed);
+                    lock(&self.mirror).owned.insert(key, Some(rev));
+                }
+                (Ok(None), _) => {
+                    lock(&self.mirror).owned.remove(&key);
+                }
+                (Err(ClaimError::Lost), Pending::Write(rec)) => {
+                    match takeover::read(&*self.store, &key).await {
+                        // A janitor adopted it while this node still serves
+                        // it (it thought this node dead): take it back.
+                        Ok(Some((now, rev))) if now.server_nonce == rec.server_nonce => {
+                            let mut m = lock(&self.mirror);
+                            m.owned.insert(key.clone(), Some(rev));
+                            m.pending.entry(key).or_insert(p);
+                            m.oldest.get_or_insert_with(Instant::now);
+                            drop(m);
+                            self.metrics
+                                .sessions_reclaimed
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(ClaimError::Store(e)) => {
+                            self.store_failed(&e);
+                            failed = Some(e);
+                            left.push((key, p));
+                        }
+                        // A client claimed it on another node: let it go,
+                        // do not fight.
+                        _ => {
+                            self.forget(&key);
+                            self.metrics.sessions_lost.fetch_add(1, Ordering::Relaxed);
+                            tracing::info!(node = %self.me, session = %rec.session_id, "session taken over by another node; released");
+                            (self.evict)(&rec.token);
+                        }
+                    }
+                }
+                (Err(ClaimError::Lost), Pending::Delete) => {
+                    lock(&self.mirror).owned.remove(&key);
+                }
+                (Err(ClaimError::Store(e)), _) => {
+                    self.store_failed(&e);
+                    failed = Some(e);
+                    left.push((key, p));
+                }
+                (Err(e), _) => {
+                    tracing::warn!(node = %self.me, error = %e, "cluster write failed");
+                    self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        if let Some(t) = oldest {
+            let lag = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.metrics.mirror_lag_us.store(lag, Ordering::Relaxed);
+        }
+        if left.is_empty() {
+            return true;
+        }
+        let mut m = lock(&self.mirror);
+        for (key, p) in left {
+            // A newer transition queued meanwhile wins.
+            m.pending.entry(key).or_insert(p);
+        }
+        m.oldest.get_or_insert(oldest.unwrap_or_else(Instant::now));
+        false
+    }
+
+    /// Writes this node's heartbeat (beat `beat`).
+    async fn beat(&self, beat: u64) -> Result<(), StoreError> {
+        let rec = NodeRecord {
+            node_id: self.me.clone(),
+            beat,
+            degraded: self.degraded(),
+        };
+        self.store
+            .put(Bucket::Nodes, &self.me, rec.encode())
+            .await
+            .map(|_| ())
+    }
+
+    /// Notes a heartbeat record seen in the store.
+    fn heartbeat_seen(&self, key: &str, value: Option<&[u8]>, now: Instant) {
+        let mut leases = lock(&self.leases);
+        match value.map(NodeRecord::decode) {
+            Some(Ok(r)) => leases.observe(&r.node_id, r.beat, now),
+            Some(Err(e)) => {
+                tracing::warn!(key, error = %e, "undecodable heartbeat record ignored");
+            }
+            None => leases.forget(key, now),
+        }
+    }
+
+    /// Notes a session record seen in the store: a session of this node
+    /// now owned by another is let go.
+    fn session_seen(&self, key: &str, value: Option<&[u8]>, revision: u64) {
+        let Some(value) = value else {
+            return;
+        };
+        let rec = match SessionRecord::decode(value) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(key, error = %e, "undecodable session record ignored");
+                return;
+            }
+        };
+        if rec.owner == self.me {
+            return;
+        }
+        lock(&self.orphans).remove(key);
+        let mine = {
+            let mut m = lock(&self.mirror);
+            let mine = m
+                .owned
+                .get(key)
+                .is_some_and(|known| known.is_none_or(|k| k < revision));
+            if !mine || m.claiming.contains_key(key) {
+                false
+            } else if m.nonces.get(key) == Some(&rec.server_nonce) {
+                // Adopted by a janitor, not claimed by the client: this
+                // node still serves it and writes it back.
+                m.owned.insert(key.to_owned(), Some(revision));
+                if let Some(last) = m.records.get(key).cloned() {
+                    m.pending
+                        .entry(key.to_owned())
+                        .or_insert(Pending::Write(last));
+                    m.oldest.get_or_insert_with(Instant::now);
+                }
+                drop(m);
+                self.metrics
+                    .sessions_reclaimed
+                    .fetch_add(1, Ordering::Relaxed);
+                self.wake.notify_one();
+                false
+            } else {
+                m.owned.remove(key);
+                m.pending.remove(key);
+                m.nonces.remove(key);
+                m.records.remove(key);
+                true
+            }
+        };
+        if mine {
+            self.metrics.sessions_lost.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(node = %self.me, session = %rec.session_id, owner = %rec.owner, "session moved to another node; released");
+            (self.evict)(&rec.token);
+        }
+    }
+
+    /// The session record under `key`, if the store has one.
+    pub async fn read_session(&self, key: &str) -> Result<Option<SessionRecord>, ClaimError> {
+        let r = takeover::read(&*self.store, key).await;
+        if let Err(ClaimError::Store(e)) = &r {
+            self.store_failed(e);
+        }
+        Ok(r?.map(|(rec, _)| rec))
+    }
+
+    /// Forgets a session this node no longer serves.
+    fn forget(&self, key: &str) {
+        let mut m = lock(&self.mirror);
+        m.owned.remove(key);
+        m.nonces.remove(key);
+        m.records.remove(key);
+    }
+
+    /// Marks `key` as being claimed: its transitions are not queued until
+    /// [`ClusterNode::end_claim`].
+    pub fn begin_claim(&self, key: &str) {
+        lock(&self.mirror).claiming.insert(key.to_owned(), ());
+    }
+
+    /// Ends a claim: `revision` is the claimed record's (this node owns
+    /// it now), `None` when the claim failed.
+    pub fn end_claim(&self, key: &str, claimed: Option<&Claimed>, session_id: &NodeId) {
+        let mut m = lock(&self.mirror);
+        m.claiming.remove(key);
+        if let Some(c) = claimed {
+            m.owned.insert(key.to_owned(), Some(c.revision));
+            m.keys.insert(session_id.clone(), key.to_owned());
+            m.nonces.insert(key.to_owned(), c.record.server_nonce);
+            m.records.insert(key.to_owned(), Box::new(c.record.clone()));
+        }
+    }
+
+    /// Claims the session under `key` for this node, for a client whose
+    /// ActivateSession was signed over `expected_nonce` and that now has
+    /// the state of `session` (with its next nonce).
+    pub async fn claim(
+        &self,
+        key: &str,
+        expected_nonce: &[u8; 32],
+        token: &NodeId,
+        session: &Session,
+    ) -> Result<Claimed, ClaimError> {
+        let me = self.me.clone();
+        let r = takeover::claim(
+            &*self.store,
+            &self.me,
+            key,
+            expected_nonce,
+            session.server_nonce,
+            |rec| {
+                let version = rec.version;
+                *rec = record_of(&me, token, session);
+                rec.version = version;
+            },
+        )
+        .await;
+        match &r {
+            Ok(c) => {
+                self.metrics.takeovers.fetch_add(1, Ordering::Relaxed);
+                lock(&self.orphans).remove(key);
+                tracing::info!(node = %self.me, session = %c.record.session_id, from = %c.previous_owner, "session taken over");
+            }
+            Err(e) => {
+                self.metrics
+                    .takeovers_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                if let ClaimError::Store(se) = e {
+                    self.store_failed(se);
+                }
+            }
+        }
+        r
+    }
+
+    /// One sweep: adopts the sessions of nodes whose lease ran out, and
+    /// deletes adopted sessions whose timeout passed with no client back.
+    async fn sweep(&self, now: Instant) -> Result<(), StoreError> {
+        let leases = lock(&self.leases).clone();
+        let (adopted, bad) = takeover::adopt_orphans(&*self.store, &self.me, &leases, now).await?;
+        for (key, e) in bad {
+            tracing::warn!(key, error = %e, "undecodable session record left in the store");
+        }
+        {
+            let mut orphans = lock(&self.orphans);
+            for a in adopted {
+                self.metrics
+                    .sessions_adopted
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(node = %self.me, session = %a.record.session_id, "session of a dead node adopted");
+                orphans.insert(a.key, (now + a.record.timeout, a.revision));
+            }
+        }
+        let due: Vec<(String, u64)> = lock(&self.orphans)
+            .iter()
+            .filter(|(_, (deadline, _))| *deadline <= now)
+            .map(|(k, (_, rev))| (k.clone(), *rev))
+            .collect();
+        for (key, rev) in due {
+            match takeover::delete_owned(&*self.store, &key, rev).await {
+                Ok(()) | Err(ClaimError::Lost) => {
+                    lock(&self.orphans).remove(&key);
+                }
+                Err(ClaimError::Store(e)) => return Err(e),
+                Err(_) => {
+                    lock(&self.orphans).remove(&key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the node until dropped: the writer, the heartbeat and sweep
+    /// timer, and the watches. Store errors make the node degraded, never
+    /// stop it.
+    pub async fn run(self: Arc<Self>) {
+        let writer = {
+            let node = Arc::clone(&self);
+            async move {
+                loop {
+                    let all = node.write_pending().await
+                        && node.write_subscriptions().await
+                        && node.write_values().await;
+                    if all {
+                        node.wake.notified().await;
+                    } else {
+                        tokio::time::sleep(RETRY).await;
+                    }
+                }
+            }
+        };
+        let beater = {
+            let node = Arc::clone(&self);
+            async move {
+                let mut beat = 0u64;
+                let mut tick = tokio::time::interval(node.settings.heartbeat);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut last_sweep = Instant::now();
+                loop {
+                    tick.tick().await;
+                    beat = beat.wrapping_add(1);
+                    match node.beat(beat).await {
+                        Ok(()) => {
+                            if node.pending_writes() == 0 {
+                                node.set_degraded(false, None);
+                            } else {
+                                node.wake.notify_one();
+                            }
+                        }
+                        Err(e) => node.store_failed(&e),
+                    }
+                    if last_sweep.elapsed() >= node.settings.lease / 2 {
+                        last_sweep = Instant::now();
+                        if let Err(e) = node.sweep(last_sweep).await {
+                            node.store_failed(&e);
+                        }
+                        if let Err(e) = node.sync_trust().await {
+                            node.store_failed(&e);
+                        }
+                    }
+                }
+            }
+        };
+        let watcher = {
+            let node = Arc::clone(&self);
+            async move {
+                loop {
+                    node.watch_until_closed().await;
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        };
+        tokio::join!(writer, beater, watcher);
+    }
+
+    /// Watches both buckets until a watch ends or fails.
+    async fn watch_until_closed(&self) {
+        let (nodes, sessions, values, trust) = match (
+            self.store.watch(Bucket::Nodes).await,
+            self.store.watch(Bucket::Sessions).await,
+            self.store.watch(Bucket::Values).await,
+            self.store.watch(Bucket::Trust).await,
+        ) {
+            (Ok(n), Ok(s), Ok(v), Ok(t)) => (n, s, v, t),
+            (Err(e), _, _, _) | (_, Err(e), _, _) | (_, _, Err(e), _) | (_, _, _, Err(e)) => {
+                self.store_failed(&e);
+                return;
+            }
+        };
+        let (mut nodes, mut sessions, mut values, mut trust) = (nodes, sessions, values, trust);
+        loop {
+            tokio::select! {
+                c = nodes.recv() => match c {
+                    Some(c) => self.heartbeat_seen(&c.key, c.value.as_deref(), Instant::now()),
+                    None => return,
+                },
+                c = sessions.recv() => match c {
+                    Some(c) => self.session_seen(&c.key, c.value.as_deref(), c.revision),
+                    None => return,
+                },
+                c = values.recv() => match c {
+                    Some(c) => self.value_seen(&c.key, c.value.as_deref()),
+                    None => return,
+                },
+                c = trust.recv() => match c {
+                    Some(c) => self.trust_seen(&c.key, c.value.as_deref()),
+                    None => return,
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::memory::MemoryStore;
+    use crate::cluster::record::tests::sample;
+    use crate::cluster::testing::now;
+
+    fn node(store: &Arc<MemoryStore>, me: &str) -> (Arc<ClusterNode>, Arc<Mutex<Vec<NodeId>>>) {
+        let evicted = Arc::new(Mutex::new(Vec::new()));
+        let e = Arc::clone(&evicted);
+        let n = ClusterNode::new(
+            Arc::clone(store) as Arc<dyn Store>,
+            me.to_owned(),
+            ClusterSection::default(),
+            Box::new(move |t| lock(&e).push(t.clone())),
+        );
+        (n, evicted)
+    }
+
+    fn session() -> (NodeId, Session) {
+        let r = sample("x", 4);
+        (r.token.clone(), session_of(&r, Instant::now()))
+    }
+
+    #[test]
+    fn transitions_are_coalesced_and_written() {
+        let store = Arc::new(MemoryStore::new());
+        let (a, _) = node(&store, "a");
+        let (token, mut s) = session();
+        let key = session_key(&token).unwrap();
+        let ev = SessionEvent::Created {
+            session_id: s.session_id.clone(),
+            channel_id: 1,
+        };
+        a.heard(&ev, &token, Some(&s));
+        s.locale_ids = vec!["de".into()];
+        a.heard(&ev, &token, Some(&s));
+        assert_eq!(a.pending_writes(), 1, "one write per session");
+        assert!(now(a.write_pending()));
+        let (rec, _) = now(takeover::read(&*store, &key)).unwrap().unwrap();
+        assert_eq!((rec.owner.as_str(), rec.version), ("a", 1));
+        assert_eq!(rec.locale_ids, vec![uascale_types::UaString::from("de")]);
+        a.heard(&ev, &token, None);
+        assert!(now(a.write_pending()));
+        assert_eq!(now(takeover::read(&*store, &key)).unwrap(), None);
+    }
+
+    #[test]
+    fn an_unreachable_store_degrades_and_the_writes_wait() {
+        let store = Arc::new(MemoryStore::new());
+        let (a, _) = node(&store, "a");
+        let (token, s) = session();
+        let ev = SessionEvent::Created {
+            session_id: s.session_id.clone(),
+            channel_id: 1,
+        };
+        store.set_unreachable(true);
+        a.heard(&ev, &token, Some(&s));
+        assert!(!now(a.write_pending()));
+        assert!(a.degraded());
+        assert_eq!(a.pending_writes(), 1, "kept for later");
+        store.set_unreachable(false);
+        assert!(now(a.write_pending()));
+        assert_eq!(a.pending_writes(), 0);
+        assert!(now(takeover::read(&*store, &session_key(&token).unwrap()))
+            .unwrap()
+            .is_some());
+    }
+
+    #[test]
+    fn a_live_owner_takes_back_what_a_janitor_adopted() {
+        let store = Arc::new(MemoryStore::new());
+        let (a, evicted_a) = node(&store, "a");
+        let (token, mut s) = session();
+        let key = session_key(&token).unwrap();
+        let ev = SessionEvent::Created {
+            session_id: s.session_id.clone(),
+            channel_id: 1,
+        };
+        a.heard(&ev, &token, Some(&s));
+        assert!(now(a.write_pending()));
+        // c thought a dead (a slow heartbeat) and adopted its session.
+        let t0 = Instant::now();
+        let leases = Leases::new(Duration::from_millis(10), t0);
+        let (adopted, _) = now(takeover::adopt_orphans(
+            &*store,
+            "c",
+            &leases,
+            t0 + Duration::from_secs(1),
+        ))
+        .unwrap();
+        assert_eq!(adopted.len(), 1);
+        // a still serves it: its next write conflicts, sees the same nonce
+        // (no client came) and writes it back instead of letting it go.
+        s.locale_ids = vec!["it".into()];
+        a.heard(&ev, &token, Some(&s));
+        assert!(now(a.write_pending()));
+        assert!(now(a.write_pending()));
+        assert!(lock(&evicted_a).is_empty(), "nothing evicted");
+        let (rec, _) = now(takeover::read(&*store, &key)).unwrap().unwrap();
+        assert_eq!(rec.owner, "a");
+        assert_eq!(a.metrics.sessions_reclaimed.load(Ordering::Relaxed), 1);
+        // The same through the watch: an adoption seen is written back.
+        let (_, rev) = now(takeover::adopt_orphans(
+            &*store,
+            "c",
+            &leases,
+            t0 + Duration::from_secs(2),
+        ))
+        .map(|(mut v, _)| {
+            let a = v.remove(0);
+            (a.record, a.revision)
+        })
+        .unwrap();
+        let adopted = now(takeover::read(&*store, &key)).unwrap().unwrap().0;
+        a.session_seen(&key, Some(&adopted.encode()), rev);
+        assert!(lock(&evicted_a).is_empty());
+        assert!(now(a.write_pending()));
+        assert_eq!(
+            now(takeover::read(&*store, &key)).unwrap().unwrap().0.owner,
+            "a"
+        );
+    }
+
+    #[test]
+    fn trusted_certificates_follow_the_cluster() {
+        let store = Arc::new(MemoryStore::new());
+        let (a, _) = node(&store, "a");
+        let (b, _) = node(&store, "b");
+        let root = std::env::temp_dir().join(format!("uascale-trust-{}", std::process::id()));
+        let (pa, pb) = (root.join("a"), root.join("b"));
+        std::fs::create_dir_all(pa.join("trusted/certs")).unwrap();
+        a.set_trust_dir(&pa);
+        b.set_trust_dir(&pb);
+        let mut feed = now(store.watch(Bucket::Trust)).unwrap();
+        std::fs::write(pa.join("trusted/certs/client.der"), b"\x30\x82cert").unwrap();
+        now(a.sync_trust()).unwrap();
+        now(a.sync_trust()).unwrap(); // nothing new: nothing written again
+        let c = feed.try_recv().expect("published");
+        assert!(feed.try_recv().is_err(), "published once");
+        b.trust_seen(&c.key, c.value.as_deref());
+        assert_eq!(
+            std::fs::read(pb.join("trusted/certs/client.der")).unwrap(),
+            b"\x30\x82cert"
+        );
+        // Removed on a: removed on b.
+        std::fs::remove_file(pa.join("trusted/certs/client.der")).unwrap();
+        now(a.sync_trust()).unwrap();
+        let c = feed.try_recv().expect("deleted");
+        assert_eq!(c.value, None);
+        b.trust_seen(&c.key, None);
+        assert!(!pb.join("trusted/certs/client.der").exists());
+        // A record naming a path outside the directory is refused.
+        let evil = TrustRecord {
+            owner: "x".into(),
+            file_name: "ok.der".into(),
+            bytes: vec![1],
+        }
+        .encode()
+        .iter()
+        .map(|b| if *b == b'o' { b'/' } else { *b })
+        .collect::<Vec<u8>>();
+        b.trust_seen("t.x", Some(&evil));
+        assert!(!pb.join("trusted/certs/ok.der").exists());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_node_whose_session_was_claimed_lets_it_go() {
+        let store = Arc::new(MemoryStore::new());
+        let (a, evicted_a) = node(&store, "a");
+        let (b, _) = node(&store, "b");
+        let (token, mut s) = session();
+        let key = session_key(&token).unwrap();
+        let ev = SessionEvent::Created {
+            session_id: s.session_id.clone(),
+            channel_id: 1,
+        };
+        a.heard(&ev, &token, Some(&s));
+        assert!(now(a.write_pending()));
+        // b claims it for the client, with the nonce a issued.
+        let nonce = s.server_nonce;
+        let mut next = s.clone();
+        next.server_nonce = [0xee; 32];
+        b.begin_claim(&key);
+        let c = now(b.claim(&key, &nonce, &token, &next)).unwrap();
+        b.end_claim(&key, Some(&c), &s.session_id);
+        assert_eq!(c.previous_owner, "a");
+        // a, not having heard yet, writes what it has: it loses and evicts.
+        s.locale_ids = vec!["fr".into()];
+        a.heard(&ev, &token, Some(&s));
+        assert!(now(a.write_pending()));
+        assert_eq!(*lock(&evicted_a), vec![token.clone()]);
+        assert_eq!(a.metrics.sessions_lost.load(Ordering::Relaxed), 1);
+        let (rec, _) = now(takeover::read(&*store, &key)).unwrap().unwrap();
+        assert_eq!(rec.owner, "b");
+        assert_eq!(rec.server_nonce, [0xee; 32]);
+        // The watch path: b's later write seen by a changes nothing more.
+        a.session_seen(&key, Some(&rec.encode()), c.revision + 1);
+        assert_eq!(lock(&evicted_a).len(), 1);
+    }
+}

@@ -1,0 +1,769 @@
+//! The records a node writes to the store, in the OPC UA binary encoding
+//! (the codec the server already trusts for bounded decoding): a tag, a
+//! format number, the owner and the record's version, then the fields.
+//! A record the store hands back is decoded with small limits, and
+//! anything wrong in it is a [`RecordError`], never a panic.
+
+use std::time::Duration;
+
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_types::{
+    BinaryDecode, BinaryEncode, ByteString, DateTime, DecodeError, DecodeLimits,
+    MessageSecurityMode, NodeId, Reader, UaString,
+};
+
+use crate::identity::UserIdentity;
+use crate::subscription::{ItemImage, SubscriptionImage};
+
+/// The first bytes of a session record.
+const SESSION_TAG: &[u8; 4] = b"UASs";
+/// The first bytes of a node (heartbeat) record.
+const NODE_TAG: &[u8; 4] = b"UASn";
+/// The record layout this code writes and reads.
+const FORMAT: u8 = 1;
+
+/// Why a record from the store was refused.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// It does not start with the tag of the expected record kind.
+    WrongKind,
+    /// A layout this version does not read.
+    Format(u8),
+    /// Its fields did not decode.
+    Decode(String),
+    /// A field decoded to a value that cannot be (named).
+    Field(&'static str),
+}
+
+impl std::fmt::Display for RecordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordError::WrongKind => f.write_str("not a record of the expected kind"),
+            RecordError::Format(v) => write!(f, "record format {v} is not known"),
+            RecordError::Decode(e) => write!(f, "record does not decode: {e}"),
+            RecordError::Field(name) => write!(f, "record field {name} is invalid"),
+        }
+    }
+}
+
+impl std::error::Error for RecordError {}
+
+impl From<DecodeError> for RecordError {
+    fn from(e: DecodeError) -> Self {
+        RecordError::Decode(e.to_string())
+    }
+}
+
+fn limits() -> DecodeLimits {
+    DecodeLimits {
+        max_string_length: 4096,
+        max_byte_string_length: 16 * 1024,
+        max_array_length: 256,
+        max_message_size: super::store::MAX_RECORD_BYTES,
+        ..DecodeLimits::default()
+    }
+}
+
+fn header(w: &mut Vec<u8>, tag: &[u8; 4], owner: &str, version: u64) {
+    w.extend_from_slice(tag);
+    w.push(FORMAT);
+    UaString::from(owner).encode(w);
+    version.encode(w);
+}
+
+fn read_header(r: &mut Reader<'_>, tag: &[u8; 4]) -> Result<(String, u64), RecordError> {
+    if r.take(4).map_err(|_| RecordError::WrongKind)? != tag {
+        return Err(RecordError::WrongKind);
+    }
+    let format = u8::decode(r)?;
+    if format != FORMAT {
+        return Err(RecordError::Format(format));
+    }
+    let owner = UaString::decode(r)?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .ok_or(RecordError::Field("owner"))?
+        .to_owned();
+    Ok((owner, u64::decode(r)?))
+}
+
+fn fixed<const N: usize>(b: &ByteString, name: &'static str) -> Result<[u8; N], RecordError> {
+    b.as_bytes()
+        .and_then(|b| <[u8; N]>::try_from(b).ok())
+        .ok_or(RecordError::Field(name))
+}
+
+/// A session as the cluster mirrors it: what another node needs to take
+/// it over when its client comes back (the authentication token and the
+/// current server nonce, the client certificate's thumbprint, the user,
+/// the channel's policy and mode, the endpoint, the timeout, the locales).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    /// The node that serves the session now.
+    pub owner: String,
+    /// Bumped by every write of the record.
+    pub version: u64,
+    /// The public SessionId.
+    pub session_id: NodeId,
+    /// The authentication token (the record's key is made from it).
+    pub token: NodeId,
+    /// The nonce the next ActivateSession must be signed over; consumed
+    /// once, cluster-wide, by the compare-and-set that claims the session.
+    pub server_nonce: [u8; 32],
+    /// The thumbprint of the client certificate that created the session
+    /// (None on SecurityPolicy None): only a channel with that
+    /// certificate may take the session over.
+    pub client_thumbprint: Option<[u8; 20]>,
+    /// The client's ApplicationUri.
+    pub client_uri: UaString,
+    /// The client's session name.
+    pub name: UaString,
+    /// Who the session acts for.
+    pub user: UserIdentity,
+    /// The security policy of the channel it was last activated on.
+    pub security_policy: SecurityPolicy,
+    /// The security mode of that channel.
+    pub security_mode: MessageSecurityMode,
+    /// The EndpointUrl the client gave in CreateSession.
+    pub endpoint_url: UaString,
+    /// The revised session timeout.
+    pub timeout: Duration,
+    /// Locale ids from ActivateSession.
+    pub locale_ids: Vec<UaString>,
+    /// When CreateSession made it.
+    pub created: DateTime,
+    /// True once activated.
+    pub activated: bool,
+}
+
+impl SessionRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(256);
+        header(&mut w, SESSION_TAG, &self.owner, self.version);
+        self.session_id.encode(&mut w);
+        self.token.encode(&mut w);
+        ByteString::new(self.server_nonce.to_vec()).encode(&mut w);
+        self.client_thumbprint
+            .map_or_else(ByteString::null, |t| ByteString::new(t.to_vec()))
+            .encode(&mut w);
+        self.client_uri.encode(&mut w);
+        self.name.encode(&mut w);
+        match &self.user {
+            UserIdentity::Anonymous => 0u8.encode(&mut w),
+            UserIdentity::UserName(n) => {
+                1u8.encode(&mut w);
+                UaString::from(n.as_str()).encode(&mut w);
+            }
+            UserIdentity::X509 {
+                subject,
+                thumbprint,
+            } => {
+                2u8.encode(&mut w);
+                UaString::from(subject.as_str()).encode(&mut w);
+                ByteString::new(thumbprint.to_vec()).encode(&mut w);
+            }
+        }
+        UaString::from(self.security_policy.uri()).encode(&mut w);
+        self.security_mode.encode(&mut w);
+        self.endpoint_url.encode(&mut w);
+        u64::try_from(self.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .encode(&mut w);
+        Some(self.locale_ids.clone()).encode(&mut w);
+        self.created.encode(&mut w);
+        self.activated.encode(&mut w);
+        w
+    }
+
+    /// Decodes a record read from the store.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = limits();
+        let mut r = Reader::new(bytes, &limits)?;
+        let (owner, version) = read_header(&mut r, SESSION_TAG)?;
+        let session_id = NodeId::decode(&mut r)?;
+        let token = NodeId::decode(&mut r)?;
+        let server_nonce = fixed::<32>(&ByteString::decode(&mut r)?, "server_nonce")?;
+        let thumb = ByteString::decode(&mut r)?;
+        let client_thumbprint = match thumb.as_bytes() {
+            None => None,
+            Some(_) => Some(fixed::<20>(&thumb, "client_thumbprint")?),
+        };
+        let client_uri = UaString::decode(&mut r)?;
+        let name = UaString::decode(&mut r)?;
+        let text = |s: UaString| s.as_str().map(str::to_owned);
+        let user = match u8::decode(&mut r)? {
+            0 => UserIdentity::Anonymous,
+            1 => UserIdentity::UserName(
+                text(UaString::decode(&mut r)?).ok_or(RecordError::Field("user"))?,
+            ),
+            2 => UserIdentity::X509 {
+                subject: text(UaString::decode(&mut r)?).ok_or(RecordError::Field("user"))?,
+                thumbprint: fixed::<20>(&ByteString::decode(&mut r)?, "user")?,
+            },
+            _ => return Err(RecordError::Field("user")),
+        };
+        let security_policy = UaString::decode(&mut r)?
+            .as_str()
+            .and_then(SecurityPolicy::from_uri)
+            .ok_or(RecordError::Field("security_policy"))?;
+        let security_mode = MessageSecurityMode::decode(&mut r)?;
+        let endpoint_url = UaString::decode(&mut r)?;
+        let timeout = Duration::from_millis(u64::decode(&mut r)?);
+        let locale_ids = Option::<Vec<UaString>>::decode(&mut r)?.unwrap_or_default();
+        let created = DateTime::decode(&mut r)?;
+        let activated = bool::decode(&mut r)?;
+        r.finish()?;
+        Ok(SessionRecord {
+            owner,
+            version,
+            session_id,
+            token,
+            server_nonce,
+            client_thumbprint,
+            client_uri,
+            name,
+            user,
+            security_policy,
+            security_mode,
+            endpoint_url,
+            timeout,
+            locale_ids,
+            created,
+            activated,
+        })
+    }
+}
+
+/// The first bytes of a subscriptions record.
+const SUBSCRIPTIONS_TAG: &[u8; 4] = b"UASu";
+
+/// The subscriptions of one session as the cluster mirrors them (written
+/// by the session's owner after each Publish answer, coalesced), kept
+/// under the session's key in their own bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriptionsRecord {
+    /// The node that wrote it.
+    pub owner: String,
+    /// Bumped by every write.
+    pub version: u64,
+    /// The session they belong to.
+    pub session_id: NodeId,
+    /// Its subscriptions.
+    pub subscriptions: Vec<SubscriptionImage>,
+}
+
+fn encode_image(w: &mut Vec<u8>, s: &SubscriptionImage) {
+    s.id.encode(w);
+    u64::try_from(s.interval.as_micros())
+        .unwrap_or(u64::MAX)
+        .encode(w);
+    s.lifetime_count.encode(w);
+    s.keep_alive_count.encode(w);
+    s.max_notifications.encode(w);
+    s.priority.encode(w);
+    s.enabled.encode(w);
+    s.next_seq.encode(w);
+    Some(s.retransmission.clone()).encode(w);
+    s.next_item_id.encode(w);
+    u32::try_from(s.items.len()).unwrap_or(u32::MAX).encode(w);
+    for i in &s.items {
+        i.id.encode(w);
+        i.client_handle.encode(w);
+        i.target.node_id.encode(w);
+        i.target.attribute_id.encode(w);
+        i.target.index_range.encode(w);
+        i.mode.encode(w);
+        u64::try_from(i.sampling_interval.as_micros())
+            .unwrap_or(u64::MAX)
+            .encode(w);
+        i.sampled.encode(w);
+        i.queue_size.encode(w);
+        i.discard_oldest.encode(w);
+        i.timestamps.encode(w);
+        i.trigger.encode(w);
+        i.deadband.encode(w);
+    }
+}
+
+/// The most subscriptions, and items per subscription, a record may hold.
+const MAX_IMAGES: u32 = 10_000;
+
+fn decode_image(r: &mut Reader<'_>) -> Result<SubscriptionImage, RecordError> {
+    let id = u32::decode(r)?;
+    let interval = Duration::from_micros(u64::decode(r)?);
+    let lifetime_count = u32::decode(r)?;
+    let keep_alive_count = u32::decode(r)?;
+    let max_notifications = u32::decode(r)?;
+    let priority = u8::decode(r)?;
+    let enabled = bool::decode(r)?;
+    let next_seq = u32::decode(r)?;
+    let retransmission =
+        Option::<Vec<uascale_types::NotificationMessage>>::decode(r)?.unwrap_or_default();
+    let next_item_id = u32::decode(r)?;
+    let n = u32::decode(r)?;
+    // Each item takes at least 40 bytes: a count larger than what is left
+    // is a bad record, not an allocation.
+    if n > MAX_IMAGES || n as usize > r.remaining() / 40 {
+        return Err(RecordError::Field("items"));
+    }
+    let mut items = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        items.push(ItemImage {
+            id: u32::decode(r)?,
+            client_handle: u32::decode(r)?,
+            target: crate::subscription::item::ItemTarget {
+                node_id: NodeId::decode(r)?,
+                attribute_id: u32::decode(r)?,
+                index_range: UaString::decode(r)?,
+            },
+            mode: uascale_types::MonitoringMode::decode(r)?,
+            sampling_interval: Duration::from_micros(u64::decode(r)?),
+            sampled: bool::decode(r)?,
+            queue_size: u32::decode(r)?,
+            discard_oldest: bool::decode(r)?,
+            timestamps: uascale_types::TimestampsToReturn::decode(r)?,
+            trigger: uascale_types::DataChangeTrigger::decode(r)?,
+            deadband: f64::decode(r)?,
+        });
+    }
+    if interval.is_zero() {
+        return Err(RecordError::Field("interval"));
+    }
+    Ok(SubscriptionImage {
+        id,
+        interval,
+        lifetime_count,
+        keep_alive_count,
+        max_notifications,
+        priority,
+        enabled,
+        next_seq,
+        retransmission,
+        next_item_id,
+        items,
+    })
+}
+
+impl SubscriptionsRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(256);
+        header(&mut w, SUBSCRIPTIONS_TAG, &self.owner, self.version);
+        self.session_id.encode(&mut w);
+        u32::try_from(self.subscriptions.len())
+            .unwrap_or(u32::MAX)
+            .encode(&mut w);
+        for s in &self.subscriptions {
+            encode_image(&mut w, s);
+        }
+        w
+    }
+
+    /// Decodes a record read from the store.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = DecodeLimits {
+            // A retransmission queue holds whole messages.
+            max_byte_string_length: super::store::MAX_RECORD_BYTES,
+            max_array_length: 100_000,
+            ..limits()
+        };
+        let mut r = Reader::new(bytes, &limits)?;
+        let (owner, version) = read_header(&mut r, SUBSCRIPTIONS_TAG)?;
+        let session_id = NodeId::decode(&mut r)?;
+        let n = u32::decode(&mut r)?;
+        if n > MAX_IMAGES || n as usize > r.remaining() / 40 {
+            return Err(RecordError::Field("subscriptions"));
+        }
+        let mut subscriptions = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            subscriptions.push(decode_image(&mut r)?);
+        }
+        r.finish()?;
+        Ok(SubscriptionsRecord {
+            owner,
+            version,
+            session_id,
+            subscriptions,
+        })
+    }
+}
+
+/// The first bytes of a value record.
+const VALUE_TAG: &[u8; 4] = b"UASv";
+
+/// A variable's value as the cluster mirrors it: the node that wrote it
+/// (the one writer of the value), the variable and the value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValueRecord {
+    /// The node that wrote it.
+    pub owner: String,
+    /// The variable.
+    pub node_id: NodeId,
+    /// Its value.
+    pub value: uascale_types::Variant,
+}
+
+impl ValueRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(64);
+        header(&mut w, VALUE_TAG, &self.owner, 0);
+        self.node_id.encode(&mut w);
+        self.value.encode(&mut w);
+        w
+    }
+
+    /// Decodes a record read from the store.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = DecodeLimits {
+            max_byte_string_length: super::store::MAX_RECORD_BYTES,
+            max_string_length: super::store::MAX_RECORD_BYTES,
+            max_array_length: 100_000,
+            ..limits()
+        };
+        let mut r = Reader::new(bytes, &limits)?;
+        let (owner, _) = read_header(&mut r, VALUE_TAG)?;
+        let node_id = NodeId::decode(&mut r)?;
+        let value = uascale_types::Variant::decode(&mut r)?;
+        r.finish()?;
+        Ok(ValueRecord {
+            owner,
+            node_id,
+            value,
+        })
+    }
+}
+
+/// The store key of variable `node`: `v.` and the hex of its binary
+/// encoding (any NodeId, within the store's key length).
+pub fn value_key(node: &NodeId) -> Option<String> {
+    let mut b = Vec::new();
+    node.encode(&mut b);
+    if b.len() > 120 {
+        return None;
+    }
+    let mut key = String::with_capacity(2 + 2 * b.len());
+    key.push_str("v.");
+    for byte in b {
+        key.push_str(&format!("{byte:02x}"));
+    }
+    Some(key)
+}
+
+/// The first bytes of a trusted-certificate record.
+const TRUST_TAG: &[u8; 4] = b"UASt";
+
+/// A trusted certificate as the cluster mirrors it: the file's name in
+/// the PKI's `trusted/certs` and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustRecord {
+    /// The node that published it.
+    pub owner: String,
+    /// The file name (no directory part).
+    pub file_name: String,
+    /// The file's bytes (DER or PEM, as the PKI reads them).
+    pub bytes: Vec<u8>,
+}
+
+impl TrustRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(self.bytes.len() + 64);
+        header(&mut w, TRUST_TAG, &self.owner, 0);
+        UaString::from(self.file_name.as_str()).encode(&mut w);
+        ByteString::new(self.bytes.clone()).encode(&mut w);
+        w
+    }
+
+    /// Decodes a record read from the store; the file name must be a plain
+    /// name (no separator, not `.` or `..`), so a record cannot write
+    /// outside the directory.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = DecodeLimits {
+            max_byte_string_length: super::store::MAX_RECORD_BYTES,
+            ..limits()
+        };
+        let mut r = Reader::new(bytes, &limits)?;
+        let (owner, _) = read_header(&mut r, TRUST_TAG)?;
+        let file_name = UaString::decode(&mut r)?
+            .as_str()
+            .filter(|n| is_plain_file_name(n))
+            .ok_or(RecordError::Field("file_name"))?
+            .to_owned();
+        let bytes = ByteString::decode(&mut r)?.as_bytes_or_empty().to_vec();
+        r.finish()?;
+        Ok(TrustRecord {
+            owner,
+            file_name,
+            bytes,
+        })
+    }
+}
+
+/// A file name without any directory part.
+pub fn is_plain_file_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 100 && n != "." && n != ".." && !n.contains(['/', '\\', '\0'])
+}
+
+/// The store key of the trusted certificate file `file_name`: `t.` and
+/// the hex of the name.
+pub fn trust_key(file_name: &str) -> String {
+    let mut key = String::with_capacity(2 + 2 * file_name.len());
+    key.push_str("t.");
+    for byte in file_name.bytes() {
+        key.push_str(&format!("{byte:02x}"));
+    }
+    key
+}
+
+/// A node's heartbeat: the node id and a counter bumped by every beat.
+/// Liveness is judged on the reader's own clock (when the counter last
+/// changed), so the nodes' clocks need not agree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRecord {
+    /// The node.
+    pub node_id: String,
+    /// Bumped by every heartbeat.
+    pub beat: u64,
+    /// True while the node cannot write its mirror (it serves its own
+    /// sessions and catches up later).
+    pub degraded: bool,
+}
+
+impl NodeRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(32);
+        header(&mut w, NODE_TAG, &self.node_id, self.beat);
+        self.degraded.encode(&mut w);
+        w
+    }
+
+    /// Decodes a record read from the store.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = limits();
+        let mut r = Reader::new(bytes, &limits)?;
+        let (node_id, beat) = read_header(&mut r, NODE_TAG)?;
+        let degraded = bool::decode(&mut r)?;
+        r.finish()?;
+        Ok(NodeRecord {
+            node_id,
+            beat,
+            degraded,
+        })
+    }
+}
+
+/// The store key of the session whose authentication token is `token`:
+/// `s.` and the hex of the token's 32 bytes. `None` for a token this
+/// server does not issue (such a session cannot exist anywhere).
+pub fn session_key(token: &NodeId) -> Option<String> {
+    let uascale_types::Identifier::Opaque(b) = &token.identifier else {
+        return None;
+    };
+    let bytes = b
+        .as_bytes()
+        .filter(|b| b.len() == 32 && token.namespace == 0)?;
+    let mut key = String::with_capacity(2 + 64);
+    key.push_str("s.");
+    for byte in bytes {
+        key.push_str(&format!("{byte:02x}"));
+    }
+    Some(key)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A session record as a test makes it.
+    pub(crate) fn sample(owner: &str, token_byte: u8) -> SessionRecord {
+        SessionRecord {
+            owner: owner.to_owned(),
+            version: 1,
+            session_id: NodeId::guid(1, uascale_types::Guid::from_bytes([token_byte; 16])),
+            token: NodeId::opaque(0, vec![token_byte; 32]),
+            server_nonce: [token_byte; 32],
+            client_thumbprint: Some([7; 20]),
+            client_uri: UaString::from("urn:client"),
+            name: UaString::from("s"),
+            user: UserIdentity::X509 {
+                subject: "CN=u".into(),
+                thumbprint: [9; 20],
+            },
+            security_policy: SecurityPolicy::Basic256Sha256,
+            security_mode: MessageSecurityMode::SignAndEncrypt,
+            endpoint_url: UaString::from("opc.tcp://front:4840"),
+            timeout: Duration::from_secs(30),
+            locale_ids: vec![UaString::from("en")],
+            created: DateTime::from_ticks(5),
+            activated: true,
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let mut s = sample("n1", 3);
+        assert_eq!(SessionRecord::decode(&s.encode()).unwrap(), s);
+        s.client_thumbprint = None;
+        s.user = UserIdentity::UserName("bob".into());
+        s.security_policy = SecurityPolicy::None;
+        assert_eq!(SessionRecord::decode(&s.encode()).unwrap(), s);
+        s.user = UserIdentity::Anonymous;
+        assert_eq!(SessionRecord::decode(&s.encode()).unwrap(), s);
+        let n = NodeRecord {
+            node_id: "n2".into(),
+            beat: 9,
+            degraded: true,
+        };
+        assert_eq!(NodeRecord::decode(&n.encode()).unwrap(), n);
+    }
+
+    #[test]
+    fn bad_records_are_errors_not_panics() {
+        let good = sample("n1", 3).encode();
+        // Every truncation fails cleanly.
+        for len in 0..good.len() {
+            assert!(SessionRecord::decode(&good[..len]).is_err(), "{len}");
+        }
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert!(SessionRecord::decode(&trailing).is_err());
+        assert_eq!(
+            SessionRecord::decode(
+                &NodeRecord {
+                    node_id: "n".into(),
+                    beat: 1,
+                    degraded: false
+                }
+                .encode()
+            ),
+            Err(RecordError::WrongKind)
+        );
+        let mut format = good.clone();
+        format[4] = 99;
+        assert_eq!(SessionRecord::decode(&format), Err(RecordError::Format(99)));
+        // Bytes flipped one at a time never panic.
+        for i in 0..good.len() {
+            let mut b = good.clone();
+            b[i] ^= 0xa5;
+            let _ = SessionRecord::decode(&b);
+        }
+        let mut empty_owner = sample("", 3);
+        empty_owner.owner.clear();
+        assert_eq!(
+            SessionRecord::decode(&empty_owner.encode()),
+            Err(RecordError::Field("owner"))
+        );
+    }
+
+    fn subscriptions() -> SubscriptionsRecord {
+        SubscriptionsRecord {
+            owner: "n1".into(),
+            version: 3,
+            session_id: NodeId::numeric(1, 7),
+            subscriptions: vec![SubscriptionImage {
+                id: 0x0100_0005,
+                interval: Duration::from_millis(250),
+                lifetime_count: 60,
+                keep_alive_count: 10,
+                max_notifications: 0,
+                priority: 1,
+                enabled: true,
+                next_seq: 42,
+                retransmission: vec![uascale_types::NotificationMessage {
+                    sequence_number: 41,
+                    publish_time: DateTime::from_ticks(9),
+                    notification_data: Some(vec![]),
+                }],
+                next_item_id: 3,
+                items: vec![ItemImage {
+                    id: 2,
+                    client_handle: 77,
+                    target: crate::subscription::item::ItemTarget {
+                        node_id: NodeId::string(2, "Demo.Dynamic.Counter"),
+                        attribute_id: 13,
+                        index_range: UaString::null(),
+                    },
+                    mode: uascale_types::MonitoringMode::Reporting,
+                    sampling_interval: Duration::from_millis(100),
+                    sampled: false,
+                    queue_size: 1,
+                    discard_oldest: true,
+                    timestamps: uascale_types::TimestampsToReturn::Both,
+                    trigger: uascale_types::DataChangeTrigger::StatusValue,
+                    deadband: 0.5,
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn subscription_records_round_trip_and_bad_ones_fail() {
+        let r = subscriptions();
+        let bytes = r.encode();
+        assert_eq!(SubscriptionsRecord::decode(&bytes).unwrap(), r);
+        for len in 0..bytes.len() {
+            assert!(SubscriptionsRecord::decode(&bytes[..len]).is_err(), "{len}");
+        }
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x5a;
+            let _ = SubscriptionsRecord::decode(&b);
+        }
+        assert_eq!(
+            SubscriptionsRecord::decode(&sample("n", 1).encode()),
+            Err(RecordError::WrongKind)
+        );
+    }
+
+    #[test]
+    fn value_records_round_trip() {
+        let v = ValueRecord {
+            owner: "n2".into(),
+            node_id: NodeId::string(2, "Demo.Static.Scalar.Double"),
+            value: uascale_types::Variant::Double(2.5),
+        };
+        let bytes = v.encode();
+        assert_eq!(ValueRecord::decode(&bytes).unwrap(), v);
+        for len in 0..bytes.len() {
+            assert!(ValueRecord::decode(&bytes[..len]).is_err());
+        }
+        let k = value_key(&v.node_id).unwrap();
+        super::super::store::check_key(&k).unwrap();
+        assert_eq!(value_key(&NodeId::string(2, "x".repeat(200))), None);
+    }
+
+    #[test]
+    fn trust_records_round_trip_and_refuse_paths() {
+        let t = TrustRecord {
+            owner: "n1".into(),
+            file_name: "client [abcd].der".into(),
+            bytes: vec![0x30, 0x82, 1, 2],
+        };
+        assert_eq!(TrustRecord::decode(&t.encode()).unwrap(), t);
+        for bad in ["../x.der", "a/b.der", "..", ".", ""] {
+            let mut b = t.clone();
+            b.file_name = bad.into();
+            assert_eq!(
+                TrustRecord::decode(&b.encode()),
+                Err(RecordError::Field("file_name")),
+                "{bad:?}"
+            );
+        }
+        super::super::store::check_key(&trust_key("client [abcd].der")).unwrap();
+    }
+
+    #[test]
+    fn keys_come_from_issued_tokens_only() {
+        let k = session_key(&NodeId::opaque(0, vec![0xab; 32])).unwrap();
+        assert_eq!(k.len(), 66);
+        assert!(k.starts_with("s.abab"));
+        super::super::store::check_key(&k).unwrap();
+        assert_eq!(session_key(&NodeId::opaque(0, vec![1; 31])), None);
+        assert_eq!(session_key(&NodeId::numeric(0, 5)), None);
+        assert_eq!(session_key(&NodeId::opaque(1, vec![1; 32])), None);
+    }
+}

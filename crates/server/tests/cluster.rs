@@ -1,0 +1,543 @@
+//! The cluster against a real nats-server (started here on a free port,
+//! killed at the end; installed with apt-get when missing):
+//! - the NATS JetStream store keeps the store contract the takeover logic
+//!   relies on (create once, compare-and-set, delete on a revision, keys,
+//!   a watch that reports every change);
+//! - two uascale nodes share the store: a client's session made on node 1
+//!   is reactivated through a new channel on node 2 after node 1 stopped
+//!   - same session, same token, now owned by node 2 - and its Reads work.
+
+mod common;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use common::RawClient;
+use support::nats;
+use uascale_server::cluster::nats::NatsStore;
+use uascale_server::cluster::record::{session_key, SessionRecord, SubscriptionsRecord};
+use uascale_server::cluster::store::{Bucket, Store, StoreError};
+use uascale_server::cluster::takeover;
+use uascale_server::Server;
+use uascale_types::{
+    ActivateSessionRequest, ActivateSessionResponse, AnonymousIdentityToken, AttributeId,
+    DataChangeNotification, ExtensionObject, NodeId, PublishResponse, ReadRequest, ReadResponse,
+    ReadValueId, RepublishRequest, RepublishResponse, ServiceFault, StatusCode,
+    SubscriptionAcknowledgement, UaString,
+};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+#[test]
+fn the_nats_store_keeps_the_store_contract() {
+    let Some(server) = nats::start() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let s = NatsStore::connect(&server.url(), 1, Duration::from_secs(5))
+            .await
+            .expect("connect and open the buckets");
+        let mut watch = s.watch(Bucket::Sessions).await.expect("watch");
+        let r1 = s
+            .create(Bucket::Sessions, "s.k", b"one".to_vec())
+            .await
+            .unwrap();
+        assert_eq!(
+            s.create(Bucket::Sessions, "s.k", b"two".to_vec()).await,
+            Err(StoreError::Conflict)
+        );
+        let r2 = s
+            .update(Bucket::Sessions, "s.k", b"two".to_vec(), r1)
+            .await
+            .unwrap();
+        assert!(r2 > r1);
+        assert_eq!(
+            s.update(Bucket::Sessions, "s.k", b"three".to_vec(), r1)
+                .await,
+            Err(StoreError::Conflict),
+            "a stale revision loses"
+        );
+        assert_eq!(
+            s.delete(Bucket::Sessions, "s.k", Some(r1)).await,
+            Err(StoreError::Conflict)
+        );
+        let e = s.get(Bucket::Sessions, "s.k").await.unwrap().unwrap();
+        assert_eq!((e.value.as_slice(), e.revision), (&b"two"[..], r2));
+        s.put(Bucket::Nodes, "n1", b"beat".to_vec()).await.unwrap();
+        assert_eq!(s.keys(Bucket::Sessions).await.unwrap(), vec!["s.k"]);
+        s.delete(Bucket::Sessions, "s.k", Some(r2)).await.unwrap();
+        assert_eq!(s.get(Bucket::Sessions, "s.k").await.unwrap(), None);
+        // A deleted key can be created again (a new session, same key).
+        s.create(Bucket::Sessions, "s.k", b"again".to_vec())
+            .await
+            .unwrap();
+        assert!(matches!(
+            s.put(Bucket::Nodes, "bad key", vec![]).await,
+            Err(StoreError::Invalid(_))
+        ));
+        let mut seen = Vec::new();
+        while seen.len() < 4 {
+            let c = tokio::time::timeout(LIMIT, watch.recv())
+                .await
+                .expect("a change within the limit")
+                .expect("the watch is open");
+            seen.push(c.value);
+        }
+        assert_eq!(
+            seen,
+            vec![
+                Some(b"one".to_vec()),
+                Some(b"two".to_vec()),
+                None,
+                Some(b"again".to_vec())
+            ]
+        );
+        // A watch opened now starts with the record there is.
+        let mut late = s.watch(Bucket::Sessions).await.unwrap();
+        let first = tokio::time::timeout(LIMIT, late.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (first.key.as_str(), first.value.as_deref()),
+            ("s.k", Some(&b"again"[..]))
+        );
+        // A second connection (another node) sees the same records and
+        // loses the same races.
+        let other = NatsStore::connect(&server.url(), 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let e = other.get(Bucket::Sessions, "s.k").await.unwrap().unwrap();
+        s.update(Bucket::Sessions, "s.k", b"mine".to_vec(), e.revision)
+            .await
+            .unwrap();
+        assert_eq!(
+            other
+                .update(Bucket::Sessions, "s.k", b"theirs".to_vec(), e.revision)
+                .await,
+            Err(StoreError::Conflict)
+        );
+    });
+    drop(server);
+    // With the server gone every operation is an error, not a hang.
+    rt.block_on(async {
+        assert!(matches!(
+            NatsStore::connect("nats://127.0.0.1:1", 1, Duration::from_secs(2)).await,
+            Err(StoreError::Unreachable(_))
+        ));
+    });
+}
+
+/// A running in-process node: its address and what stops it.
+struct Node {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+fn start_node(rt: &tokio::runtime::Runtime, url: &str, id: &str) -> Node {
+    let mut config = common::loopback_config();
+    config.cluster.url = Some(url.to_owned());
+    config.cluster.node_id = Some(id.to_owned());
+    // Different top bytes, so that ids made on n2 cannot meet n1's.
+    config.cluster.node_index = Some(if id == "n1" { 1 } else { 2 });
+    config.cluster.heartbeat = Duration::from_millis(200);
+    config.cluster.lease = Duration::from_millis(1000);
+    let _guard = rt.enter();
+    let server = Server::bind(config).expect("bind");
+    let addr = server.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = rt.spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    Node {
+        addr,
+        stop: Some(tx),
+        task,
+    }
+}
+
+fn read_state(c: &mut RawClient) -> Box<dyn uascale_types::DynStructure> {
+    read_node(c, NodeId::ns0(2259)) // Server_ServerStatus_State
+}
+
+fn read_node(c: &mut RawClient, node_id: NodeId) -> Box<dyn uascale_types::DynStructure> {
+    let h = c.header();
+    c.send(&ReadRequest {
+        request_header: h,
+        nodes_to_read: Some(vec![ReadValueId {
+            node_id,
+            attribute_id: AttributeId::Value as u32,
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    c.read_response().1
+}
+
+fn activate(c: &mut RawClient) -> Box<dyn uascale_types::DynStructure> {
+    let h = c.header();
+    c.send(&ActivateSessionRequest {
+        request_header: h,
+        user_identity_token: ExtensionObject::new(AnonymousIdentityToken {
+            policy_id: UaString::from("anonymous"),
+        }),
+        ..Default::default()
+    });
+    c.read_response().1
+}
+
+fn stored(rt: &tokio::runtime::Runtime, url: &str, token: &NodeId) -> Option<SessionRecord> {
+    let key = session_key(token).expect("an issued token");
+    rt.block_on(async {
+        let s = NatsStore::connect(url, 1, Duration::from_secs(5))
+            .await
+            .ok()?;
+        takeover::read(&s, &key).await.ok()?.map(|(r, _)| r)
+    })
+}
+
+#[test]
+fn a_session_moves_to_another_node_when_its_node_stops() {
+    let Some(nats) = nats::start() else { return };
+    let rt = runtime();
+    let url = nats.url();
+    let mut n1 = start_node(&rt, &url, "n1");
+    let n2 = start_node(&rt, &url, "n2");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    assert!(nats::wait_listening(n2.addr, LIMIT));
+
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    assert!(read_state(&mut c)
+        .as_any()
+        .downcast_ref::<ReadResponse>()
+        .is_some());
+    // The mirror writes behind the request path: wait for the record.
+    let start = Instant::now();
+    let record = loop {
+        if let Some(r) = stored(&rt, &url, &c.auth).filter(|r| r.activated) {
+            break r;
+        }
+        assert!(start.elapsed() < LIMIT, "the session was never mirrored");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(record.owner, "n1");
+
+    // A token no node knows is refused as before.
+    let mut stranger = RawClient::connect(n2.addr);
+    stranger.auth = NodeId::opaque(0, vec![0x42; 32]);
+    let fault = activate(&mut stranger);
+    let fault = fault
+        .as_any()
+        .downcast_ref::<ServiceFault>()
+        .expect("a fault");
+    assert_eq!(
+        fault.response_header.service_result,
+        StatusCode::BadSessionIdInvalid
+    );
+
+    // Node 1 goes away; the client opens a channel to node 2 and
+    // activates its session there.
+    let _ = n1.stop.take().map(|s| s.send(()));
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
+    });
+    let mut moved = RawClient::connect(n2.addr);
+    moved.auth = c.auth.clone();
+    let answer = activate(&mut moved);
+    assert!(
+        answer
+            .as_any()
+            .downcast_ref::<ActivateSessionResponse>()
+            .is_some(),
+        "the session was not taken over: {answer:?}"
+    );
+    let read = read_state(&mut moved);
+    let read = read
+        .as_any()
+        .downcast_ref::<ReadResponse>()
+        .expect("a Read on the taken-over session");
+    assert_eq!(read.results.as_ref().map(Vec::len), Some(1));
+    // A cluster node says its redundancy is transparent.
+    let r = read_node(&mut moved, NodeId::ns0(3709));
+    let r = r.as_any().downcast_ref::<ReadResponse>().expect("a Read");
+    let support = r
+        .results
+        .as_ref()
+        .and_then(|v| v.first())
+        .and_then(|d| d.value.clone());
+    assert_eq!(
+        support,
+        Some(uascale_types::Variant::Int32(4)),
+        "Transparent"
+    );
+    let after = stored(&rt, &url, &c.auth).expect("still mirrored");
+    assert_eq!(after.owner, "n2");
+    assert_eq!(after.session_id, record.session_id, "the same session");
+    assert_ne!(
+        after.server_nonce, record.server_nonce,
+        "the nonce was consumed"
+    );
+    drop(n2);
+}
+
+fn publish_response(c: &mut RawClient, acks: Vec<SubscriptionAcknowledgement>) -> PublishResponse {
+    c.publish(acks);
+    let (_, m) = c.read_response();
+    m.as_any()
+        .downcast_ref::<PublishResponse>()
+        .unwrap_or_else(|| panic!("a PublishResponse: {m:?}"))
+        .clone()
+}
+
+fn subscriptions_record(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    token: &NodeId,
+) -> Option<SubscriptionsRecord> {
+    let key = session_key(token).expect("an issued token");
+    rt.block_on(async {
+        let s = NatsStore::connect(url, 1, Duration::from_secs(5))
+            .await
+            .ok()?;
+        let e = s.get(Bucket::Subscriptions, &key).await.ok()??;
+        SubscriptionsRecord::decode(&e.value).ok()
+    })
+}
+
+/// A subscription moves with its session: the node that takes the
+/// session over restores it from the mirror with the same id, answers
+/// Republish for the messages the client did not acknowledge, and goes on
+/// with the next sequence number and the item's current value.
+#[test]
+fn a_subscription_continues_with_its_sequence_numbers_on_the_new_node() {
+    let Some(nats) = nats::start() else { return };
+    let rt = runtime();
+    let url = nats.url();
+    let mut n1 = start_node(&rt, &url, "n1");
+    let n2 = start_node(&rt, &url, "n2");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    assert!(nats::wait_listening(n2.addr, LIMIT));
+
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    c.send_create_subscription(600, 10);
+    let sub = c.read_subscription_id();
+    // A client of n2 has a subscription there too: the ids of the two
+    // nodes must not meet when n1's moves to n2.
+    let mut other = RawClient::connect(n2.addr);
+    other.session();
+    other.send_create_subscription(600, 10);
+    let theirs = other.read_subscription_id();
+    assert_ne!(theirs, sub, "subscription ids carry the node index");
+    c.send_monitor(sub, NodeId::ns0(2258)); // CurrentTime: a new value each sample
+    let _ = c.read_response();
+    // Three notifications, none acknowledged.
+    let mut seqs = Vec::new();
+    while seqs.len() < 3 {
+        let p = publish_response(&mut c, vec![]);
+        if p.notification_message
+            .notification_data
+            .as_ref()
+            .is_some_and(|d| !d.is_empty())
+        {
+            seqs.push(p.notification_message.sequence_number);
+        }
+    }
+    let last = *seqs.last().unwrap();
+    let start = Instant::now();
+    loop {
+        let r = subscriptions_record(&rt, &url, &c.auth);
+        if r.as_ref().is_some_and(|r| {
+            r.subscriptions
+                .first()
+                .is_some_and(|s| s.next_seq == last + 1)
+        }) {
+            break;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the subscription was never mirrored: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let _ = n1.stop.take().map(|s| s.send(()));
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
+    });
+    let mut moved = RawClient::connect(n2.addr);
+    moved.auth = c.auth.clone();
+    let answer = activate(&mut moved);
+    assert!(
+        answer
+            .as_any()
+            .downcast_ref::<ActivateSessionResponse>()
+            .is_some(),
+        "{answer:?}"
+    );
+    // Republish answers from the mirrored retransmission queue.
+    for seq in &seqs {
+        let h = moved.header();
+        moved.send(&RepublishRequest {
+            request_header: h,
+            subscription_id: sub,
+            retransmit_sequence_number: *seq,
+        });
+        let (_, m) = moved.read_response();
+        let r = m
+            .as_any()
+            .downcast_ref::<RepublishResponse>()
+            .unwrap_or_else(|| panic!("Republish of {seq}: {m:?}"));
+        assert_eq!(r.notification_message.sequence_number, *seq);
+    }
+    // Publishing goes on: the next number, the item's current value.
+    let acks = seqs
+        .iter()
+        .map(|s| SubscriptionAcknowledgement {
+            subscription_id: sub,
+            sequence_number: *s,
+        })
+        .collect();
+    let p = publish_response(&mut moved, acks);
+    assert_eq!(p.subscription_id, sub, "the same subscription id");
+    assert_eq!(
+        p.notification_message.sequence_number,
+        last + 1,
+        "no gap, no reuse"
+    );
+    let data = p.notification_message.notification_data.unwrap_or_default();
+    let change = data
+        .iter()
+        .find_map(|d| d.downcast_ref::<DataChangeNotification>())
+        .expect("a data change");
+    let items = change.monitored_items.as_deref().unwrap_or_default();
+    assert_eq!(items.first().map(|i| i.client_handle), Some(1));
+    assert!(items[0].value.value.is_some(), "the item's current value");
+    drop(n2);
+}
+
+fn service_level(c: &mut RawClient) -> u8 {
+    let r = read_node(c, NodeId::ns0(2267)); // Server_ServiceLevel
+    let r = r.as_any().downcast_ref::<ReadResponse>().expect("a Read");
+    match r
+        .results
+        .as_ref()
+        .and_then(|v| v.first())
+        .and_then(|d| d.value.clone())
+    {
+        Some(uascale_types::Variant::Byte(b)) => b,
+        other => panic!("ServiceLevel: {other:?}"),
+    }
+}
+
+/// The store goes away: the node keeps serving its sessions, says it is
+/// degraded (ServiceLevel at most 100), keeps what changed, and writes it
+/// when the store is back (ServiceLevel back up).
+#[test]
+fn without_its_store_a_node_serves_degraded_and_catches_up() {
+    let Some(mut nats) = nats::start() else {
+        return;
+    };
+    let rt = runtime();
+    let url = nats.url();
+    let n1 = start_node(&rt, &url, "n1");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    let start = Instant::now();
+    while stored(&rt, &url, &c.auth).is_none() {
+        assert!(start.elapsed() < LIMIT, "the session was never mirrored");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(service_level(&mut c), 255);
+
+    nats.kill();
+    let start = Instant::now();
+    while service_level(&mut c) > uascale_server::state::DEGRADED_SERVICE_LEVEL {
+        assert!(
+            start.elapsed() < LIMIT,
+            "the node never said it was degraded"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Its sessions are served; a new one too, mirrored later.
+    assert!(read_state(&mut c)
+        .as_any()
+        .downcast_ref::<ReadResponse>()
+        .is_some());
+    let mut late = RawClient::connect(n1.addr);
+    late.session();
+
+    nats.restart();
+    let start = Instant::now();
+    while service_level(&mut c) != 255 || stored(&rt, &url, &late.auth).is_none() {
+        assert!(
+            start.elapsed() < LIMIT * 2,
+            "the node did not catch up when the store came back"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(n1);
+}
+
+/// A Write on one node is seen on the other: the value goes through the
+/// store and the other node applies it to its in-memory node manager.
+#[test]
+fn a_write_on_one_node_is_read_on_the_other() {
+    let Some(nats) = nats::start() else { return };
+    let rt = runtime();
+    let url = nats.url();
+    let n1 = start_node(&rt, &url, "n1");
+    let n2 = start_node(&rt, &url, "n2");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    assert!(nats::wait_listening(n2.addr, LIMIT));
+    let node = NodeId::string(2, "Demo.Static.Scalar.Double");
+    let mut a = RawClient::connect(n1.addr);
+    a.session();
+    let mut b = RawClient::connect(n2.addr);
+    b.session();
+    let h = a.header();
+    a.send(&uascale_types::WriteRequest {
+        request_header: h,
+        nodes_to_write: Some(vec![uascale_types::WriteValue {
+            node_id: node.clone(),
+            attribute_id: AttributeId::Value as u32,
+            value: uascale_types::DataValue {
+                value: Some(uascale_types::Variant::Double(4242.5)),
+                ..Default::default()
+            },
+            ..Default::default()
+        }]),
+    });
+    let (_, w) = a.read_response();
+    let w = w
+        .as_any()
+        .downcast_ref::<uascale_types::WriteResponse>()
+        .expect("a WriteResponse");
+    assert_eq!(w.results.as_deref(), Some(&[StatusCode::Good][..]));
+    let start = Instant::now();
+    loop {
+        let r = read_node(&mut b, node.clone());
+        let r = r.as_any().downcast_ref::<ReadResponse>().expect("a Read");
+        let v = r
+            .results
+            .as_ref()
+            .and_then(|v| v.first())
+            .and_then(|d| d.value.clone());
+        if v == Some(uascale_types::Variant::Double(4242.5)) {
+            break;
+        }
+        assert!(start.elapsed() < LIMIT, "node 2 still reads {v:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop((n1, n2));
+}
