@@ -21,6 +21,7 @@ const FUZZ_TARGETS: &[&str] = &[
     "config_file",
     "nodeset_import",
     "client_connection",
+    "secure_channel",
 ];
 
 struct Step {

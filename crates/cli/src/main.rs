@@ -19,7 +19,8 @@ use uascale_server::{Server, ServerConfig};
 use uascale_types::{decode_message, DecodeLimits, Reader};
 
 const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--host NAME] [--port N]
-                     [--bind ADDR] [--nodes N] [--rate-ms MS] [--nodeset FILE]...
+                     [--bind ADDR] [--nodes N] [--rate-ms MS] [--slow-ms MS]
+                     [--isolation-profile NAME] [--nodeset FILE]...
                      [--pki DIR] [--security none|all|ecc] [--metrics ADDR]
                      [--log-format text|json]
        uascale decode <HEX | @FILE>
@@ -30,6 +31,10 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            opc.tcp://localhost:4840, bound to 0.0.0.0); log level from
            RUST_LOG (default info); Ctrl-C shuts down; --nodes N adds N
            changing load-test nodes, --rate-ms how often demo values change;
+           --slow-ms how long the demo's slow asynchronous nodes
+           (ns=2;s=Demo.Slow.0..9) take per Read and Write (default 2);
+           --isolation-profile sets requests.isolation_profile
+           (shared_only, fair_share, balanced, trusted_reservations);
            --nodeset loads a companion NodeSet2 XML file (repeatable, in
            order; added to the config file's server.nodesets);
            --config reads a TOML file (keys as --print-config shows them,
@@ -122,6 +127,18 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
                     .filter(|m| *m > 0)
                     .ok_or_else(|| format!("--rate-ms {v:?} is not a positive number"))?;
                 config.demo.rate = std::time::Duration::from_millis(ms);
+            }
+            "--slow-ms" => {
+                let v = value("--slow-ms")?;
+                let ms: u64 = v
+                    .parse()
+                    .map_err(|_| format!("--slow-ms {v:?} is not a number of milliseconds"))?;
+                config.demo.slow = std::time::Duration::from_millis(ms);
+            }
+            "--isolation-profile" => {
+                config.requests.isolation_profile = value("--isolation-profile")?
+                    .parse()
+                    .map_err(|e| format!("--isolation-profile: {e}"))?;
             }
             "--bind" => {
                 let v = value("--bind")?;

@@ -332,3 +332,93 @@ fn bench_sessions_with_a_secured_policy_and_a_user() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `bench fairness` against a server whose four workers serve the slow
+/// folder: the flooder's window overflows its lane (busy answers, counted
+/// as such), the victim's one-at-a-time Reads are all served, and the
+/// counts add up (nothing timed).
+#[test]
+fn bench_fairness_reports_the_flood_and_the_victim() {
+    let s = serve_none(
+        "[requests]\nmin_request_thread_count = 4\nmax_request_thread_count = 4\n\
+         isolation_profile = \"balanced\"\n",
+    );
+    let url = s.url();
+    let pid = s.pid();
+    let r = bench(&[
+        "fairness",
+        &url,
+        "--flood-inflight",
+        "200",
+        "--warmup-s",
+        "0.3",
+        "--duration-s",
+        "1",
+        "--server-pid",
+        &pid,
+    ]);
+    assert_eq!(r["bench"], "fairness", "{r}");
+    let flood = &r["flood"];
+    let victim = &r["victim"];
+    assert!(flood["reads"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        flood["busy_answers"].as_u64().unwrap() > 0,
+        "200 in flight overflow a lane of 64: {r}"
+    );
+    assert_eq!(
+        flood["errors"]["BadServerTooBusy"].as_u64(),
+        flood["busy_answers"].as_u64(),
+        "{r}"
+    );
+    assert!(victim["reads"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(victim["busy_answers"], 0, "{r}");
+    assert!(victim["errors"].as_object().unwrap().is_empty(), "{r}");
+    assert!(r["server"]["rss_bytes"].as_u64().unwrap() > 0, "{r}");
+}
+
+/// `bench floor`: its echo server answers every message, and the client
+/// counts the round trips of its sockets (a tiny run; nothing timed).
+#[test]
+fn bench_floor_counts_round_trips_against_its_echo_server() {
+    let port = common::free_port();
+    let mut server = Command::new(BIN)
+        .args(["bench", "floor", "serve", "--port", &port.to_string()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The listener is up once a connection succeeds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the echo server never listened"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pid = server.id().to_string();
+    let r = bench(&[
+        "floor",
+        &format!("127.0.0.1:{port}"),
+        "--sockets",
+        "20",
+        "--interval-ms",
+        "50",
+        "--warmup-s",
+        "0.2",
+        "--duration-s",
+        "1",
+        "--server-pid",
+        &pid,
+    ]);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(r["bench"], "floor", "{r}");
+    // 20 sockets x 20 per second for 1 s: about 400; a loaded machine
+    // delays ticks (they are not made up), so only a floor is asserted.
+    let trips = r["round_trips"].as_u64().unwrap();
+    assert!((50..=420).contains(&trips), "{r}");
+    assert!(
+        r["server"]["us_per_round_trip"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+}

@@ -44,6 +44,9 @@ pub struct ServerConfig {
     pub subscriptions: SubscriptionLimits,
     /// `[admission]`: admission control (SCALABILITY.md §2).
     pub admission: AdmissionSection,
+    /// `[requests]`: request workers, the request queue and isolation
+    /// (SCALABILITY.md §3-4).
+    pub requests: RequestsSection,
     /// `[runtime]`: the runtime's threads (SCALABILITY.md §6).
     pub runtime: RuntimeSection,
     /// `[metrics]`: the Prometheus endpoint and health probes
@@ -332,6 +335,12 @@ pub struct DemoSection {
     /// 1 s: visible change without load.
     #[serde(rename = "rate_ms", with = "millis")]
     pub rate: Duration,
+    /// How long the asynchronous node manager behind `Demo.Slow.0` ..
+    /// `Demo.Slow.9` takes to answer each Read and Write (`slow_ms`,
+    /// `uascale serve --slow-ms`), standing in for device I/O. Default
+    /// 2 ms; 0 answers at the next turn of the runtime.
+    #[serde(rename = "slow_ms", with = "millis")]
+    pub slow: Duration,
 }
 
 impl Default for DemoSection {
@@ -339,6 +348,7 @@ impl Default for DemoSection {
         DemoSection {
             nodes: 0,
             rate: Duration::from_secs(1),
+            slow: Duration::from_millis(2),
         }
     }
 }
@@ -614,6 +624,172 @@ impl AdmissionSection {
     }
 }
 
+/// How the request queue is shared among its owners (SCALABILITY.md §3;
+/// `requests.isolation_profile`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IsolationProfile {
+    /// One FIFO for everyone (no per-owner limit: the legacy behaviour).
+    SharedOnly,
+    /// A lane per owner, served in weighted turns.
+    FairShare,
+    /// `fair_share` plus protected entries for bootstrap, reconnect and
+    /// control requests (the default).
+    #[default]
+    Balanced,
+    /// `balanced` plus a reserved floor of the queue, and a larger turn,
+    /// for trusted owners (`requests.trusted_owners`).
+    TrustedReservations,
+}
+
+impl IsolationProfile {
+    /// The name in the configuration file.
+    pub fn name(self) -> &'static str {
+        match self {
+            IsolationProfile::SharedOnly => "shared_only",
+            IsolationProfile::FairShare => "fair_share",
+            IsolationProfile::Balanced => "balanced",
+            IsolationProfile::TrustedReservations => "trusted_reservations",
+        }
+    }
+
+    /// True for the profiles with protected entries (`balanced`,
+    /// `trusted_reservations`).
+    pub fn protects(self) -> bool {
+        matches!(
+            self,
+            IsolationProfile::Balanced | IsolationProfile::TrustedReservations
+        )
+    }
+}
+
+impl std::str::FromStr for IsolationProfile {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            IsolationProfile::SharedOnly,
+            IsolationProfile::FairShare,
+            IsolationProfile::Balanced,
+            IsolationProfile::TrustedReservations,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| {
+            format!(
+                "unknown isolation profile {s:?} (shared_only, fair_share, balanced, trusted_reservations)"
+            )
+        })
+    }
+}
+
+/// `[requests]`: request workers, the request queue and isolation
+/// profiles (SCALABILITY.md §3-4; [`crate::scheduler`]). A request runs at
+/// once, on its connection's task, while nothing waits and a worker is
+/// free; only under contention does it wait in the queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RequestsSection {
+    /// Request workers started with the server (`min_request_thread_count`,
+    /// at least 1). Workers are async tasks, not threads; a worker is busy
+    /// while it executes a request, including the wait of an asynchronous
+    /// node manager. Default 10.
+    pub min_request_thread_count: usize,
+    /// The most workers (`max_request_thread_count`): one is added only
+    /// when a request waits and every worker is busy. Taken as given (1 is
+    /// allowed: small devices, tests). Default 100.
+    pub max_request_thread_count: usize,
+    /// Requests that may wait for a worker (`max_queued_request_count`);
+    /// over it `BadServerTooBusy` with a RetryAfterMs hint. Values below
+    /// 100 are raised to 100. Default 200.
+    pub max_queued_request_count: usize,
+    /// How the queue is shared (`isolation_profile`): `shared_only`,
+    /// `fair_share`, `balanced` or `trusted_reservations`. Default
+    /// `balanced`.
+    pub isolation_profile: IsolationProfile,
+    /// Requests one owner (its session; the channel before a session
+    /// exists) may have waiting (`max_queued_requests_per_owner`; not
+    /// applied under `shared_only`). Default 64: a third of the default
+    /// queue, so two flooding clients cannot fill it.
+    pub max_queued_requests_per_owner: usize,
+    /// Bytes of the requests waiting, all owners together
+    /// (`max_retained_request_bytes`; a request alone is always let in).
+    /// Default 64 MiB.
+    pub max_retained_request_bytes: usize,
+    /// Protected entries per protected stage - bootstrap, reconnect,
+    /// control - on top of `max_queued_request_count`, under `balanced`
+    /// and `trusted_reservations` (`protected_entry_count`). Default 1.
+    pub protected_entry_count: usize,
+    /// Held Publishes that may be parked at once (`max_parked_request_count`,
+    /// the parked stage); over it a Publish gets `BadServerTooBusy`.
+    /// Default derived: `server.max_session_count` x
+    /// `subscriptions.max_publish_request_count`, so the session limits
+    /// bind first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_parked_request_count: Option<usize>,
+    /// Owners given a reserved floor and a larger turn under
+    /// `trusted_reservations` (`trusted_owners`): application URIs,
+    /// certificate thumbprints (40 hex digits, SHA-1) or user names.
+    /// Default none.
+    pub trusted_owners: Vec<String>,
+    /// Queue places only trusted owners may take under
+    /// `trusted_reservations` (`trusted_reserved_request_count`), less than
+    /// `max_queued_request_count`. Default 40.
+    pub trusted_reserved_request_count: usize,
+    /// Requests a trusted owner's lane is served per turn where others get
+    /// one (`trusted_weight`, at least 1). Default 4.
+    pub trusted_weight: u32,
+    /// A held Publish is parked and releases its worker
+    /// (`decouple_held_publish_requests`). False is the legacy behaviour: a
+    /// held Publish occupies a worker for its whole wait, so
+    /// `max_request_thread_count` must exceed the sessions' held Publishes.
+    /// Default true.
+    pub decouple_held_publish_requests: bool,
+}
+
+impl Default for RequestsSection {
+    /// The reasons are on each field.
+    fn default() -> Self {
+        RequestsSection {
+            min_request_thread_count: 10,
+            max_request_thread_count: 100,
+            max_queued_request_count: 200,
+            isolation_profile: IsolationProfile::Balanced,
+            max_queued_requests_per_owner: 64,
+            max_retained_request_bytes: 64 * 1024 * 1024,
+            protected_entry_count: 1,
+            max_parked_request_count: None,
+            trusted_owners: Vec::new(),
+            trusted_reserved_request_count: 40,
+            trusted_weight: 4,
+            decouple_held_publish_requests: true,
+        }
+    }
+}
+
+impl RequestsSection {
+    /// The smallest queue: smaller values of `max_queued_request_count` are
+    /// raised to it.
+    pub const MIN_QUEUED: usize = 100;
+
+    /// This section with derived values filled in and the queue raised to
+    /// [`RequestsSection::MIN_QUEUED`]; `max_session_count` and
+    /// `max_publish_request_count` size the parked stage.
+    pub fn resolved(
+        &self,
+        max_session_count: usize,
+        max_publish_request_count: usize,
+    ) -> RequestsSection {
+        let mut r = self.clone();
+        r.max_queued_request_count = r.max_queued_request_count.max(Self::MIN_QUEUED);
+        r.max_parked_request_count =
+            Some(r.max_parked_request_count.unwrap_or_else(|| {
+                max_session_count.saturating_mul(max_publish_request_count.max(1))
+            }));
+        r
+    }
+}
+
 /// `[runtime]`: the async runtime that runs the connections (SCALABILITY.md
 /// §6).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -718,6 +894,10 @@ impl ServerConfig {
     pub fn resolved(&self, cpus: usize) -> ServerConfig {
         let mut c = self.clone();
         c.admission = self.admission.resolved(self.server.max_session_count, cpus);
+        c.requests = self.requests.resolved(
+            self.server.max_session_count,
+            self.subscriptions.max_publish_request_count,
+        );
         c.runtime.worker_threads = Some(self.runtime.worker_threads.unwrap_or(cpus.max(1)));
         c
     }
@@ -784,7 +964,56 @@ impl ServerConfig {
 
         self.validate_security()?;
         self.validate_subscriptions()?;
-        self.validate_admission()
+        self.validate_admission()?;
+        self.validate_requests()
+    }
+
+    fn validate_requests(&self) -> Result<(), ConfigError> {
+        let r = &self.requests;
+        at_least(
+            "requests.min_request_thread_count",
+            count(r.min_request_thread_count),
+            1,
+        )?;
+        if r.max_request_thread_count < r.min_request_thread_count {
+            return fail(
+                "requests.max_request_thread_count",
+                r.max_request_thread_count,
+                "must be at least requests.min_request_thread_count",
+            );
+        }
+        at_least(
+            "requests.max_queued_requests_per_owner",
+            count(r.max_queued_requests_per_owner),
+            1,
+        )?;
+        at_least(
+            "requests.max_retained_request_bytes",
+            count(r.max_retained_request_bytes),
+            1,
+        )?;
+        at_least("requests.trusted_weight", r.trusted_weight.into(), 1)?;
+        if let Some(n) = r.max_parked_request_count {
+            at_least("requests.max_parked_request_count", count(n), 1)?;
+        }
+        let queued = r.max_queued_request_count.max(RequestsSection::MIN_QUEUED);
+        if r.trusted_reserved_request_count >= queued {
+            return fail(
+                "requests.trusted_reserved_request_count",
+                r.trusted_reserved_request_count,
+                "must be less than requests.max_queued_request_count",
+            );
+        }
+        for (i, owner) in r.trusted_owners.iter().enumerate() {
+            if owner.trim().is_empty() {
+                return fail(
+                    &format!("requests.trusted_owners[{i}]"),
+                    format!("{owner:?}"),
+                    "must not be empty",
+                );
+            }
+        }
+        Ok(())
     }
 
     fn validate_admission(&self) -> Result<(), ConfigError> {

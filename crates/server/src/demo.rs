@@ -11,7 +11,11 @@
 //! - `Demo.Dynamic.{Counter,Random,Sine,Step}`: values the server changes
 //!   every `rate`;
 //! - `Demo.Methods.Add(a: Double, b: Double) -> Double`;
-//! - `Demo.Load.Node<i>` for `i < nodes`: changing Doubles for load tests.
+//! - `Demo.Load.Node<i>` for `i < nodes`: changing Doubles for load tests;
+//! - `Demo.Slow.0` .. `Demo.Slow.9`: read/write Doubles served by an
+//!   asynchronous node manager ([`SlowValues`]) that answers each Read and
+//!   Write after `demo.slow_ms`, standing in for device I/O (what the
+//!   request queue's isolation is watched on).
 //!
 //! NodeIds are strings: `ns=2;s=Demo.Static.Scalar.Double`.
 
@@ -327,6 +331,121 @@ pub fn build(space: &mut AddressSpace, load_nodes: usize) -> (Arc<InMemoryNodeMa
     (Arc::new(values), Dynamic { nodes: dynamic })
 }
 
+/// How many `Demo.Slow.<i>` variables there are.
+pub const SLOW_COUNT: usize = 10;
+
+/// The string prefix of the slow variables' NodeIds.
+const SLOW_PREFIX: &str = "Demo.Slow.";
+
+/// The asynchronous node manager behind `Demo.Slow.0` ..
+/// `Demo.Slow.9`: Doubles that answer each Read and Write after a fixed
+/// delay (the `demo.slow_ms` of the configuration), as a device behind a
+/// fieldbus would. Needs a tokio runtime with timers to be polled.
+#[derive(Debug)]
+pub struct SlowValues {
+    delay: std::time::Duration,
+    values: std::sync::Mutex<[f64; SLOW_COUNT]>,
+}
+
+impl SlowValues {
+    /// Ten values of 0.0, answered after `delay` each.
+    pub fn new(delay: std::time::Duration) -> Self {
+        SlowValues {
+            delay,
+            values: std::sync::Mutex::new([0.0; SLOW_COUNT]),
+        }
+    }
+
+    /// The index of `node` among the slow variables.
+    fn index(node: &NodeId) -> Result<usize, StatusCode> {
+        match &node.identifier {
+            uascale_types::Identifier::String(s) if node.namespace == NS => s
+                .as_str()
+                .and_then(|s| s.strip_prefix(SLOW_PREFIX))
+                .and_then(|i| i.parse::<usize>().ok())
+                .filter(|&i| i < SLOW_COUNT)
+                .ok_or(StatusCode::BadNodeIdUnknown),
+            _ => Err(StatusCode::BadNodeIdUnknown),
+        }
+    }
+
+    fn wait(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let delay = self.delay;
+        async move {
+            if delay.is_zero() {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, [f64; SLOW_COUNT]> {
+        // A plain array: nothing is left half-written by a panic.
+        self.values.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl crate::node_manager::AsyncNodeManager for Arc<SlowValues> {
+    fn namespace_uri(&self) -> &str {
+        DEMO_NAMESPACE
+    }
+
+    fn read_value(&self, node: &NodeId) -> crate::reply::BoxFuture<Result<Variant, StatusCode>> {
+        let me = Arc::clone(self);
+        let index = SlowValues::index(node);
+        let wait = self.wait();
+        Box::pin(async move {
+            let i = index?;
+            wait.await;
+            Ok(Variant::Double(me.lock()[i]))
+        })
+    }
+
+    fn write_value(
+        &self,
+        node: &NodeId,
+        value: Variant,
+    ) -> crate::reply::BoxFuture<Result<(), StatusCode>> {
+        let me = Arc::clone(self);
+        let index = SlowValues::index(node);
+        let wait = self.wait();
+        Box::pin(async move {
+            let i = index?;
+            let Variant::Double(v) = value else {
+                return Err(StatusCode::BadTypeMismatch);
+            };
+            wait.await;
+            me.lock()[i] = v;
+            Ok(())
+        })
+    }
+
+    fn call(
+        &self,
+        _object: &NodeId,
+        _method: &NodeId,
+        _inputs: Vec<Variant>,
+    ) -> crate::reply::BoxFuture<Result<Vec<Variant>, StatusCode>> {
+        Box::pin(async { Err(StatusCode::BadMethodInvalid) })
+    }
+}
+
+/// Adds the `Demo.Slow` folder and its variables, served by a
+/// [`SlowValues`] that answers after `delay`.
+fn install_slow(
+    space: &mut AddressSpace,
+    managers: &mut crate::node_manager::NodeManagers,
+    delay: std::time::Duration,
+) {
+    space.insert(folder("Demo.Slow", "Slow", id("Demo"), ORGANIZES));
+    for i in 0..SLOW_COUNT {
+        let path = format!("{SLOW_PREFIX}{i}");
+        space.insert(variable(&path, &i.to_string(), "Demo.Slow", 11, -1, true));
+    }
+    managers.register_async_prefix(NS, SLOW_PREFIX, Arc::new(Arc::new(SlowValues::new(delay))));
+}
+
 /// The initial value of `Demo.Static.Matrix`: 3 x 4 Int32, 0..=11 row by row.
 pub fn matrix_value() -> Variant {
     let values = uascale_types::ArrayValues::Int32((0..12).collect());
@@ -402,14 +521,15 @@ impl Demo {
     pub fn install(
         space: &mut AddressSpace,
         managers: &mut crate::node_manager::NodeManagers,
-        load_nodes: usize,
-        rate: std::time::Duration,
+        config: &crate::config::DemoSection,
     ) -> Demo {
-        let (manager, dynamic) = build(space, load_nodes);
+        let (manager, dynamic) = build(space, config.nodes);
+        let rate = config.rate;
         managers.register(
             NS,
             Arc::clone(&manager) as Arc<dyn crate::node_manager::NodeManager>,
         );
+        install_slow(space, managers, config.slow);
         Demo {
             manager,
             dynamic,

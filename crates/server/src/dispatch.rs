@@ -168,6 +168,11 @@ pub enum Dispatched {
         request_handle: u32,
         /// Produces the response message.
         future: BoxFuture<Vec<u8>>,
+        /// True when the future does the request's work (an asynchronous
+        /// node manager) and keeps its worker busy; false when it waits in
+        /// another bounded stage (the session-establishment waiting room)
+        /// and the worker is free at once.
+        holds_worker: bool,
     },
     /// A handler took a [`Responder`](crate::reply::Responder) and answers
     /// by itself (a parked Publish); nothing to send now.
@@ -200,7 +205,10 @@ impl Dispatched {
 /// handler answers through a Responder).
 enum Routed {
     Now(Box<dyn DynStructure>),
+    /// The work continues in the future (it holds the worker).
     Later(BoxFuture<Result<Box<dyn DynStructure>, ServiceError>>),
+    /// The future waits in another bounded stage (not a worker).
+    Waiting(BoxFuture<Result<Box<dyn DynStructure>, ServiceError>>),
     Parked,
 }
 
@@ -254,25 +262,8 @@ pub fn execute(ctx: &mut ServiceContext, request: Request) -> Dispatched {
             ctx.state.metrics.requests.good(service);
             Dispatched::Now(encode(response.as_ref()))
         }
-        Ok(Routed::Later(future)) => {
-            let now = ctx.now;
-            let state = std::sync::Arc::clone(&ctx.state);
-            Dispatched::Later {
-                request_handle: handle,
-                future: Box::pin(async move {
-                    match future.await {
-                        Ok(response) => {
-                            state.metrics.requests.good(service);
-                            encode(response.as_ref())
-                        }
-                        Err(e) => {
-                            count_failure(&state, service, &e);
-                            encode(&e.to_fault(now, handle))
-                        }
-                    }
-                }),
-            }
-        }
+        Ok(Routed::Later(future)) => later(ctx, handle, service, future, true),
+        Ok(Routed::Waiting(future)) => later(ctx, handle, service, future, false),
         // Counted when the subscription engine answers it
         // (`ServerMetrics::publish_answered`).
         Ok(Routed::Parked) => Dispatched::Parked,
@@ -280,6 +271,35 @@ pub fn execute(ctx: &mut ServiceContext, request: Request) -> Dispatched {
             count_failure(&ctx.state, service, &e);
             Dispatched::Now(encode(&e.to_fault(ctx.now, handle)))
         }
+    }
+}
+
+/// The answer of a request that completes in `future`, encoded and counted
+/// when it does.
+fn later(
+    ctx: &ServiceContext,
+    handle: u32,
+    service: Service,
+    future: BoxFuture<Result<Box<dyn DynStructure>, ServiceError>>,
+    holds_worker: bool,
+) -> Dispatched {
+    let now = ctx.now;
+    let state = std::sync::Arc::clone(&ctx.state);
+    Dispatched::Later {
+        request_handle: handle,
+        holds_worker,
+        future: Box::pin(async move {
+            match future.await {
+                Ok(response) => {
+                    state.metrics.requests.good(service);
+                    encode(response.as_ref())
+                }
+                Err(e) => {
+                    count_failure(&state, service, &e);
+                    encode(&e.to_fault(now, handle))
+                }
+            }
+        }),
     }
 }
 
@@ -355,11 +375,15 @@ fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceEr
         R::DeleteMonitoredItems(r) => now(monitored_item::delete_monitored_items(ctx, &r)?),
         R::Publish(r) => {
             // Parked without a response: the subscription engine answers
-            // through the Responder (SCALABILITY.md §4).
+            // through the Responder (SCALABILITY.md §4), which holds a place
+            // of the parked stage until then.
             let Some(to) = ctx.responder(r.request_header.request_handle) else {
                 return Err(ServiceError::server(StatusCode::BadWouldBlock));
             };
-            subscription::publish(ctx, &r, to);
+            let place = ctx.scheduler.park().map_err(|_| {
+                ServiceError::busy(StatusCode::BadServerTooBusy, ctx.scheduler.parked_hint())
+            })?;
+            subscription::publish(ctx, &r, to.holding(place));
             Ok(Routed::Parked)
         }
         R::Unsupported(_) => Err(ServiceError::client(StatusCode::BadServiceUnsupported)),
@@ -396,7 +420,7 @@ fn create_session(
         Err(_) => {
             let enter = gate.enter(ctx.instant);
             let mut ctx = ctx.clone();
-            Ok(Routed::Later(Box::pin(async move {
+            Ok(Routed::Waiting(Box::pin(async move {
                 let place = enter.await.map_err(busy)?;
                 // The request runs now, not when it arrived.
                 let now = crate::state::clock();

@@ -90,15 +90,44 @@ pub trait AsyncNodeManager: Send + Sync {
 enum Managed {
     Sync(Arc<dyn NodeManager>),
     Async(Arc<dyn AsyncNodeManager>),
+    /// A synchronous namespace with a subtree served asynchronously: the
+    /// nodes whose string identifier starts with `prefix`.
+    Split {
+        sync: Arc<dyn NodeManager>,
+        prefix: Arc<str>,
+        slow: Arc<dyn AsyncNodeManager>,
+    },
 }
 
 impl Managed {
     fn namespace_uri(&self) -> &str {
         match self {
-            Managed::Sync(m) => m.namespace_uri(),
+            Managed::Sync(m) | Managed::Split { sync: m, .. } => m.namespace_uri(),
             Managed::Async(m) => m.namespace_uri(),
         }
     }
+
+    /// The manager that serves `node` (of this manager's namespace).
+    fn route(&self, node: &NodeId) -> Route<'_> {
+        match self {
+            Managed::Sync(m) => Route::Sync(m),
+            Managed::Async(m) => Route::Async(m),
+            Managed::Split { sync, prefix, slow } => match &node.identifier {
+                uascale_types::Identifier::String(s)
+                    if s.as_str().is_some_and(|s| s.starts_with(&**prefix)) =>
+                {
+                    Route::Async(slow)
+                }
+                _ => Route::Sync(sync),
+            },
+        }
+    }
+}
+
+/// Which kind of manager serves a node.
+enum Route<'a> {
+    Sync(&'a Arc<dyn NodeManager>),
+    Async(&'a Arc<dyn AsyncNodeManager>),
 }
 
 /// The managers of a server, by namespace index.
@@ -133,6 +162,28 @@ impl NodeManagers {
         self.any_async = true;
     }
 
+    /// Lets the asynchronous `manager` serve the nodes of namespace `index`
+    /// whose string identifier starts with `prefix`; the namespace's
+    /// synchronous manager (registered before) keeps the rest. Without one,
+    /// `manager` serves the whole namespace.
+    pub fn register_async_prefix(
+        &mut self,
+        index: u16,
+        prefix: &str,
+        manager: Arc<dyn AsyncNodeManager>,
+    ) {
+        let split = match self.get(index) {
+            Some(Managed::Sync(sync) | Managed::Split { sync, .. }) => Managed::Split {
+                sync: Arc::clone(sync),
+                prefix: Arc::from(prefix),
+                slow: manager,
+            },
+            _ => Managed::Async(manager),
+        };
+        self.put(index, split);
+        self.any_async = true;
+    }
+
     fn put(&mut self, index: u16, m: Managed) {
         let i = usize::from(index);
         if self.by_index.len() <= i {
@@ -145,102 +196,106 @@ impl NodeManagers {
         self.by_index.get(usize::from(ns)).and_then(Option::as_ref)
     }
 
-    /// True when namespace `ns` is served by an [`AsyncNodeManager`]
-    /// (cheap: false at once when no async manager is registered).
-    pub fn is_async(&self, ns: u16) -> bool {
-        self.any_async && matches!(self.get(ns), Some(Managed::Async(_)))
+    fn route(&self, node: &NodeId) -> Option<Route<'_>> {
+        self.get(node.namespace).map(|m| m.route(node))
     }
 
-    /// The value of `node` from its namespace's manager, if it holds one.
-    /// An asynchronous namespace answers `BadWouldBlock` here: use
+    /// True when `node` is served by an [`AsyncNodeManager`] (cheap: false
+    /// at once when no async manager is registered).
+    pub fn is_async(&self, node: &NodeId) -> bool {
+        self.any_async && matches!(self.route(node), Some(Route::Async(_)))
+    }
+
+    /// The value of `node` from its manager, if it holds one. An
+    /// asynchronously served node answers `BadWouldBlock` here: use
     /// [`NodeManagers::read_value_async`].
     pub fn read_value(&self, node: &NodeId) -> Option<Result<Variant, StatusCode>> {
-        match self.get(node.namespace)? {
-            Managed::Sync(m) => m.read_value(node),
-            Managed::Async(_) => Some(Err(StatusCode::BadWouldBlock)),
+        match self.route(node)? {
+            Route::Sync(m) => m.read_value(node),
+            Route::Async(_) => Some(Err(StatusCode::BadWouldBlock)),
         }
     }
 
-    /// Writes through the namespace's manager (`BadWouldBlock` for an
+    /// Writes through the node's manager (`BadWouldBlock` for an
     /// asynchronous one).
     pub fn write_value(&self, node: &NodeId, value: Variant) -> Result<(), StatusCode> {
-        match self.get(node.namespace) {
-            Some(Managed::Sync(m)) => m.write_value(node, value),
-            Some(Managed::Async(_)) => Err(StatusCode::BadWouldBlock),
+        match self.route(node) {
+            Some(Route::Sync(m)) => m.write_value(node, value),
+            Some(Route::Async(_)) => Err(StatusCode::BadWouldBlock),
             None => Err(StatusCode::BadNotWritable),
         }
     }
 
-    /// Calls through the method's namespace's manager (`BadWouldBlock` for
-    /// an asynchronous one).
+    /// Calls through the method's manager (`BadWouldBlock` for an
+    /// asynchronous one).
     pub fn call(
         &self,
         object: &NodeId,
         method: &NodeId,
         inputs: &[Variant],
     ) -> Option<Result<Vec<Variant>, StatusCode>> {
-        match self.get(method.namespace)? {
-            Managed::Sync(m) => m.call(object, method, inputs),
-            Managed::Async(_) => Some(Err(StatusCode::BadWouldBlock)),
+        match self.route(method)? {
+            Route::Sync(m) => m.call(object, method, inputs),
+            Route::Async(_) => Some(Err(StatusCode::BadWouldBlock)),
         }
     }
 
-    /// The asynchronous manager of namespace `ns`, if it has one.
-    pub fn async_manager(&self, ns: u16) -> Option<Arc<dyn AsyncNodeManager>> {
-        match self.get(ns)? {
-            Managed::Async(m) => Some(Arc::clone(m)),
-            Managed::Sync(_) => None,
+    /// The asynchronous manager that serves `node`, if one does.
+    pub fn async_manager(&self, node: &NodeId) -> Option<Arc<dyn AsyncNodeManager>> {
+        match self.route(node)? {
+            Route::Async(m) => Some(Arc::clone(m)),
+            Route::Sync(_) => None,
         }
     }
 
-    /// The asynchronous read of `node`; `None` when its namespace is not
-    /// served asynchronously.
+    /// The asynchronous read of `node`; `None` when it is not served
+    /// asynchronously.
     pub fn read_value_async(
         &self,
         node: &NodeId,
     ) -> Option<BoxFuture<Result<Variant, StatusCode>>> {
-        match self.get(node.namespace)? {
-            Managed::Async(m) => Some(m.read_value(node)),
-            Managed::Sync(_) => None,
+        match self.route(node)? {
+            Route::Async(m) => Some(m.read_value(node)),
+            Route::Sync(_) => None,
         }
     }
 
-    /// The asynchronous write of `node`; `None` when its namespace is not
-    /// served asynchronously.
+    /// The asynchronous write of `node`; `None` when it is not served
+    /// asynchronously.
     pub fn write_value_async(
         &self,
         node: &NodeId,
         value: Variant,
     ) -> Option<BoxFuture<Result<(), StatusCode>>> {
-        match self.get(node.namespace)? {
-            Managed::Async(m) => Some(m.write_value(node, value)),
-            Managed::Sync(_) => None,
+        match self.route(node)? {
+            Route::Async(m) => Some(m.write_value(node, value)),
+            Route::Sync(_) => None,
         }
     }
 
-    /// The asynchronous call of `method`; `None` when its namespace is not
-    /// served asynchronously.
+    /// The asynchronous call of `method`; `None` when it is not served
+    /// asynchronously.
     pub fn call_async(
         &self,
         object: &NodeId,
         method: &NodeId,
         inputs: Vec<Variant>,
     ) -> Option<BoxFuture<Result<Vec<Variant>, StatusCode>>> {
-        match self.get(method.namespace)? {
-            Managed::Async(m) => Some(m.call(object, method, inputs)),
-            Managed::Sync(_) => None,
+        match self.route(method)? {
+            Route::Async(m) => Some(m.call(object, method, inputs)),
+            Route::Sync(_) => None,
         }
     }
 
     /// True when the node's manager pushes its value changes.
     pub fn pushes_changes(&self, node: &NodeId) -> bool {
-        matches!(self.get(node.namespace), Some(Managed::Sync(m)) if m.pushes_changes(node))
+        matches!(self.route(node), Some(Route::Sync(m)) if m.pushes_changes(node))
     }
 
     /// Installs `observer` in every manager.
     pub fn set_observer(&self, observer: &ValueObserver) {
         for m in self.by_index.iter().flatten() {
-            if let Managed::Sync(m) = m {
+            if let Managed::Sync(m) | Managed::Split { sync: m, .. } = m {
                 m.set_observer(Arc::clone(observer));
             }
         }

@@ -20,10 +20,43 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Where the responses of one connection go (implemented by the network
 /// layer: a queue the connection's task writes out).
-pub trait ResponseSink: Send + Sync + std::fmt::Debug {
+pub trait ResponseSink: Send + Sync + std::fmt::Debug + 'static {
     /// Queues `message` (encoding id + body) as the answer to `request_id`;
     /// false when the connection is gone.
     fn send(&self, request_id: u32, message: Vec<u8>) -> bool;
+
+    /// False once the connection is gone (a request still waiting for a
+    /// worker is then dropped unrun).
+    fn is_open(&self) -> bool {
+        true
+    }
+
+    /// Runs `future` - the answer to `request_id`, whose requestHandle is
+    /// `request_handle` - on a task of its own and sends what it yields;
+    /// `slot`, the worker it keeps busy, is released when it completes. A
+    /// connection's sink lets Cancel abort it. Needs a tokio runtime.
+    fn spawn_answer(
+        self: Arc<Self>,
+        request_id: u32,
+        request_handle: u32,
+        future: BoxFuture<Vec<u8>>,
+        slot: Option<crate::scheduler::Slot>,
+    ) {
+        let _ = request_handle;
+        tokio::spawn(async move {
+            let message = future.await;
+            drop(slot);
+            self.send(request_id, message);
+        });
+    }
+
+    /// Keeps `slot` busy until `request_id` is answered (a held Publish
+    /// without `decouple_held_publish_requests`). A sink that cannot tell
+    /// releases it at once.
+    fn hold_until_answered(&self, request_id: u32, slot: crate::scheduler::Slot) {
+        let _ = request_id;
+        drop(slot);
+    }
 
     /// Cancels the outstanding requests named `request_handle` (each then
     /// answered `BadRequestCancelledByClient` at `now`); how many there
@@ -59,6 +92,9 @@ pub struct Responder {
     channel_id: u32,
     request_id: u32,
     request_handle: u32,
+    /// The place of a held Publish in the parked stage, given back when
+    /// the last copy of the responder is gone.
+    place: Option<Arc<crate::scheduler::ParkedPlace>>,
 }
 
 impl std::fmt::Debug for Responder {
@@ -84,7 +120,15 @@ impl Responder {
             channel_id,
             request_id,
             request_handle,
+            place: None,
         }
+    }
+
+    /// This responder, holding `place` in the parked stage until it answers
+    /// (or is dropped unanswered).
+    pub fn holding(mut self, place: crate::scheduler::ParkedPlace) -> Self {
+        self.place = Some(Arc::new(place));
+        self
     }
 
     /// The secure channel the request came on.

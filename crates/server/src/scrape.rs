@@ -212,6 +212,77 @@ impl Collector for ServerCollector {
             }
         }
 
+        // The request queue and isolation (SCALABILITY.md §3).
+        {
+            use crate::scheduler::queue::{Reason, Stage as QStage};
+            let q = &state.scheduler;
+            let mut rejections = Vec::new();
+            for stage in QStage::ALL {
+                for reason in Reason::ALL {
+                    rejections.push((
+                        vec![("stage", stage.name()), ("reason", reason.name())],
+                        q.rejections(stage, reason),
+                    ));
+                }
+            }
+            counters(
+                &mut enc,
+                "opcua_server_isolation_rejections",
+                "Requests refused by the request queue (BadServerTooBusy with a hint), by stage (queue, bootstrap, reconnect, control, parked) and reason (full, owner_limit, retained_bytes, reserved)",
+                &rejections,
+                false,
+            )?;
+            {
+                let mut family = enc.encode_descriptor(
+                    "opcua_server_isolation_usage",
+                    "Places taken now in each stage of the request queue (queue, bootstrap, reconnect, control: requests waiting for a worker; parked: held Publishes)",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for stage in QStage::ALL {
+                    let v = i64::try_from(q.usage(stage)).unwrap_or(i64::MAX);
+                    ConstGauge::new(v).encode(family.encode_family(&[("stage", stage.name())])?)?;
+                }
+            }
+            {
+                let mut family = enc.encode_descriptor(
+                    "opcua_server_isolation_capacity",
+                    "The size of each stage of the request queue",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for stage in QStage::ALL {
+                    let v = i64::try_from(q.capacity(stage)).unwrap_or(i64::MAX);
+                    ConstGauge::new(v).encode(family.encode_family(&[("stage", stage.name())])?)?;
+                }
+            }
+            let g = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+            gauge(
+                &mut enc,
+                "opcua_server_request_workers_busy",
+                "Request workers busy now: running a queued request, or waiting for an answer (an asynchronous node manager; a held Publish in the legacy mode)",
+                g(q.busy()),
+            )?;
+            gauge(
+                &mut enc,
+                "opcua_server_request_workers_started",
+                "Request workers started (min_request_thread_count, grown up to max_request_thread_count)",
+                g(q.workers()),
+            )?;
+            gauge(
+                &mut enc,
+                "opcua_server_request_queue_bytes",
+                "Bytes of the requests waiting for a worker (bounded by max_retained_request_bytes)",
+                g(q.retained_bytes()),
+            )?;
+            counter(
+                &mut enc,
+                "opcua_server_requests_queued",
+                "Requests that waited in the request queue before a worker ran them",
+                q.queued_total(),
+            )?;
+        }
+
         // Sessions.
         let s = m.sessions.snapshot();
         {
@@ -426,6 +497,8 @@ mod tests {
             session_id: uascale_types::NodeId::ns0(1),
             channel_id: 1,
         });
+        let _parked = state.scheduler.park().unwrap();
+        let _busy = state.scheduler.try_inline().unwrap();
 
         for format in [Format::Prometheus, Format::OpenMetrics] {
             let text = render(&state, format);
@@ -502,6 +575,18 @@ mod tests {
                 "2"
             );
             assert_eq!(v("opcua_server_subscriptions"), "0");
+            assert_eq!(v(r#"opcua_server_isolation_usage{stage="parked"}"#), "1");
+            assert_eq!(v(r#"opcua_server_isolation_usage{stage="queue"}"#), "0");
+            assert_eq!(
+                v(r#"opcua_server_isolation_capacity{stage="queue"}"#),
+                "200"
+            );
+            assert_eq!(
+                v(r#"opcua_server_isolation_capacity{stage="control"}"#),
+                "1"
+            );
+            assert_eq!(v("opcua_server_request_workers_busy"), "1");
+            assert_eq!(v("opcua_server_request_workers_started"), "10");
             assert_eq!(
                 text.trim_end().ends_with("# EOF"),
                 format == Format::OpenMetrics

@@ -93,6 +93,8 @@ pub struct ServerState {
     pub metrics: Arc<crate::metrics::ServerMetrics>,
     /// The admission stages new connections pass.
     pub admission: crate::admission::Admission,
+    /// Request workers, the request queue and isolation (`[requests]`).
+    pub scheduler: Arc<crate::scheduler::Scheduler>,
     /// The load-based ServiceLevel (SCALABILITY.md §2), updated as
     /// sessions come and go.
     service_level: std::sync::Mutex<crate::admission::service_level::ServiceLevel>,
@@ -127,12 +129,7 @@ impl ServerState {
         let mut address_space =
             AddressSpace::ns0().map_err(|e| StateError::Namespace0(e.to_string()))?;
         let mut managers = NodeManagers::default();
-        let demo = Demo::install(
-            &mut address_space,
-            &mut managers,
-            config.demo.nodes,
-            config.demo.rate,
-        );
+        let demo = Demo::install(&mut address_space, &mut managers, &config.demo);
         setup(&mut address_space, &mut managers);
         crate::nodeset::load_files(
             &config.server.nodesets,
@@ -215,13 +212,11 @@ impl ServerState {
             demo,
             start_time: DateTime::from_system_time(SystemTime::now()),
             metrics: Arc::default(),
-            // Admission control is built (crate::admission) but not wired yet:
-            // every connection is admitted until the network layer passes its
-            // counts and the services take their places.
             admission: crate::admission::Admission::new(
                 &config,
                 crate::admission::host::usable_cpus(),
             ),
+            scheduler: Arc::new(crate::scheduler::Scheduler::new(&config)),
             service_level: std::sync::Mutex::new(
                 crate::admission::service_level::ServiceLevel::new(),
             ),

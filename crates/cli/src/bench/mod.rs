@@ -15,10 +15,21 @@
 //!   hint, time to establish, sessions left behind, and the lateness of
 //!   steady sessions before, during and after.
 //!
+//! - `bench fairness` ([`fairness`]): flooding clients and one-at-a-time
+//!   victims on one node: per-client throughput, busy answers and
+//!   latency - who waits behind whom under the server's isolation profile.
+//!
+//! - `bench floor` ([`floor`]): the floor under a publish round trip, an
+//!   echo server (`bench floor serve`) and N sockets sending a small
+//!   message every interval: server CPU per round trip and per
+//!   socket-second.
+//!
 //! All sample once a second ([`series`]), show progress on stderr
 //! ([`progress`]), print a summary table or `--json` on stdout, and with
 //! `--report FILE` write a self-contained HTML page ([`report`]).
 
+mod fairness;
+mod floor;
 mod progress;
 mod publish;
 mod read;
@@ -59,6 +70,14 @@ pub const USAGE: &str =
                           [--user NAME [--password PW] | --cert FILE --key FILE]
                           [--server-pid PID] [--interval-s S] [--json]
                           [--report FILE.html]
+       uascale bench fairness URL [--flooders F] [--flood-inflight W]
+                          [--victims V] [--node NODE] [--warmup-s S]
+                          [--duration-s S] [--server-pid PID] [--json]
+                          [--report FILE.html]
+       uascale bench floor serve --port P [--bind ADDR]
+       uascale bench floor HOST:PORT [--sockets N] [--interval-ms I] [--size B]
+                          [--concurrency C] [--warmup-s S] [--duration-s S]
+                          [--server-pid PID] [--json]
 
   bench read      C connections (10) x M Reads in flight (100), K values per
                   Read (1) of the NODEs (default i=2258); --warmup-s (3) then
@@ -111,6 +130,19 @@ pub const USAGE: &str =
                   counters read through a separate session), server CPU and
                   RSS with --server-pid. Security and identity options as
                   for bench sessions
+  bench fairness  F clients (1) keep W Reads (500) in flight each while V
+                  victims (1) read one at a time, all of NODE (uascale's
+                  slow asynchronous ns=2;s=Demo.Slow.0); --warmup-s (2) then
+                  --duration-s (10) measured: per role, Reads/s per client,
+                  busy answers/s, latency p50/p99/max, errors; run it
+                  against servers with each requests.isolation_profile
+  bench floor     the floor of a publish round trip: `floor serve` echoes
+                  every message with one read and one write; the client
+                  opens N sockets (1000), C at a time (50), sends B bytes
+                  (100) on each every I ms (1000) and reads the echo;
+                  --warmup-s (3) then --duration-s (10): round trips/s,
+                  latency, server CPU per round trip and per socket-second
+                  (compare with bench sessions --publishing-ms I holding)
 
   All sample their series every --interval-s (1). Progress goes to stderr
   (a bar on a terminal, a line per sample otherwise); stdout gets only the
@@ -313,6 +345,19 @@ pub fn run(args: &[&str]) -> ExitCode {
             .and_then(|a| Ok((runtime()?.block_on(sessions::run(&a))?, a))),
         ["publish", rest @ ..] => Args::parse("publish", rest, publish::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(publish::run(&a))?, a))),
+        ["floor", "serve", rest @ ..] => {
+            return match runtime().and_then(|rt| rt.block_on(floor::serve(rest))) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("uascale bench floor serve: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        ["floor", rest @ ..] => Args::parse("floor", rest, floor::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(floor::run(&a))?, a))),
+        ["fairness", rest @ ..] => Args::parse("fairness", rest, fairness::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(fairness::run(&a))?, a))),
         // A child process of `bench storm --processes P`.
         ["storm", rest @ ..] if std::env::var_os(storm::WORKER_ENV).is_some() => {
             return storm::child(rest);
@@ -320,7 +365,7 @@ pub fn run(args: &[&str]) -> ExitCode {
         ["storm", rest @ ..] => Args::parse("storm", rest, storm::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(storm::run(&a))?, a))),
         _ => Err(format!(
-            "unknown bench; one of: read, sessions, publish, storm\n{USAGE}"
+            "unknown bench; one of: read, sessions, publish, storm, fairness, floor\n{USAGE}"
         )),
     };
     match result.and_then(|(mut outcome, a)| {

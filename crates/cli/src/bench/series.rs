@@ -136,6 +136,10 @@ pub struct SessionPoint {
     pub established: u64,
     /// Established in this interval, per second.
     pub established_per_s: f64,
+    /// The interval's length.
+    pub interval_s: f64,
+    /// Data changes the sessions received in this interval, per second.
+    pub data_changes_per_s: f64,
     pub failures: u64,
     pub busy_answers: u64,
     pub retries: u64,

@@ -58,6 +58,8 @@ struct Counters {
     failures: Mutex<StatusCounts>,
     /// Sessions that got a data change while held.
     notified: AtomicU64,
+    /// Data changes received, all sessions, all phases.
+    data_changes: AtomicU64,
     /// Set when the hold begins.
     holding: std::sync::atomic::AtomicBool,
 }
@@ -113,17 +115,17 @@ async fn establish(
 async fn watch_notifications(mut sub: Subscription, counters: Arc<Counters>) {
     let mut counted = false;
     while let Some(event) = sub.recv().await {
-        if counted || !counters.holding.load(Ordering::Relaxed) {
+        let SubscriptionEvent::Notifications { notifications, .. } = event else {
             continue;
-        }
-        if let SubscriptionEvent::Notifications { notifications, .. } = event {
-            if notifications
-                .iter()
-                .any(|n| matches!(n, Notification::DataChange { .. }))
-            {
-                counted = true;
-                counters.notified.fetch_add(1, Ordering::Relaxed);
-            }
+        };
+        let changes = notifications
+            .iter()
+            .filter(|n| matches!(n, Notification::DataChange { .. }))
+            .count() as u64;
+        counters.data_changes.fetch_add(changes, Ordering::Relaxed);
+        if !counted && changes > 0 && counters.holding.load(Ordering::Relaxed) {
+            counted = true;
+            counters.notified.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -165,6 +167,7 @@ struct Sampler {
     start: Instant,
     prev_t: Instant,
     prev_established: u64,
+    prev_changes: u64,
     pid: Option<u32>,
     prev_server: Option<ServerSample>,
     series: Vec<SessionPoint>,
@@ -175,6 +178,7 @@ impl Sampler {
         let at = Instant::now();
         let secs = at.duration_since(self.prev_t).as_secs_f64();
         let established = c.established.load(Ordering::Relaxed);
+        let changes = c.data_changes.load(Ordering::Relaxed);
         let server = self.pid.and_then(sample_server);
         let cores = match (self.prev_server, server) {
             (Some(a), Some(b)) if secs > 0.0 => {
@@ -187,6 +191,8 @@ impl Sampler {
             phase,
             established,
             established_per_s: (established - self.prev_established) as f64 / secs.max(1e-9),
+            interval_s: secs,
+            data_changes_per_s: (changes - self.prev_changes) as f64 / secs.max(1e-9),
             failures: c.failed.load(Ordering::Relaxed),
             busy_answers: c.busy.load(Ordering::Relaxed),
             retries: c.retries.load(Ordering::Relaxed),
@@ -195,9 +201,52 @@ impl Sampler {
         });
         self.prev_t = at;
         self.prev_established = established;
+        self.prev_changes = changes;
         self.prev_server = server;
         self.series.last().expect("just pushed")
     }
+}
+
+/// The establishment CPU per session with the publish load subtracted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Separated {
+    /// Over the whole ramp.
+    all_ms: f64,
+    /// Over the intervals that established the first half of the sessions
+    /// (`None` when none did: a ramp shorter than a sample interval).
+    first_half_ms: Option<f64>,
+    /// Over the rest.
+    second_half_ms: Option<f64>,
+}
+
+/// Each `establish` interval's server CPU less `steady` (CPU seconds per
+/// subscribed session-second) times the sessions up in it (the mean of its
+/// start and end counts), summed per half of the sessions and divided by
+/// the sessions each half established. `None` without CPU samples.
+fn establishment_cpu(series: &[SessionPoint], steady: f64) -> Option<Separated> {
+    let ramp: Vec<&SessionPoint> = series.iter().filter(|p| p.phase == "establish").collect();
+    let total = ramp.last()?.established;
+    if total == 0 {
+        return None;
+    }
+    let mut halves = [(0.0f64, 0u64); 2];
+    let mut before = 0u64;
+    for p in &ramp {
+        let cpu = p.server_cores_busy? * p.interval_s;
+        let new = p.established.saturating_sub(before);
+        let up = (before + p.established) as f64 / 2.0;
+        let own = (cpu - up * steady * p.interval_s).max(0.0);
+        let half = usize::from(before * 2 >= total);
+        halves[half].0 += own;
+        halves[half].1 += new;
+        before = p.established;
+    }
+    let ms = |(cpu, n): (f64, u64)| (n > 0).then(|| cpu * 1e3 / n as f64);
+    Some(Separated {
+        all_ms: (halves[0].0 + halves[1].0) * 1e3 / total as f64,
+        first_half_ms: ms(halves[0]),
+        second_half_ms: ms(halves[1]),
+    })
 }
 
 /// Runs `bench sessions`.
@@ -237,6 +286,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         start: started,
         prev_t: started,
         prev_established: 0,
+        prev_changes: 0,
         pid,
         prev_server: before,
         series: Vec::new(),
@@ -377,6 +427,14 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         )),
         _ => None,
     };
+    // The establishment CPU with the publish load of the sessions already
+    // up taken out: each establishing interval's server CPU, less the
+    // steady cost per subscribed session-second measured while holding
+    // times the sessions up in it.
+    let steady_per_session = per_session
+        .filter(|_| watch.is_some() && established > 0)
+        .map(|p| p.2 / established as f64);
+    let separated = steady_per_session.and_then(|c| establishment_cpu(&sampler.series, c));
     let rate = established as f64 / establish_time.as_secs_f64().max(1e-9);
     let busy = counters.busy.load(Ordering::Relaxed);
     let retries = counters.retries.load(Ordering::Relaxed);
@@ -402,6 +460,10 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         "server_cpu_ms_per_session": per_session.map(|p| p.0),
         "server_bytes_per_session": per_session.map(|p| p.1),
         "server_cores_busy_while_holding": per_session.map(|p| p.2),
+        "server_us_per_session_second_held": steady_per_session.map(|c| c * 1e6),
+        "establishment_ms_per_session_publish_subtracted": separated.map(|s| s.all_ms),
+        "establishment_ms_per_session_first_half": separated.and_then(|s| s.first_half_ms),
+        "establishment_ms_per_session_second_half": separated.and_then(|s| s.second_half_ms),
         "series": series,
     });
     let mut rows = vec![
@@ -441,8 +503,26 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             ),
         ));
     }
+    if let (Some(c), Some(sep)) = (steady_per_session, separated) {
+        rows.push((
+            "establishment CPU".to_owned(),
+            format!(
+                "{:.3} ms per session with the publish load taken out ({:.1} us per subscribed session-second while holding); first half of the sessions {}, second half {}",
+                sep.all_ms,
+                c * 1e6,
+                sep.first_half_ms.map_or("-".into(), |v| format!("{v:.3} ms")),
+                sep.second_half_ms.map_or("-".into(), |v| format!("{v:.3} ms")),
+            ),
+        ));
+    }
     let xy = |f: &dyn Fn(&SessionPoint) -> f64| -> Vec<(f64, f64)> {
         series.iter().map(|p| (p.t_s, f(p))).collect()
+    };
+    let xy_opt = |f: &dyn Fn(&SessionPoint) -> Option<f64>| -> Vec<(f64, f64)> {
+        series
+            .iter()
+            .filter_map(|p| f(p).map(|v| (p.t_s, v)))
+            .collect()
     };
     let shade = Some((0.0, establish_time.as_secs_f64(), "establishing".to_owned()));
     let charts = vec![
@@ -476,6 +556,36 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
                 label: "established/s".into(),
                 points: xy(&|p| p.established_per_s),
             }],
+            shade: shade.clone(),
+        },
+        Chart {
+            title: "Server CPU".into(),
+            y_label: "cores busy".into(),
+            lines: vec![Line {
+                key: "server_cores_busy".into(),
+                label: "server cores busy".into(),
+                points: xy_opt(&|p| p.server_cores_busy),
+            }],
+            shade: shade.clone(),
+        },
+        Chart {
+            title: "Server memory".into(),
+            y_label: "MB".into(),
+            lines: vec![Line {
+                key: "server_rss_bytes".into(),
+                label: "server RSS".into(),
+                points: xy_opt(&|p| p.server_rss_bytes.map(|b| b as f64 / 1e6)),
+            }],
+            shade: shade.clone(),
+        },
+        Chart {
+            title: "Notifications".into(),
+            y_label: "data changes/s".into(),
+            lines: vec![Line {
+                key: "data_changes_per_s".into(),
+                label: "data changes received/s".into(),
+                points: xy(&|p| p.data_changes_per_s),
+            }],
             shade,
         },
     ];
@@ -489,4 +599,47 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         json,
         charts,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(phase: &'static str, established: u64, cores: f64) -> SessionPoint {
+        SessionPoint {
+            t_s: 0.0,
+            phase,
+            established,
+            established_per_s: 0.0,
+            interval_s: 1.0,
+            data_changes_per_s: 0.0,
+            failures: 0,
+            busy_answers: 0,
+            retries: 0,
+            server_cores_busy: Some(cores),
+            server_rss_bytes: None,
+        }
+    }
+
+    /// 100 sessions a second, 1 ms of CPU each, plus 10 us per session up
+    /// per second: the subtraction gives back 1 ms in both halves, where
+    /// the raw figure grows with the sessions up.
+    #[test]
+    fn the_publish_load_is_taken_out_of_the_establishment_cpu() {
+        let steady = 10e-6;
+        let mut series = Vec::new();
+        for i in 1..=10u64 {
+            let up = (i * 100 + (i - 1) * 100) as f64 / 2.0;
+            series.push(point("establish", i * 100, 0.1 + up * steady));
+        }
+        series.push(point("hold", 1000, 1000.0 * steady));
+        let s = establishment_cpu(&series, steady).unwrap();
+        assert!((s.all_ms - 1.0).abs() < 1e-9, "{s:?}");
+        assert!((s.first_half_ms.unwrap() - 1.0).abs() < 1e-9, "{s:?}");
+        assert!((s.second_half_ms.unwrap() - 1.0).abs() < 1e-9, "{s:?}");
+        // Without CPU samples there is nothing to separate.
+        let mut blind = series.clone();
+        blind[0].server_cores_busy = None;
+        assert_eq!(establishment_cpu(&blind, steady), None);
+    }
 }

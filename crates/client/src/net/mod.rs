@@ -49,7 +49,11 @@ fn now() -> Now {
 /// How a client connects and waits.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// How long a request may wait for its response. Default 10 s.
+    /// How long a request may wait for its response. Default 10 s. It is
+    /// also the dead-peer timeout: when a request's timeout passes and
+    /// not a byte has come from the server since it was sent, the
+    /// connection is given up (and, with [`reconnect`](Self::reconnect),
+    /// opened again) rather than left hanging on a silent network.
     pub request_timeout: Duration,
     /// TCP connect plus channel opening. Default 10 s.
     pub connect_timeout: Duration,
@@ -152,9 +156,11 @@ type Reply = oneshot::Sender<Result<Vec<u8>, ClientError>>;
 
 /// What the client sends its connection task.
 pub(crate) enum Command {
+    /// A request; `deadline` is when its caller stops waiting.
     Request {
         message: Vec<u8>,
         reply: Reply,
+        deadline: Instant,
     },
     Close {
         done: oneshot::Sender<()>,
@@ -683,6 +689,15 @@ impl Client {
     }
 
     /// Write; the status of each value.
+    ///
+    /// Like every request, a Write is sent at most once: when the
+    /// connection is lost before its answer arrives, it fails (a channel,
+    /// IO or timeout error) and is not resent by the client, even after a
+    /// reconnect. The server may or may not have applied it; whether to
+    /// write again is the application's decision (writing the same value
+    /// twice is harmless, writing "the next value of a counter" is not).
+    /// A request made while the client reconnects is only sent once a new
+    /// channel is open.
     pub async fn write(&self, values: Vec<t::WriteValue>) -> Result<Vec<StatusCode>, ClientError> {
         let resp: t::WriteResponse = self
             .request(&t::WriteRequest {
@@ -778,6 +793,9 @@ impl Client {
             .lock()
             .map(|s| !s.auth.is_null())
             .unwrap_or(false);
+        // Closing from here on: no reconnect, and no new session when the
+        // Publishes still out come back with BadSessionClosed.
+        self.shared.closing.store(true, Ordering::SeqCst);
         if has_session && self.is_connected() {
             let _: Result<t::CloseSessionResponse, _> = self
                 .request(&t::CloseSessionRequest {
@@ -789,7 +807,6 @@ impl Client {
         if let Ok(mut s) = self.shared.session.lock() {
             s.auth = NodeId::NULL;
         }
-        self.shared.closing.store(true, Ordering::SeqCst);
         let link = self.shared.link.lock().ok().and_then(|mut l| l.take());
         if let Some((_, link)) = link {
             let (done, rx) = oneshot::channel();
@@ -824,9 +841,16 @@ impl Shared {
         let weak = Arc::downgrade(self);
         let renewals = Arc::clone(&self.renewals);
         tokio::spawn(async move {
-            let failure = drive(stream, conn, rx, opened_tx, renewals).await;
+            let (failure, waiting) = drive(stream, conn, rx, opened_tx, renewals).await;
+            // Reconnecting (or closed) before the waiting requests hear of
+            // the loss: a caller that sees its request fail and asks
+            // `is_connected` or `wait_connected` learns about the new
+            // channel, not the dead one.
             if let Some(shared) = weak.upgrade() {
-                shared.link_lost(generation, failure);
+                shared.link_lost(generation, failure.clone());
+            }
+            for reply in waiting {
+                let _ = reply.send(Err(failure.clone()));
             }
         });
         match opened_rx.await {
@@ -853,10 +877,10 @@ impl Shared {
             Ok(mut l) if l.as_ref().is_some_and(|(g, _)| *g == generation) => l.take(),
             _ => None,
         };
-        if current.is_none() || self.closing.load(Ordering::SeqCst) {
+        if current.is_none() {
             return;
         }
-        if !self.options.reconnect {
+        if !self.options.reconnect || self.closing.load(Ordering::SeqCst) {
             self.shut_down(failure);
             return;
         }
@@ -876,6 +900,15 @@ impl Shared {
         }
         self.state.send_replace(LinkState::Closed(reason.clone()));
         subscription::end_all(self, reason.status_code());
+    }
+
+    /// The session's authentication token; `None` without a session.
+    pub(crate) fn session_token(&self) -> Option<NodeId> {
+        self.session
+            .lock()
+            .ok()
+            .map(|s| s.auth.clone())
+            .filter(|a| !a.is_null())
     }
 
     /// A request header with the session's token and a fresh handle.
@@ -919,7 +952,11 @@ impl Shared {
                 },
             };
             let (reply, rx) = oneshot::channel();
-            let command = Command::Request { message, reply };
+            let command = Command::Request {
+                message,
+                reply,
+                deadline: deadline.into_std(),
+            };
             let unsent = match target {
                 Some(link) => match link.send(command) {
                     Ok(()) => {
@@ -1421,20 +1458,27 @@ async fn link_thumbprint(link: &Link) -> Vec<u8> {
     rx.await.unwrap_or_default()
 }
 
-/// The connection task.
+/// The connection task: runs until the connection ends; returns why, and
+/// the replies of the requests still waiting (to be failed once the
+/// client knows the link is gone).
 async fn drive(
     stream: TcpStream,
     mut conn: ClientConnection,
     mut commands: mpsc::UnboundedReceiver<Command>,
     opened: oneshot::Sender<Result<(), ClientError>>,
     renewals: Arc<AtomicU64>,
-) -> ClientError {
+) -> (ClientError, Vec<Reply>) {
     let (mut rd, mut wr) = stream.into_split();
     let mut opened = Some(opened);
     let mut pending: HashMap<u32, Reply> = HashMap::new();
     let mut input = Vec::with_capacity(8192);
     let mut out = Vec::new();
     let mut closing: Option<oneshot::Sender<()>> = None;
+    // Dead-peer detection: the earliest deadline among the requests sent
+    // since the last byte arrived. If it passes with still nothing read,
+    // the connection is given up (a black hole, a peer that hangs), so
+    // that a reconnect can follow; any byte from the server clears it.
+    let mut silent_until: Option<Instant> = None;
     let failure = loop {
         out.clear();
         if conn.poll_transmit(&mut out) && wr.write_all(&out).await.is_err() {
@@ -1489,7 +1533,10 @@ async fn drive(
                     reason: "server closed the connection".into(),
                     retry_after_ms: None,
                 },
-                Ok(_) => { let _ = conn.handle_input(now(), &mut input); }
+                Ok(_) => {
+                    silent_until = None;
+                    let _ = conn.handle_input(now(), &mut input);
+                }
                 Err(e) => break ClientError::Io(e.to_string()),
             },
             cmd = commands.recv() => {
@@ -1501,9 +1548,10 @@ async fn drive(
                 let mut next = Some(cmd);
                 while let Some(cmd) = next.take() {
                     match cmd {
-                        Command::Request { message, reply } => match conn.send_request(&message) {
+                        Command::Request { message, reply, deadline } => match conn.send_request(&message) {
                             Ok(id) => {
                                 pending.insert(id, reply);
+                                silent_until = Some(silent_until.map_or(deadline, |d| d.min(deadline)));
                             }
                             Err(e) => {
                                 let _ = reply.send(Err(ClientError::Channel {
@@ -1526,6 +1574,11 @@ async fn drive(
                 }
             }
             () = sleep_until(due) => conn.handle_timeout(now()),
+            () = sleep_until(silent_until) => break ClientError::Channel {
+                status: StatusCode::BadConnectionClosed,
+                reason: "no byte from the server within a request's timeout".into(),
+                retry_after_ms: None,
+            },
         }
     };
     out.clear();
@@ -1536,14 +1589,25 @@ async fn drive(
     if let Some(o) = opened.take() {
         let _ = o.send(Err(failure.clone()));
     }
-    for (_, reply) in pending.drain() {
-        let _ = reply.send(Err(failure.clone()));
+    // The requests that were sent, and those still queued (never sent).
+    let mut waiting: Vec<Reply> = pending.into_values().collect();
+    commands.close();
+    while let Ok(cmd) = commands.try_recv() {
+        match cmd {
+            Command::Request { reply, .. } => waiting.push(reply),
+            Command::Close { done } => {
+                let _ = done.send(());
+            }
+            Command::Thumbprint { reply } => {
+                let _ = reply.send(Vec::new());
+            }
+        }
     }
     if let Some(done) = closing {
         let _ = done.send(());
     }
     tracing::debug!(error = %failure, "client connection ended");
-    failure
+    (failure, waiting)
 }
 
 async fn sleep_until(due: Option<Instant>) {

@@ -77,6 +77,22 @@ async fn reestablish(shared: &Arc<Shared>) -> Result<(), ClientError> {
     Ok(())
 }
 
+/// The server lost our session but the channel is up: a new session on
+/// the current channel takes the subscriptions over.
+pub(crate) async fn renew_session(shared: &Arc<Shared>) -> Result<(), ClientError> {
+    if shared.closing.load(Ordering::SeqCst) {
+        return Err(ClientError::Closed);
+    }
+    let link = shared
+        .link
+        .lock()
+        .ok()
+        .and_then(|l| l.as_ref().map(|(_, l)| l.clone()))
+        .ok_or(ClientError::Closed)?;
+    tracing::debug!("the server lost the session; a new one on the same channel");
+    new_session(shared, &link).await
+}
+
 /// A new session under the old one's name, and the subscriptions moved to
 /// it.
 async fn new_session(shared: &Arc<Shared>, link: &Link) -> Result<(), ClientError> {

@@ -566,7 +566,9 @@ fn start_publishing(shared: &Arc<Shared>) {
 
 /// Keeps Publish requests outstanding while the client has subscriptions.
 async fn publish_loop(shared: Arc<Shared>) {
-    let mut inflight: JoinSet<Result<t::PublishResponse, ClientError>> = JoinSet::new();
+    // Each Publish with the session token it was sent with.
+    let mut inflight: JoinSet<(t::NodeId, Result<t::PublishResponse, ClientError>)> =
+        JoinSet::new();
     let mut acks: Vec<t::SubscriptionAcknowledgement> = Vec::new();
     let mut limit = usize::MAX;
     loop {
@@ -604,12 +606,13 @@ async fn publish_loop(shared: Arc<Shared>) {
                 subscription_acknowledgements: Some(std::mem::take(&mut acks)),
             };
             let s = Arc::clone(&shared);
-            inflight.spawn(async move { s.request(&request, None, timeout).await });
+            let token = request.request_header.authentication_token.clone();
+            inflight.spawn(async move { (token, s.request(&request, None, timeout).await) });
         }
         let Some(done) = inflight.join_next().await else {
             continue;
         };
-        let Ok(result) = done else {
+        let Ok((token, result)) = done else {
             continue;
         };
         match result {
@@ -631,6 +634,30 @@ async fn publish_loop(shared: Arc<Shared>) {
                         .unwrap_or_default();
                     for key in keys {
                         if recreate(&shared, None, key).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                // The server no longer knows the session, while the
+                // channel works (it timed out while we were silent, or
+                // the server closed it): a new session takes the
+                // subscriptions over - once, not for every Publish that
+                // was still out with the old token.
+                StatusCode::BadSessionIdInvalid
+                | StatusCode::BadSessionClosed
+                | StatusCode::BadSessionNotActivated
+                    if shared.session_token().as_ref() == Some(&token) =>
+                {
+                    if shared.closing.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    if !shared.options.reconnect {
+                        end_all(&shared, e.status_code());
+                        break;
+                    }
+                    if let Err(e) = super::reconnect::renew_session(&shared).await {
+                        tracing::debug!(error = %e, "no new session; waiting for the channel");
+                        if !wait_usable(&shared).await {
                             break;
                         }
                     }

@@ -32,6 +32,10 @@ struct ConnectionSink {
     ready: tokio::sync::Notify,
     /// The requests of this connection answered later by running tasks.
     running: std::sync::Mutex<Vec<Running>>,
+    /// Worker slots held until a request is answered (held Publishes
+    /// without `decouple_held_publish_requests`), and how many.
+    held: std::sync::Mutex<Vec<(u32, crate::scheduler::Slot)>>,
+    held_count: AtomicU32,
     /// Activated sessions bound to this connection's channel (kept by the
     /// session listener); while there is one, the connection may use the
     /// whole reassembly budget (SCALABILITY.md §2).
@@ -98,11 +102,38 @@ impl ConnectionSink {
         self.close_with(StatusCode::BadShutdown, "server shutting down".into());
     }
 
-    /// Refuses further answers and drops the queued ones.
+    /// Refuses further answers and drops the queued ones (and gives back
+    /// the worker slots held for unanswered requests).
     fn close(&self) {
-        let mut q = self.lock();
-        q.closed = true;
-        q.answers = Vec::new();
+        {
+            let mut q = self.lock();
+            q.closed = true;
+            q.answers = Vec::new();
+        }
+        if self.held_count.swap(0, Ordering::AcqRel) > 0 {
+            let held = std::mem::take(&mut *self.held_slots());
+            drop(held);
+        }
+    }
+
+    fn held_slots(&self) -> std::sync::MutexGuard<'_, Vec<(u32, crate::scheduler::Slot)>> {
+        // One push, removal or take at a time.
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Releases the slot held for `request_id`, if one is.
+    fn answered(&self, request_id: u32) {
+        if self.held_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let slot = {
+            let mut held = self.held_slots();
+            let at = held.iter().position(|(id, _)| *id == request_id);
+            at.map(|i| held.swap_remove(i))
+        };
+        if slot.is_some() {
+            self.held_count.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     fn running(&self) -> std::sync::MutexGuard<'_, Vec<Running>> {
@@ -147,6 +178,7 @@ impl ConnectionSink {
 
 impl ResponseSink for ConnectionSink {
     fn send(&self, request_id: u32, message: Vec<u8>) -> bool {
+        self.answered(request_id);
         {
             let mut q = self.lock();
             if q.closed {
@@ -157,6 +189,43 @@ impl ResponseSink for ConnectionSink {
         // Stores a permit when the task is not waiting: no wake-up is lost.
         self.ready.notify_one();
         true
+    }
+
+    fn is_open(&self) -> bool {
+        !self.lock().closed
+    }
+
+    fn spawn_answer(
+        self: Arc<Self>,
+        request_id: u32,
+        request_handle: u32,
+        future: crate::reply::BoxFuture<Vec<u8>>,
+        slot: Option<crate::scheduler::Slot>,
+    ) {
+        let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = Arc::clone(&answered);
+        let to = Arc::clone(&self);
+        let task = tokio::spawn(async move {
+            let message = future.await;
+            drop(slot);
+            if !done.swap(true, Ordering::AcqRel) {
+                to.send(request_id, message);
+            }
+        });
+        self.running().push(Running {
+            request_handle,
+            request_id,
+            answered,
+            abort: task.abort_handle(),
+        });
+    }
+
+    fn hold_until_answered(&self, request_id: u32, slot: crate::scheduler::Slot) {
+        if self.lock().closed {
+            return;
+        }
+        self.held_slots().push((request_id, slot));
+        self.held_count.fetch_add(1, Ordering::AcqRel);
     }
 
     fn cancel(&self, request_handle: u32, now: DateTime) -> u32 {
@@ -538,6 +607,7 @@ impl Server {
             ))
         });
         self.shared.state.set_listening(true);
+        self.shared.state.scheduler.start();
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared.state)));
         let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared.state)));
         let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(&self.shared.state)));
@@ -584,6 +654,7 @@ impl Server {
         {
             self.shared.abort_all();
         }
+        self.shared.state.scheduler.stop();
         if let Some(task) = metrics {
             task.abort();
             // Its listener is closed once the task is gone.
@@ -799,6 +870,7 @@ fn serve(
         }
         queue.close();
         shared.deregister(id, &queue);
+        shared.state.scheduler.forget_channel(id);
         // Answers still running have nowhere to go.
         queue.abort_running();
         queue.count_gone(&shared.state);
@@ -1039,7 +1111,9 @@ fn read_and_handle(
 }
 
 /// Hands each request the connection decoded to the dispatcher and sends
-/// or schedules its answer.
+/// or schedules its answer. While nothing waits in the request queue, a
+/// request runs here at once; otherwise it is decoded, classified and
+/// queued for a worker, or refused busy ([`crate::scheduler`]).
 fn handle_events(
     conn: &mut ServerConnection,
     state: &Arc<ServerState>,
@@ -1080,30 +1154,112 @@ fn handle_events(
             ctx
         });
         ctx.request_id = request_id;
+        let scheduler = &state.scheduler;
+        // Requests wait: this one queues behind them.
+        if scheduler.has_waiting() {
+            enqueue(conn, ctx, &body);
+            continue;
+        }
+        if !scheduler.decoupled() {
+            // The legacy mode: a held Publish keeps the worker it ran on,
+            // so every request takes a worker's slot before it runs.
+            let Some(slot) = scheduler.try_slot() else {
+                enqueue(conn, ctx, &body);
+                continue;
+            };
+            match dispatch(ctx, &body) {
+                Dispatched::Now(response) => {
+                    drop(slot);
+                    send_or_fault(conn, request_id, &response);
+                }
+                Dispatched::Later {
+                    request_handle,
+                    future,
+                    holds_worker,
+                } => {
+                    let slot = holds_worker.then(|| slot.into_owned());
+                    Arc::clone(queue).spawn_answer(request_id, request_handle, future, slot);
+                }
+                Dispatched::Parked => queue.hold_until_answered(request_id, slot.into_owned()),
+            }
+            continue;
+        }
+        // Nothing waits: the request runs here at once. What completes here
+        // takes no worker (two runtime threads bound it anyway); an answer
+        // that waits - an asynchronous node manager - takes one, or queues
+        // for one when every worker is busy.
         match dispatch(ctx, &body) {
             Dispatched::Now(response) => send_or_fault(conn, request_id, &response),
             Dispatched::Later {
                 request_handle,
                 future,
-            } => {
-                let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let done = Arc::clone(&answered);
-                let to = Arc::clone(queue);
-                let task = tokio::spawn(async move {
-                    let message = future.await;
-                    if !done.swap(true, Ordering::AcqRel) {
-                        to.send(request_id, message);
-                    }
-                });
-                queue.running().push(Running {
-                    request_handle,
+                holds_worker: true,
+            } => match scheduler.try_slot() {
+                Some(slot) => Arc::clone(queue).spawn_answer(
                     request_id,
-                    answered,
-                    abort: task.abort_handle(),
-                });
-            }
+                    request_handle,
+                    future,
+                    Some(slot.into_owned()),
+                ),
+                None => {
+                    let (owner, _) = scheduler.owner_of(ctx);
+                    let job = crate::scheduler::Job {
+                        ctx: ctx.clone(),
+                        work: crate::scheduler::Work::Answer {
+                            request_handle,
+                            future,
+                        },
+                    };
+                    scheduler.offer_started(owner, body.len(), job);
+                }
+            },
+            Dispatched::Later {
+                request_handle,
+                future,
+                holds_worker: false,
+            } => Arc::clone(queue).spawn_answer(request_id, request_handle, future, None),
             Dispatched::Parked => {}
         }
+    }
+}
+
+/// Queues a request that cannot run at once (the request queue has
+/// requests waiting, or every worker is busy), or answers it: a ServiceFault
+/// when it does not decode, `BadServerTooBusy` with a hint when the queue
+/// refuses it.
+fn enqueue(conn: &mut ServerConnection, ctx: &ServiceContext, body: &[u8]) {
+    let state = &ctx.state;
+    let limits = &state.channel_config.decode;
+    let request = match crate::dispatch::Request::decode(body, limits) {
+        Ok(r) => r,
+        Err(e) => {
+            // Cheap to answer, and nothing to queue.
+            let mut ctx = ctx.clone();
+            let out = crate::dispatch::dispatch_general(&mut ctx, body);
+            if let Some(response) = out.now() {
+                send_or_fault(conn, ctx.request_id, &response);
+            }
+            tracing::debug!(error = %e, "request did not decode");
+            return;
+        }
+    };
+    let (owner, kind, trusted) = state.scheduler.classify(ctx, &request);
+    let handle = request.header().request_handle;
+    let service = request.service();
+    let job = crate::scheduler::Job::request(ctx.clone(), request);
+    if let Err(refused) = state
+        .scheduler
+        .offer(owner, kind, trusted, body.len(), job, ctx.instant)
+    {
+        let e = crate::error::ServiceError::busy(StatusCode::BadServerTooBusy, refused.retry_after);
+        state.metrics.requests.record(service, e.status_code());
+        state
+            .metrics
+            .busy_answer(crate::metrics::Stage::Request, refused.retry_after);
+        let fault = e.to_fault(ctx.now, handle);
+        let mut out = Vec::with_capacity(128);
+        uascale_types::encode_message(&fault, &mut out);
+        send_or_fault(conn, ctx.request_id, &out);
     }
 }
 

@@ -82,9 +82,7 @@ pub fn read_fast(ctx: &mut ServiceContext, message: &[u8]) -> Option<Vec<u8>> {
     let locales = Locales::new(ctx);
     for _ in 0..n {
         let rv = ReadValueId::decode(&mut r).ok()?;
-        if rv.attribute_id == AttributeId::Value as u32
-            && ctx.managers.is_async(rv.node_id.namespace)
-        {
+        if rv.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(&rv.node_id) {
             return None;
         }
         read_one(ctx, &rv, ts, &locales).encode(&mut out);
@@ -584,7 +582,7 @@ pub fn read_answer(
 ) -> Result<Answer<ReadResponse>, ServiceError> {
     let nodes = req.nodes_to_read.as_deref().unwrap_or(&[]);
     let is_async_value = |r: &ReadValueId| {
-        r.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(r.node_id.namespace)
+        r.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(&r.node_id)
     };
     if !nodes.iter().any(is_async_value) {
         return read(ctx, req).map(Answer::Now);
@@ -681,7 +679,7 @@ pub fn write_answer(
 ) -> Result<Answer<uascale_types::WriteResponse>, ServiceError> {
     let nodes = req.nodes_to_write.as_deref().unwrap_or(&[]);
     let is_async_value = |w: &uascale_types::WriteValue| {
-        w.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(w.node_id.namespace)
+        w.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(&w.node_id)
     };
     if !nodes.iter().any(is_async_value) {
         return write(ctx, req).map(Answer::Now);
@@ -705,7 +703,7 @@ pub fn write_answer(
                 let id = node.node_id.clone();
                 let f = match range {
                     None => managers.write_value_async(&id, value),
-                    Some(range) => managers.async_manager(id.namespace).map(|mgr| {
+                    Some(range) => managers.async_manager(&id).map(|mgr| {
                         // Read the current array, replace the range, store.
                         Box::pin(async move {
                             let current = mgr.read_value(&id).await?;

@@ -159,7 +159,7 @@ pub fn call_answer(
     req: &CallRequest,
 ) -> Result<Answer<CallResponse>, ServiceError> {
     let methods = req.methods_to_call.as_deref().unwrap_or(&[]);
-    let is_async = |m: &CallMethodRequest| ctx.managers.is_async(m.method_id.namespace);
+    let is_async = |m: &CallMethodRequest| ctx.managers.is_async(&m.method_id);
     if !methods.iter().any(is_async) {
         return call(ctx, req).map(Answer::Now);
     }

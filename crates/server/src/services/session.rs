@@ -743,10 +743,15 @@ pub fn cancel(
     req: &uascale_types::CancelRequest,
 ) -> Result<uascale_types::CancelResponse, ServiceError> {
     ctx.session()?;
-    let cancel_count = ctx
+    // Those still waiting for a worker, then those running.
+    let queued = ctx
+        .scheduler
+        .cancel_queued(ctx.channel_id, req.request_handle);
+    let running = ctx
         .sink
         .as_ref()
         .map_or(0, |s| s.cancel(req.request_handle, ctx.now));
+    let cancel_count = queued.saturating_add(running);
     Ok(uascale_types::CancelResponse {
         response_header: ctx.response_header(&req.request_header),
         cancel_count,

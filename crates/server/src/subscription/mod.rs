@@ -1041,6 +1041,11 @@ impl<P> SubscriptionSet<P> {
                 expired.push(i);
             }
         }
+        // Removed from the back: `due` ran by priority, so the indices
+        // must be put in order first (else a removal shifts the ones
+        // after it and the wrong subscription goes, or the index is out of
+        // bounds).
+        expired.sort_unstable();
         let mut gone = Vec::new();
         for i in expired.into_iter().rev() {
             let s = self.subs.remove(i);

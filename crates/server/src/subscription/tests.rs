@@ -299,6 +299,39 @@ fn lifetime_expiry_sends_bad_timeout_status_change() {
     );
 }
 
+/// Found by fuzzing (`dispatch_request` running the engine): two
+/// subscriptions whose lifetimes run out in the same timer run, the later
+/// one with the higher priority. The timers run by priority, so the
+/// expired indices came out in descending order, and removing them "from
+/// the back" removed index 0 first and then panicked on index 1 (in the
+/// server: the subscription timer task died and no subscription published
+/// again).
+#[test]
+fn subscriptions_of_different_priorities_expire_together() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    set.insert(sub(&clock, 1, 100.0, 3, 1));
+    let mut high = requested(100.0, 3, 1);
+    high.priority = 200;
+    let revised = SubscriptionLimits::default().revise(&high);
+    set.insert(Subscription::new(
+        2,
+        clock.now().instant,
+        revised,
+        &high,
+        true,
+    ));
+    set.insert(sub(&clock, 3, 100.0, 300, 1));
+    let mut out = Vec::new();
+    // No Publish at all: both short-lived ones expire in the same run.
+    let gone = run(&mut set, &mut clock, 1_000, &mut out);
+    let mut ids: Vec<u32> = gone.iter().map(|s| s.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![1, 2]);
+    assert!(set.get(1).is_none() && set.get(2).is_none());
+    assert!(set.get(3).is_some(), "the long-lived one stays");
+}
+
 #[test]
 fn too_many_publish_requests_and_timeouts() {
     let clock = Clock::new();

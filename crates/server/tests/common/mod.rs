@@ -33,6 +33,13 @@ pub struct RawClient {
     next_handle: u32,
     /// The session's authentication token once created.
     pub auth: NodeId,
+    reader: RawReader,
+}
+
+/// The reading half of a connection (a clone of its socket), for a test
+/// that reads answers on one thread while another keeps sending.
+pub struct RawReader {
+    stream: TcpStream,
     buf: Vec<u8>,
 }
 
@@ -52,6 +59,10 @@ impl RawClient {
             .set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
         let mut c = RawClient {
+            reader: RawReader {
+                stream: stream.try_clone().expect("clone the socket"),
+                buf: Vec::new(),
+            },
             stream,
             channel_id: 0,
             token_id: 0,
@@ -59,7 +70,6 @@ impl RawClient {
             next_request_id: 1,
             next_handle: 1,
             auth: NodeId::NULL,
-            buf: Vec::new(),
         };
         let mut hello = Vec::new();
         Hello {
@@ -148,34 +158,22 @@ impl RawClient {
     }
 
     fn read_message(&mut self) -> (MessageType, Vec<u8>) {
-        loop {
-            if let Some(h) = MessageHeader::parse(&self.buf, 1 << 24).unwrap() {
-                let size = h.message_size as usize;
-                if self.buf.len() >= size {
-                    let msg: Vec<u8> = self.buf.drain(..size).collect();
-                    return (h.message_type, msg);
-                }
-            }
-            let mut tmp = [0u8; 65536];
-            let n = self.stream.read(&mut tmp).expect("read");
-            assert!(n > 0, "server closed the connection");
-            self.buf.extend_from_slice(&tmp[..n]);
-        }
+        self.reader.read_message()
     }
 
     /// Reads the next response: its request id and the decoded message
     /// (single-chunk responses only, which is all these tests need).
     pub fn read_response(&mut self) -> (u32, Box<dyn DynStructure>) {
-        let (_, msg) = self.read_message();
-        let header = MessageHeader::parse(&msg, 1 << 24).unwrap().unwrap();
-        assert!(
-            header.message_type != MessageType::Error,
-            "server sent ERR: {msg:?}"
-        );
-        let chunk = Chunk::parse(&header, &msg).unwrap();
-        let limits = DecodeLimits::default();
-        let m = decode_message(&mut Reader::new(chunk.body, &limits).unwrap()).unwrap();
-        (chunk.request_id, m)
+        self.reader.read_response()
+    }
+
+    /// A second reader of this connection's answers (the socket cloned);
+    /// use only one of them.
+    pub fn split_reader(&self) -> RawReader {
+        RawReader {
+            stream: self.stream.try_clone().expect("clone the socket"),
+            buf: Vec::new(),
+        }
     }
 
     /// Reads the next message, which must be an ERR; returns its status.
@@ -287,6 +285,39 @@ impl RawClient {
                 },
             }]),
         });
+    }
+}
+
+impl RawReader {
+    fn read_message(&mut self) -> (MessageType, Vec<u8>) {
+        loop {
+            if let Some(h) = MessageHeader::parse(&self.buf, 1 << 24).unwrap() {
+                let size = h.message_size as usize;
+                if self.buf.len() >= size {
+                    let msg: Vec<u8> = self.buf.drain(..size).collect();
+                    return (h.message_type, msg);
+                }
+            }
+            let mut tmp = [0u8; 65536];
+            let n = self.stream.read(&mut tmp).expect("read");
+            assert!(n > 0, "server closed the connection");
+            self.buf.extend_from_slice(&tmp[..n]);
+        }
+    }
+
+    /// Reads the next response: its request id and the decoded message
+    /// (single-chunk responses only, which is all these tests need).
+    pub fn read_response(&mut self) -> (u32, Box<dyn DynStructure>) {
+        let (_, msg) = self.read_message();
+        let header = MessageHeader::parse(&msg, 1 << 24).unwrap().unwrap();
+        assert!(
+            header.message_type != MessageType::Error,
+            "server sent ERR: {msg:?}"
+        );
+        let chunk = Chunk::parse(&header, &msg).unwrap();
+        let limits = DecodeLimits::default();
+        let m = decode_message(&mut Reader::new(chunk.body, &limits).unwrap()).unwrap();
+        (chunk.request_id, m)
     }
 }
 
