@@ -213,7 +213,7 @@ async fn connection_errors_are_clear() {
 /// them all: a session with the user name identity (an EccEncryptedSecret
 /// for the server's ECDHKey) lives through two token renewals (fresh
 /// ephemeral keys each, chained under SecureChannelEnhancements), reading
-/// before and after.
+/// before and after; then an X.509 user of the same curve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ecc_sessions_renew_against_uascale() {
     use uascale_client::{SecurityOptions, ServerTrust, UserIdentity};
@@ -245,6 +245,31 @@ async fn ecc_sessions_renew_against_uascale() {
         ..Default::default()
     };
     config.limits.min_token_lifetime = Duration::from_secs(1);
+    // X.509 users, one per curve, trusted by the server's PKI.
+    uascale_server::pki::create_layout(&pki).unwrap();
+    let users: Vec<(KeyType, Arc<Identity>)> = [KeyType::EcP256, KeyType::EcP384, KeyType::Ed25519]
+        .into_iter()
+        .map(|k| {
+            let mut p = SelfSignedParams::new(
+                "urn:uascale:test:ecc-user",
+                "ecc user",
+                std::time::SystemTime::now() - Duration::from_secs(60),
+            );
+            p.key_type = k;
+            let made = create_self_signed(&p).unwrap();
+            std::fs::write(
+                pki.join(format!("trusted/certs/user-{}.der", k.name())),
+                made.certificate.der(),
+            )
+            .unwrap();
+            let id = Identity::with_key(
+                made.certificate,
+                PrivateKey::from_der(&made.private_key_pkcs8_der).unwrap(),
+            )
+            .unwrap();
+            (k, Arc::new(id))
+        })
+        .collect();
     let server = Server::bind(config).unwrap();
     let url = format!("opc.tcp://{}", server.local_addr().unwrap());
     tokio::spawn(server.run(std::future::pending()));
@@ -273,7 +298,7 @@ async fn ecc_sessions_renew_against_uascale() {
             security: SecurityOptions {
                 policy,
                 mode: t::MessageSecurityMode::SignAndEncrypt,
-                certificate: Some(identity),
+                certificate: Some(Arc::clone(&identity)),
                 trust: ServerTrust::UnsafeAcceptAny,
                 server_certificate: None,
             },
@@ -284,6 +309,7 @@ async fn ecc_sessions_renew_against_uascale() {
             application_uri: "urn:uascale:test:ecc-client".into(),
             ..Default::default()
         };
+        let x509_options = options.clone();
         options.channel.requested_lifetime = Duration::from_secs(1);
         let client = Client::connect(&url, options)
             .await
@@ -304,6 +330,34 @@ async fn ecc_sessions_renew_against_uascale() {
         }
         assert!(client.token_renewals() >= 2, "{policy:?}: renewed twice");
         client.close().await;
+
+        // An X.509 user of the same curve: the token signature (ECDSA or
+        // Ed25519, channel-bound under enhancements) is checked.
+        let user = users.iter().find(|(k, _)| *k == key).unwrap().1.clone();
+        let mut options = x509_options.clone();
+        options.security.policy = policy;
+        options.security.certificate = Some(Arc::clone(&identity));
+        options.identity = UserIdentity::X509(user);
+        let client = Client::connect(&url, options).await.unwrap();
+        client
+            .create_session("ecc x509")
+            .await
+            .unwrap_or_else(|e| panic!("{policy:?} x509: {e}"));
+        let v = client.read_values(&[NodeId::ns0(2259)]).await.unwrap();
+        assert_eq!(v[0].value, Some(Variant::Int32(0)), "{policy:?} x509");
+        client.close().await;
+        // A P-384 user on a P-256 policy signs with SHA-384, which the
+        // server checks as ECDSA-SHA256 (.NET's P-384-on-nistP256 form):
+        // refused.
+        if policy == SecurityPolicy::EccNistP256 {
+            let p384 = users.iter().find(|(k, _)| *k == KeyType::EcP384).unwrap();
+            let mut options = x509_options.clone();
+            options.identity = UserIdentity::X509(Arc::clone(&p384.1));
+            let client = Client::connect(&url, options).await.unwrap();
+            let e = client.create_session("bad x509").await.unwrap_err();
+            assert_eq!(e.status_code(), StatusCode::BadUserSignatureInvalid, "{e}");
+            client.close().await;
+        }
     }
     let _ = std::fs::remove_dir_all(&pki);
 }
