@@ -1,7 +1,10 @@
 //! A secured server connection past its signature check: for the (policy,
-//! mode) the first byte picks - every RSA policy the proto supports
-//! (Basic256Sha256, Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss) x Sign /
-//! SignAndEncrypt - the channel is opened properly with fixed identities,
+//! mode) the first byte picks - every policy the proto supports (the RSA
+//! ones Basic256Sha256, Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss and
+//! the ECC ones ECC_nistP256, ECC_nistP384, ECC_curve25519,
+//! ECC_nistP256_AesGcm, ECC_nistP256_ChaChaPoly) x Sign / SignAndEncrypt -
+//! the channel is opened properly with fixed identities (ephemeral keys,
+//! the ChannelThumbprint and chained renewals for ECC),
 //! then the rest of the input is a program of symmetric chunks that are
 //! signed (and encrypted) with the channel's real keys: chosen chunk kind
 //! (F, C, A), token id (current, previous after a renewal, any), sequence
@@ -19,15 +22,18 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use libfuzzer_sys::fuzz_target;
+use uascale_crypto::ecc::{EccPrivateKey, EccPublicKey, EphemeralKey, Secret};
 use uascale_crypto::policy::{derive_keys, ChannelKeys, SecurityPolicy, SymmetricKeys};
 use uascale_crypto::rsa::{RsaPrivateKey, RsaPublicKey};
-use uascale_crypto::x509::{create_self_signed, SelfSignedParams};
+use uascale_crypto::x509::{create_self_signed, KeyType, SelfSignedParams};
 use uascale_proto::chunk::{
     parse_security_header, write_chunks_protected, AsymmetricHeader, Chunk, SecurityHeader,
     SendLimits, SequenceNumbers,
 };
 use uascale_proto::reassembly::ReassemblyBudget;
-use uascale_proto::security::{open_asymmetric, open_symmetric, Protection};
+use uascale_proto::security::{
+    ecc_token_keys, open_asymmetric, open_asymmetric_ecc, open_symmetric, PrivateKey, Protection,
+};
 use uascale_proto::tcp::{ChunkType, Hello, MessageHeader, MessageType, HEADER_LEN};
 use uascale_proto::{
     ChannelConfig, Event, Identity, Now, PendingConnection, ServerConnection, ServerSecurity,
@@ -40,10 +46,15 @@ use uascale_types::{
 };
 
 const CHANNEL: u32 = 5;
-const POLICIES: [SecurityPolicy; 3] = [
+const POLICIES: [SecurityPolicy; 8] = [
     SecurityPolicy::Basic256Sha256,
     SecurityPolicy::Aes128Sha256RsaOaep,
     SecurityPolicy::Aes256Sha256RsaPss,
+    SecurityPolicy::EccNistP256,
+    SecurityPolicy::EccNistP384,
+    SecurityPolicy::EccCurve25519,
+    SecurityPolicy::EccNistP256AesGcm,
+    SecurityPolicy::EccNistP256ChaChaPoly,
 ];
 const MODES: [MessageSecurityMode; 2] = [
     MessageSecurityMode::Sign,
@@ -51,32 +62,65 @@ const MODES: [MessageSecurityMode; 2] = [
 ];
 const CHUNK_SIZE: usize = 8192;
 
-fn identity(name: &str) -> Arc<Identity> {
+fn identity(name: &str, key_type: KeyType) -> Arc<Identity> {
     let mut p = SelfSignedParams::new(
         &format!("urn:uascale:fuzz:{name}"),
         name,
         UNIX_EPOCH + Duration::from_secs(1_700_000_000),
     );
     p.key_bits = 2048;
+    p.key_type = key_type;
     let made = create_self_signed(&p).expect("a certificate");
-    let key = RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).expect("its key");
-    Arc::new(Identity::new(made.certificate, key).expect("an identity"))
+    let key = match key_type {
+        KeyType::Rsa => PrivateKey::Rsa(
+            RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).expect("its key"),
+        ),
+        _ => PrivateKey::Ecc(
+            EccPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der).expect("its key"),
+        ),
+    };
+    Arc::new(Identity::with_key(made.certificate, key).expect("an identity"))
 }
+
+/// The ECC certificates' key types, one per curve.
+const ECC_KEYS: [KeyType; 3] = [KeyType::EcP256, KeyType::EcP384, KeyType::Ed25519];
 
 struct Fixed {
     server: Arc<Identity>,
     client: Arc<Identity>,
     server_key: RsaPublicKey,
+    /// Per curve of [`ECC_KEYS`]: the server's and the client's identity,
+    /// and the server's public key.
+    ecc: Vec<(Arc<Identity>, Arc<Identity>, EccPublicKey)>,
     config: Arc<ChannelConfig>,
 }
 
+impl Fixed {
+    /// The ECC identities for `policy`'s curve.
+    fn ecc_for(&self, policy: SecurityPolicy) -> &(Arc<Identity>, Arc<Identity>, EccPublicKey) {
+        self.ecc
+            .iter()
+            .find(|(s, _, _)| s.suits(policy))
+            .expect("an ECC identity per curve")
+    }
+}
+
 /// Made once per process: the identities and the server's configuration
-/// (every RSA policy and mode offered, any client certificate trusted).
+/// (every policy and mode offered, any client certificate trusted).
 fn fixed() -> &'static Fixed {
     static F: OnceLock<Fixed> = OnceLock::new();
     F.get_or_init(|| {
-        let server = identity("server");
-        let client = identity("client");
+        let server = identity("server", KeyType::Rsa);
+        let client = identity("client", KeyType::Rsa);
+        let ecc: Vec<_> = ECC_KEYS
+            .iter()
+            .map(|k| {
+                let s = identity(&format!("server-{}", k.name()), *k);
+                let c = identity(&format!("client-{}", k.name()), *k);
+                let public = s.ecc_key().expect("ECC").public_key().clone();
+                (s, c, public)
+            })
+            .collect();
         let server_key =
             RsaPublicKey::from_spki_der(server.certificate().subject_public_key_info_der())
                 .expect("RSA");
@@ -89,7 +133,7 @@ fn fixed() -> &'static Fixed {
         let config = Arc::new(ChannelConfig {
             security: ServerSecurity {
                 identity: Some(Arc::clone(&server)),
-                ecc_identities: Vec::new(),
+                ecc_identities: ecc.iter().map(|(s, _, _)| Arc::clone(s)).collect(),
                 endpoints,
                 validator: Some(Arc::new(TrustAllCertificates)),
             },
@@ -99,6 +143,7 @@ fn fixed() -> &'static Fixed {
             server,
             client,
             server_key,
+            ecc,
             config,
         }
     })
@@ -144,6 +189,16 @@ struct Peer {
     nonce: Vec<u8>,
     /// (token id, keys), the newest last.
     tokens: Vec<(u32, ChannelKeys)>,
+    /// ECC: the ephemeral key of the OPN in flight.
+    ephemeral: Option<EphemeralKey>,
+    /// ECC with enhancements: the current token's input keying material.
+    ikm: Option<Secret>,
+    /// ECC with enhancements: our first OPN's signature, then the
+    /// ChannelThumbprint.
+    request_signature: Vec<u8>,
+    thumbprint: Vec<u8>,
+    /// The sequence number of the server's last chunk (AEAD IV masks).
+    server_last: u32,
 }
 
 impl Peer {
@@ -163,10 +218,18 @@ impl Peer {
     fn open(&mut self, kind: SecurityTokenRequestType) -> Vec<u8> {
         let f = fixed();
         // A fixed nonce: the server's is random, so keys still differ per
-        // run, but the plaintext is the input's.
-        self.nonce = (0..self.policy.nonce_length())
-            .map(|i| (i as u8).wrapping_mul(37).wrapping_add(11))
-            .collect();
+        // run, but the plaintext is the input's. ECC: an ephemeral key.
+        self.nonce = match self.policy.curve() {
+            Some(curve) => {
+                let key = EphemeralKey::generate(curve).expect("a key");
+                let nonce = key.public_nonce().to_vec();
+                self.ephemeral = Some(key);
+                nonce
+            }
+            None => (0..self.policy.nonce_length())
+                .map(|i| (i as u8).wrapping_mul(37).wrapping_add(11))
+                .collect(),
+        };
         let req = OpenSecureChannelRequest {
             request_header: RequestHeader {
                 request_handle: 1,
@@ -180,10 +243,16 @@ impl Peer {
         };
         let mut body = Vec::new();
         encode_message(&req, &mut body);
+        let (server, client) = if self.policy.is_ecc() {
+            let (s, c, _) = f.ecc_for(self.policy);
+            (s, c)
+        } else {
+            (&f.server, &f.client)
+        };
         let header = AsymmetricHeader {
             policy_uri: UaString::from(self.policy.uri()),
-            sender_certificate: ByteString::new(f.client.certificate().der().to_vec()),
-            receiver_thumbprint: ByteString::new(f.server.thumbprint().to_vec()),
+            sender_certificate: ByteString::new(client.certificate().der().to_vec()),
+            receiver_thumbprint: ByteString::new(server.thumbprint().to_vec()),
         };
         let channel_id = match kind {
             SecurityTokenRequestType::Issue => 0,
@@ -192,21 +261,33 @@ impl Peer {
         let mut out = Vec::new();
         let seq = self.seq.take();
         self.last_seq = seq;
+        let protection = match client.key() {
+            PrivateKey::Rsa(local) => Protection::Asymmetric {
+                policy: self.policy,
+                local,
+                remote: &f.server_key,
+            },
+            PrivateKey::Ecc(local) => Protection::EccAsymmetric {
+                policy: self.policy,
+                local,
+                signed_suffix: &[],
+            },
+        };
         let _ = write_chunks_protected(
             &mut out,
             MessageType::OpenSecureChannel,
             channel_id,
             &SecurityHeader::Asymmetric(header),
-            &Protection::Asymmetric {
-                policy: self.policy,
-                local: f.client.rsa_key().expect("an RSA identity"),
-                remote: &f.server_key,
-            },
+            &protection,
             &mut SequenceNumbers::starting_at(seq),
             1,
             &body,
             &limits(),
         );
+        if self.policy.secure_channel_enhancements() && self.thumbprint.is_empty() {
+            let sig = client.key().signature_length();
+            self.request_signature = out[out.len().saturating_sub(sig)..].to_vec();
+        }
         out
     }
 
@@ -221,14 +302,33 @@ impl Peer {
             let Ok((_, _, head_len)) = parse_security_header(&h, m) else {
                 return false;
             };
-            let Ok(plain) = open_asymmetric(
-                self.policy,
-                f.client.rsa_key().expect("an RSA identity"),
-                &f.server_key,
-                m,
-                head_len,
-            ) else {
-                return false;
+            let plain = if self.policy.is_ecc() {
+                let (_, _, server) = f.ecc_for(self.policy);
+                let first =
+                    self.policy.secure_channel_enhancements() && self.thumbprint.is_empty();
+                let suffix = if first {
+                    self.request_signature.clone()
+                } else {
+                    Vec::new()
+                };
+                let Ok(at) = open_asymmetric_ecc(self.policy, server, m, head_len, &suffix) else {
+                    return false;
+                };
+                if first {
+                    self.thumbprint = m[at..].to_vec();
+                }
+                m[..at].to_vec()
+            } else {
+                let Ok(plain) = open_asymmetric(
+                    self.policy,
+                    f.client.rsa_key().expect("RSA"),
+                    &f.server_key,
+                    m,
+                    head_len,
+                ) else {
+                    return false;
+                };
+                plain
             };
             let Ok(chunk) = Chunk::parse(&h, &plain) else {
                 return false;
@@ -246,9 +346,29 @@ impl Peer {
             let Some(server_nonce) = resp.server_nonce.as_bytes() else {
                 return false;
             };
-            let Ok(keys) = derive_keys(self.policy, &self.nonce, server_nonce) else {
-                return false;
+            let keys = if self.policy.is_ecc() {
+                let Some(ephemeral) = self.ephemeral.take() else {
+                    return false;
+                };
+                let Ok((keys, ikm)) = ecc_token_keys(
+                    self.policy,
+                    &ephemeral,
+                    server_nonce,
+                    &self.nonce,
+                    server_nonce,
+                    self.ikm.as_ref(),
+                ) else {
+                    return false;
+                };
+                self.ikm = self.policy.secure_channel_enhancements().then_some(ikm);
+                keys
+            } else {
+                let Ok(keys) = derive_keys(self.policy, &self.nonce, server_nonce) else {
+                    return false;
+                };
+                keys
             };
+            self.server_last = chunk.sequence_number;
             self.tokens.push((resp.security_token.token_id, keys));
             return true;
         }
@@ -331,7 +451,7 @@ fn feed(s: &mut ServerConnection, now: Now, bytes: &[u8], at: usize, out: &mut V
 
 /// Every MSG chunk in `out` opens with the server keys of the token it
 /// names.
-fn check_responses(peer: &Peer, out: &[u8]) {
+fn check_responses(peer: &mut Peer, out: &[u8]) {
     for (h, m) in split_messages(out) {
         if h.message_type != MessageType::Message {
             continue;
@@ -346,11 +466,16 @@ fn check_responses(peer: &Peer, out: &[u8]) {
             .iter()
             .find(|(t, _)| *t == token)
             .expect("a response on a token the client holds");
-        // The RSA policies do not mask the IV with the previous sequence
-        // number, so `last_received` is 0.
-        let len = open_symmetric(&keys.server, peer.encrypted(), &mut m, head_len, 0)
-            .expect("the response opens with the channel's keys");
-        Chunk::parse(&h, &m[..len]).expect("the response parses");
+        let len = open_symmetric(
+            &keys.server,
+            peer.encrypted(),
+            &mut m,
+            head_len,
+            peer.server_last,
+        )
+        .expect("the response opens with the channel's keys");
+        let chunk = Chunk::parse(&h, &m[..len]).expect("the response parses");
+        peer.server_last = chunk.sequence_number;
     }
 }
 
@@ -381,15 +506,25 @@ fuzz_target!(|data: &[u8]| {
     let mut peer = Peer {
         policy,
         mode,
-        seq: SequenceNumbers::starting_at(1),
+        seq: SequenceNumbers::for_policy(policy),
         last_seq: 0,
         nonce: Vec::new(),
         tokens: Vec::new(),
+        ephemeral: None,
+        ikm: None,
+        request_signature: Vec::new(),
+        thumbprint: Vec::new(),
+        server_last: 0,
     };
     let opn = peer.open(SecurityTokenRequestType::Issue);
     feed(&mut s, now, &opn, opn.len(), &mut out);
     assert!(peer.accept_open(&out), "the channel opens");
     assert!(matches!(s.poll_event(), Some(Event::Opened { .. })));
+    assert_eq!(
+        s.security().thumbprint(),
+        peer.thumbprint.as_slice(),
+        "both sides hold the same ChannelThumbprint"
+    );
     out.clear();
 
     let mut renewed = false;
@@ -475,7 +610,7 @@ fuzz_target!(|data: &[u8]| {
                     &body,
                 )
             }
-            // A renewal (once: it costs RSA), else a clock step.
+            // A renewal (once: it costs RSA or ECDH), else a clock step.
             _ => {
                 if !renewed && input.byte() % 2 == 0 {
                     renewed = true;
@@ -505,7 +640,7 @@ fuzz_target!(|data: &[u8]| {
                 s.poll_transmit(&mut out);
             }
         }
-        check_responses(&peer, &out);
+        check_responses(&mut peer, &out);
         out.clear();
     }
 });

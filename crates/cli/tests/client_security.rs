@@ -2,7 +2,8 @@
 //! PKI and a user: every RSA policy in Sign and SignAndEncrypt with the
 //! anonymous, user name (and a wrong password) and X.509 identities; the
 //! first contact, where each side refuses the other's certificate until
-//! `uascale cert trust` moves it out of rejected/; an unknown endpoint.
+//! `uascale cert trust` moves it out of rejected/; an unknown endpoint. And
+//! every ECC policy and mode against `uascale serve --security ecc`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -223,4 +224,106 @@ fn secured_client_commands_against_uascale_serve() {
     );
     assert_eq!(code, 2);
     assert!(err.contains("unknown policy"), "{err}");
+}
+
+/// The client commands over every ECC policy and mode against `uascale
+/// serve --security ecc` (an ECC certificate per curve beside the RSA one;
+/// client certificates of each curve created in the client PKI on first
+/// use): anonymous and user name (an EccEncryptedSecret) reads, a wrong
+/// password refused, and an RSA policy on the same server.
+#[test]
+fn ecc_client_commands_against_uascale_serve() {
+    let dir = TempDir(std::env::temp_dir().join(format!("uascale-cliecc-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let server_pki = dir.0.join("server-pki");
+    let client_pki = dir.0.join("client-pki");
+    let (spki, cpki) = (server_pki.to_str().unwrap(), client_pki.to_str().unwrap());
+    let password = "s3cret-ecc";
+    let mut hasher = Command::new(BIN)
+        .args(["user", "hash"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(hasher.stdin.take().unwrap(), "{password}").unwrap();
+    let hash = String::from_utf8(hasher.wait_with_output().unwrap().stdout).unwrap();
+    let config = dir.0.join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[security]\npki_dir = {spki:?}\ntrust_all_client_certificates = true\n\n\
+             [[users]]\nname = \"operator\"\npassword_hash = \"{}\"\n",
+            hash.trim()
+        ),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _server = Server(
+        Command::new(BIN)
+            .args(["serve", "--config", config.to_str().unwrap()])
+            .args([
+                "--security",
+                "ecc",
+                "--bind",
+                "127.0.0.1",
+                "--host",
+                "localhost",
+            ])
+            .args(["--port", &port.to_string()])
+            .env("RUST_LOG", "warn")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url = format!("opc.tcp://127.0.0.1:{port}");
+    let url = url.as_str();
+    for policy in [
+        "ECC_nistP256",
+        "ECC_nistP384",
+        "ECC_curve25519",
+        "ECC_nistP256_AesGcm",
+        "ECC_nistP256_ChaChaPoly",
+        "Basic256Sha256",
+    ] {
+        for mode in ["Sign", "SignAndEncrypt"] {
+            let sec = format!("{policy}:{mode}");
+            let base = ["--pki", cpki, "--security", sec.as_str(), "--trust-server"];
+            let out = ok(&[&["read", url, "i=2259"][..], &base].concat());
+            assert!(out.contains("Running") || out.contains('0'), "{sec}: {out}");
+            let (code, out, err) = run(
+                &[&["read", url, "i=2259"][..], &base, &["--user", "operator"]].concat(),
+                Some(password),
+            );
+            assert_eq!(code, 0, "{sec} user: {out}{err}");
+            let out = ok(&[&["browse", url, "i=85"][..], &base].concat());
+            assert!(out.contains("Server"), "{sec}: {out}");
+        }
+        let base = ["--pki", cpki, "--security", policy, "--trust-server"];
+        let (code, _, err) = run(
+            &[&["read", url, "i=2259"][..], &base, &["--user", "operator"]].concat(),
+            Some("wrong"),
+        );
+        assert_eq!(code, 1, "{policy}: {err}");
+        assert!(err.contains("BadUserAccessDenied"), "{policy}: {err}");
+    }
+    // One client certificate per curve, beside the RSA one.
+    for key in ["ec-p256", "ec-p384", "ed25519"] {
+        assert!(client_pki
+            .join(format!("own/certs/cert_{key}.der"))
+            .exists());
+        assert!(server_pki
+            .join(format!("own/certs/cert_{key}.der"))
+            .exists());
+    }
+    assert!(client_pki.join("own/certs/cert.der").exists());
 }

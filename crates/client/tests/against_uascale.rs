@@ -1,6 +1,7 @@
 //! The client against a uascale server in the same process, over real
 //! loopback sockets: discovery, session, every service method, many
-//! requests in flight on one channel, and the errors a caller sees.
+//! requests in flight on one channel, and the errors a caller sees; every
+//! ECC policy through two token renewals.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -206,4 +207,157 @@ async fn connection_errors_are_clear() {
         .await
         .unwrap_err();
     assert_eq!(err.status_code(), StatusCode::BadTcpEndpointUrlInvalid);
+}
+
+/// Every ECC policy over real sockets against a uascale server offering
+/// them all: a session with the user name identity (an EccEncryptedSecret
+/// for the server's ECDHKey) lives through two token renewals (fresh
+/// ephemeral keys each, chained under SecureChannelEnhancements), reading
+/// before and after; then an X.509 user of the same curve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ecc_sessions_renew_against_uascale() {
+    use uascale_client::{SecurityOptions, ServerTrust, UserIdentity};
+    use uascale_crypto::policy::SecurityPolicy;
+    use uascale_crypto::x509::{create_self_signed, KeyType, SelfSignedParams};
+    use uascale_proto::security::{Identity, PrivateKey};
+
+    let pki = std::env::temp_dir().join(format!("uascale-ecc-renew-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&pki);
+    let mut security = uascale_server::config::SecurityConfig {
+        pki_dir: pki.clone(),
+        trust_all_client_certificates: true,
+        allow_security_none: true,
+        ..Default::default()
+    };
+    security.policies = SecurityPolicy::ECC.to_vec();
+    let mut config = ServerConfig {
+        server: uascale_server::config::ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            host_name: "127.0.0.1".into(),
+            ..Default::default()
+        },
+        security,
+        users: vec![uascale_server::config::UserConfig {
+            name: "operator".into(),
+            password_hash: uascale_server::identity::hash_password(b"ecc-pass").unwrap(),
+        }],
+        ..Default::default()
+    };
+    config.limits.min_token_lifetime = Duration::from_secs(1);
+    // X.509 users, one per curve, trusted by the server's PKI.
+    uascale_server::pki::create_layout(&pki).unwrap();
+    let users: Vec<(KeyType, Arc<Identity>)> = [KeyType::EcP256, KeyType::EcP384, KeyType::Ed25519]
+        .into_iter()
+        .map(|k| {
+            let mut p = SelfSignedParams::new(
+                "urn:uascale:test:ecc-user",
+                "ecc user",
+                std::time::SystemTime::now() - Duration::from_secs(60),
+            );
+            p.key_type = k;
+            let made = create_self_signed(&p).unwrap();
+            std::fs::write(
+                pki.join(format!("trusted/certs/user-{}.der", k.name())),
+                made.certificate.der(),
+            )
+            .unwrap();
+            let id = Identity::with_key(
+                made.certificate,
+                PrivateKey::from_der(&made.private_key_pkcs8_der).unwrap(),
+            )
+            .unwrap();
+            (k, Arc::new(id))
+        })
+        .collect();
+    let server = Server::bind(config).unwrap();
+    let url = format!("opc.tcp://{}", server.local_addr().unwrap());
+    tokio::spawn(server.run(std::future::pending()));
+
+    for policy in SecurityPolicy::ECC {
+        let key = match policy.curve().unwrap() {
+            uascale_crypto::ecc::EccCurve::NistP256 => KeyType::EcP256,
+            uascale_crypto::ecc::EccCurve::NistP384 => KeyType::EcP384,
+            uascale_crypto::ecc::EccCurve::Curve25519 => KeyType::Ed25519,
+        };
+        let mut params = SelfSignedParams::new(
+            "urn:uascale:test:ecc-client",
+            "ecc client",
+            std::time::SystemTime::now() - Duration::from_secs(60),
+        );
+        params.key_type = key;
+        let made = create_self_signed(&params).unwrap();
+        let identity = Arc::new(
+            Identity::with_key(
+                made.certificate,
+                PrivateKey::from_der(&made.private_key_pkcs8_der).unwrap(),
+            )
+            .unwrap(),
+        );
+        let mut options = ClientOptions {
+            security: SecurityOptions {
+                policy,
+                mode: t::MessageSecurityMode::SignAndEncrypt,
+                certificate: Some(Arc::clone(&identity)),
+                trust: ServerTrust::UnsafeAcceptAny,
+                server_certificate: None,
+            },
+            identity: UserIdentity::UserName {
+                user: "operator".into(),
+                password: "ecc-pass".into(),
+            },
+            application_uri: "urn:uascale:test:ecc-client".into(),
+            ..Default::default()
+        };
+        let x509_options = options.clone();
+        options.channel.requested_lifetime = Duration::from_secs(1);
+        let client = Client::connect(&url, options)
+            .await
+            .unwrap_or_else(|e| panic!("{policy:?}: {e}"));
+        client
+            .create_session("ecc")
+            .await
+            .unwrap_or_else(|e| panic!("{policy:?}: {e}"));
+        for round in 0..3 {
+            if round > 0 {
+                tokio::time::sleep(Duration::from_millis(900)).await;
+            }
+            let v = client
+                .read_values(&[NodeId::ns0(2259)])
+                .await
+                .unwrap_or_else(|e| panic!("{policy:?} round {round}: {e}"));
+            assert_eq!(v[0].value, Some(Variant::Int32(0)), "{policy:?}");
+        }
+        assert!(client.token_renewals() >= 2, "{policy:?}: renewed twice");
+        client.close().await;
+
+        // An X.509 user of the same curve: the token signature (ECDSA or
+        // Ed25519, channel-bound under enhancements) is checked.
+        let user = users.iter().find(|(k, _)| *k == key).unwrap().1.clone();
+        let mut options = x509_options.clone();
+        options.security.policy = policy;
+        options.security.certificate = Some(Arc::clone(&identity));
+        options.identity = UserIdentity::X509(user);
+        let client = Client::connect(&url, options).await.unwrap();
+        client
+            .create_session("ecc x509")
+            .await
+            .unwrap_or_else(|e| panic!("{policy:?} x509: {e}"));
+        let v = client.read_values(&[NodeId::ns0(2259)]).await.unwrap();
+        assert_eq!(v[0].value, Some(Variant::Int32(0)), "{policy:?} x509");
+        client.close().await;
+        // A P-384 user on a P-256 policy signs with SHA-384, which the
+        // server checks as ECDSA-SHA256 (.NET's P-384-on-nistP256 form):
+        // refused.
+        if policy == SecurityPolicy::EccNistP256 {
+            let p384 = users.iter().find(|(k, _)| *k == KeyType::EcP384).unwrap();
+            let mut options = x509_options.clone();
+            options.identity = UserIdentity::X509(Arc::clone(&p384.1));
+            let client = Client::connect(&url, options).await.unwrap();
+            let e = client.create_session("bad x509").await.unwrap_err();
+            assert_eq!(e.status_code(), StatusCode::BadUserSignatureInvalid, "{e}");
+            client.close().await;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&pki);
 }

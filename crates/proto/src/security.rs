@@ -876,6 +876,44 @@ pub fn activate_session_signed_data(
     }
 }
 
+/// What an X509 user token's signature (ActivateSession UserTokenSignature)
+/// signs:
+///
+/// ```text
+/// classic:  ServerCertificate || ServerNonce
+/// bound:    ChannelThumbprint || ServerNonce || H(ServerCert)
+///           || H(ServerChannelCert) || H(ClientCert) || H(ClientChannelCert)
+///           || ClientNonce
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn user_token_signed_data(
+    policy: SecurityPolicy,
+    thumbprint: &[u8],
+    server_nonce: &[u8],
+    client_nonce: &[u8],
+    server_cert: &[u8],
+    server_channel_cert: &[u8],
+    client_cert: &[u8],
+    client_channel_cert: &[u8],
+) -> Vec<u8> {
+    match policy.curve().filter(|_| !thumbprint.is_empty()) {
+        Some(curve) => {
+            let h = |der: &[u8]| uascale_crypto::ecc::certificate_hash(curve, der);
+            [
+                thumbprint,
+                server_nonce,
+                &h(server_cert),
+                &h(server_channel_cert),
+                &h(client_cert),
+                &h(client_channel_cert),
+                client_nonce,
+            ]
+            .concat()
+        }
+        None => [server_cert, server_nonce].concat(),
+    }
+}
+
 /// Bytes of the unencrypted headers of a symmetric chunk.
 pub const SYMMETRIC_HEAD_LEN: usize = HEADER_LEN + 4 + 4;
 

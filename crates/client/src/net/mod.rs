@@ -16,8 +16,8 @@ use uascale_crypto::rsa::RsaPublicKey;
 use uascale_crypto::x509::Certificate;
 use uascale_proto::ecc_secret;
 use uascale_proto::security::{
-    activate_session_signed_data, create_session_signed_data, leaf_certificate, Identity,
-    PrivateKey, PublicKey,
+    activate_session_signed_data, create_session_signed_data, leaf_certificate,
+    user_token_signed_data, Identity, PrivateKey, PublicKey,
 };
 use uascale_proto::{ClientConfig, ClientConnection, ClientEvent, ClientSecurity, Now};
 use uascale_types as t;
@@ -1142,6 +1142,10 @@ impl Shared {
         let policy = self.security.policy();
         let link = self.resolve_link(via);
         let via = via.or(link.as_ref());
+        let thumbprint = match via {
+            Some(l) if policy.secure_channel_enhancements() => link_thumbprint(l).await,
+            _ => Vec::new(),
+        };
         let mut client_signature = t::SignatureData::default();
         if let (Some(identity), Some(channel_cert)) =
             (self.security.identity(), self.security.server_certificate())
@@ -1151,10 +1155,6 @@ impl Shared {
                     security::sign(key, policy, channel_cert.der(), &server_nonce)?
                 }
                 PrivateKey::Ecc(_) => {
-                    let thumbprint = match via {
-                        Some(l) if policy.secure_channel_enhancements() => link_thumbprint(l).await,
-                        _ => Vec::new(),
-                    };
                     let server_app_cert = if server_cert.is_empty() {
                         channel_cert.der()
                     } else {
@@ -1183,8 +1183,13 @@ impl Shared {
                 }
             };
         }
+        let bound = BoundTo {
+            thumbprint: &thumbprint,
+            client_nonce: &client_nonce,
+            ecdh_key: &ecdh_key,
+        };
         let (token, user_token_signature) =
-            self.identity_token(&policies, &server_nonce, &server_cert, &ecdh_key)?;
+            self.identity_token(&policies, &server_nonce, &server_cert, &bound)?;
         let mut request_header = self.request_header();
         if policy.is_ecc() {
             request_header.additional_header = ecc_secret::ecdh_request(policy);
@@ -1279,8 +1284,9 @@ impl Shared {
         policies: &[t::UserTokenPolicy],
         server_nonce: &[u8],
         server_cert_der: &[u8],
-        ecdh_key: &[u8],
+        bound: &BoundTo<'_>,
     ) -> Result<(t::ExtensionObject, t::SignatureData), ClientError> {
+        let ecdh_key = bound.ecdh_key;
         let offered = |kind: t::UserTokenType| policies.iter().find(|p| p.token_type == kind);
         let not_offered = |what: &str| ClientError::Security {
             status: StatusCode::BadIdentityTokenRejected,
@@ -1381,11 +1387,46 @@ impl Shared {
                 let p =
                     offered(t::UserTokenType::Certificate).ok_or_else(|| not_offered("X.509"))?;
                 let policy = token_security(p)?;
-                let key = user.rsa_key().ok_or_else(|| ClientError::Security {
-                    status: StatusCode::BadIdentityTokenRejected,
-                    reason: "X.509 user tokens need an RSA user key".into(),
-                })?;
-                let signature = security::sign(key, policy, server_cert()?, server_nonce)?;
+                let signature = match user.key() {
+                    PrivateKey::Rsa(key) => {
+                        security::sign(key, policy, server_cert()?, server_nonce)?
+                    }
+                    PrivateKey::Ecc(_) => {
+                        // The ECC forms (Part 4, X509 user token signature):
+                        // channel-bound under SecureChannelEnhancements.
+                        let own = self
+                            .security
+                            .identity()
+                            .map(|i| i.certificate().der())
+                            .unwrap_or_default();
+                        let channel_cert = self
+                            .security
+                            .server_certificate()
+                            .map(|c| c.der())
+                            .unwrap_or_default();
+                        let data = user_token_signed_data(
+                            policy,
+                            bound.thumbprint,
+                            server_nonce,
+                            bound.client_nonce,
+                            server_cert()?,
+                            channel_cert,
+                            own,
+                            own,
+                        );
+                        let mut sig = Vec::new();
+                        user.key().sign(policy, &data, &mut sig).map_err(|e| {
+                            ClientError::Security {
+                                status: e.status_code(),
+                                reason: "the user key does not suit the policy".into(),
+                            }
+                        })?;
+                        t::SignatureData {
+                            algorithm: UaString::null(),
+                            signature: t::ByteString::new(sig),
+                        }
+                    }
+                };
                 Ok((
                     t::ExtensionObject::new(t::X509IdentityToken {
                         policy_id: p.policy_id.clone(),
@@ -1454,6 +1495,17 @@ async fn open_tcp(
             format!("no address of {host} matches the source address {local}"),
         )
     }))
+}
+
+/// What ties an ActivateSession's user token to the channel and session
+/// (ECC policies).
+pub(crate) struct BoundTo<'a> {
+    /// The channel's ChannelThumbprint (empty without enhancements).
+    pub thumbprint: &'a [u8],
+    /// The CreateSession ClientNonce.
+    pub client_nonce: &'a [u8],
+    /// The server's last ECDHKey.
+    pub ecdh_key: &'a [u8],
 }
 
 /// Asks a link for its channel's ChannelThumbprint (empty when it has

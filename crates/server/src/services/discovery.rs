@@ -116,9 +116,7 @@ pub fn user_token_policies(ctx: &ServiceContext, policy: SecurityPolicy) -> Vec<
                 token_policy_uri.clone(),
             ));
         }
-        // X509 user tokens are RSA-only here (their ECC signature forms
-        // are not implemented).
-        if sec.pki.is_some() && !policy.is_ecc() {
+        if sec.pki.is_some() {
             out.push(policy_of(
                 crate::identity::POLICY_X509,
                 UserTokenType::Certificate,

@@ -15,7 +15,9 @@
 //! ([`uascale_proto::security::create_session_signed_data`]); a client that
 //! asks for it in the request's additionalHeader gets a session ephemeral
 //! key (ECDHKey) in the response's, and a UserName password then comes as
-//! an EccEncryptedSecret encrypted for that key.
+//! an EccEncryptedSecret encrypted for that key; an X509 user token is
+//! signed by a key on the policy's curve
+//! ([`uascale_proto::security::user_token_signed_data`]).
 
 use std::time::{Duration, SystemTime};
 
@@ -23,10 +25,10 @@ use std::sync::Arc;
 
 use uascale_crypto::ecc::EphemeralKey;
 use uascale_crypto::policy::SecurityPolicy;
-use uascale_crypto::rsa::RsaPublicKey;
 use uascale_proto::ecc_secret;
 use uascale_proto::security::{
-    activate_session_signed_data, create_session_signed_data, Identity, PublicKey,
+    activate_session_signed_data, create_session_signed_data, user_token_signed_data, Identity,
+    PublicKey,
 };
 use uascale_types::{
     ActivateSessionRequest, ActivateSessionResponse, AnonymousIdentityToken, ByteString,
@@ -400,14 +402,12 @@ fn check_identity(
         if x.policy_id != POLICY_X509 {
             return Err(StatusCode::BadIdentityTokenInvalid);
         }
-        let (Some(policy), Some(identity), Some(pki)) = (
-            token_policy.filter(|p| !p.is_ecc()),
-            &sec.identity,
-            &sec.pki,
-        ) else {
-            // X509 user tokens under ECC are not implemented.
+        let (Some(policy), Some(pki)) = (token_policy, &sec.pki) else {
             return Err(StatusCode::BadIdentityTokenRejected);
         };
+        let identity = sec
+            .identity_for(policy)
+            .ok_or(StatusCode::BadIdentityTokenRejected)?;
         let cert = match pki.validate_user(
             x.certificate_data.as_bytes_or_empty(),
             Some(policy),
@@ -419,19 +419,43 @@ fn check_identity(
                 return Ok(None);
             }
         };
-        let key = RsaPublicKey::from_spki_der(cert.subject_public_key_info_der())
+        let key = PublicKey::of_certificate(&cert, policy)
             .map_err(|_| StatusCode::BadIdentityTokenInvalid)?;
-        let mut data = identity.certificate().der().to_vec();
-        data.extend_from_slice(nonce);
         let sig = &req.user_token_signature;
-        identity::verify_signature(
-            &key,
-            policy,
-            sig.algorithm.as_str_or_empty(),
-            &data,
-            sig.signature.as_bytes_or_empty(),
-            StatusCode::BadUserSignatureInvalid,
-        )?;
+        match &key {
+            PublicKey::Rsa(key) => {
+                let mut data = identity.certificate().der().to_vec();
+                data.extend_from_slice(nonce);
+                identity::verify_signature(
+                    key,
+                    policy,
+                    sig.algorithm.as_str_or_empty(),
+                    &data,
+                    sig.signature.as_bytes_or_empty(),
+                    StatusCode::BadUserSignatureInvalid,
+                )?;
+            }
+            PublicKey::Ecc(_) => {
+                let client_cert = ctx
+                    .channel
+                    .remote_certificate
+                    .as_ref()
+                    .map(|c| c.der())
+                    .unwrap_or_default();
+                let data = user_token_signed_data(
+                    policy,
+                    ctx.channel.thumbprint(),
+                    nonce,
+                    ecc.map(|e| e.client_nonce.as_slice()).unwrap_or_default(),
+                    identity.certificate().der(),
+                    identity.certificate().der(),
+                    client_cert,
+                    client_cert,
+                );
+                key.verify(policy, &data, sig.signature.as_bytes_or_empty())
+                    .map_err(|_| StatusCode::BadUserSignatureInvalid)?;
+            }
+        }
         return Ok(Some(UserIdentity::X509 {
             subject: cert.subject_name().to_owned(),
             thumbprint: cert.thumbprint(),
