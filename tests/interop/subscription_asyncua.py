@@ -51,7 +51,9 @@ class Changes:
 async def data_change(client):
     h = Changes()
     sub = await client.create_subscription(100, h)
-    await sub.subscribe_data_change(client.get_node(COUNTER))
+    # A queue of 10: a publishing cycle that, on a loaded machine, spans two
+    # ticks keeps both values instead of the newest only.
+    await sub.subscribe_data_change(client.get_node(COUNTER), queuesize=10)
     for _ in range(300):
         if len(h.values) >= 20:
             break
