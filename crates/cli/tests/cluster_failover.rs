@@ -40,6 +40,15 @@ const CLIENTS: usize = 300;
 const SECURE_EVERY: usize = 10;
 const LIMIT: Duration = Duration::from_secs(60);
 
+/// A directory removed on drop (also when the test fails).
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A running HAProxy, killed on drop.
 struct Haproxy {
     child: Child,
@@ -194,8 +203,9 @@ fn clients_of_a_killed_node_carry_on_through_the_others() {
     };
     let url = format!("nats://{}", nats[0].addr);
     let front = common::free_port();
-    let dir = std::env::temp_dir().join(format!("uascale-cluster-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir(std::env::temp_dir().join(format!("uascale-cluster-{}", std::process::id())));
+    let dir = &dir.0;
+    std::fs::create_dir_all(dir).unwrap();
     let config = dir.join("cluster.toml");
     std::fs::write(
         &config,
@@ -483,7 +493,6 @@ fn clients_of_a_killed_node_carry_on_through_the_others() {
         }
     });
     drop(nodes);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A small cluster for the tests below: one nats-server, `n` nodes (None

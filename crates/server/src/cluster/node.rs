@@ -86,6 +86,8 @@ struct Mirror {
     /// Values changed here since they were last written (the latest of
     /// each: bounded by the number of variables).
     values: HashMap<NodeId, Variant>,
+    /// The keys of the batch being written now.
+    in_flight: std::collections::HashSet<String>,
 }
 
 /// Counters of the cluster, for /metrics.
@@ -118,6 +120,8 @@ pub struct ClusterNode {
     settings: ClusterSection,
     mirror: Mutex<Mirror>,
     wake: tokio::sync::Notify,
+    /// Told after each batch of session records was written.
+    written: tokio::sync::Notify,
     leases: Mutex<Leases>,
     /// Adopted sessions of dead nodes: key -> (deadline, revision).
     orphans: Mutex<HashMap<String, (Instant, u64)>>,
@@ -212,6 +216,7 @@ impl ClusterNode {
             settings,
             mirror: Mutex::default(),
             wake: tokio::sync::Notify::new(),
+            written: tokio::sync::Notify::new(),
             leases: Mutex::new(Leases::new(lease, Instant::now())),
             orphans: Mutex::default(),
             degraded: AtomicBool::new(false),
@@ -560,8 +565,40 @@ impl ClusterNode {
     async fn write_pending(&self) -> bool {
         let (batch, oldest) = {
             let mut m = lock(&self.mirror);
-            (std::mem::take(&mut m.pending), m.oldest.take())
+            let batch = std::mem::take(&mut m.pending);
+            m.in_flight = batch.keys().cloned().collect();
+            (batch, m.oldest.take())
         };
+        let all = self.write_batch(batch, oldest).await;
+        lock(&self.mirror).in_flight.clear();
+        self.written.notify_waiters();
+        all
+    }
+
+    /// Waits (at most `limit`) until the session record under `key` as it
+    /// is now has been written; false when it was not (the store is away).
+    /// An ActivateSession answers after this, so that the nonce in the
+    /// store is the one the client signs next.
+    pub async fn flush(&self, key: &str, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.written.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let m = lock(&self.mirror);
+                if !m.pending.contains_key(key) && !m.in_flight.contains(key) {
+                    return true;
+                }
+            }
+            self.wake.notify_one();
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    async fn write_batch(&self, batch: HashMap<String, Pending>, oldest: Option<Instant>) -> bool {
         let mut failed: Option<StoreError> = None;
         let mut left = Vec::new();
         for (key, p) in batch {
@@ -1000,6 +1037,42 @@ mod tests {
         a.heard(&ev, &token, None);
         assert!(now(a.write_pending()));
         assert_eq!(now(takeover::read(&*store, &key)).unwrap(), None);
+    }
+
+    #[test]
+    fn flush_waits_for_the_record_to_be_written() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let (a, _) = node(&store, "a");
+        let (token, s) = session();
+        let key = session_key(&token).unwrap();
+        rt.block_on(async {
+            a.heard(
+                &SessionEvent::Created {
+                    session_id: s.session_id.clone(),
+                    channel_id: 1,
+                },
+                &token,
+                Some(&s),
+            );
+            // No writer runs: the record is not written in time.
+            assert!(!a.flush(&key, Duration::from_millis(50)).await);
+            let writer = {
+                let a = Arc::clone(&a);
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    a.write_pending().await
+                })
+            };
+            assert!(a.flush(&key, Duration::from_secs(5)).await);
+            assert!(now(takeover::read(&*store, &key)).unwrap().is_some());
+            assert!(writer.await.unwrap());
+            // Nothing pending: at once.
+            assert!(a.flush(&key, Duration::ZERO).await);
+        });
     }
 
     #[test]

@@ -544,7 +544,8 @@ pub fn activate_session(
 /// ActivateSession as the dispatcher calls it: on a cluster node, a
 /// token this node does not know may be a session of another node whose
 /// client came back through this one - then the answer comes later, after
-/// the takeover (`take_over`). Anything else answers at once, exactly
+/// the takeover (`take_over`); one it knows answers once its record is
+/// written (`ClusterNode::flush`). Anything else answers at once, exactly
 /// as [`activate_session`].
 pub fn activate_session_answer(
     ctx: &ServiceContext,
@@ -556,16 +557,32 @@ pub fn activate_session_answer(
             .sessions
             .with(auth, None, false, ctx.instant, |_| ())
             .is_ok();
-        if let (false, Some(key)) = (known, record::session_key(auth)) {
+        if let Some(key) = record::session_key(auth) {
             let ctx = ctx.clone();
             let cluster = std::sync::Arc::clone(cluster);
             return Ok(Answer::Later(Box::pin(async move {
-                take_over(&ctx, &cluster, &key, &req).await
+                if known {
+                    // The answer waits for the record with the new nonce,
+                    // so that another node can take the session over with
+                    // the nonce the client signs next.
+                    let response = activate_session(&ctx, &req)?;
+                    if !cluster.flush(&key, FLUSH_LIMIT).await {
+                        tracing::debug!("session record not written before the answer");
+                    }
+                    Ok(response)
+                } else {
+                    take_over(&ctx, &cluster, &key, &req).await
+                }
             })));
         }
     }
     Ok(Answer::Now(activate_session(ctx, &req)?))
 }
+
+/// How long an ActivateSession on a cluster node waits for its session
+/// record to be written (longer only when the store is away: then the node
+/// is degraded and answers anyway).
+const FLUSH_LIMIT: Duration = Duration::from_secs(2);
 
 /// How long a client whose takeover met an unreachable store is asked to
 /// wait before it tries again.
