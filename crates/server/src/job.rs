@@ -6,7 +6,7 @@
 use uascale_types::StatusCode;
 
 use crate::context::ServiceContext;
-use crate::dispatch::{Dispatched, Request};
+use crate::dispatch::{Dispatched, Request, RequestClass};
 use crate::scheduler::queue::Kind;
 use crate::scheduler::{Owner, Runnable, Slot};
 use crate::session::SessionKey;
@@ -179,18 +179,16 @@ pub fn classify(ctx: &ServiceContext, request: &Request) -> (Owner, Kind, bool) 
     };
     let channel = ctx.channel_id;
     let on_this_channel = matches!(found, Some((c, _, _)) if c == channel);
-    let kind = match request {
-        Request::CreateSession(_) => Kind::Bootstrap,
-        Request::ActivateSession(_) => match found {
-            Some((c, true, _)) if c != channel => Kind::Reconnect,
+    // The request's class, refined by its session: an ActivateSession of
+    // an activated session on another channel is a reconnect.
+    let kind = match request.class() {
+        RequestClass::Bootstrap => match (request, found) {
+            (Request::ActivateSession(_), Some((c, true, _))) if c != channel => Kind::Reconnect,
             _ => Kind::Bootstrap,
         },
-        Request::TransferSubscriptions(_) | Request::Republish(_) => Kind::Reconnect,
-        Request::CloseSession(_)
-        | Request::Cancel(_)
-        | Request::DeleteSubscriptions(_)
-        | Request::SetPublishingMode(_) => Kind::Control,
-        _ => Kind::Normal,
+        RequestClass::Reconnect => Kind::Reconnect,
+        RequestClass::Control => Kind::Control,
+        RequestClass::Discovery | RequestClass::Publish | RequestClass::Normal => Kind::Normal,
     };
     match found {
         Some((_, _, trusted)) if on_this_channel => (Owner::Session(key), kind, trusted),

@@ -563,7 +563,7 @@ mod tests {
             channel_id: 1,
         });
         let _parked = state.scheduler.park().unwrap();
-        let _busy = state.scheduler.try_inline().unwrap();
+        let _busy = state.scheduler.try_slot().unwrap();
 
         for format in [Format::Prometheus, Format::OpenMetrics] {
             let text = render(&state, format);

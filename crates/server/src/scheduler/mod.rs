@@ -81,7 +81,7 @@ impl Drop for Slot {
     }
 }
 
-/// A slot taken by [`Scheduler::try_inline`] for a request the
+/// A slot taken by [`Scheduler::try_slot`] for a request the
 /// connection's task runs itself: released when dropped, or turned into an
 /// owned [`Slot`] when the request's answer outlives the call.
 #[derive(Debug)]
@@ -227,15 +227,6 @@ impl Scheduler {
     pub fn try_slot(self: &Arc<Self>) -> Option<InlineSlot<'_>> {
         // Built only when a slot was taken: its drop gives one back.
         self.acquire().then(|| InlineSlot { scheduler: self })
-    }
-
-    /// A slot for a request the caller runs at once: only while nothing
-    /// waits in the queue (so it overtakes no one) and a worker is free.
-    pub fn try_inline(self: &Arc<Self>) -> Option<InlineSlot<'_>> {
-        if self.has_waiting() {
-            return None;
-        }
-        self.try_slot()
     }
 
     /// Queues the answer of a request already dispatched that found every
@@ -619,10 +610,10 @@ mod tests {
         let log = Log::default();
         let now = Instant::now();
         assert_eq!(s.workers(), 2);
-        let a = s.try_inline().expect("a free worker").into_owned();
+        let a = s.try_slot().expect("a free worker").into_owned();
         // Nothing waits and a worker is free: no growth.
-        let b = s.try_inline().expect("the second").into_owned();
-        assert!(s.try_inline().is_none(), "both busy");
+        let b = s.try_slot().expect("the second").into_owned();
+        assert!(s.try_slot().is_none(), "both busy");
         assert_eq!(s.busy(), 2, "a refused try takes nothing");
         assert_eq!(s.workers(), 2);
         // A request waits and every worker is busy: one more.
@@ -637,7 +628,6 @@ mod tests {
         .unwrap();
         assert_eq!(s.workers(), 3);
         assert!(s.has_waiting());
-        assert!(s.try_inline().is_none(), "something waits: no overtaking");
         let (c, job1) = s.take(now).expect("the new worker's slot");
         assert_eq!(s.waiting(), 0);
         s.offer(
@@ -673,7 +663,7 @@ mod tests {
             ..Default::default()
         });
         let log = Log::default();
-        let _busy = s.try_inline().unwrap();
+        let _busy = s.try_slot().unwrap();
         s.offer(
             Owner::Channel(1),
             Kind::Normal,
@@ -702,7 +692,7 @@ mod tests {
         });
         let log = Log::default();
         let now = Instant::now();
-        let _busy = s.try_inline().unwrap();
+        let _busy = s.try_slot().unwrap();
         for _ in 0..100 {
             s.offer(Owner::Channel(1), Kind::Normal, false, 1, job(1, &log), now)
                 .expect("raised to 100 places");
@@ -762,7 +752,7 @@ mod tests {
         });
         let log = Log::default();
         let now = Instant::now();
-        let _busy = s.try_inline().unwrap();
+        let _busy = s.try_slot().unwrap();
         for channel in [5, 5, 6] {
             s.offer(
                 Owner::Channel(channel),
