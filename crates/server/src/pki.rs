@@ -559,13 +559,8 @@ impl Pki {
         application_uri: Option<&str>,
         now: SystemTime,
     ) -> Result<Certificate, CryptoError> {
-        self.validate_as(
-            CertificateUse::Client,
-            chain_der,
-            policy,
-            application_uri,
-            now,
-        )
+        let chain = Certificate::parse_chain(chain_der)?;
+        self.validate_as(CertificateUse::Client, chain, policy, application_uri, now)
     }
 
     /// Validates a user's X509 identity certificate against the same trust
@@ -576,7 +571,8 @@ impl Pki {
         policy: Option<SecurityPolicy>,
         now: SystemTime,
     ) -> Result<Certificate, CryptoError> {
-        self.validate_as(CertificateUse::User, chain_der, policy, None, now)
+        let chain = Certificate::parse_chain(chain_der)?;
+        self.validate_as(CertificateUse::User, chain, policy, None, now)
     }
 
     /// The hook for the secure channel: validates a client certificate
@@ -588,12 +584,11 @@ impl Pki {
     fn validate_as(
         &self,
         usage: CertificateUse,
-        chain_der: &[u8],
+        chain: Vec<Certificate>,
         policy: Option<SecurityPolicy>,
         application_uri: Option<&str>,
         now: SystemTime,
     ) -> Result<Certificate, CryptoError> {
-        let chain = Certificate::parse_chain(chain_der)?;
         let (min_key_bits, max_key_bits) = match policy {
             Some(p) if !p.is_none() => (p.min_asymmetric_key_bits(), p.max_asymmetric_key_bits()),
             _ => (2048, 4096),
@@ -669,11 +664,19 @@ impl uascale_proto::security::CertificateValidator for Pki {
     /// channel's policy, at the current time.
     fn validate(
         &self,
-        _certificate: &Certificate,
+        certificate: &Certificate,
         chain: &[u8],
         policy: SecurityPolicy,
     ) -> Result<(), CryptoError> {
-        self.validate_client(chain, Some(policy), None, SystemTime::now())
+        // The channel parsed the leaf already: a chain of just the leaf
+        // (the common case) is not parsed again.
+        let chain = if chain == certificate.der() {
+            vec![certificate.clone()]
+        } else {
+            Certificate::parse_chain(chain)?
+        };
+        let now = SystemTime::now();
+        self.validate_as(CertificateUse::Client, chain, Some(policy), None, now)
             .map(|_| ())
     }
 }

@@ -1038,7 +1038,7 @@ impl Shared {
             Some(l) if policy.secure_channel_enhancements() => link_thumbprint(l).await,
             _ => Vec::new(),
         };
-        if policy.is_ecc() {
+        if self.wants_ecdh_key() {
             header.additional_header = ecc_secret::ecdh_request(policy);
         }
         let created: t::CreateSessionResponse = self
@@ -1191,7 +1191,7 @@ impl Shared {
         let (token, user_token_signature) =
             self.identity_token(&policies, &server_nonce, &server_cert, &bound)?;
         let mut request_header = self.request_header();
-        if policy.is_ecc() {
+        if self.wants_ecdh_key() {
             request_header.additional_header = ecc_secret::ecdh_request(policy);
         }
         let activated: t::ActivateSessionResponse = self
@@ -1276,6 +1276,16 @@ impl Shared {
                 status: e.status_code(),
                 reason: "the server's ECDHKey does not verify".into(),
             })
+    }
+
+    /// Whether CreateSession and ActivateSession ask for the server's
+    /// ECDHKey: on an ECC channel, and only for an identity whose secret
+    /// is encrypted with it (a password, as an EccEncryptedSecret). An
+    /// anonymous or certificate identity needs none, and each key costs
+    /// the server a key generation and a signature.
+    fn wants_ecdh_key(&self) -> bool {
+        self.security.policy().is_ecc()
+            && matches!(self.options.identity, UserIdentity::UserName { .. })
     }
 
     /// The identity token of `options.identity` and its signature.

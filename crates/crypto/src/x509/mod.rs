@@ -594,9 +594,10 @@ impl Certificate {
             if chain.len() >= validate::MAX_CHAIN_DEPTH {
                 return Err(bad_cert("certificate chain longer than 8"));
             }
-            let (rest, _) = x509_parser::parse_x509_certificate(der)
-                .map_err(|_| bad_cert("certificate does not parse as DER X.509"))?;
-            let len = der.len() - rest.len();
+            // The outer SEQUENCE's length splits the chain; each
+            // certificate is then parsed once, by `from_der`.
+            let len =
+                der_sequence_len(der).ok_or(bad_cert("certificate does not parse as DER X.509"))?;
             let (one, rest) = der.split_at(len);
             chain.push(Certificate::from_der(one)?);
             der = rest;
@@ -606,6 +607,31 @@ impl Certificate {
         }
         Ok(chain)
     }
+}
+
+/// The length of the DER SEQUENCE (tag, length and contents) at the start
+/// of `der`, if its header is well formed and it fits in `der`.
+fn der_sequence_len(der: &[u8]) -> Option<usize> {
+    let (&tag, rest) = der.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    if tag != 0x30 {
+        return None;
+    }
+    let (header, contents) = if first < 0x80 {
+        (2, usize::from(first))
+    } else {
+        let n = usize::from(first & 0x7f);
+        // Definite lengths of 1..=4 bytes; DER forbids 0x80 (indefinite).
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |a, &b| (a << 8) | usize::from(b));
+        (2 + n, len)
+    };
+    let total = header.checked_add(contents)?;
+    (total <= der.len()).then_some(total)
 }
 
 fn ip_from_bytes(bytes: &[u8]) -> Option<IpAddr> {

@@ -265,6 +265,38 @@ mod validation {
     }
 
     #[test]
+    fn a_remembered_signature_never_vouches_for_another() {
+        let cert = self_signed();
+        let trusted = TrustList::new(vec![cert.clone()], vec![], vec![]);
+        // Twice: the second answer comes from the memo of verified
+        // signatures, and is the same.
+        for _ in 0..2 {
+            assert_eq!(
+                status(&trusted, &[cert.clone()], &default(), NOW),
+                StatusCode::Good
+            );
+        }
+        // The same certificate with its signature's last byte flipped: it
+        // still parses, and fails, memo or not, on every try.
+        let mut der = cert.der().to_vec();
+        if let Some(b) = der.last_mut() {
+            *b ^= 0x01;
+        }
+        let forged = Certificate::from_der(&der).unwrap();
+        let all = ValidationOptions {
+            trust_all: true,
+            ..default()
+        };
+        let empty = TrustList::new(vec![], vec![], vec![]);
+        for _ in 0..2 {
+            assert_eq!(
+                status(&empty, &[forged.clone()], &all, NOW),
+                StatusCode::BadCertificateInvalid
+            );
+        }
+    }
+
+    #[test]
     fn self_signed_trusted_or_not() {
         let cert = self_signed();
         let trusted = TrustList::new(vec![cert.clone()], vec![], vec![]);
@@ -702,4 +734,25 @@ fn ecc_certificates_are_created_and_validated_per_policy() {
     }
     assert_eq!(KeyType::from_name("ec-p384"), Some(KeyType::EcP384));
     assert_eq!(KeyType::from_name("dsa"), None);
+}
+
+#[test]
+fn der_sequence_lengths() {
+    // Short form: 0x30 0x03 and three bytes of contents.
+    assert_eq!(der_sequence_len(&[0x30, 0x03, 1, 2, 3, 9]), Some(5));
+    // Long form (two length bytes): 0x0102 = 258 bytes of contents.
+    let mut long = vec![0x30, 0x82, 0x01, 0x02];
+    long.resize(4 + 258, 0);
+    assert_eq!(der_sequence_len(&long), Some(262));
+    // Contents cut short, a wrong tag, an indefinite length, an empty or
+    // truncated header, a length of more than 4 bytes.
+    assert_eq!(der_sequence_len(&long[..261]), None);
+    assert_eq!(der_sequence_len(&[0x31, 0x01, 0]), None);
+    assert_eq!(der_sequence_len(&[0x30, 0x80, 0, 0]), None);
+    assert_eq!(der_sequence_len(&[]), None);
+    assert_eq!(der_sequence_len(&[0x30]), None);
+    assert_eq!(der_sequence_len(&[0x30, 0x82, 0x01]), None);
+    assert_eq!(der_sequence_len(&[0x30, 0x85, 0, 0, 0, 0, 1, 0]), None);
+    // Garbage after a well-formed header still fails in `from_der`.
+    assert!(Certificate::parse_chain(&[0x30, 0x01, 0x00]).is_err());
 }

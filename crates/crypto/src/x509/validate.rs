@@ -504,6 +504,10 @@ pub(crate) fn verify_signed(
             ))
         }
     };
+    let key = verified_key(signer.public_key_der(), algorithm, message, signature);
+    if VERIFIED.knows(&key) {
+        return Ok(());
+    }
     UnparsedPublicKey::new(alg, signer.public_key_der())
         .verify(message, signature)
         .map_err(|_| {
@@ -511,5 +515,59 @@ pub(crate) fn verify_signed(
                 StatusCode::BadCertificateInvalid,
                 "certificate signature does not verify",
             )
-        })
+        })?;
+    VERIFIED.remember(key);
+    Ok(())
+}
+
+/// Certificate signatures that verified, by a SHA-256 over the signer's
+/// key, the algorithm, the signed bytes and the signature: a pure function
+/// of its inputs, so a client that reconnects (every session of a storm
+/// presents the same certificate again) costs its certificate's signature
+/// check once, not once per channel. Failures are not remembered. Bounded:
+/// when full it starts over.
+struct Verified(std::sync::Mutex<HashSet<[u8; 32], FixedState>>);
+
+/// A fixed hasher is enough: the keys are SHA-256 outputs, and only
+/// signatures that verified get in.
+type FixedState = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+
+/// How many verified signatures are remembered (32 bytes each).
+const VERIFIED_CAPACITY: usize = 4096;
+
+static VERIFIED: Verified = Verified(std::sync::Mutex::new(HashSet::with_hasher(
+    std::hash::BuildHasherDefault::new(),
+)));
+
+impl Verified {
+    fn knows(&self, key: &[u8; 32]) -> bool {
+        self.0.lock().is_ok_and(|set| set.contains(key))
+    }
+
+    fn remember(&self, key: [u8; 32]) {
+        if let Ok(mut set) = self.0.lock() {
+            if set.len() >= VERIFIED_CAPACITY {
+                set.clear();
+            }
+            set.insert(key);
+        }
+    }
+}
+
+fn verified_key(
+    public_key: &[u8],
+    algorithm: SignatureAlgorithm,
+    message: &[u8],
+    signature: &[u8],
+) -> [u8; 32] {
+    let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    // Each part length-prefixed, so no two inputs share a byte string.
+    let tag = format!("{algorithm:?}");
+    for part in [public_key, tag.as_bytes(), message, signature] {
+        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update(part);
+    }
+    let mut key = [0u8; 32];
+    key.copy_from_slice(ctx.finish().as_ref());
+    key
 }
