@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Instant;
 
 /// Seconds each fuzz target runs in CI (override: `UASCALE_FUZZ_SECONDS`).
-const FUZZ_SECONDS: u64 = 15;
+const FUZZ_SECONDS: u64 = 6;
 const FUZZ_TARGETS: &[&str] = &[
     "decode_message",
     "nodeid_parse",
