@@ -914,6 +914,12 @@ fn serve(
                 conn.poll_transmit(&mut out);
                 // Most writes complete at once; the buffer then goes back to
                 // the thread. What does not stays with the task until sent.
+                // Nothing to send (a parked Publish, a request still in
+                // the queue) costs no syscall: an empty write is one.
+                if out.is_empty() {
+                    b.give_back_write(out);
+                    return Some(Ok(Vec::new()));
+                }
                 match stream.try_write(&out) {
                     Ok(n) if n == out.len() => {
                         b.give_back_write(out);
