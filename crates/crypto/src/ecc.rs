@@ -200,8 +200,25 @@ impl EphemeralKey {
         Self::from_key(curve, key)
     }
 
+    /// The private half as [`EphemeralKey::from_private_bytes`] takes it
+    /// (big-endian scalar of the field size, or the X25519 private key):
+    /// for a cluster node to hand a session's key to the node taking the
+    /// session over.
+    pub fn private_bytes(&self) -> Result<Vec<u8>, CryptoError> {
+        use aws_lc_rs::encoding::{AsBigEndian, Curve25519SeedBin, EcPrivateKeyBin};
+        let bytes = if self.curve.is_nist() {
+            AsBigEndian::<EcPrivateKeyBin<'static>>::as_be_bytes(&self.key)
+                .map(|b| b.as_ref().to_vec())
+        } else {
+            AsBigEndian::<Curve25519SeedBin<'static>>::as_be_bytes(&self.key)
+                .map(|b| b.as_ref().to_vec())
+        };
+        bytes.map_err(|_| config("ephemeral private key export failed"))
+    }
+
     /// From a fixed private scalar (big-endian, field size) or X25519
-    /// private key: for tests against known vectors.
+    /// private key: for tests against known vectors, and a session's key
+    /// taken over from another cluster node.
     pub fn from_private_bytes(curve: EccCurve, private: &[u8]) -> Result<Self, CryptoError> {
         let key = agreement::PrivateKey::from_private_key(curve.agreement(), private)
             .map_err(|_| config("ephemeral private key rejected"))?;
@@ -593,6 +610,24 @@ impl EccPublicKey {
 
 #[cfg(test)]
 mod tests {
+
+    /// A key handed to another node is the same key: same public half,
+    /// same agreement with a peer.
+    #[test]
+    fn an_ephemeral_key_survives_its_private_bytes() {
+        for curve in [EccCurve::NistP256, EccCurve::NistP384, EccCurve::Curve25519] {
+            let key = EphemeralKey::generate(curve).unwrap();
+            let bytes = key.private_bytes().unwrap();
+            let back = EphemeralKey::from_private_bytes(curve, &bytes).unwrap();
+            assert_eq!(back.public_nonce(), key.public_nonce(), "{curve:?}");
+            let peer = EphemeralKey::generate(curve).unwrap();
+            assert_eq!(
+                back.agree(peer.public_nonce()).unwrap().as_bytes(),
+                key.agree(peer.public_nonce()).unwrap().as_bytes()
+            );
+            assert!(EphemeralKey::from_private_bytes(curve, &bytes[1..]).is_err());
+        }
+    }
     use super::*;
 
     #[test]

@@ -425,6 +425,109 @@ fn a_subscription_continues_with_its_sequence_numbers_on_the_new_node() {
     drop(n2);
 }
 
+/// The window of the last NotificationMessage (docs/cluster.md): the old
+/// node sent a message its mirror never recorded (written here: the
+/// record's next sequence number and retransmission queue put back to
+/// before it, as if the node died between the Publish answer and the
+/// write behind it). The client acknowledges that message in its first
+/// Publish on the new node; the new node answers the acknowledgement Good
+/// and numbers its first message after it - the client never sees a
+/// number twice with different content.
+#[test]
+fn an_acknowledgement_past_the_mirror_moves_the_sequence_on() {
+    let Some(nats) = nats::start() else { return };
+    let rt = runtime();
+    let url = nats.url();
+    let mut n1 = start_node(&rt, &url, "n1");
+    let n2 = start_node(&rt, &url, "n2");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    assert!(nats::wait_listening(n2.addr, LIMIT));
+
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    c.send_create_subscription(600, 10);
+    let sub = c.read_subscription_id();
+    c.send_monitor(sub, NodeId::ns0(2258));
+    let _ = c.read_response();
+    let mut seqs = Vec::new();
+    while seqs.len() < 2 {
+        let p = publish_response(&mut c, vec![]);
+        if p.notification_message
+            .notification_data
+            .as_ref()
+            .is_some_and(|d| !d.is_empty())
+        {
+            seqs.push(p.notification_message.sequence_number);
+        }
+    }
+    let last = *seqs.last().unwrap();
+    let start = Instant::now();
+    let mut record = loop {
+        let r = subscriptions_record(&rt, &url, &c.auth);
+        if let Some(r) = r.filter(|r| {
+            r.subscriptions
+                .first()
+                .is_some_and(|s| s.next_seq == last + 1)
+        }) {
+            break r;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the subscription was never mirrored"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = n1.stop.take().map(|s| s.send(()));
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
+    });
+    // The mirror as it was before message `last`.
+    let image = &mut record.subscriptions[0];
+    image.next_seq = last;
+    image.retransmission.retain(|m| m.sequence_number < last);
+    record.version += 1;
+    let key = session_key(&c.auth).expect("an issued token");
+    rt.block_on(async {
+        let s = NatsStore::connect(&url, 1, Duration::from_secs(5))
+            .await
+            .expect("the store");
+        s.put(Bucket::Subscriptions, &key, record.encode())
+            .await
+            .expect("the record written back");
+    });
+
+    let mut moved = RawClient::connect(n2.addr);
+    moved.auth = c.auth.clone();
+    let answer = activate(&mut moved);
+    assert!(
+        answer
+            .as_any()
+            .downcast_ref::<ActivateSessionResponse>()
+            .is_some(),
+        "{answer:?}"
+    );
+    let acks = seqs
+        .iter()
+        .map(|s| SubscriptionAcknowledgement {
+            subscription_id: sub,
+            sequence_number: *s,
+        })
+        .collect();
+    let p = publish_response(&mut moved, acks);
+    assert_eq!(p.subscription_id, sub);
+    assert_eq!(
+        p.results,
+        Some(vec![StatusCode::Good; seqs.len()]),
+        "both messages were known: one mirrored, one acknowledged past it"
+    );
+    assert_eq!(
+        p.notification_message.sequence_number,
+        last + 1,
+        "the number the old node used is not used again"
+    );
+    drop(n2);
+}
+
 fn service_level(c: &mut RawClient) -> u8 {
     let r = read_node(c, NodeId::ns0(2267)); // Server_ServiceLevel
     let r = r.as_any().downcast_ref::<ReadResponse>().expect("a Read");

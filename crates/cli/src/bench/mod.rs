@@ -75,7 +75,10 @@ pub const USAGE: &str =
                           [--server-pid PID] [--interval-s S] [--json]
                           [--report FILE.html]
        uascale bench failover URL [--sessions S] [--node NODE] [--interval-ms MS]
-                          [--concurrency C] [--kill-pid PID] [--kill-after-s T]
+                          [--concurrency C] [--source-ips IP,IP,...]
+                          [--security POLICY[:MODE]] [--pki DIR] [--trust-server]
+                          [--user NAME | --cert FILE --key FILE]
+                          [--kill-pid PID] [--kill-after-s T]
                           [--duration-s D] [--json] [--report FILE.html]
        uascale bench fairness URL [--flooders F] [--flood-inflight W]
                           [--victims V] [--node NODE] [--warmup-s S]
@@ -150,13 +153,15 @@ pub const USAGE: &str =
                   --warmup-s (3) then --duration-s (10): round trips/s,
                   latency, server CPU per round trip and per socket-second
                   (compare with bench sessions --publishing-ms I holding)
-  bench failover  S sessions (50) through a cluster's front end, each with a
-                  subscription (--interval-ms, 500) on NODE (i=2258); after
-                  --kill-after-s (5) kills --kill-pid with SIGKILL, watches
-                  --duration-s (15): sessions moved, time to resume
-                  p50/p99/max, notifications lost, duplicates, the steady
-                  lateness before the kill (run against a node without
-                  --cluster for mirroring off). No series
+  bench failover  S sessions (50) through a cluster's front end, set up C at
+                  a time (20), each with a subscription (--interval-ms,
+                  500) on NODE (i=2258); after --kill-after-s (5) kills
+                  --kill-pid with SIGKILL, watches --duration-s (15):
+                  sessions moved, time to resume p50/p99/max, resumed
+                  within 5 s, notifications lost, duplicates, the steady
+                  lateness from the setup to the kill (run against nodes
+                  without --cluster for mirroring off). Security, identity
+                  and --source-ips as for bench sessions. No series
 
   All sample their series every --interval-s (1). Progress goes to stderr
   (a bar on a terminal, a line per sample otherwise); stdout gets only the

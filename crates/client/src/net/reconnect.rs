@@ -70,10 +70,12 @@ async fn reestablish(shared: &Arc<Shared>) -> Result<(), ClientError> {
             Err(e) => return Err(e),
         }
     }
-    shared.install(generation, link);
+    // Before the channel is installed: the first Publish on it carries
+    // the acknowledgements `restored` queues.
     if let Some(how) = restore {
         subscription::restored(shared, how);
     }
+    shared.install(generation, link);
     Ok(())
 }
 

@@ -46,6 +46,13 @@ pub(crate) struct Registry {
     next_client_handle: u32,
     entries: HashMap<u64, Entry>,
     publishing: bool,
+    /// Acknowledgements the next Publish carries besides those of the
+    /// messages since the last one: after the session was activated on a
+    /// new channel, the last sequence number received of each subscription
+    /// (the Publish that acknowledged it may have died with the old
+    /// connection, and a cluster node that took the session over learns
+    /// from it which messages the old node sent - docs/cluster.md).
+    reacks: Vec<t::SubscriptionAcknowledgement>,
 }
 
 impl Registry {
@@ -423,11 +430,36 @@ pub(crate) fn end_all(shared: &Shared, status: StatusCode) {
     }
 }
 
-/// The same session is active on a new channel.
+/// The same session is active on a new channel: each subscription's last
+/// received sequence number is acknowledged again in the first Publish on
+/// it (call this before the channel is installed, so that no Publish goes
+/// out without them).
 pub(crate) fn restored(shared: &Shared, how: Restore) {
     if let Ok(mut reg) = shared.subscriptions.lock() {
-        for e in reg.entries.values_mut() {
+        reg.reactivated(how);
+    }
+}
+
+impl Registry {
+    /// The session is active on a new channel: each subscription resyncs
+    /// its acknowledgements with the next answer, its last received
+    /// sequence number is queued for the next Publish, and its stream
+    /// hears how it came back.
+    fn reactivated(&mut self, how: Restore) {
+        let Registry {
+            entries, reacks, ..
+        } = self;
+        for e in entries.values_mut() {
             e.resync = true;
+            if let Some(last) = e.tracker.last() {
+                let ack = t::SubscriptionAcknowledgement {
+                    subscription_id: e.server_id,
+                    sequence_number: last,
+                };
+                if !reacks.contains(&ack) {
+                    reacks.push(ack);
+                }
+            }
             let _ = e.events.send(SubscriptionEvent::Restored(how));
         }
     }
@@ -579,6 +611,11 @@ async fn publish_loop(shared: Arc<Shared>) {
                 if reg.entries.is_empty() || shared.closing.load(Ordering::SeqCst) {
                     reg.publishing = false;
                     break;
+                }
+                for ack in reg.reacks.drain(..) {
+                    if !acks.contains(&ack) {
+                        acks.push(ack);
+                    }
                 }
                 let span = reg
                     .entries
@@ -834,4 +871,56 @@ async fn republish_one(
         )
         .await?;
     Ok(resp.notification_message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(server_id: u32, events: mpsc::UnboundedSender<SubscriptionEvent>) -> Entry {
+        Entry {
+            server_id,
+            settings: SubscriptionSettings::default(),
+            revised: Revised::from_response(&t::CreateSubscriptionResponse::default()),
+            items: BTreeMap::new(),
+            events,
+            tracker: SequenceTracker::default(),
+            resync: false,
+        }
+    }
+
+    /// After a reactivation the next Publish acknowledges the last message
+    /// each subscription received (the one that acknowledged it may have
+    /// died with the old connection): a cluster node that took the session
+    /// over learns from it what the old node sent.
+    #[test]
+    fn a_reactivation_queues_the_last_received_sequence_numbers() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut reg = Registry::default();
+        let mut seen = entry(7, tx.clone());
+        for n in [1, 2, 3] {
+            seen.tracker.arrive(n);
+        }
+        reg.entries.insert(1, seen);
+        // Nothing received yet: nothing to acknowledge.
+        reg.entries.insert(2, entry(8, tx));
+        reg.reactivated(Restore::Reactivated);
+        assert_eq!(
+            reg.reacks,
+            vec![t::SubscriptionAcknowledgement {
+                subscription_id: 7,
+                sequence_number: 3,
+            }]
+        );
+        assert!(reg.entries.values().all(|e| e.resync));
+        // Twice (a second reconnect before a Publish went out): once.
+        reg.reactivated(Restore::Reactivated);
+        assert_eq!(reg.reacks.len(), 1);
+        let mut restores = 0;
+        while let Ok(e) = rx.try_recv() {
+            assert_eq!(e, SubscriptionEvent::Restored(Restore::Reactivated));
+            restores += 1;
+        }
+        assert_eq!(restores, 4);
+    }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use uascale_types::{NodeId, Variant};
 
 use super::record::{
-    is_plain_file_name, session_key, trust_key, value_key, NodeRecord, SessionRecord,
+    is_plain_file_name, session_key, trust_key, value_key, EccRecord, NodeRecord, SessionRecord,
     SubscriptionsRecord, TrustRecord, ValueRecord,
 };
 use super::store::{Bucket, Store, StoreError};
@@ -170,6 +170,15 @@ pub fn record_of(owner: &str, token: &NodeId, s: &Session) -> SessionRecord {
         locale_ids: s.locale_ids.clone(),
         created: s.created,
         activated: s.activated,
+        ecc: s.ecc.as_ref().map(|e| EccRecord {
+            client_nonce: e.client_nonce.clone(),
+            // A key that cannot be exported is left out: the session is
+            // taken over without it, as before.
+            ephemeral: e
+                .ephemeral
+                .as_ref()
+                .and_then(|k| Some((k.curve(), k.private_bytes().ok()?))),
+        }),
     }
 }
 
@@ -194,9 +203,17 @@ pub fn session_of(r: &SessionRecord, now: Instant) -> Session {
         endpoint_url: r.endpoint_url.clone(),
         security_policy: r.security_policy,
         security_mode: r.security_mode,
-        // Not mirrored: an ECC session taken over has no ephemeral key
-        // until its client asks for a new ECDHKey (docs/cluster.md).
-        ecc: None,
+        // The ClientNonce and the ephemeral key last sent: the signatures
+        // and a UserName token of the ActivateSession that takes it over
+        // are checked against them (a key that does not load is left out).
+        ecc: r.ecc.as_ref().map(|e| {
+            std::sync::Arc::new(crate::session::EccSession {
+                client_nonce: e.client_nonce.clone(),
+                ephemeral: e.ephemeral.as_ref().and_then(|(curve, private)| {
+                    uascale_crypto::ecc::EphemeralKey::from_private_bytes(*curve, private).ok()
+                }),
+            })
+        }),
     }
 }
 
@@ -1228,5 +1245,39 @@ mod tests {
         // The watch path: b's later write seen by a changes nothing more.
         a.session_seen(&key, Some(&rec.encode()), c.revision + 1);
         assert_eq!(lock(&evicted_a).len(), 1);
+    }
+
+    /// An ECC session taken over keeps its ClientNonce and its ephemeral
+    /// key: the record carries them, and the session restored from it
+    /// agrees on the same secret with the client's key.
+    #[test]
+    fn an_ecc_session_keeps_its_client_nonce_and_ephemeral_key() {
+        use uascale_crypto::ecc::{EccCurve, EphemeralKey};
+        let t0 = Instant::now();
+        let key = EphemeralKey::generate(EccCurve::NistP256).unwrap();
+        let public = key.public_nonce().to_vec();
+        let mut session = session_of(&crate::cluster::record::tests::sample("a", 1), t0);
+        session.ecc = Some(Arc::new(crate::session::EccSession {
+            client_nonce: vec![3; 64],
+            ephemeral: Some(key),
+        }));
+        let token = NodeId::opaque(0, vec![1; 32]);
+        let bytes = record_of("a", &token, &session).encode();
+        let back = session_of(&SessionRecord::decode(&bytes).unwrap(), t0);
+        let ecc = back.ecc.expect("the ECC state");
+        assert_eq!(ecc.client_nonce, vec![3; 64]);
+        let restored = ecc.ephemeral.as_ref().expect("the ephemeral key");
+        assert_eq!(restored.public_nonce(), public.as_slice());
+        let client = EphemeralKey::generate(EccCurve::NistP256).unwrap();
+        let original = session.ecc.as_ref().unwrap().ephemeral.as_ref().unwrap();
+        assert_eq!(
+            restored.agree(client.public_nonce()).unwrap().as_bytes(),
+            original.agree(client.public_nonce()).unwrap().as_bytes()
+        );
+        // Without ECC state nothing is made up.
+        session.ecc = None;
+        let plain = record_of("a", &token, &session);
+        assert_eq!(plain.ecc, None);
+        assert!(session_of(&plain, t0).ecc.is_none());
     }
 }

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use uascale_crypto::ecc::EccCurve;
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_types::{
     BinaryDecode, BinaryEncode, ByteString, DateTime, DecodeError, DecodeLimits,
@@ -21,6 +22,10 @@ const SESSION_TAG: &[u8; 4] = b"UASs";
 const NODE_TAG: &[u8; 4] = b"UASn";
 /// The record layout this code writes and reads.
 const FORMAT: u8 = 1;
+/// The session record layout with the ECC state appended; written only for
+/// sessions that have it, so the records of other sessions stay readable by
+/// nodes that know format 1 only.
+const FORMAT_ECC: u8 = 2;
 
 /// Why a record from the store was refused.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,18 +71,32 @@ fn limits() -> DecodeLimits {
 }
 
 fn header(w: &mut Vec<u8>, tag: &[u8; 4], owner: &str, version: u64) {
+    header_of(w, tag, FORMAT, owner, version);
+}
+
+fn header_of(w: &mut Vec<u8>, tag: &[u8; 4], format: u8, owner: &str, version: u64) {
     w.extend_from_slice(tag);
-    w.push(FORMAT);
+    w.push(format);
     UaString::from(owner).encode(w);
     version.encode(w);
 }
 
 fn read_header(r: &mut Reader<'_>, tag: &[u8; 4]) -> Result<(String, u64), RecordError> {
+    read_header_of(r, tag, FORMAT).map(|(owner, version, _)| (owner, version))
+}
+
+/// The header of a record whose layouts are 1 to `newest`: owner, version
+/// and the layout.
+fn read_header_of(
+    r: &mut Reader<'_>,
+    tag: &[u8; 4],
+    newest: u8,
+) -> Result<(String, u64, u8), RecordError> {
     if r.take(4).map_err(|_| RecordError::WrongKind)? != tag {
         return Err(RecordError::WrongKind);
     }
     let format = u8::decode(r)?;
-    if format != FORMAT {
+    if !(FORMAT..=newest).contains(&format) {
         return Err(RecordError::Format(format));
     }
     let owner = UaString::decode(r)?
@@ -85,7 +104,7 @@ fn read_header(r: &mut Reader<'_>, tag: &[u8; 4]) -> Result<(String, u64), Recor
         .filter(|s| !s.is_empty())
         .ok_or(RecordError::Field("owner"))?
         .to_owned();
-    Ok((owner, u64::decode(r)?))
+    Ok((owner, u64::decode(r)?, format))
 }
 
 fn fixed<const N: usize>(b: &ByteString, name: &'static str) -> Result<[u8; N], RecordError> {
@@ -135,13 +154,64 @@ pub struct SessionRecord {
     pub created: DateTime,
     /// True once activated.
     pub activated: bool,
+    /// On an ECC policy: what ActivateSession needs besides the nonce.
+    pub ecc: Option<EccRecord>,
+}
+
+/// The ECC state of a session as the cluster mirrors it: the ClientNonce of
+/// CreateSession (the channel-bound signatures of ActivateSession cover it)
+/// and the ephemeral key whose public half was the last ECDHKey sent (a
+/// UserName token's EccEncryptedSecret is encrypted for it). Its private
+/// half travels in the record, as the session's nonce and token do: the
+/// store is as secret as the sessions it holds.
+#[derive(Clone, PartialEq)]
+pub struct EccRecord {
+    /// The ClientNonce.
+    pub client_nonce: Vec<u8>,
+    /// The curve and private bytes of the ephemeral key
+    /// ([`uascale_crypto::ecc::EphemeralKey::private_bytes`]), when one was
+    /// sent.
+    pub ephemeral: Option<(EccCurve, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EccRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The private key stays out of logs.
+        f.debug_struct("EccRecord")
+            .field("client_nonce", &self.client_nonce.len())
+            .field("ephemeral", &self.ephemeral.as_ref().map(|(c, _)| c))
+            .finish()
+    }
+}
+
+fn curve_tag(curve: EccCurve) -> u8 {
+    match curve {
+        EccCurve::NistP256 => 1,
+        EccCurve::NistP384 => 2,
+        EccCurve::Curve25519 => 3,
+    }
+}
+
+fn curve_of(tag: u8) -> Result<Option<EccCurve>, RecordError> {
+    match tag {
+        0 => Ok(None),
+        1 => Ok(Some(EccCurve::NistP256)),
+        2 => Ok(Some(EccCurve::NistP384)),
+        3 => Ok(Some(EccCurve::Curve25519)),
+        _ => Err(RecordError::Field("ecc")),
+    }
 }
 
 impl SessionRecord {
     /// The record's bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(256);
-        header(&mut w, SESSION_TAG, &self.owner, self.version);
+        let format = if self.ecc.is_some() {
+            FORMAT_ECC
+        } else {
+            FORMAT
+        };
+        header_of(&mut w, SESSION_TAG, format, &self.owner, self.version);
         self.session_id.encode(&mut w);
         self.token.encode(&mut w);
         ByteString::new(self.server_nonce.to_vec()).encode(&mut w);
@@ -174,6 +244,16 @@ impl SessionRecord {
         Some(self.locale_ids.clone()).encode(&mut w);
         self.created.encode(&mut w);
         self.activated.encode(&mut w);
+        if let Some(ecc) = &self.ecc {
+            ByteString::new(ecc.client_nonce.clone()).encode(&mut w);
+            match &ecc.ephemeral {
+                None => 0u8.encode(&mut w),
+                Some((curve, private)) => {
+                    curve_tag(*curve).encode(&mut w);
+                    ByteString::new(private.clone()).encode(&mut w);
+                }
+            }
+        }
         w
     }
 
@@ -181,7 +261,7 @@ impl SessionRecord {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
         let limits = limits();
         let mut r = Reader::new(bytes, &limits)?;
-        let (owner, version) = read_header(&mut r, SESSION_TAG)?;
+        let (owner, version, format) = read_header_of(&mut r, SESSION_TAG, FORMAT_ECC)?;
         let session_id = NodeId::decode(&mut r)?;
         let token = NodeId::decode(&mut r)?;
         let server_nonce = fixed::<32>(&ByteString::decode(&mut r)?, "server_nonce")?;
@@ -214,6 +294,26 @@ impl SessionRecord {
         let locale_ids = Option::<Vec<UaString>>::decode(&mut r)?.unwrap_or_default();
         let created = DateTime::decode(&mut r)?;
         let activated = bool::decode(&mut r)?;
+        let ecc = if format == FORMAT_ECC {
+            let client_nonce = ByteString::decode(&mut r)?.as_bytes_or_empty().to_vec();
+            let ephemeral = match curve_of(u8::decode(&mut r)?)? {
+                None => None,
+                Some(curve) => Some((
+                    curve,
+                    ByteString::decode(&mut r)?
+                        .as_bytes()
+                        .filter(|b| !b.is_empty())
+                        .ok_or(RecordError::Field("ecc"))?
+                        .to_vec(),
+                )),
+            };
+            Some(EccRecord {
+                client_nonce,
+                ephemeral,
+            })
+        } else {
+            None
+        };
         r.finish()?;
         Ok(SessionRecord {
             owner,
@@ -232,6 +332,7 @@ impl SessionRecord {
             locale_ids,
             created,
             activated,
+            ecc,
         })
     }
 }
@@ -600,6 +701,19 @@ pub(crate) mod tests {
             locale_ids: vec![UaString::from("en")],
             created: DateTime::from_ticks(5),
             activated: true,
+            ecc: None,
+        }
+    }
+
+    /// [`sample`] on an ECC policy, with its ECC state.
+    pub(crate) fn sample_ecc(owner: &str, token_byte: u8) -> SessionRecord {
+        SessionRecord {
+            security_policy: SecurityPolicy::EccNistP256,
+            ecc: Some(EccRecord {
+                client_nonce: vec![4; 64],
+                ephemeral: Some((EccCurve::NistP256, vec![5; 32])),
+            }),
+            ..sample(owner, token_byte)
         }
     }
 
@@ -619,6 +733,60 @@ pub(crate) mod tests {
             degraded: true,
         };
         assert_eq!(NodeRecord::decode(&n.encode()).unwrap(), n);
+    }
+
+    /// The ECC state rides in format 2; a session without it is still
+    /// written as format 1 (readable by nodes that know only that), and a
+    /// format 1 record reads as a session without ECC state.
+    #[test]
+    fn ecc_state_round_trips_in_its_own_format() {
+        let mut e = sample_ecc("n1", 3);
+        let bytes = e.encode();
+        assert_eq!(bytes[4], FORMAT_ECC);
+        assert_eq!(SessionRecord::decode(&bytes).unwrap(), e);
+        for curve in [EccCurve::NistP384, EccCurve::Curve25519] {
+            e.ecc.as_mut().unwrap().ephemeral = Some((curve, vec![6; 48]));
+            assert_eq!(SessionRecord::decode(&e.encode()).unwrap(), e);
+        }
+        e.ecc.as_mut().unwrap().ephemeral = None;
+        assert_eq!(SessionRecord::decode(&e.encode()).unwrap(), e);
+        let plain = sample("n1", 3).encode();
+        assert_eq!(plain[4], FORMAT);
+        assert_eq!(SessionRecord::decode(&plain).unwrap().ecc, None);
+        // Every truncation of the longer record fails cleanly, and so do
+        // flipped bytes, an unknown curve, and an empty private key.
+        let bytes = sample_ecc("n1", 3).encode();
+        for len in 0..bytes.len() {
+            assert!(SessionRecord::decode(&bytes[..len]).is_err(), "{len}");
+        }
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0xa5;
+            let _ = SessionRecord::decode(&b);
+        }
+        let mut unknown = bytes.clone();
+        let at = bytes.len() - 4 - 32 - 1;
+        assert_eq!(unknown[at], 1, "the curve's tag");
+        unknown[at] = 9;
+        assert_eq!(
+            SessionRecord::decode(&unknown),
+            Err(RecordError::Field("ecc"))
+        );
+        let mut empty = sample_ecc("n1", 3);
+        empty.ecc.as_mut().unwrap().ephemeral = Some((EccCurve::NistP256, vec![]));
+        assert_eq!(
+            SessionRecord::decode(&empty.encode()),
+            Err(RecordError::Field("ecc"))
+        );
+        // Format 2 is a session layout only.
+        let mut node = NodeRecord {
+            node_id: "n".into(),
+            beat: 1,
+            degraded: false,
+        }
+        .encode();
+        node[4] = FORMAT_ECC;
+        assert_eq!(NodeRecord::decode(&node), Err(RecordError::Format(2)));
     }
 
     #[test]

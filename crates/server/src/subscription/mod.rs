@@ -240,6 +240,13 @@ pub struct Subscription {
     /// When the publishing timer fires next.
     pub next_publish: Instant,
     next_seq: u32,
+    /// On a subscription restored from a cluster mirror, until it sends its
+    /// first NotificationMessage: the next sequence number it was restored
+    /// with (0 otherwise). An acknowledgement at or after it (within
+    /// [`RESTORED_ACK_WINDOW`]) is of a message the old node sent after its
+    /// last mirrored state: the sequence numbers move past it
+    /// ([`Subscription::acknowledge`]).
+    restored_seq: u32,
     retransmission: VecDeque<NotificationMessage>,
     items: Vec<MonitoredItem>,
     next_item_id: u32,
@@ -251,6 +258,14 @@ pub struct Subscription {
 
 /// What happened to an item operation.
 pub type ItemResult<T> = Result<T, StatusCode>;
+
+/// How far past its restored next sequence number a restored subscription
+/// accepts an acknowledgement (docs/cluster.md, "the last
+/// NotificationMessage"): a node writes its subscriptions record behind
+/// each Publish answer, so the old node may have sent a few messages the
+/// mirror never heard of; more than this many is not a lagging mirror but a
+/// client acknowledging numbers it never got.
+pub const RESTORED_ACK_WINDOW: u32 = 10_000;
 
 /// What a cluster mirror keeps of a subscription so that another node can
 /// restore it with its sequence numbers (docs/cluster.md): its
@@ -391,6 +406,7 @@ impl Subscription {
             late_since: 0,
             next_publish: now + img.interval,
             next_seq: img.next_seq.max(1),
+            restored_seq: img.next_seq.max(1),
             retransmission: img.retransmission.iter().cloned().collect(),
             next_item_id: img.next_item_id.max(1),
             items,
@@ -427,6 +443,7 @@ impl Subscription {
             late_since: 0,
             next_publish: now + revised.publishing_interval,
             next_seq: 1,
+            restored_seq: 0,
             retransmission: VecDeque::new(),
             items: Vec::new(),
             next_item_id: 1,
@@ -524,6 +541,14 @@ impl Subscription {
             .find(|m| m.sequence_number == seq)
     }
 
+    /// An acknowledgement of message `seq`: it leaves the retransmission
+    /// queue. On a subscription restored from a cluster mirror that has not
+    /// sent a message yet, an acknowledgement at or after the restored next
+    /// sequence number (within [`RESTORED_ACK_WINDOW`]) is of a message the
+    /// old node sent after its last mirrored state: the client has it, so
+    /// it is Good, and the next sequence number moves past it (the highest
+    /// such acknowledgement wins) - this node never sends that number
+    /// again with other content.
     fn acknowledge(&mut self, seq: u32) -> StatusCode {
         match self
             .retransmission
@@ -538,8 +563,29 @@ impl Subscription {
                 }
                 StatusCode::Good
             }
+            None if self.acknowledged_past_restore(seq) => StatusCode::Good,
             None => StatusCode::BadSequenceNumberUnknown,
         }
+    }
+
+    /// The restored-subscription case of [`Subscription::acknowledge`]:
+    /// true (and the next sequence number moved past `seq`) when `seq` is
+    /// within the window after the restored next sequence number.
+    fn acknowledged_past_restore(&mut self, seq: u32) -> bool {
+        let floor = self.restored_seq;
+        if floor == 0 || seq == 0 {
+            return false;
+        }
+        // Distances along the sequence (numbers wrap from u32::MAX to 1).
+        let ahead = seq.wrapping_sub(floor);
+        if ahead >= RESTORED_ACK_WINDOW {
+            return false;
+        }
+        let after = if seq == u32::MAX { 1 } else { seq + 1 };
+        if self.next_seq.wrapping_sub(floor) <= ahead {
+            self.next_seq = after;
+        }
+        true
     }
 
     /// [`Subscription::offer`] at `now`: idle cycles before it are counted
@@ -720,6 +766,9 @@ impl Subscription {
     }
 
     fn take_seq(&mut self) -> u32 {
+        // Its first message on this node: from here on the numbers are its
+        // own, and acknowledgements past them are unknown again.
+        self.restored_seq = 0;
         let s = self.next_seq;
         self.next_seq = if s == u32::MAX { 1 } else { s + 1 };
         s

@@ -814,3 +814,111 @@ fn equal_sampling_and_publishing_intervals_deliver_every_sample() {
         delivered.len()
     );
 }
+
+/// A subscription as a cluster node restores it: next sequence number
+/// `next`, one item with a value queued.
+fn restored(clock: &Clock, next: u32) -> Subscription {
+    let mut original = sub(clock, 1, 100.0, 30, 10);
+    let id = original.add_item(item(&original, 1, 10, true, Filter::default()));
+    let mut image = original.image();
+    image.next_seq = next;
+    let mut s = Subscription::from_image(&image, clock.now().instant);
+    assert!(s.offer(id, dv(1.0)));
+    s
+}
+
+/// The last-message window of a takeover (docs/cluster.md): the old node
+/// sent messages 5 and 6 after its last mirrored state (next 5); the
+/// client acknowledges them in its first Publish on the new node, which
+/// answers Good and numbers its first message 7, not 5 again.
+#[test]
+fn a_restored_subscription_moves_past_what_the_client_acknowledges() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    set.insert(restored(&clock, 5));
+    let mut out = Vec::new();
+    // Out of order, and one beyond the window, one of another subscription.
+    publish(
+        &mut set,
+        &clock,
+        1,
+        &[(1, 6), (1, 5), (1, 5 + RESTORED_ACK_WINDOW), (2, 6)],
+        &mut out,
+    );
+    run(&mut set, &mut clock, 100, &mut out);
+    let p = response(&out[0]);
+    assert_eq!(p.notification_message.sequence_number, 7);
+    assert_eq!(values(p), vec![dv(1.0)]);
+    assert_eq!(
+        p.results,
+        Some(vec![
+            StatusCode::Good,
+            StatusCode::Good,
+            StatusCode::BadSequenceNumberUnknown,
+            StatusCode::BadSubscriptionIdInvalid
+        ])
+    );
+    assert_eq!(p.available_sequence_numbers, Some(vec![7]));
+    // Once it sent its own message the window is closed: an ack past it is
+    // unknown again, and the numbers go on from 8.
+    out.clear();
+    publish(&mut set, &clock, 2, &[(1, 7), (1, 9)], &mut out);
+    set.get_mut(1).unwrap().offer(1, dv(2.0));
+    run(&mut set, &mut clock, 200, &mut out);
+    let p = response(&out[0]);
+    assert_eq!(p.notification_message.sequence_number, 8);
+    assert_eq!(
+        p.results,
+        Some(vec![StatusCode::Good, StatusCode::BadSequenceNumberUnknown])
+    );
+}
+
+/// Without acknowledgements past it a restored subscription goes on from
+/// its restored number; the window wraps with the sequence numbers; and a
+/// subscription made on this node never accepts an ack past its numbers.
+#[test]
+fn the_restored_ack_window_is_bounded_and_only_for_restored_subscriptions() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    set.insert(restored(&clock, 5));
+    let mut out = Vec::new();
+    publish(&mut set, &clock, 1, &[(1, 4)], &mut out);
+    run(&mut set, &mut clock, 100, &mut out);
+    let p = response(&out[0]);
+    assert_eq!(p.notification_message.sequence_number, 5);
+    assert_eq!(p.results, Some(vec![StatusCode::BadSequenceNumberUnknown]));
+
+    // Restored near the end of the number space: u32::MAX then 1.
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    set.insert(restored(&clock, u32::MAX - 1));
+    let mut out = Vec::new();
+    publish(&mut set, &clock, 1, &[(1, u32::MAX), (1, 0)], &mut out);
+    run(&mut set, &mut clock, 100, &mut out);
+    let p = response(&out[0]);
+    assert_eq!(p.notification_message.sequence_number, 1);
+    assert_eq!(
+        p.results,
+        Some(vec![StatusCode::Good, StatusCode::BadSequenceNumberUnknown])
+    );
+
+    // Made here: an ack of a number it has not sent is unknown.
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 30, 10);
+    let id = s.add_item(item(&s, 1, 10, true, Filter::default()));
+    s.offer(id, dv(1.0));
+    set.insert(s);
+    let mut out = Vec::new();
+    publish(&mut set, &clock, 1, &[(1, 1), (1, 3)], &mut out);
+    run(&mut set, &mut clock, 100, &mut out);
+    let p = response(&out[0]);
+    assert_eq!(p.notification_message.sequence_number, 1);
+    assert_eq!(
+        p.results,
+        Some(vec![
+            StatusCode::BadSequenceNumberUnknown,
+            StatusCode::BadSequenceNumberUnknown
+        ])
+    );
+}
