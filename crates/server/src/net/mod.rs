@@ -884,7 +884,7 @@ fn serve(
                     Wake::Readable(ready) => {
                         let read = ready.and_then(|()| {
                             read_and_handle(
-                                &stream,
+                                &mut stream,
                                 &mut conn,
                                 &mut b.read,
                                 &mut input,
@@ -1159,7 +1159,7 @@ const MAX_READ: usize = 64 * 1024;
 /// handled here: they all go to `pending` and `deferred` is set, for the
 /// caller to run their asymmetric work off the event loop.
 fn read_and_handle(
-    stream: &TcpStream,
+    stream: &mut TcpStream,
     conn: &mut ServerConnection,
     buf: &mut Vec<u8>,
     pending: &mut Vec<u8>,
@@ -1171,8 +1171,9 @@ fn read_and_handle(
     let want = *room as usize;
     buf.reserve(want);
     let spare = buf.capacity() - buf.len();
-    let n = match stream.try_read_buf(buf) {
-        Ok(n) => n,
+    let n = match read_now(stream, buf) {
+        Ok(Some(n)) => n,
+        Ok(None) => return Ok(None),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
         Err(e) => return Err(e),
     };
@@ -1201,6 +1202,23 @@ fn read_and_handle(
         *buf = Vec::new();
     }
     Ok(Some(n))
+}
+
+/// One read of what the socket holds now, without waiting (`None`: it
+/// holds nothing). Through `AsyncRead` rather than `try_read`: a read
+/// shorter than the room shows epoll's edge-triggered socket drained, so
+/// tokio clears its readiness and the next wake is a real one. With
+/// `try_read` the readiness stayed set, and every message cost a second
+/// pass through the loop and a read that found nothing (EAGAIN).
+fn read_now(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Option<usize>> {
+    use std::future::Future;
+    use tokio::io::AsyncReadExt;
+    // A no-op waker: the loop waits on readiness with its own waker next.
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(stream.read_buf(buf)).poll(&mut cx) {
+        std::task::Poll::Ready(r) => r.map(Some),
+        std::task::Poll::Pending => Ok(None),
+    }
 }
 
 /// Hands each request the connection decoded to the dispatcher and sends
