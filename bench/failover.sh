@@ -20,8 +20,11 @@
 # usage: bench/failover.sh [--sessions N] [--security POLICY[:MODE]]
 #            [--interval-ms MS] [--kill-after-s S] [--duration-s S]
 #            [--concurrency C] [--source-ips K] [--latency | --latency-only]
-#            [--off-nodes N] [--json] [--report FILE.html] [--out DIR]
-#            [--no-build]
+#            [--off-nodes N] [--handshakes H] [--json] [--report FILE.html]
+#            [--out DIR] [--no-build]
+# --handshakes sets the nodes' [admission] max_concurrent_handshakes (by
+# default derived: 2 x CPUs); after the kill the survivors' /metrics are
+# saved as nodeN-metrics.txt.
 # Defaults: 3000 sessions, Basic256Sha256:SignAndEncrypt, 1000 ms, kill
 # after 10 s, watch 20 s, 20 at a time, the clients spread over K (50)
 # loopback addresses 127.0.0.1.. (admission's per-address limits judge the
@@ -43,6 +46,7 @@ SOURCES=50
 LATENCY=0
 FAILOVER=1
 OFF_NODES=3
+HANDSHAKES=
 JSON=
 REPORT=
 OUT=target/failover/$(date -u +%Y%m%dT%H%M%S)
@@ -59,14 +63,18 @@ while [ $# -gt 0 ]; do
     --latency) LATENCY=1; shift ;;
     --latency-only) LATENCY=1; FAILOVER=0; shift ;;
     --off-nodes) OFF_NODES=$2; shift 2 ;;
+    --handshakes) HANDSHAKES=$2; shift 2 ;;
     --json) JSON=--json; shift ;;
     --report) REPORT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+case "$HANDSHAKES" in
+  *[!0-9]*) echo "--handshakes takes a number of handshakes, not $HANDSHAKES" >&2; exit 2 ;;
+esac
 [ "$BUILD" = 1 ] && cargo build --release -p uascale >&2
 BIN=$ROOT/target/release/uascale
 NATS=$(command -v nats-server || true)
@@ -135,6 +143,9 @@ replicas = 3
 allow_security_none = true
 trust_all_client_certificates = true
 EOF
+if [ -n "$HANDSHAKES" ]; then
+  printf '[admission]\nmax_concurrent_handshakes = %s\n' "$HANDSHAKES" >>"$OUT/node.toml"
+fi
 "$BIN" cert create --pki "$OUT/pki" --config "$OUT/node.toml" --host 127.0.0.1 --host localhost >&2
 mkdir -p "$OUT/pki-client/trusted/certs"
 cp "$OUT/pki/own/certs/cert.der" "$OUT/pki-client/trusted/certs/server.der"
@@ -212,6 +223,10 @@ if [ "$FAILOVER" = 1 ]; then
   bench failover --kill-pid "${NODE_PIDS[0]}" --kill-after-s "$KILL_AFTER" --duration-s "$DURATION"
   wait "${NODE_PIDS[0]}" 2>/dev/null || true
   NODE_PIDS[0]=""
+  # The survivors' view: takeovers, admission's busy answers by stage.
+  for k in 1 2; do
+    curl -s "http://127.0.0.1:${METRICS_PORTS[$k]}/metrics" >"$OUT/node$((k + 1))-metrics.txt" || true
+  done
 fi
 
 if [ "$LATENCY" = 1 ]; then

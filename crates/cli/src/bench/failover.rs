@@ -26,7 +26,7 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 use uascale_client::{
     Client, ClientError, ClientOptions, ConnectGate, ConnectReport, MonitorItem, Notification,
-    Restore, Subscription, SubscriptionEvent, SubscriptionSettings,
+    Restore, Subscription, SubscriptionEvent,
 };
 use uascale_types::NodeId;
 
@@ -96,21 +96,7 @@ async fn establish(
         &mut ConnectReport::default(),
     )
     .await?;
-    let subscribed = async {
-        let sub = client
-            .subscribe(SubscriptionSettings::with_interval(interval))
-            .await?;
-        let created = sub.monitor(vec![MonitorItem::value(node)]).await?;
-        match created.first().map(|m| m.result.status_code) {
-            Some(s) if s.is_good() => Ok(sub),
-            Some(status) => Err(ClientError::Service {
-                status,
-                retry_after_ms: None,
-            }),
-            None => Err(ClientError::Decode("no monitored item result".into())),
-        }
-    }
-    .await;
+    let subscribed = super::subscribe_one(&client, interval, MonitorItem::value(node)).await;
     match subscribed {
         Ok(sub) => Ok((client, sub)),
         Err(e) => {

@@ -351,6 +351,32 @@ pub(crate) struct Outcome {
 }
 
 /// Runs `uascale bench KIND ARGS...`.
+/// Subscribes `client` at `interval` to one monitored item and checks that
+/// the server created it: a Bad item result is returned as a service
+/// error, no result as a decode error. The benches that hold a
+/// subscription per session set them up this way.
+async fn subscribe_one(
+    client: &uascale_client::Client,
+    interval: Duration,
+    item: uascale_client::MonitorItem,
+) -> Result<uascale_client::Subscription, uascale_client::ClientError> {
+    use uascale_client::ClientError;
+    let sub = client
+        .subscribe(uascale_client::SubscriptionSettings::with_interval(
+            interval,
+        ))
+        .await?;
+    let created = sub.monitor(vec![item]).await?;
+    match created.first().map(|m| m.result.status_code) {
+        Some(s) if s.is_good() => Ok(sub),
+        Some(status) => Err(ClientError::Service {
+            status,
+            retry_after_ms: None,
+        }),
+        None => Err(ClientError::Decode("no monitored item result".into())),
+    }
+}
+
 pub fn run(args: &[&str]) -> ExitCode {
     let context = Context::now();
     let result = match args {

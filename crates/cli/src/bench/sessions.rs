@@ -15,7 +15,7 @@ use std::time::Instant;
 use serde_json::json;
 use uascale_client::{
     Backoff, Client, ClientError, ClientOptions, ConnectGate, MonitorItem, Notification,
-    Subscription, SubscriptionEvent, SubscriptionSettings,
+    Subscription, SubscriptionEvent,
 };
 use uascale_types::NodeId;
 
@@ -85,20 +85,9 @@ async fn establish(
         let Some(w) = watch else {
             return Ok(None);
         };
-        let sub = c
-            .subscribe(SubscriptionSettings::with_interval(w.publishing))
-            .await?;
-        let created = sub
-            .monitor(vec![MonitorItem::value(w.node.clone())])
-            .await?;
-        match created.first().map(|m| m.result.status_code) {
-            Some(s) if s.is_good() => Ok(Some(sub)),
-            Some(status) => Err(ClientError::Service {
-                status,
-                retry_after_ms: None,
-            }),
-            None => Err(ClientError::Decode("no monitored item result".into())),
-        }
+        super::subscribe_one(&c, w.publishing, MonitorItem::value(w.node.clone()))
+            .await
+            .map(Some)
     }
     .await;
     match subscribed {

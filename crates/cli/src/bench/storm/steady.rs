@@ -11,7 +11,7 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 use uascale_client::{
     Client, ClientError, ClientOptions, ConnectGate, ConnectReport, MonitorItem, Notification,
-    Subscription, SubscriptionEvent, SubscriptionSettings,
+    Subscription, SubscriptionEvent,
 };
 use uascale_types::NodeId;
 
@@ -64,25 +64,8 @@ async fn set_up(
 ) -> Result<(Client, Subscription), ClientError> {
     let mut report = ConnectReport::default();
     let c = Client::open(url, options, &format!("steady {i}"), &mut report).await?;
-    let subscribed = async {
-        let sub = c
-            .subscribe(SubscriptionSettings::with_interval(publishing))
-            .await?;
-        let created = sub
-            .monitor(vec![
-                MonitorItem::value(NodeId::ns0(2258)).sampling(publishing.as_secs_f64() * 1000.0)
-            ])
-            .await?;
-        match created.first().map(|m| m.result.status_code) {
-            Some(s) if s.is_good() => Ok(sub),
-            Some(status) => Err(ClientError::Service {
-                status,
-                retry_after_ms: None,
-            }),
-            None => Err(ClientError::Decode("no monitored item result".into())),
-        }
-    }
-    .await;
+    let item = MonitorItem::value(NodeId::ns0(2258)).sampling(publishing.as_secs_f64() * 1000.0);
+    let subscribed = super::super::subscribe_one(&c, publishing, item).await;
     match subscribed {
         Ok(sub) => Ok((c, sub)),
         Err(e) => {
