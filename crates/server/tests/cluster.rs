@@ -425,6 +425,127 @@ fn a_subscription_continues_with_its_sequence_numbers_on_the_new_node() {
     drop(n2);
 }
 
+/// An event item moves with its subscription: created on n1 (an
+/// EventFilter on the Server object), mirrored with its filter, and there
+/// on n2 after the takeover - SetMonitoringMode on its id succeeds, as it
+/// does only for an item the subscription holds.
+#[test]
+fn an_event_item_moves_with_its_subscription() {
+    use uascale_types::{
+        ContentFilter, CreateMonitoredItemsRequest, CreateMonitoredItemsResponse, EventFilter,
+        MonitoredItemCreateRequest, MonitoringMode, MonitoringParameters, QualifiedName,
+        SetMonitoringModeRequest, SetMonitoringModeResponse, SimpleAttributeOperand,
+        TimestampsToReturn,
+    };
+    let Some(nats) = nats::start() else { return };
+    let rt = runtime();
+    let url = nats.url();
+    let mut n1 = start_node(&rt, &url, "n1");
+    let n2 = start_node(&rt, &url, "n2");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    assert!(nats::wait_listening(n2.addr, LIMIT));
+
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    c.send_create_subscription(600, 10);
+    let sub = c.read_subscription_id();
+    let h = c.header();
+    c.send(&CreateMonitoredItemsRequest {
+        request_header: h,
+        subscription_id: sub,
+        timestamps_to_return: TimestampsToReturn::Both,
+        items_to_create: Some(vec![MonitoredItemCreateRequest {
+            item_to_monitor: ReadValueId {
+                node_id: NodeId::ns0(2253),
+                attribute_id: AttributeId::EventNotifier as u32,
+                ..Default::default()
+            },
+            monitoring_mode: MonitoringMode::Reporting,
+            requested_parameters: MonitoringParameters {
+                client_handle: 9,
+                queue_size: 10,
+                discard_oldest: true,
+                filter: ExtensionObject::new(EventFilter {
+                    select_clauses: Some(vec![SimpleAttributeOperand {
+                        type_definition_id: NodeId::ns0(2041),
+                        browse_path: Some(vec![QualifiedName::new(0, "Severity")]),
+                        attribute_id: AttributeId::Value as u32,
+                        index_range: UaString::null(),
+                    }]),
+                    where_clause: ContentFilter { elements: None },
+                }),
+                ..Default::default()
+            },
+        }]),
+    });
+    let (_, m) = c.read_response();
+    let created = m
+        .as_any()
+        .downcast_ref::<CreateMonitoredItemsResponse>()
+        .unwrap_or_else(|| panic!("{m:?}"));
+    let result = &created.results.as_deref().unwrap_or_default()[0];
+    assert_eq!(result.status_code, StatusCode::Good);
+    let item = result.monitored_item_id;
+    // A Publish answer writes the record; wait for the item in it.
+    let _ = publish_response(&mut c, vec![]);
+    let start = Instant::now();
+    loop {
+        let r = subscriptions_record(&rt, &url, &c.auth);
+        let mirrored = r.as_ref().is_some_and(|r| {
+            r.subscriptions.iter().any(|s| {
+                s.items
+                    .iter()
+                    .any(|i| i.id == item && i.event_filter.is_some())
+            })
+        });
+        if mirrored {
+            break;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the event item was never mirrored: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let _ = n1.stop.take().map(|s| s.send(()));
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
+    });
+    let mut moved = RawClient::connect(n2.addr);
+    moved.auth = c.auth.clone();
+    let answer = activate(&mut moved);
+    assert!(
+        answer
+            .as_any()
+            .downcast_ref::<ActivateSessionResponse>()
+            .is_some(),
+        "{answer:?}"
+    );
+    let mut set = |id: u32| {
+        let h = moved.header();
+        moved.send(&SetMonitoringModeRequest {
+            request_header: h,
+            subscription_id: sub,
+            monitoring_mode: MonitoringMode::Reporting,
+            monitored_item_ids: Some(vec![id]),
+        });
+        let (_, m) = moved.read_response();
+        let r = m
+            .as_any()
+            .downcast_ref::<SetMonitoringModeResponse>()
+            .unwrap_or_else(|| panic!("{m:?}"));
+        r.results.as_deref().unwrap_or_default()[0]
+    };
+    assert_eq!(set(item), StatusCode::Good, "the event item is on n2");
+    assert_eq!(
+        set(item + 1000),
+        StatusCode::BadMonitoredItemIdInvalid,
+        "an id the subscription never had"
+    );
+    drop(n2);
+}
+
 /// The window of the last NotificationMessage (docs/cluster.md): the old
 /// node sent a message its mirror never recorded (written here: the
 /// record's next sequence number and retransmission queue put back to

@@ -26,6 +26,11 @@ const FORMAT: u8 = 1;
 /// sessions that have it, so the records of other sessions stay readable by
 /// nodes that know format 1 only.
 const FORMAT_ECC: u8 = 2;
+/// The subscriptions record layout whose items carry an EventFilter (a
+/// flag and the filter after each item); written only for sessions with
+/// an event item, so the other records stay readable by nodes that know
+/// format 1 only.
+const FORMAT_EVENTS: u8 = 2;
 
 /// Why a record from the store was refused.
 #[derive(Debug, Clone, PartialEq)]
@@ -355,7 +360,7 @@ pub struct SubscriptionsRecord {
     pub subscriptions: Vec<SubscriptionImage>,
 }
 
-fn encode_image(w: &mut Vec<u8>, s: &SubscriptionImage) {
+fn encode_image(w: &mut Vec<u8>, s: &SubscriptionImage, format: u8) {
     s.id.encode(w);
     u64::try_from(s.interval.as_micros())
         .unwrap_or(u64::MAX)
@@ -385,13 +390,19 @@ fn encode_image(w: &mut Vec<u8>, s: &SubscriptionImage) {
         i.timestamps.encode(w);
         i.trigger.encode(w);
         i.deadband.encode(w);
+        if format >= FORMAT_EVENTS {
+            i.event_filter.is_some().encode(w);
+            if let Some(f) = &i.event_filter {
+                f.encode(w);
+            }
+        }
     }
 }
 
 /// The most subscriptions, and items per subscription, a record may hold.
 const MAX_IMAGES: u32 = 10_000;
 
-fn decode_image(r: &mut Reader<'_>) -> Result<SubscriptionImage, RecordError> {
+fn decode_image(r: &mut Reader<'_>, format: u8) -> Result<SubscriptionImage, RecordError> {
     let id = u32::decode(r)?;
     let interval = Duration::from_micros(u64::decode(r)?);
     let lifetime_count = u32::decode(r)?;
@@ -427,6 +438,11 @@ fn decode_image(r: &mut Reader<'_>) -> Result<SubscriptionImage, RecordError> {
             timestamps: uascale_types::TimestampsToReturn::decode(r)?,
             trigger: uascale_types::DataChangeTrigger::decode(r)?,
             deadband: f64::decode(r)?,
+            event_filter: if format >= FORMAT_EVENTS && bool::decode(r)? {
+                Some(Box::new(uascale_types::EventFilter::decode(r)?))
+            } else {
+                None
+            },
         });
     }
     if interval.is_zero() {
@@ -451,13 +467,18 @@ impl SubscriptionsRecord {
     /// The record's bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(256);
-        header(&mut w, SUBSCRIPTIONS_TAG, &self.owner, self.version);
+        let events = self
+            .subscriptions
+            .iter()
+            .any(|s| s.items.iter().any(|i| i.event_filter.is_some()));
+        let format = if events { FORMAT_EVENTS } else { FORMAT };
+        header_of(&mut w, SUBSCRIPTIONS_TAG, format, &self.owner, self.version);
         self.session_id.encode(&mut w);
         u32::try_from(self.subscriptions.len())
             .unwrap_or(u32::MAX)
             .encode(&mut w);
         for s in &self.subscriptions {
-            encode_image(&mut w, s);
+            encode_image(&mut w, s, format);
         }
         w
     }
@@ -471,7 +492,7 @@ impl SubscriptionsRecord {
             ..limits()
         };
         let mut r = Reader::new(bytes, &limits)?;
-        let (owner, version) = read_header(&mut r, SUBSCRIPTIONS_TAG)?;
+        let (owner, version, format) = read_header_of(&mut r, SUBSCRIPTIONS_TAG, FORMAT_EVENTS)?;
         let session_id = NodeId::decode(&mut r)?;
         let n = u32::decode(&mut r)?;
         if n > MAX_IMAGES || n as usize > r.remaining() / 40 {
@@ -479,7 +500,7 @@ impl SubscriptionsRecord {
         }
         let mut subscriptions = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            subscriptions.push(decode_image(&mut r)?);
+            subscriptions.push(decode_image(&mut r, format)?);
         }
         r.finish()?;
         Ok(SubscriptionsRecord {
@@ -863,9 +884,69 @@ pub(crate) mod tests {
                     timestamps: uascale_types::TimestampsToReturn::Both,
                     trigger: uascale_types::DataChangeTrigger::StatusValue,
                     deadband: 0.5,
+                    event_filter: None,
                 }],
             }],
         }
+    }
+
+    /// The same record with an event item on the Server object beside the
+    /// data-change item.
+    fn with_event_item() -> SubscriptionsRecord {
+        let mut r = subscriptions();
+        let filter = uascale_types::EventFilter {
+            select_clauses: Some(vec![uascale_types::SimpleAttributeOperand {
+                type_definition_id: NodeId::ns0(2041),
+                browse_path: Some(vec![uascale_types::QualifiedName::new(0, "Severity")]),
+                attribute_id: 13,
+                index_range: UaString::null(),
+            }]),
+            where_clause: uascale_types::ContentFilter { elements: None },
+        };
+        r.subscriptions[0].items.push(ItemImage {
+            id: 3,
+            client_handle: 78,
+            target: crate::subscription::item::ItemTarget {
+                node_id: NodeId::ns0(2253),
+                attribute_id: 12,
+                index_range: UaString::null(),
+            },
+            mode: uascale_types::MonitoringMode::Reporting,
+            sampling_interval: Duration::ZERO,
+            sampled: false,
+            queue_size: 10,
+            discard_oldest: true,
+            timestamps: uascale_types::TimestampsToReturn::Both,
+            trigger: uascale_types::DataChangeTrigger::default(),
+            deadband: 0.0,
+            event_filter: Some(Box::new(filter)),
+        });
+        r
+    }
+
+    #[test]
+    fn event_items_travel_in_format_2_and_only_they_need_it() {
+        // Data-change items only: format 1, readable by older nodes.
+        assert_eq!(subscriptions().encode()[4], FORMAT);
+        let r = with_event_item();
+        let bytes = r.encode();
+        assert_eq!(bytes[4], FORMAT_EVENTS);
+        assert_eq!(SubscriptionsRecord::decode(&bytes).unwrap(), r);
+        for len in 0..bytes.len() {
+            assert!(SubscriptionsRecord::decode(&bytes[..len]).is_err(), "{len}");
+        }
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x5a;
+            let _ = SubscriptionsRecord::decode(&b);
+        }
+        // A format this build does not know is refused, not misread.
+        let mut newer = bytes.clone();
+        newer[4] = FORMAT_EVENTS + 1;
+        assert_eq!(
+            SubscriptionsRecord::decode(&newer),
+            Err(RecordError::Format(FORMAT_EVENTS + 1))
+        );
     }
 
     #[test]

@@ -89,6 +89,9 @@ pub struct CompiledEventFilter {
     /// The fields each notification carries, in order.
     pub select: Vec<SimpleAttributeOperand>,
     elements: Vec<Element>,
+    /// The filter as the client sent it: what a cluster mirror keeps, to
+    /// compile again on the node that takes the item over.
+    pub source: EventFilter,
 }
 
 /// How many operands an operator takes (min, max).
@@ -208,7 +211,14 @@ pub fn compile(
     if bad {
         return Err((StatusCode::BadEventFilterInvalid, result));
     }
-    Ok((CompiledEventFilter { select, elements }, result))
+    Ok((
+        CompiledEventFilter {
+            select,
+            elements,
+            source: f.clone(),
+        },
+        result,
+    ))
 }
 
 impl CompiledEventFilter {

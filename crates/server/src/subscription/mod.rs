@@ -294,11 +294,11 @@ pub struct SubscriptionImage {
     pub retransmission: Vec<NotificationMessage>,
     /// The id the next item gets.
     pub next_item_id: u32,
-    /// The data-change items.
+    /// The monitored items (data-change and event).
     pub items: Vec<ItemImage>,
 }
 
-/// What a cluster mirror keeps of a data-change monitored item.
+/// What a cluster mirror keeps of a monitored item (data-change or event).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ItemImage {
     /// Its id.
@@ -323,6 +323,9 @@ pub struct ItemImage {
     pub trigger: uascale_types::DataChangeTrigger,
     /// The absolute deadband (0: none).
     pub deadband: f64,
+    /// An event item's EventFilter as the client sent it (then `trigger`
+    /// and `deadband` mean nothing); None for a data-change item.
+    pub event_filter: Option<Box<uascale_types::EventFilter>>,
 }
 
 impl Subscription {
@@ -342,8 +345,16 @@ impl Subscription {
             items: self
                 .items
                 .iter()
-                .filter_map(|i| match &i.filter {
-                    Filter::DataChange { trigger, deadband } => Some(ItemImage {
+                .map(|i| {
+                    let (trigger, deadband, event_filter) = match &i.filter {
+                        Filter::DataChange { trigger, deadband } => (*trigger, *deadband, None),
+                        Filter::Event(c) => (
+                            uascale_types::DataChangeTrigger::default(),
+                            0.0,
+                            Some(Box::new(c.source.clone())),
+                        ),
+                    };
+                    ItemImage {
                         id: i.id,
                         client_handle: i.client_handle,
                         target: i.target.clone(),
@@ -353,10 +364,10 @@ impl Subscription {
                         queue_size: i.queue_size,
                         discard_oldest: i.discard_oldest,
                         timestamps: i.timestamps,
-                        trigger: *trigger,
-                        deadband: *deadband,
-                    }),
-                    Filter::Event(_) => None,
+                        trigger,
+                        deadband,
+                        event_filter,
+                    }
                 })
                 .collect(),
         }
@@ -370,8 +381,19 @@ impl Subscription {
         let mut items: Vec<MonitoredItem> = img
             .items
             .iter()
-            .map(|i| {
-                MonitoredItem::new(
+            .filter_map(|i| {
+                let filter = match &i.event_filter {
+                    // Compiled on the node that created it, against the
+                    // same address space: the event types were checked
+                    // there. A filter that no longer compiles (a record
+                    // from a newer build) drops only its item.
+                    Some(ef) => Filter::Event(Box::new(event::compile(ef, &|_| true).ok()?.0)),
+                    None => Filter::DataChange {
+                        trigger: i.trigger,
+                        deadband: i.deadband,
+                    },
+                };
+                Some(MonitoredItem::new(
                     i.id,
                     i.client_handle,
                     i.target.clone(),
@@ -381,11 +403,8 @@ impl Subscription {
                     i.queue_size,
                     i.discard_oldest,
                     i.timestamps,
-                    Filter::DataChange {
-                        trigger: i.trigger,
-                        deadband: i.deadband,
-                    },
-                )
+                    filter,
+                ))
             })
             .collect();
         items.sort_by_key(|i| i.id);

@@ -1089,11 +1089,11 @@ mod tests {
         assert!(f.reg.transfer(f.at(3000), &a, id, false, |_| true).is_err());
     }
 
-    #[test]
-    fn events_reach_items_watching_their_notifiers() {
-        let f = Fixture::new(SubscriptionLimits::default());
-        let a = NodeId::numeric(1, 1);
-        let id = f.subscribe(&a, &NodeId::string(2, "unused"));
+    /// Subscribes session `a` and gives it an event item (client handle 5,
+    /// Severity selected) on the Server object; returns the subscription
+    /// id and the Server object's id.
+    fn event_item(f: &Fixture, a: &NodeId) -> (u32, NodeId) {
+        let id = f.subscribe(a, &NodeId::string(2, "unused"));
         let server = NodeId::ns0(2253);
         let filter = crate::subscription::event::compile(
             &uascale_types::EventFilter {
@@ -1111,7 +1111,7 @@ mod tests {
         .0;
         let item_id = f
             .reg
-            .with_subscription(&a, id, |s| {
+            .with_subscription(a, id, |s| {
                 let item = MonitoredItem::new(
                     s.next_item_id(),
                     5,
@@ -1132,6 +1132,12 @@ mod tests {
             })
             .unwrap();
         f.reg.watch(&server, 12, id, item_id);
+        (id, server)
+    }
+
+    /// Raises an event of severity 300 on `server` and checks that the
+    /// next Publish of session `a` carries it to the item of handle 5.
+    fn event_reaches(f: &Fixture, a: &NodeId, server: &NodeId) {
         let event = crate::subscription::event::Event::new(
             uascale_types::ByteString::new(vec![1]),
             NodeId::ns0(2041),
@@ -1151,10 +1157,10 @@ mod tests {
         );
         assert_eq!(
             f.reg
-                .raise_event(f.t0, std::slice::from_ref(&server), &select),
+                .raise_event(f.t0, std::slice::from_ref(server), &select),
             1
         );
-        f.publish(&a, 1, 0);
+        f.publish(a, 1, 0);
         f.run(100);
         let got = f.take();
         let Answer::Publish(p) = &got[0].1 else {
@@ -1166,5 +1172,30 @@ mod tests {
         let events = list.events.as_ref().unwrap();
         assert_eq!(events[0].client_handle, 5);
         assert_eq!(events[0].event_fields, Some(vec![Variant::UInt16(300)]));
+    }
+
+    #[test]
+    fn events_reach_items_watching_their_notifiers() {
+        let f = Fixture::new(SubscriptionLimits::default());
+        let a = NodeId::numeric(1, 1);
+        let (_, server) = event_item(&f, &a);
+        event_reaches(&f, &a, &server);
+    }
+
+    /// An event item moves with its subscription (a cluster takeover): its
+    /// image carries the EventFilter, and the registry that restores it
+    /// compiles it again and hooks the item to its notifier.
+    #[test]
+    fn a_restored_event_item_receives_events() {
+        let old = Fixture::new(SubscriptionLimits::default());
+        let a = NodeId::numeric(1, 1);
+        let (id, server) = event_item(&old, &a);
+        let images = old.reg.images_of(&a);
+        let items = &images[0].items;
+        assert_eq!(items.len(), 2, "the data-change item and the event item");
+        assert_eq!(items.iter().filter(|i| i.event_filter.is_some()).count(), 1);
+        let new = Fixture::new(SubscriptionLimits::default());
+        assert_eq!(new.reg.restore(new.t0, &a, &images), vec![id]);
+        event_reaches(&new, &a, &server);
     }
 }
