@@ -672,6 +672,15 @@ impl AdmissionSection {
         cpus.max(1).saturating_mul(2)
     }
 
+    /// The default `max_concurrent_handshakes` of a cluster node: 8 x
+    /// `cpus`. When a node dies its clients reconnect to the survivors at
+    /// once, on top of their own; with 2 x CPUs a fifth of them were
+    /// refused busy and backed off past 5 s (docs/cluster.md, "Measuring
+    /// failover"), with 8 x none.
+    pub fn cluster_handshakes_default(cpus: usize) -> usize {
+        cpus.max(1).saturating_mul(8)
+    }
+
     /// The default `max_concurrent_session_establishment`:
     /// max(8 x `cpus`, 128).
     pub fn session_establishment_default(cpus: usize) -> usize {
@@ -977,6 +986,10 @@ impl ServerConfig {
     pub fn resolved(&self, cpus: usize) -> ServerConfig {
         let mut c = self.clone();
         c.admission = self.admission.resolved(self.server.max_session_count, cpus);
+        if self.cluster.url.is_some() && self.admission.max_concurrent_handshakes.is_none() {
+            c.admission.max_concurrent_handshakes =
+                Some(AdmissionSection::cluster_handshakes_default(cpus));
+        }
         c.requests = self.requests.resolved(
             self.server.max_session_count,
             self.subscriptions.max_publish_request_count,
@@ -1428,6 +1441,19 @@ mod tests {
             Some(256)
         );
         assert_eq!(big.admission.max_concurrent_handshakes, Some(64));
+        // A cluster node expects its peers' clients in a failover: 8 x
+        // CPUs, unless set.
+        let mut node = ServerConfig::default();
+        node.cluster.url = Some("nats://127.0.0.1:4222".into());
+        assert_eq!(
+            node.resolved(2).admission.max_concurrent_handshakes,
+            Some(16)
+        );
+        node.admission.max_concurrent_handshakes = Some(5);
+        assert_eq!(
+            node.resolved(2).admission.max_concurrent_handshakes,
+            Some(5)
+        );
         // Rounded up, and at least 1 per address.
         let mut small = ServerConfig::default();
         small.server.max_session_count = 7;
