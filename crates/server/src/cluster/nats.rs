@@ -194,22 +194,28 @@ impl Store for NatsStore {
     fn keys(&self, bucket: Bucket) -> StoreFuture<'_, Vec<String>> {
         Box::pin(async move {
             let kv = self.bucket(bucket)?;
-            let collect = async {
-                let mut keys = Vec::new();
-                let mut stream = kv.keys().await.map_err(unreachable)?;
-                while let Some(k) = stream.next().await {
-                    keys.push(k.map_err(unreachable)?);
+            // The timeout bounds each answer, not the whole listing: a
+            // bucket of thousands of sessions takes longer than one
+            // operation to list on a busy machine (seen: the adoption scan
+            // after a failover, 3,000 sessions), and a listing that keeps
+            // answering is not an unreachable store.
+            let mut stream = bounded(self.timeout, "keys", kv.keys()).await?;
+            let mut keys = Vec::new();
+            loop {
+                match tokio::time::timeout(self.timeout, stream.next()).await {
+                    Ok(Some(k)) => keys.push(k.map_err(unreachable)?),
+                    Ok(None) => break,
+                    Err(_) => {
+                        return Err(unreachable(format!(
+                            "keys: no answer within {:?} after {} keys",
+                            self.timeout,
+                            keys.len()
+                        )))
+                    }
                 }
-                Ok::<_, StoreError>(keys)
-            };
-            match tokio::time::timeout(self.timeout, collect).await {
-                Ok(r) => {
-                    let mut keys = r?;
-                    keys.sort();
-                    Ok(keys)
-                }
-                Err(_) => Err(unreachable("keys: timed out")),
             }
+            keys.sort();
+            Ok(keys)
         })
     }
 
