@@ -142,6 +142,31 @@ struct Node {
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
+/// Stops `node` (as a node that goes away) and waits for it to end.
+fn stop_node(rt: &tokio::runtime::Runtime, node: &mut Node) {
+    let _ = node.stop.take().map(|s| s.send(()));
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut node.task).await;
+    });
+}
+
+/// Opens a channel to `addr` and activates the session of `token` there
+/// (what a client does when its node went away); panics unless the node
+/// took the session over.
+fn reactivate_on(addr: std::net::SocketAddr, token: &NodeId) -> RawClient {
+    let mut moved = RawClient::connect(addr);
+    moved.auth = token.clone();
+    let answer = activate(&mut moved);
+    assert!(
+        answer
+            .as_any()
+            .downcast_ref::<ActivateSessionResponse>()
+            .is_some(),
+        "the session was not taken over: {answer:?}"
+    );
+    moved
+}
+
 fn start_node(rt: &tokio::runtime::Runtime, url: &str, id: &str) -> Node {
     let mut config = common::loopback_config();
     config.cluster.url = Some(url.to_owned());
@@ -246,20 +271,8 @@ fn a_session_moves_to_another_node_when_its_node_stops() {
 
     // Node 1 goes away; the client opens a channel to node 2 and
     // activates its session there.
-    let _ = n1.stop.take().map(|s| s.send(()));
-    rt.block_on(async {
-        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
-    });
-    let mut moved = RawClient::connect(n2.addr);
-    moved.auth = c.auth.clone();
-    let answer = activate(&mut moved);
-    assert!(
-        answer
-            .as_any()
-            .downcast_ref::<ActivateSessionResponse>()
-            .is_some(),
-        "the session was not taken over: {answer:?}"
-    );
+    stop_node(&rt, &mut n1);
+    let mut moved = reactivate_on(n2.addr, &c.auth);
     let read = read_state(&mut moved);
     let read = read
         .as_any()
@@ -370,20 +383,8 @@ fn a_subscription_continues_with_its_sequence_numbers_on_the_new_node() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let _ = n1.stop.take().map(|s| s.send(()));
-    rt.block_on(async {
-        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
-    });
-    let mut moved = RawClient::connect(n2.addr);
-    moved.auth = c.auth.clone();
-    let answer = activate(&mut moved);
-    assert!(
-        answer
-            .as_any()
-            .downcast_ref::<ActivateSessionResponse>()
-            .is_some(),
-        "{answer:?}"
-    );
+    stop_node(&rt, &mut n1);
+    let mut moved = reactivate_on(n2.addr, &c.auth);
     // Republish answers from the mirrored retransmission queue.
     for seq in &seqs {
         let h = moved.header();
@@ -508,20 +509,8 @@ fn an_event_item_moves_with_its_subscription() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let _ = n1.stop.take().map(|s| s.send(()));
-    rt.block_on(async {
-        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
-    });
-    let mut moved = RawClient::connect(n2.addr);
-    moved.auth = c.auth.clone();
-    let answer = activate(&mut moved);
-    assert!(
-        answer
-            .as_any()
-            .downcast_ref::<ActivateSessionResponse>()
-            .is_some(),
-        "{answer:?}"
-    );
+    stop_node(&rt, &mut n1);
+    let mut moved = reactivate_on(n2.addr, &c.auth);
     let mut set = |id: u32| {
         let h = moved.header();
         moved.send(&SetMonitoringModeRequest {
@@ -598,10 +587,7 @@ fn an_acknowledgement_past_the_mirror_moves_the_sequence_on() {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    let _ = n1.stop.take().map(|s| s.send(()));
-    rt.block_on(async {
-        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
-    });
+    stop_node(&rt, &mut n1);
     // The mirror as it was before message `last`.
     let image = &mut record.subscriptions[0];
     image.next_seq = last;
@@ -617,16 +603,7 @@ fn an_acknowledgement_past_the_mirror_moves_the_sequence_on() {
             .expect("the record written back");
     });
 
-    let mut moved = RawClient::connect(n2.addr);
-    moved.auth = c.auth.clone();
-    let answer = activate(&mut moved);
-    assert!(
-        answer
-            .as_any()
-            .downcast_ref::<ActivateSessionResponse>()
-            .is_some(),
-        "{answer:?}"
-    );
+    let mut moved = reactivate_on(n2.addr, &c.auth);
     let acks = seqs
         .iter()
         .map(|s| SubscriptionAcknowledgement {
