@@ -266,6 +266,7 @@ pub fn create_monitored_items(
         .collect();
     let max_per_sub = registry.limits.max_monitored_items_per_subscription;
     let results = registry.with_subscription(&session, req.subscription_id, |s| {
+        s.reserve_items(prepared.iter().filter(|p| p.is_ok()).count());
         prepared
             .into_iter()
             .zip(items)

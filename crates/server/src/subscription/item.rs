@@ -63,6 +63,41 @@ pub enum Queued {
     Event(Vec<Variant>),
 }
 
+/// An item's notifications waiting for a Publish. A data-change item with
+/// a queue of one (the default, and most items) holds at most its latest
+/// value, which `last` already holds: it keeps a mark instead of a copy, so
+/// that a million items changing every second hold no queue allocation.
+#[derive(Debug, Clone, Default)]
+enum Pending {
+    /// Nothing waiting.
+    #[default]
+    Empty,
+    /// The item's last value waits (queue of one, data change).
+    Last,
+    /// Values or events waiting in a queue longer than one, or an event
+    /// item's queue.
+    Queue(Box<VecDeque<Queued>>),
+}
+
+/// What [`MonitoredItem::drain`] hands out.
+#[derive(Debug)]
+pub enum Drained {
+    /// The last value (or nothing).
+    One(Option<Queued>),
+    /// Taken from a queue.
+    Many(std::collections::vec_deque::IntoIter<Queued>),
+}
+
+impl Iterator for Drained {
+    type Item = Queued;
+    fn next(&mut self) -> Option<Queued> {
+        match self {
+            Drained::One(q) => q.take(),
+            Drained::Many(it) => it.next(),
+        }
+    }
+}
+
 /// A monitored item.
 #[derive(Debug, Clone)]
 pub struct MonitoredItem {
@@ -91,7 +126,7 @@ pub struct MonitoredItem {
     pub filter: Filter,
     /// The last value that passed the filter (what the next is compared to).
     last: Option<DataValue>,
-    queue: VecDeque<Queued>,
+    pending: Pending,
     /// Items this one triggers (SetTriggering).
     pub links: Vec<u32>,
     /// Set when a triggering item reported: a Sampling item's queue goes out
@@ -127,7 +162,7 @@ impl MonitoredItem {
             timestamps,
             filter,
             last: None,
-            queue: VecDeque::new(),
+            pending: Pending::Empty,
             links: Vec::new(),
             triggered: false,
         }
@@ -140,12 +175,40 @@ impl MonitoredItem {
 
     /// Notifications waiting.
     pub fn queued(&self) -> usize {
-        self.queue.len()
+        match &self.pending {
+            Pending::Empty => 0,
+            Pending::Last => 1,
+            Pending::Queue(q) => q.len(),
+        }
+    }
+
+    /// True when a value is kept as the mark [`Pending::Last`] rather than
+    /// in a queue: a data-change item with a queue of one.
+    fn keeps_last_only(&self) -> bool {
+        self.queue_size == 1 && !self.is_event()
+    }
+
+    /// The waiting notifications as a queue (the mark becomes the last
+    /// value it stands for).
+    fn queue_mut(&mut self) -> &mut VecDeque<Queued> {
+        if !matches!(self.pending, Pending::Queue(_)) {
+            let mut q = VecDeque::new();
+            if matches!(self.pending, Pending::Last) {
+                if let Some(v) = self.last.clone() {
+                    q.push_back(Queued::Value(strip_timestamps(v, self.timestamps)));
+                }
+            }
+            self.pending = Pending::Queue(Box::new(q));
+        }
+        match &mut self.pending {
+            Pending::Queue(q) => q,
+            _ => unreachable!("set just above"),
+        }
     }
 
     /// True when the next Publish should carry this item's queue.
     pub fn reportable(&self) -> bool {
-        !self.queue.is_empty()
+        self.queued() > 0
             && (self.mode == MonitoringMode::Reporting
                 || (self.mode == MonitoringMode::Sampling && self.triggered))
     }
@@ -160,7 +223,7 @@ impl MonitoredItem {
         let was_disabled = self.mode == MonitoringMode::Disabled;
         self.mode = mode;
         if mode == MonitoringMode::Disabled {
-            self.queue.clear();
+            self.pending = Pending::Empty;
             self.last = None;
             self.triggered = false;
             self.next_sample = None;
@@ -185,8 +248,23 @@ impl MonitoredItem {
     pub fn resize_queue(&mut self, size: u32, discard_oldest: bool) {
         self.queue_size = size.max(1);
         self.discard_oldest = discard_oldest;
-        while self.queue.len() > self.queue_size as usize {
-            self.drop_one();
+        if matches!(self.pending, Pending::Last) && !self.keeps_last_only() {
+            // Growing: the waiting value becomes the queue's first entry
+            // (before `last` moves on with the next value).
+            self.queue_mut();
+        }
+        if matches!(self.pending, Pending::Queue(_)) {
+            while self.queued() > self.queue_size as usize {
+                self.drop_one();
+            }
+            // A queue of one left holds the newest value, which is `last`
+            // (a queue of one marks no overflow).
+            if self.keeps_last_only() && self.last.is_some() {
+                self.pending = match self.queued() {
+                    0 => Pending::Empty,
+                    _ => Pending::Last,
+                };
+            }
         }
     }
 
@@ -203,6 +281,11 @@ impl MonitoredItem {
             if !changed(last, &value, *trigger, *deadband) {
                 return false;
             }
+        }
+        if self.keeps_last_only() {
+            self.last = Some(value);
+            self.pending = Pending::Last;
+            return true;
         }
         self.last = Some(value.clone());
         let value = strip_timestamps(value, self.timestamps);
@@ -222,7 +305,11 @@ impl MonitoredItem {
     /// Queues the last value again (TransferSubscriptions with
     /// sendInitialValues).
     pub fn requeue_last(&mut self) {
-        if self.mode == MonitoringMode::Disabled || !self.queue.is_empty() {
+        if self.mode == MonitoringMode::Disabled || self.queued() > 0 || self.last.is_none() {
+            return;
+        }
+        if self.keeps_last_only() {
+            self.pending = Pending::Last;
             return;
         }
         if let Some(v) = self.last.clone() {
@@ -232,11 +319,13 @@ impl MonitoredItem {
     }
 
     fn push(&mut self, q: Queued) {
-        if self.queue.len() < self.queue_size as usize {
-            self.queue.reserve_exact(1);
+        let size = self.queue_size as usize;
+        let queue = self.queue_mut();
+        if queue.len() < size {
+            queue.reserve_exact(1);
         }
-        self.queue.push_back(q);
-        if self.queue.len() > self.queue_size as usize {
+        queue.push_back(q);
+        if queue.len() > size {
             self.drop_one();
         }
     }
@@ -246,20 +335,22 @@ impl MonitoredItem {
     /// one is a buffer of the latest value and never marks overflow.
     fn drop_one(&mut self) {
         let mark = self.queue_size > 1;
-        if self.discard_oldest {
-            self.queue.pop_front();
+        let discard_oldest = self.discard_oldest;
+        let queue = self.queue_mut();
+        if discard_oldest {
+            queue.pop_front();
             if mark {
-                if let Some(first) = self.queue.front_mut() {
+                if let Some(first) = queue.front_mut() {
                     set_overflow(first);
                 }
             }
         } else {
-            let n = self.queue.len();
+            let n = queue.len();
             if n >= 2 {
-                self.queue.remove(n - 2);
+                queue.remove(n - 2);
             }
             if mark {
-                if let Some(last) = self.queue.back_mut() {
+                if let Some(last) = queue.back_mut() {
                     set_overflow(last);
                 }
             }
@@ -270,18 +361,30 @@ impl MonitoredItem {
     /// taken ones leave with their buffer: an item whose queue was emptied
     /// holds no allocation until its next value (it is multiplied by the
     /// item count).
-    pub fn drain(&mut self, max: usize) -> impl Iterator<Item = Queued> + '_ {
-        let n = if max == 0 {
-            self.queue.len()
-        } else {
-            max.min(self.queue.len())
-        };
-        if n == self.queue.len() {
+    pub fn drain(&mut self, max: usize) -> Drained {
+        let len = self.queued();
+        let n = if max == 0 { len } else { max.min(len) };
+        if n == len {
             self.triggered = false;
         }
-        // Nothing left: `split_off` allocates nothing.
-        let rest = self.queue.split_off(n);
-        std::mem::replace(&mut self.queue, rest).into_iter()
+        match std::mem::take(&mut self.pending) {
+            Pending::Empty => Drained::One(None),
+            Pending::Last => {
+                let v = self
+                    .last
+                    .clone()
+                    .map(|v| strip_timestamps(v, self.timestamps));
+                Drained::One(v.map(Queued::Value))
+            }
+            Pending::Queue(mut q) => {
+                if n == q.len() {
+                    return Drained::Many(q.into_iter());
+                }
+                let rest = q.split_off(n);
+                self.pending = Pending::Queue(Box::new(rest));
+                Drained::Many(q.into_iter())
+            }
+        }
     }
 
     /// A sampled item's next sample, on the grid of [`aligned_sample`]

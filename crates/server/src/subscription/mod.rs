@@ -491,21 +491,36 @@ impl Subscription {
         &self.items
     }
 
+    /// Where item `id` is in the list (sorted by id). Ids are handed out
+    /// from 1 upwards, so until items are deleted item `id` sits at `id -
+    /// 1`: that slot is tried first, and the binary search - about ten
+    /// cache misses among a million items - runs only when it misses.
+    fn index_of(&self, id: u32) -> Option<usize> {
+        let guess = (id as usize).wrapping_sub(1);
+        if self.items.get(guess).is_some_and(|i| i.id == id) {
+            return Some(guess);
+        }
+        self.items.binary_search_by_key(&id, |i| i.id).ok()
+    }
+
     /// An item by id.
     pub fn item(&self, id: u32) -> Option<&MonitoredItem> {
-        self.items
-            .binary_search_by_key(&id, |i| i.id)
-            .ok()
-            .and_then(|i| self.items.get(i))
+        self.index_of(id).and_then(|i| self.items.get(i))
     }
 
     /// An item by id, to change it; call [`Subscription::items_changed`]
     /// after changing its sampling.
     pub fn item_mut(&mut self, id: u32) -> Option<&mut MonitoredItem> {
-        let i = self.items.binary_search_by_key(&id, |i| i.id).ok()?;
+        let i = self.index_of(id)?;
         // Whoever changes an item may make it reportable.
         self.data_hint = true;
         self.items.get_mut(i)
+    }
+
+    /// Makes room for `n` more items at once (CreateMonitoredItems with
+    /// many items grows the list once, not once per item).
+    pub fn reserve_items(&mut self, n: usize) {
+        self.items.reserve_exact(n);
     }
 
     /// The id the next added item gets.
@@ -530,7 +545,7 @@ impl Subscription {
 
     /// Removes an item and every triggering link to it.
     pub fn remove_item(&mut self, id: u32) -> Option<MonitoredItem> {
-        let i = self.items.binary_search_by_key(&id, |i| i.id).ok()?;
+        let i = self.index_of(id)?;
         let item = self.items.remove(i);
         for other in &mut self.items {
             other.links.retain(|l| *l != id);

@@ -523,11 +523,21 @@ impl<P: PublishSink> Registry<P> {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
+        Self::unwatch_in(&mut m, node, attribute, sub, item);
+    }
+
+    /// [`Registry::unwatch`] under a lock already held. The watcher lists
+    /// are unordered: the entry is swapped out, not shifted out.
+    fn unwatch_in(m: &mut Watched, node: &NodeId, attribute: u32, sub: u32, item: u32) {
         let key = (node.clone(), attribute);
         if let Some(v) = m.get_mut(&key) {
-            v.retain(|e| *e != (sub, item));
+            if let Some(i) = v.iter().position(|e| *e == (sub, item)) {
+                v.swap_remove(i);
+            }
             if v.is_empty() {
                 m.remove(&key);
+            } else if v.capacity() > 2 * v.len() + 8 {
+                v.shrink_to_fit();
             }
         }
     }
@@ -681,9 +691,14 @@ impl<P: PublishSink> Registry<P> {
     /// Drops the registry's bookkeeping of a removed subscription.
     pub fn forget(&self, s: &Subscription) {
         self.owners(s.id).remove(&s.id);
-        for i in s.items() {
-            if !i.sampled {
-                self.unwatch(&i.target.node_id, i.target.attribute_id, s.id, i.id);
+        if s.items().iter().any(|i| !i.sampled) {
+            // One write lock for all of its items.
+            let mut m = match self.watched.write() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            for i in s.items().iter().filter(|i| !i.sampled) {
+                Self::unwatch_in(&mut m, &i.target.node_id, i.target.attribute_id, s.id, i.id);
             }
         }
         self.release_items(s.items().len());

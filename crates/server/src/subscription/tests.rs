@@ -679,11 +679,71 @@ fn status_change_goes_out_with_a_parked_publish() {
 }
 
 #[test]
+fn a_queue_of_one_keeps_its_value_once_across_resizes() {
+    let clock = Clock::new();
+    let s = sub(&clock, 1, 100.0, 30, 10);
+    let mut it = item(&s, 1, 1, true, Filter::default());
+    it.timestamps = TimestampsToReturn::Source;
+    let stamped = |x: f64| DataValue {
+        server_timestamp: Some(DateTime::from_ticks(7)),
+        source_timestamp: Some(DateTime::from_ticks(5)),
+        ..dv(x)
+    };
+    let values = |i: &mut MonitoredItem| -> Vec<DataValue> {
+        i.drain(0)
+            .map(|q| match q {
+                item::Queued::Value(d) => d,
+                _ => panic!("an event from a data-change item"),
+            })
+            .collect()
+    };
+    it.offer(stamped(1.0));
+    it.offer(stamped(2.0));
+    assert_eq!(it.queued(), 1);
+    assert!(it.reportable());
+    let out = values(&mut it);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].value, Some(Variant::Double(2.0)));
+    assert_eq!(out[0].server_timestamp, None, "timestamps stripped");
+    assert_eq!(out[0].source_timestamp, Some(DateTime::from_ticks(5)));
+    assert_eq!(it.queued(), 0);
+    assert!(values(&mut it).is_empty(), "sent once");
+    // The same value again is no change; the item still compares with it.
+    it.offer(stamped(2.0));
+    assert_eq!(it.queued(), 0);
+
+    // Growing keeps the waiting value, then queues behind it.
+    it.offer(stamped(3.0));
+    it.resize_queue(3, true);
+    it.offer(stamped(4.0));
+    let got: Vec<_> = values(&mut it).into_iter().map(|d| d.value).collect();
+    assert_eq!(
+        got,
+        vec![Some(Variant::Double(3.0)), Some(Variant::Double(4.0))]
+    );
+    // Shrinking to one keeps the newest.
+    for x in 5..8 {
+        it.offer(stamped(f64::from(x)));
+    }
+    it.resize_queue(1, false);
+    assert_eq!(it.queued(), 1);
+    let out = values(&mut it);
+    assert_eq!(out[0].value, Some(Variant::Double(7.0)));
+    // Resent on request (TransferSubscriptions with initial values).
+    it.requeue_last();
+    assert_eq!(values(&mut it)[0].value, Some(Variant::Double(7.0)));
+    // Disabling drops it.
+    it.offer(stamped(8.0));
+    it.set_mode(MonitoringMode::Disabled, clock.now().instant);
+    assert_eq!(it.queued(), 0);
+}
+
+#[test]
 fn per_item_state_stays_small() {
     // Memory per session is a headline number: these are multiplied by
     // the session count (the scale test prints the measured total).
     assert!(std::mem::size_of::<Subscription>() <= 160);
-    assert!(std::mem::size_of::<MonitoredItem>() <= 288);
+    assert!(std::mem::size_of::<MonitoredItem>() <= 264);
     assert!(std::mem::size_of::<SubscriptionSet<crate::reply::Responder>>() <= 192);
 }
 
