@@ -53,6 +53,8 @@ struct Counters {
     failed: AtomicU64,
     retries: AtomicU64,
     busy: AtomicU64,
+    /// Round trip of each CreateMonitoredItems call, microseconds.
+    create_items: Mutex<Vec<u64>>,
 }
 
 /// Lateness of the current interval and of the measured window.
@@ -125,6 +127,9 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         .ok_or_else(|| format!("--interval-ms {interval_ms} is not a positive duration"))?;
 
     let counters = Arc::new(Counters::default());
+    // The server's RSS before the first session: memory per item is the
+    // growth over the run divided by the items.
+    let rss_before = pid.and_then(sample_server).map(|s| s.rss_bytes);
     let lateness = Arc::new(Mutex::new(Lateness {
         interval: lateness_histogram(),
         measured: lateness_histogram(),
@@ -147,6 +152,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             nodes: Arc::clone(&nodes),
             interval,
             sampling_ms,
+            counters: Arc::clone(&counters),
         };
         let (counters, lateness, phase) = (
             Arc::clone(&counters),
@@ -266,6 +272,37 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         )),
         _ => None,
     };
+    // The spread of the per-interval rates in the measured window (flat
+    // means no stalls).
+    let rates: Vec<f64> = series
+        .iter()
+        .filter(|p| p.phase == "measure")
+        .map(|p| p.notifications_per_s)
+        .collect();
+    let spread = (!rates.is_empty()).then(|| {
+        (
+            rates.iter().copied().fold(f64::INFINITY, f64::min),
+            rates.iter().copied().fold(0.0, f64::max),
+        )
+    });
+    let mut create_us = counters
+        .create_items
+        .lock()
+        .map(|v| v.clone())
+        .unwrap_or_default();
+    create_us.sort_unstable();
+    let pick = |q: f64| -> Option<f64> {
+        let i = ((create_us.len() as f64 - 1.0) * q).round() as usize;
+        create_us.get(i).map(|u| *u as f64 / 1000.0)
+    };
+    let create_ms = (!create_us.is_empty()).then(|| (pick(0.5), pick(0.99), pick(1.0)));
+    let total_items = established as usize * per_session * items;
+    let bytes_per_item = match (rss_before, &server) {
+        (Some(b), Some(s)) if total_items > 0 => {
+            Some(s.2.saturating_sub(b) as f64 / total_items as f64)
+        }
+        _ => None,
+    };
     let failed = counters.failed.load(Ordering::Relaxed);
     let retries = counters.retries.load(Ordering::Relaxed);
     let busy = counters.busy.load(Ordering::Relaxed);
@@ -291,12 +328,17 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         "messages_per_s": messages as f64 / secs.max(1e-9),
         "keep_alives": counters.keep_alives.load(Ordering::Relaxed),
         "lost_messages": lost,
+        "notifications_per_s_min": spread.map(|s| s.0),
+        "notifications_per_s_max": spread.map(|s| s.1),
+        "create_monitored_items_ms": create_ms.map(|c| json!({"p50": c.0, "p99": c.1, "max": c.2})),
         "lateness_ms": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99),
                         "max": (!measured.is_empty()).then(|| measured.max() as f64 / 1000.0)},
         "server": server.map(|s| json!({
             "cpu_us_per_notification": s.0,
             "cores_busy": s.1,
             "rss_bytes": s.2,
+            "rss_bytes_before": rss_before,
+            "bytes_per_item": bytes_per_item,
         })),
         "series": series,
     });
@@ -320,6 +362,23 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             ),
         ),
         (
+            "per interval".to_owned(),
+            spread.map_or("-".to_owned(), |(lo, hi)| {
+                format!("{lo:.0} to {hi:.0} notifications/s in the measured window")
+            }),
+        ),
+        (
+            "create items".to_owned(),
+            create_ms.map_or("-".to_owned(), |(p50, p99, max)| {
+                format!(
+                    "CreateMonitoredItems of {items} items: p50 {} p99 {} max {} ms",
+                    ms(p50),
+                    ms(p99),
+                    ms(max)
+                )
+            }),
+        ),
+        (
             "lateness ms".to_owned(),
             format!(
                 "p50 {}  p90 {}  p99 {}  max {}",
@@ -334,9 +393,12 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         rows.push((
             "server".to_owned(),
             format!(
-                "{} us CPU per notification ({cores:.2} cores busy), RSS {:.1} MB",
+                "{} us CPU per notification ({cores:.2} cores busy), RSS {:.1} MB{}",
                 us.map_or("-".to_owned(), |u| format!("{u:.2}")),
-                rss as f64 / 1e6
+                rss as f64 / 1e6,
+                bytes_per_item.map_or(String::new(), |b| format!(
+                    ", {b:.0} B per item (RSS growth / items)"
+                ))
             ),
         ));
     }
@@ -439,6 +501,9 @@ struct Plan {
     nodes: Arc<Vec<NodeId>>,
     interval: Duration,
     sampling_ms: f64,
+    /// The counters (each CreateMonitoredItems round trip is written
+    /// there).
+    counters: Arc<Counters>,
 }
 
 /// Opens the session and its subscriptions.
@@ -460,7 +525,11 @@ async fn set_up(
                 MonitorItem::value(n.clone()).sampling(plan.sampling_ms)
             })
             .collect();
+        let t = Instant::now();
         let created = sub.monitor(items).await?;
+        if let Ok(mut v) = plan.counters.create_items.lock() {
+            v.push(t.elapsed().as_micros() as u64);
+        }
         if let Some(bad) = created.iter().find(|c| c.result.status_code.is_bad()) {
             client.close().await;
             return Err(ClientError::Service {

@@ -7,6 +7,7 @@
 //! every other value is sampled on the item's timer at the revised
 //! sampling interval.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use uascale_types::{
@@ -293,7 +294,7 @@ pub fn create_monitored_items(
                 let mut item = MonitoredItem::new(
                     id,
                     r.requested_parameters.client_handle,
-                    target,
+                    registry.intern_target(target),
                     r.monitoring_mode,
                     p.sampling,
                     p.sampled,
@@ -340,7 +341,7 @@ pub fn modify_monitored_items(
     check_call(items.len(), req.timestamps_to_return, ctx)?;
     let registry = &ctx.subscriptions;
     let (interval, targets) = registry.with_subscription(&session, req.subscription_id, |s| {
-        let targets: Vec<Option<ItemTarget>> = items
+        let targets: Vec<Option<Arc<ItemTarget>>> = items
             .iter()
             .map(|m| s.item(m.monitored_item_id).map(|i| i.target.clone()))
             .collect();

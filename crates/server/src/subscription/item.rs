@@ -6,6 +6,7 @@
 //! the subscription runs from the `now` it is given.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uascale_types::{
@@ -19,8 +20,11 @@ pub use super::event::number;
 /// and 7 of the StatusCode): set on a value next to ones the queue dropped.
 pub const OVERFLOW_BITS: u32 = 0x0480;
 
-/// What an item watches.
-#[derive(Debug, Clone, PartialEq)]
+/// What an item watches. Items share it: the registry hands out one
+/// [`Arc`] per (node, attribute, range) that items watch
+/// ([`super::registry::Registry::intern_target`]), so a node watched by a
+/// thousand items holds its NodeId once.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ItemTarget {
     /// The node.
     pub node_id: NodeId,
@@ -75,7 +79,9 @@ enum Pending {
     /// The item's last value waits (queue of one, data change).
     Last,
     /// Values or events waiting in a queue longer than one, or an event
-    /// item's queue.
+    /// item's queue. Boxed: inline, the deque would make every item 16
+    /// bytes larger for the few with such queues.
+    #[allow(clippy::box_collection)]
     Queue(Box<VecDeque<Queued>>),
 }
 
@@ -105,8 +111,8 @@ pub struct MonitoredItem {
     pub id: u32,
     /// The client's handle, echoed in every notification.
     pub client_handle: u32,
-    /// What it watches.
-    pub target: ItemTarget,
+    /// What it watches (shared with the other items watching it).
+    pub target: Arc<ItemTarget>,
     /// Disabled, Sampling or Reporting.
     pub mode: MonitoringMode,
     /// The revised sampling interval.
@@ -140,7 +146,7 @@ impl MonitoredItem {
     pub fn new(
         id: u32,
         client_handle: u32,
-        target: ItemTarget,
+        target: impl Into<Arc<ItemTarget>>,
         mode: MonitoringMode,
         sampling_interval: Duration,
         sampled: bool,
@@ -152,7 +158,7 @@ impl MonitoredItem {
         MonitoredItem {
             id,
             client_handle,
-            target,
+            target: target.into(),
             mode,
             sampling_interval,
             next_sample: None,

@@ -357,7 +357,7 @@ impl Subscription {
                     ItemImage {
                         id: i.id,
                         client_handle: i.client_handle,
-                        target: i.target.clone(),
+                        target: (*i.target).clone(),
                         mode: i.mode,
                         sampling_interval: i.sampling_interval,
                         sampled: i.sampled,

@@ -119,6 +119,16 @@ pub struct Registry<P> {
     diagnostics: Mutex<Option<(Instant, Variant)>>,
     /// The last PublishingIntervalCount and when it was counted.
     intervals: Mutex<Option<(Instant, usize)>>,
+    /// What items watch, one shared copy each ([`Registry::intern_target`]).
+    targets: Mutex<Targets>,
+}
+
+/// The shared [`ItemTarget`]s: held weakly, so a target no item watches any
+/// more is dropped; dead entries are swept when the map has doubled.
+#[derive(Default)]
+struct Targets {
+    map: FxHashMap<ItemTarget, Weak<ItemTarget>>,
+    sweep_at: usize,
 }
 
 /// What [`Registry::observe_answers`] takes: called with each answer to a
@@ -163,6 +173,7 @@ impl<P: PublishSink> Registry<P> {
             observer: OnceLock::new(),
             diagnostics: Mutex::new(None),
             intervals: Mutex::new(None),
+            targets: Mutex::new(Targets::default()),
         }
     }
 
@@ -515,6 +526,23 @@ impl<P: PublishSink> Registry<P> {
         m.entry((node.clone(), attribute))
             .or_default()
             .push((sub, item));
+    }
+
+    /// The shared copy of `target`: items watching the same node,
+    /// attribute and range hold one [`Arc`] (a node watched by a thousand
+    /// items keeps its NodeId once, not a thousand times).
+    pub fn intern_target(&self, target: ItemTarget) -> Arc<ItemTarget> {
+        let mut t = lock(&self.targets);
+        if let Some(shared) = t.map.get(&target).and_then(Weak::upgrade) {
+            return shared;
+        }
+        let shared = Arc::new(target.clone());
+        t.map.insert(target, Arc::downgrade(&shared));
+        if t.map.len() > t.sweep_at {
+            t.map.retain(|_, w| w.strong_count() > 0);
+            t.sweep_at = (2 * t.map.len()).max(1024);
+        }
+        shared
     }
 
     /// Undoes [`Registry::watch`].
@@ -1212,5 +1240,34 @@ mod tests {
         let new = Fixture::new(SubscriptionLimits::default());
         assert_eq!(new.reg.restore(new.t0, &a, &images), vec![id]);
         event_reaches(&new, &a, &server);
+    }
+
+    #[test]
+    fn items_watching_one_target_share_it_and_the_registry_does_not_keep_it() {
+        let f = Fixture::new(SubscriptionLimits::default());
+        let t = |n: &str| ItemTarget {
+            node_id: NodeId::string(2, n),
+            attribute_id: 13,
+            index_range: UaString::null(),
+        };
+        let a = f.reg.intern_target(t("a"));
+        let b = f.reg.intern_target(t("a"));
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = f.reg.intern_target(t("b"));
+        assert!(!Arc::ptr_eq(&a, &c));
+        let ranged = f.reg.intern_target(ItemTarget {
+            index_range: UaString::from("1:2"),
+            ..t("a")
+        });
+        assert!(!Arc::ptr_eq(&a, &ranged), "another range is another target");
+        let weak = Arc::downgrade(&a);
+        drop((a, b));
+        assert!(weak.upgrade().is_none(), "dropped with its last item");
+        assert_eq!(*f.reg.intern_target(t("a")), t("a"));
+        // Dead entries are swept as the map grows.
+        for i in 0..5_000 {
+            drop(f.reg.intern_target(t(&format!("n{i}"))));
+        }
+        assert!(lock(&f.reg.targets).map.len() <= 2_048);
     }
 }

@@ -743,7 +743,7 @@ fn per_item_state_stays_small() {
     // Memory per session is a headline number: these are multiplied by
     // the session count (the scale test prints the measured total).
     assert!(std::mem::size_of::<Subscription>() <= 160);
-    assert!(std::mem::size_of::<MonitoredItem>() <= 264);
+    assert!(std::mem::size_of::<MonitoredItem>() <= 200);
     assert!(std::mem::size_of::<SubscriptionSet<crate::reply::Responder>>() <= 192);
 }
 
