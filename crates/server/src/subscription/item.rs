@@ -138,6 +138,9 @@ pub struct MonitoredItem {
     /// Set when a triggering item reported: a Sampling item's queue goes out
     /// with the next message.
     pub triggered: bool,
+    /// On its subscription's ready list (the items that may have something
+    /// to report; a publishing cycle visits only those).
+    pub(super) listed: bool,
 }
 
 impl MonitoredItem {
@@ -171,6 +174,7 @@ impl MonitoredItem {
             pending: Pending::Empty,
             links: Vec::new(),
             triggered: false,
+            listed: false,
         }
     }
 

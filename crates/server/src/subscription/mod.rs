@@ -254,6 +254,12 @@ pub struct Subscription {
     /// Set whenever an item may have queued something since the last
     /// publishing cycle; while clear, idle cycles are skipped in one step.
     data_hint: bool,
+    /// The ids of the items that may have something to report: every item
+    /// changed through [`Subscription::item_mut`] (a pushed value, an
+    /// event, a mode change, a trigger) or by a sample is put here, and a
+    /// publishing cycle visits these and no others - among a thousand
+    /// items of which one changed, it looks at one.
+    ready: Vec<u32>,
 }
 
 /// What happened to an item operation.
@@ -431,14 +437,43 @@ impl Subscription {
             items,
             sample_due: None,
             data_hint: true,
+            ready: Vec::new(),
         };
+        s.list_all();
         s.items_changed();
         s
     }
 
     /// The items, to change (a restored subscription's first values).
     pub fn items_mut(&mut self) -> &mut [MonitoredItem] {
+        self.list_all();
         &mut self.items
+    }
+
+    /// How many items the next publishing cycle visits (those that may
+    /// have something to report).
+    pub fn ready_count(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Puts every item on the ready list (after a change to all of them).
+    fn list_all(&mut self) {
+        self.data_hint = true;
+        self.ready.clear();
+        for i in &mut self.items {
+            i.listed = true;
+            self.ready.push(i.id);
+        }
+    }
+
+    /// Puts item `idx` on the ready list.
+    fn list(&mut self, idx: usize) {
+        if let Some(i) = self.items.get_mut(idx) {
+            if !i.listed {
+                i.listed = true;
+                self.ready.push(i.id);
+            }
+        }
     }
 }
 
@@ -468,6 +503,7 @@ impl Subscription {
             next_item_id: 1,
             sample_due: None,
             data_hint: false,
+            ready: Vec::new(),
         }
     }
 
@@ -514,6 +550,7 @@ impl Subscription {
         let i = self.index_of(id)?;
         // Whoever changes an item may make it reportable.
         self.data_hint = true;
+        self.list(i);
         self.items.get_mut(i)
     }
 
@@ -536,6 +573,7 @@ impl Subscription {
         self.items.push(item);
         // It may carry its first value.
         self.data_hint = true;
+        self.list(self.items.len() - 1);
         if self.items.len() > 1 && self.items[self.items.len() - 2].id > id {
             self.items.sort_by_key(|i| i.id);
         }
@@ -680,7 +718,11 @@ impl Subscription {
 
     /// True when publishing is enabled and some item has notifications.
     pub fn notifications_available(&self) -> bool {
-        self.enabled && self.items.iter().any(MonitoredItem::reportable)
+        self.enabled
+            && self
+                .ready
+                .iter()
+                .any(|id| self.item(*id).is_some_and(MonitoredItem::reportable))
     }
 
     /// Runs the sampling timers that are due, reading values with `sample`.
@@ -699,6 +741,10 @@ impl Subscription {
                 let v = sample(&item.target);
                 if item.offer(v) {
                     self.data_hint = true;
+                    if !item.listed {
+                        item.listed = true;
+                        self.ready.push(item.id);
+                    }
                     if !item.links.is_empty() {
                         queued.push(item.id);
                     }
@@ -819,11 +865,27 @@ impl Subscription {
         let mut data = Vec::new();
         let mut events = Vec::new();
         let mut left = limit;
-        for item in &mut self.items {
+        // Only the listed items, in item order; those left with something
+        // to report stay listed.
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.sort_unstable();
+        let mut still = Vec::new();
+        for id in ready {
+            let Some(idx) = self.index_of(id) else {
+                continue;
+            };
+            let item = &mut self.items[idx];
             if limit != 0 && left == 0 {
-                break;
+                if item.reportable() {
+                    still.push(id);
+                } else {
+                    item.listed = false;
+                }
+                continue;
             }
             if !item.reportable() {
+                // Nothing to send now; listed again when it changes.
+                item.listed = false;
                 continue;
             }
             let handle = item.client_handle;
@@ -843,8 +905,14 @@ impl Subscription {
             if limit != 0 {
                 left -= before - item.queued();
             }
+            if item.reportable() {
+                still.push(id);
+            } else {
+                item.listed = false;
+            }
         }
-        let more = self.items.iter().any(MonitoredItem::reportable);
+        let more = !still.is_empty();
+        self.ready = still;
         let mut notification_data = Vec::new();
         if !data.is_empty() {
             notification_data.push(ExtensionObject::new(DataChangeNotification {
@@ -902,7 +970,7 @@ impl Subscription {
         for i in &mut self.items {
             i.requeue_last();
         }
-        self.data_hint = true;
+        self.list_all();
     }
 
     /// Its row of the SubscriptionDiagnosticsArray.

@@ -472,6 +472,52 @@ fn more_notifications_splits_messages() {
 }
 
 #[test]
+fn a_publishing_cycle_visits_only_the_items_that_changed() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 30, 10);
+    let ids: Vec<u32> = (0..1_000)
+        .map(|h| {
+            let it = item(&s, h, 1, true, Filter::default());
+            s.add_item(it)
+        })
+        .collect();
+    for &id in &ids {
+        s.offer(id, dv(1.0));
+    }
+    assert_eq!(s.ready_count(), 1_000);
+    set.insert(s);
+    let mut out = Vec::new();
+    publish(&mut set, &clock, 1, &[], &mut out);
+    run(&mut set, &mut clock, 100, &mut out);
+    assert_eq!(values(response(&out[0])).len(), 1_000);
+    assert_eq!(set.get(1).unwrap().ready_count(), 0, "all sent");
+
+    // Three of the thousand change: the next cycle visits three.
+    let s = set.get_mut(1).unwrap();
+    for &id in &[ids[7], ids[500], ids[999]] {
+        s.offer(id, dv(2.0));
+    }
+    // Offering the same value again is no change, but the item is listed
+    // once however often it is touched.
+    s.offer(ids[7], dv(2.0));
+    assert_eq!(s.ready_count(), 3);
+    publish(&mut set, &clock, 2, &[(1, 1)], &mut out);
+    run(&mut set, &mut clock, 200, &mut out);
+    let last = response(out.last().unwrap());
+    let handles: Vec<u32> = last
+        .notification_message
+        .notification_data
+        .iter()
+        .flatten()
+        .filter_map(|e| e.downcast_ref::<DataChangeNotification>())
+        .flat_map(|d| d.monitored_items.iter().flatten().map(|n| n.client_handle))
+        .collect();
+    assert_eq!(handles, vec![7, 500, 999]);
+    assert_eq!(set.get(1).unwrap().ready_count(), 0);
+}
+
+#[test]
 fn queue_overflow_sets_the_overflow_bit() {
     let clock = Clock::new();
     let s = sub(&clock, 1, 100.0, 30, 10);
@@ -742,7 +788,7 @@ fn a_queue_of_one_keeps_its_value_once_across_resizes() {
 fn per_item_state_stays_small() {
     // Memory per session is a headline number: these are multiplied by
     // the session count (the scale test prints the measured total).
-    assert!(std::mem::size_of::<Subscription>() <= 160);
+    assert!(std::mem::size_of::<Subscription>() <= 184);
     assert!(std::mem::size_of::<MonitoredItem>() <= 200);
     assert!(std::mem::size_of::<SubscriptionSet<crate::reply::Responder>>() <= 192);
 }
