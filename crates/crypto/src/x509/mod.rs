@@ -154,8 +154,8 @@ pub struct Certificate {
     public_key: Range<usize>,
     subject: Range<usize>,
     issuer: Range<usize>,
-    serial: Vec<u8>,
-    signature: Vec<u8>,
+    serial: Range<usize>,
+    signature: Range<usize>,
     signature_algorithm: SignatureAlgorithm,
     key_algorithm: KeyAlgorithm,
     key_bits: usize,
@@ -171,8 +171,8 @@ pub struct Certificate {
     extended_key_usage: Option<ExtendedKeyUsage>,
     ca: bool,
     path_len: Option<u32>,
-    subject_key_id: Option<Vec<u8>>,
-    authority_key_id: Option<Vec<u8>>,
+    subject_key_id: Option<Range<usize>>,
+    authority_key_id: Option<Range<usize>>,
     unknown_critical_extension: bool,
 }
 
@@ -323,8 +323,8 @@ impl Certificate {
             public_key,
             subject,
             issuer,
-            serial: tbs_cert.raw_serial().to_vec(),
-            signature: cert.signature_value.data.to_vec(),
+            serial: range(tbs_cert.raw_serial())?,
+            signature: range(&cert.signature_value.data)?,
             signature_algorithm: signature_algorithm_of(&cert.signature_algorithm),
             key_algorithm,
             key_bits,
@@ -356,12 +356,15 @@ impl Certificate {
                 "signature algorithm differs inside and outside TBS",
             ));
         }
-        out.read_extensions(&cert)?;
+        out.read_extensions(der, &cert)?;
         Ok(out)
     }
 
+    /// Reads the extensions of `cert`, parsed from `der` (whose ranges the
+    /// key identifiers are kept as).
     fn read_extensions(
         &mut self,
+        der: &[u8],
         cert: &x509_parser::certificate::X509Certificate<'_>,
     ) -> Result<(), CryptoError> {
         use x509_parser::extensions::ParsedExtension;
@@ -400,10 +403,16 @@ impl Certificate {
                     self.path_len = bc.path_len_constraint;
                 }
                 ParsedExtension::SubjectKeyIdentifier(id) => {
-                    self.subject_key_id = Some(id.0.to_vec())
+                    self.subject_key_id =
+                        Some(range_in(der, id.0).ok_or(bad_cert("certificate layout"))?)
                 }
                 ParsedExtension::AuthorityKeyIdentifier(aki) => {
-                    self.authority_key_id = aki.key_identifier.as_ref().map(|id| id.0.to_vec())
+                    self.authority_key_id = match aki.key_identifier.as_ref() {
+                        Some(id) => {
+                            Some(range_in(der, id.0).ok_or(bad_cert("certificate layout"))?)
+                        }
+                        None => None,
+                    }
                 }
                 ParsedExtension::ParseError { .. } => {
                     return Err(bad_cert("a certificate extension does not parse"))
@@ -476,7 +485,7 @@ impl Certificate {
 
     /// The signature value over [`Certificate::tbs_der`].
     pub fn signature(&self) -> &[u8] {
-        &self.signature
+        self.der.get(self.signature.clone()).unwrap_or_default()
     }
 
     /// The algorithm of the certificate's signature.
@@ -511,7 +520,7 @@ impl Certificate {
 
     /// The serial number as encoded (big-endian, possibly with a leading 0).
     pub fn serial(&self) -> &[u8] {
-        &self.serial
+        self.der.get(self.serial.clone()).unwrap_or_default()
     }
 
     /// Start of the validity period.
@@ -572,12 +581,12 @@ impl Certificate {
 
     /// The SubjectKeyIdentifier, if present.
     pub fn subject_key_id(&self) -> Option<&[u8]> {
-        self.subject_key_id.as_deref()
+        self.subject_key_id.clone().and_then(|r| self.der.get(r))
     }
 
     /// The key identifier of the AuthorityKeyIdentifier, if present.
     pub fn authority_key_id(&self) -> Option<&[u8]> {
-        self.authority_key_id.as_deref()
+        self.authority_key_id.clone().and_then(|r| self.der.get(r))
     }
 
     /// Whether the certificate carries a critical extension this stack does
