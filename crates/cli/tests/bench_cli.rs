@@ -422,3 +422,75 @@ fn bench_floor_counts_round_trips_against_its_echo_server() {
         "{r}"
     );
 }
+
+#[test]
+fn bench_sessions_spreads_its_clients_over_processes() {
+    let s = serve_none("[server]\nmax_session_count = 12\n[admission]\nmax_channel_count = 100\n");
+    let url = s.url();
+    let pid = s.pid();
+    // Ten subscribed sessions over three worker processes: all established,
+    // held, notified and alive, as one process would report them.
+    let r = bench(&[
+        "sessions",
+        &url,
+        "--sessions",
+        "10",
+        "--concurrency",
+        "3",
+        "--processes",
+        "3",
+        "--hold-s",
+        "0.6",
+        "--publishing-ms",
+        "50",
+        "--server-pid",
+        &pid,
+    ]);
+    assert_eq!(r["processes"], 3, "{r}");
+    assert_eq!(r["established"], 10, "{r}");
+    assert_eq!(r["alive_after_hold"], 10, "{r}");
+    assert_eq!(r["notified"], 10, "{r}");
+    assert_eq!(r["failures"], serde_json::json!({}), "{r}");
+    let last = r["series"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["established"], 10, "{r}");
+    assert!(r["server_cpu_ms_per_session"].as_f64().is_some(), "{r}");
+    // Refusals counted in the children add up in the parent.
+    let r = bench(&[
+        "sessions",
+        &url,
+        "--sessions",
+        "15",
+        "--concurrency",
+        "15",
+        "--processes",
+        "2",
+        "--hold-s",
+        "0",
+        "--max-retries",
+        "0",
+        "--subscribe",
+        "off",
+    ]);
+    assert_eq!(r["established"], 12, "{r}");
+    assert_eq!(r["failures"]["BadTooManySessions"], 3, "{r}");
+    assert_eq!(r["busy_answers"], 3, "{r}");
+    // More processes than sessions is a usage error.
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "sessions",
+            &url,
+            "--sessions",
+            "2",
+            "--processes",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--processes must be 1 to --sessions (2)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -40,6 +40,7 @@ mod read;
 mod report;
 mod series;
 mod sessions;
+mod sessions_workers;
 mod storm;
 
 use std::collections::BTreeMap;
@@ -54,7 +55,7 @@ pub const USAGE: &str =
                           [--client pipeline|library] [--server-pid PID]
                           [--interval-s S] [--json] [--report FILE.html]
        uascale bench sessions URL [--sessions N] [--concurrency C] [--hold-s S]
-                          [--source-ips IP,IP,...] [--max-retries R]
+                          [--processes P] [--source-ips IP,IP,...] [--max-retries R]
                           [--security POLICY[:MODE]] [--pki DIR] [--trust-server]
                           [--user NAME | --cert FILE --key FILE]
                           [--subscribe on|off] [--node NODE] [--publishing-ms MS]
@@ -105,7 +106,8 @@ pub const USAGE: &str =
                   password from UASCALE_PASSWORD); each session subscribes
                   to NODE (i=2258) publishing every --publishing-ms (1000)
                   unless --subscribe off, and the sessions that get a data
-                  change while held are counted (all notified?)
+                  change while held are counted (all notified?);
+                  --processes P (1) runs the sessions in P child processes
   bench publish   S sessions (10) x N subscriptions (1) x K items (10) on the
                   NODEs (round robin; --load-nodes L adds uascale's
                   ns=2;s=Demo.Load.Node0..L-1; default the four
@@ -386,6 +388,10 @@ pub fn run(args: &[&str]) -> ExitCode {
         }
         ["read", rest @ ..] => Args::parse("read", rest, read::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(read::run(&a))?, a))),
+        // A child process of `bench sessions --processes P`.
+        ["sessions", rest @ ..] if std::env::var_os(sessions_workers::WORKER_ENV).is_some() => {
+            return sessions_workers::child(rest);
+        }
         ["sessions", rest @ ..] => Args::parse("sessions", rest, sessions::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(sessions::run(&a))?, a))),
         ["publish", rest @ ..] => Args::parse("publish", rest, publish::FLAGS)

@@ -47,21 +47,24 @@ pub const FLAGS: &[&str] = &[
     "--subscribe",
     "--node",
     "--publishing-ms",
+    "--processes",
 ];
 
+/// What the sessions of this process (or, in the parent of
+/// `--processes`, of all its children, as they report it) have counted.
 #[derive(Default)]
-struct Counters {
-    established: AtomicU64,
-    busy: AtomicU64,
-    retries: AtomicU64,
-    failed: AtomicU64,
-    failures: Mutex<StatusCounts>,
+pub(super) struct Counters {
+    pub(super) established: AtomicU64,
+    pub(super) busy: AtomicU64,
+    pub(super) retries: AtomicU64,
+    pub(super) failed: AtomicU64,
+    pub(super) failures: Mutex<StatusCounts>,
     /// Sessions that got a data change while held.
-    notified: AtomicU64,
+    pub(super) notified: AtomicU64,
     /// Data changes received, all sessions, all phases.
-    data_changes: AtomicU64,
+    pub(super) data_changes: AtomicU64,
     /// Set when the hold begins.
-    holding: std::sync::atomic::AtomicBool,
+    pub(super) holding: std::sync::atomic::AtomicBool,
 }
 
 /// The subscription each session makes.
@@ -69,6 +72,139 @@ struct Counters {
 struct Watch {
     node: NodeId,
     publishing: std::time::Duration,
+}
+
+/// What establishing the sessions takes (the same in a worker process).
+#[derive(Clone)]
+pub(super) struct Setup {
+    url: String,
+    options: ClientOptions,
+    sources: Vec<std::net::IpAddr>,
+    watch: Option<Watch>,
+    max_retries: u32,
+}
+
+impl Setup {
+    /// The setup the command line asks for.
+    pub(super) async fn from_args(a: &Args) -> Result<Setup, String> {
+        let watch = match a.last("--subscribe").unwrap_or("on") {
+            "on" => Some(Watch {
+                node: a
+                    .last("--node")
+                    .unwrap_or("i=2258")
+                    .parse()
+                    .map_err(|e| format!("--node: {e}"))?,
+                publishing: a.seconds("--publishing-ms", 1000.0)? / 1000,
+            }),
+            "off" => None,
+            other => return Err(format!("--subscribe {other:?}: give on or off")),
+        };
+        Ok(Setup {
+            url: a.url.clone(),
+            options: client_options(a).await?,
+            sources: source_ips(a)?,
+            watch,
+            max_retries: a.num("--max-retries", 4)?,
+        })
+    }
+}
+
+/// Establishes sessions `indices` (each retried with the §7 backoff while
+/// the failure is transient), at most as many at once as `gate` lets in,
+/// counting into `counters`; the task ends with the sessions established.
+pub(super) fn start_sessions(
+    setup: &Setup,
+    indices: Vec<usize>,
+    gate: &ConnectGate,
+    counters: &Arc<Counters>,
+) -> tokio::task::JoinHandle<Vec<Client>> {
+    let mut tasks = Vec::with_capacity(indices.len());
+    for i in indices {
+        let (gate, counters, url, watch) = (
+            gate.clone(),
+            Arc::clone(counters),
+            setup.url.clone(),
+            setup.watch.clone(),
+        );
+        let max_retries = setup.max_retries;
+        let options = ClientOptions {
+            local_addr: setup.sources.get(i % setup.sources.len().max(1)).copied(),
+            ..setup.options.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut backoff = Backoff::new(0x5eed_0000 + i as u64);
+            // A busy server is retried with the §7 backoff.
+            for attempt in 0..=max_retries {
+                let turn = gate.enter().await;
+                let result = establish(&url, options.clone(), i, watch.as_ref()).await;
+                drop(turn);
+                match result {
+                    Ok((c, sub)) => {
+                        counters.established.fetch_add(1, Ordering::Relaxed);
+                        if let Some(sub) = sub {
+                            tokio::spawn(watch_notifications(sub, Arc::clone(&counters)));
+                        }
+                        return Some(c);
+                    }
+                    Err(e) => {
+                        let status = e.status_code();
+                        if uascale_client::backoff::is_busy_signal(status) {
+                            counters.busy.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // Only transient statuses are worth another try:
+                        // an untrusted certificate or a refused user fails
+                        // the same way again (§7).
+                        let transient = matches!(
+                            e,
+                            uascale_client::ClientError::Io(_)
+                                | uascale_client::ClientError::Timeout
+                        ) || uascale_client::backoff::is_transient(status);
+                        if attempt == max_retries || !transient {
+                            counters.failed.fetch_add(1, Ordering::Relaxed);
+                            if let Ok(mut f) = counters.failures.lock() {
+                                count_status(&mut f, status, 1);
+                            }
+                            return None;
+                        }
+                        counters.retries.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(backoff.next_delay(status, e.retry_after_ms())).await;
+                    }
+                }
+            }
+            None
+        }));
+    }
+    tokio::spawn(async move {
+        let mut clients = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            if let Ok(Some(c)) = t.await {
+                clients.push(c);
+            }
+        }
+        clients
+    })
+}
+
+/// Reads once through each session (is it still alive?) and closes it, as
+/// many at once as `gate` lets in; returns how many answered.
+pub(super) async fn close_sessions(clients: Vec<Client>, gate: &ConnectGate) -> u64 {
+    let mut alive = 0;
+    let mut closing = tokio::task::JoinSet::new();
+    for c in clients {
+        let gate = gate.clone();
+        closing.spawn(async move {
+            let _turn = gate.enter().await;
+            let ok = c.read_values(&[NodeId::ns0(2258)]).await.is_ok();
+            c.close().await;
+            ok
+        });
+    }
+    while let Some(r) = closing.join_next().await {
+        if let Ok(true) = r {
+            alive += 1;
+        }
+    }
+    alive
 }
 
 /// One session, ready for the hold: connected, created and activated, and
@@ -243,34 +379,40 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let n: usize = a.num("--sessions", 100)?;
     let concurrency: usize = a.num("--concurrency", 50)?;
     let hold = a.seconds("--hold-s", 5.0)?;
-    let max_retries: u32 = a.num("--max-retries", 4)?;
+    let processes: usize = a.num("--processes", 1)?;
     let pid = a.server_pid()?;
     let every = a.interval()?;
     if n == 0 || concurrency == 0 {
         return Err("--sessions and --concurrency must be > 0".into());
     }
-    let watch = match a.last("--subscribe").unwrap_or("on") {
-        "on" => Some(Watch {
-            node: a
-                .last("--node")
-                .unwrap_or("i=2258")
-                .parse()
-                .map_err(|e| format!("--node: {e}"))?,
-            publishing: a.seconds("--publishing-ms", 1000.0)? / 1000,
-        }),
-        "off" => None,
-        other => return Err(format!("--subscribe {other:?}: give on or off")),
-    };
-    let base_options = client_options(a).await?;
-    let sources = source_ips(a)?;
+    if processes == 0 || processes > n {
+        return Err(format!("--processes must be 1 to --sessions ({n})"));
+    }
+    let setup = Setup::from_args(a).await?;
+    let watch = setup.watch.clone();
     // The client draws a nonce per session; the random generator's first
     // use initialises it (40-70 ms here), a one-off cost of the process
     // that would otherwise be counted in the establishment time.
     let _ = uascale_crypto::policy::SecurityPolicy::Basic256Sha256.random_nonce();
     let counters = Arc::new(Counters::default());
     let gate = ConnectGate::new(concurrency);
+    // With --processes the children establish the sessions (C split
+    // between them) and report their counts; this process samples the
+    // server and tells them when to hold and to close.
+    let mut workers = if processes > 1 {
+        Some(super::sessions_workers::Children::spawn(
+            &a.raw,
+            processes,
+            Arc::clone(&counters),
+        )?)
+    } else {
+        None
+    };
     let before = pid.and_then(sample_server);
     let started = Instant::now();
+    if let Some(w) = &mut workers {
+        w.go()?;
+    }
     let mut sampler = Sampler {
         start: started,
         prev_t: started,
@@ -280,70 +422,16 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         prev_server: before,
         series: Vec::new(),
     };
-    let mut tasks = Vec::with_capacity(n);
-    for i in 0..n {
-        let (gate, counters, url, watch) = (
-            gate.clone(),
-            Arc::clone(&counters),
-            a.url.clone(),
-            watch.clone(),
-        );
-        let options = ClientOptions {
-            local_addr: sources.get(i % sources.len().max(1)).copied(),
-            ..base_options.clone()
-        };
-        tasks.push(tokio::spawn(async move {
-            let mut backoff = Backoff::new(0x5eed_0000 + i as u64);
-            // A busy server is retried with the §7 backoff.
-            for attempt in 0..=max_retries {
-                let turn = gate.enter().await;
-                let result = establish(&url, options.clone(), i, watch.as_ref()).await;
-                drop(turn);
-                match result {
-                    Ok((c, sub)) => {
-                        counters.established.fetch_add(1, Ordering::Relaxed);
-                        if let Some(sub) = sub {
-                            tokio::spawn(watch_notifications(sub, Arc::clone(&counters)));
-                        }
-                        return Some(c);
-                    }
-                    Err(e) => {
-                        let status = e.status_code();
-                        if uascale_client::backoff::is_busy_signal(status) {
-                            counters.busy.fetch_add(1, Ordering::Relaxed);
-                        }
-                        // Only transient statuses are worth another try:
-                        // an untrusted certificate or a refused user fails
-                        // the same way again (§7).
-                        let transient = matches!(
-                            e,
-                            uascale_client::ClientError::Io(_)
-                                | uascale_client::ClientError::Timeout
-                        ) || uascale_client::backoff::is_transient(status);
-                        if attempt == max_retries || !transient {
-                            counters.failed.fetch_add(1, Ordering::Relaxed);
-                            if let Ok(mut f) = counters.failures.lock() {
-                                count_status(&mut f, status, 1);
-                            }
-                            return None;
-                        }
-                        counters.retries.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(backoff.next_delay(status, e.retry_after_ms())).await;
-                    }
-                }
-            }
-            None
-        }));
-    }
-    let mut joiner = tokio::spawn(async move {
-        let mut clients = Vec::with_capacity(tasks.len());
-        for t in tasks {
-            if let Ok(Some(c)) = t.await {
-                clients.push(c);
-            }
+    let mut joiner = match &workers {
+        None => start_sessions(&setup, (0..n).collect(), &gate, &counters),
+        Some(w) => {
+            let done = w.all_established();
+            tokio::spawn(async move {
+                done.await;
+                Vec::new()
+            })
         }
-        clients
-    });
+    };
     let mut progress = Progress::new();
     let mut next = started + every;
     let clients = loop {
@@ -366,6 +454,9 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     sampler.sample("establish", &counters);
     let at_hold = pid.and_then(sample_server);
     counters.holding.store(true, Ordering::Relaxed);
+    if let Some(w) = &mut workers {
+        w.say("hold");
+    }
     let hold_start = Instant::now();
     let hold_end = hold_start + hold;
     while Instant::now() < hold_end {
@@ -386,22 +477,10 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     progress.finish();
     // Each session still answers after the hold; then all are closed, C at
     // a time.
-    let mut alive = 0usize;
-    let mut closing = tokio::task::JoinSet::new();
-    for c in clients {
-        let gate = gate.clone();
-        closing.spawn(async move {
-            let _turn = gate.enter().await;
-            let ok = c.read_values(&[NodeId::ns0(2258)]).await.is_ok();
-            c.close().await;
-            Some(ok)
-        });
-    }
-    while let Some(r) = closing.join_next().await {
-        if let Ok(Some(true)) = r {
-            alive += 1;
-        }
-    }
+    let alive = match &mut workers {
+        None => close_sessions(clients, &gate).await,
+        Some(w) => w.close().await,
+    };
     sampler.sample("close", &counters);
     let failures = counters
         .failures
@@ -434,6 +513,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         "url": a.url,
         "sessions": n,
         "concurrency": concurrency,
+        "processes": processes,
         "hold_s": hold.as_secs_f64(),
         "established": established,
         "establish_s": establish_time.as_secs_f64(),

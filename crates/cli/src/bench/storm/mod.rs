@@ -21,7 +21,7 @@ mod clients;
 mod diag;
 mod steady;
 mod tally;
-mod worker;
+pub(super) mod worker;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};

@@ -96,8 +96,9 @@ pub fn child(rest: &[&str]) -> ExitCode {
     }
 }
 
-/// The words on stdin, `eof` at its end.
-fn words() -> mpsc::UnboundedReceiver<String> {
+/// The words on stdin, `eof` at its end (also the `bench sessions`
+/// workers').
+pub(in crate::bench) fn words() -> mpsc::UnboundedReceiver<String> {
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
@@ -115,7 +116,9 @@ fn words() -> mpsc::UnboundedReceiver<String> {
     rx
 }
 
-async fn next_word(words: &mut mpsc::UnboundedReceiver<String>) -> String {
+/// The next word from the parent, `eof` when it is gone or silent for
+/// [`PATIENCE`].
+pub(in crate::bench) async fn next_word(words: &mut mpsc::UnboundedReceiver<String>) -> String {
     match tokio::time::timeout(PATIENCE, words.recv()).await {
         Ok(Some(w)) => w,
         Ok(None) | Err(_) => "eof".to_owned(),
