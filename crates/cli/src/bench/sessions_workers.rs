@@ -16,7 +16,7 @@
 //!   gone) reads once through each session, closes them and ends it.
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::process::{Child, ChildStdin, ExitCode};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,7 +26,7 @@ use uascale_client::ConnectGate;
 use uascale_types::StatusCode;
 
 use super::sessions::{close_sessions, start_sessions, Counters, Setup, FLAGS};
-use super::storm::worker::{next_word, words};
+use super::storm::worker::{next_word, say, slot_of, spawn_worker, words};
 use super::Args;
 
 /// The environment variable that makes `bench sessions` a child: `i/P`.
@@ -113,21 +113,9 @@ enum Said {
     },
 }
 
-fn say(line: &Said) {
-    if let Ok(text) = serde_json::to_string(line) {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{text}");
-        let _ = out.flush();
-    }
-}
-
 /// `i/P` of the environment, if this process is a child.
 fn worker_slot() -> Result<(usize, usize), String> {
-    let v = std::env::var(WORKER_ENV).map_err(|_| format!("{WORKER_ENV} is not set"))?;
-    v.split_once('/')
-        .and_then(|(i, p)| Some((i.parse().ok()?, p.parse().ok()?)))
-        .filter(|(i, p): &(usize, usize)| i < p)
-        .ok_or_else(|| format!("{WORKER_ENV}={v:?} is not INDEX/COUNT"))
+    slot_of(WORKER_ENV).unwrap_or_else(|| Err(format!("{WORKER_ENV} is not set")))
 }
 
 /// The child's `main`: `uascale bench sessions ARGS...` with
@@ -224,8 +212,6 @@ impl Children {
     /// `bench sessions`) and waits until each is set up; their counts are
     /// summed into `counters` as they come.
     pub fn spawn(args: &[String], count: usize, counters: Arc<Counters>) -> Result<Self, String> {
-        let exe = std::env::current_exe()
-            .map_err(|e| format!("cannot find this program to start workers: {e}"))?;
         let heard = Arc::new(Mutex::new(Heard {
             counts: vec![Counts::default(); count],
             ready: vec![false; count],
@@ -235,17 +221,7 @@ impl Children {
         }));
         let mut procs = Vec::with_capacity(count);
         for i in 0..count {
-            let mut child = Command::new(&exe)
-                .args(["bench", "sessions"])
-                .args(args)
-                .env(WORKER_ENV, format!("{i}/{count}"))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .map_err(|e| format!("cannot start worker {i}: {e}"))?;
-            let stdin = child.stdin.take();
-            let stdout = child.stdout.take().ok_or("a worker without stdout")?;
+            let (child, stdin, stdout) = spawn_worker("sessions", args, WORKER_ENV, i, count)?;
             let (heard, counters) = (Arc::clone(&heard), Arc::clone(&counters));
             std::thread::spawn(move || {
                 for line in BufReader::new(stdout).lines() {

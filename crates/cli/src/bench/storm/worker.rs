@@ -59,7 +59,8 @@ pub enum Line {
     },
 }
 
-fn say(line: &Line) {
+/// Prints one JSON line to the parent (also the `bench sessions` workers').
+pub(in crate::bench) fn say<T: Serialize>(line: &T) {
     if let Ok(text) = serde_json::to_string(line) {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{text}");
@@ -67,15 +68,47 @@ fn say(line: &Line) {
     }
 }
 
-/// `i/P` of the environment, if this process is a child.
-pub fn worker_slot() -> Option<Result<(usize, usize), String>> {
-    let v = std::env::var(WORKER_ENV).ok()?;
+/// `i/P` of the environment variable `var`, if it is set (this process is
+/// a child).
+pub(in crate::bench) fn slot_of(var: &str) -> Option<Result<(usize, usize), String>> {
+    let v = std::env::var(var).ok()?;
     let parsed = v
         .split_once('/')
         .and_then(|(i, p)| Some((i.parse().ok()?, p.parse().ok()?)))
         .filter(|(i, p): &(usize, usize)| i < p)
-        .ok_or_else(|| format!("{WORKER_ENV}={v:?} is not INDEX/COUNT"));
+        .ok_or_else(|| format!("{var}={v:?} is not INDEX/COUNT"));
     Some(parsed)
+}
+
+/// `i/P` of the environment, if this process is a child.
+pub fn worker_slot() -> Option<Result<(usize, usize), String>> {
+    slot_of(WORKER_ENV)
+}
+
+/// Starts worker `i` of `count`: this program as `uascale bench KIND
+/// ARGS...` with `env=i/count`, its stdin and stdout piped (also the
+/// `bench sessions` workers').
+pub(in crate::bench) fn spawn_worker(
+    kind: &str,
+    args: &[String],
+    env: &str,
+    i: usize,
+    count: usize,
+) -> Result<(Child, Option<ChildStdin>, std::process::ChildStdout), String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find this program to start workers: {e}"))?;
+    let mut child = Command::new(&exe)
+        .args(["bench", kind])
+        .args(args)
+        .env(env, format!("{i}/{count}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start worker {i}: {e}"))?;
+    let stdout = child.stdout.take().ok_or("a worker without stdout")?;
+    let stdin = child.stdin.take();
+    Ok((child, stdin, stdout))
 }
 
 /// The child's `main`: `uascale bench storm ARGS...` with
@@ -191,22 +224,10 @@ impl Children {
     /// Starts `count` children with the parent's `args` (everything after
     /// `bench storm`); their deltas are added to `tally` as they come.
     pub fn spawn(args: &[String], count: usize, tally: Arc<Mutex<Delta>>) -> Result<Self, String> {
-        let exe = std::env::current_exe()
-            .map_err(|e| format!("cannot find this program to start workers: {e}"))?;
         let (tx, heard) = mpsc::unbounded_channel();
         let mut procs = Vec::with_capacity(count);
         for i in 0..count {
-            let mut child = Command::new(&exe)
-                .args(["bench", "storm"])
-                .args(args)
-                .env(WORKER_ENV, format!("{i}/{count}"))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .map_err(|e| format!("cannot start worker {i}: {e}"))?;
-            let stdout = child.stdout.take().ok_or("a worker without stdout")?;
-            let stdin = child.stdin.take();
+            let (child, stdin, stdout) = spawn_worker("storm", args, WORKER_ENV, i, count)?;
             let (tx, tally) = (tx.clone(), Arc::clone(&tally));
             std::thread::spawn(move || {
                 for text in BufReader::new(stdout).lines().map_while(Result::ok) {
