@@ -15,6 +15,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 SIZES="500 2000 5000 10000 19000"
 SECURITY=Basic256Sha256:SignAndEncrypt
@@ -40,48 +42,15 @@ BIN=$ROOT/target/release/uascale
 ulimit -n "$(ulimit -Hn)"
 mkdir -p "$OUT"
 cd "$OUT"
-cat > server.toml <<EOF
-[server]
-port = $PORT
-max_session_count = 20000
-[security]
-pki_dir = "pki"
-trust_all_client_certificates = true
-[admission]
-connections_per_second = 100000
-connection_burst = 100000
-connections_per_second_per_address = 100000
-connection_burst_per_address = 100000
-max_concurrent_handshakes = 64
-max_unfinished_handshakes_per_address = 20000
-max_channel_count = 20000
-EOF
-
-SERVER=
-stop() {
-  if [ -n "$SERVER" ]; then
-    kill "$SERVER" 2>/dev/null || true
-    wait "$SERVER" 2>/dev/null || true
-  fi
-  SERVER=
-}
+relaxed_config "$PORT" 20000 > server.toml
 trap stop EXIT
 
-floor() {
-  taskset -c 0 openssl speed -seconds 2 rsa2048 2>/dev/null | grep -E "^rsa 2048"
-}
-
 echo "load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%H:%M) UTC; $SECURITY; floor before:"
-floor
+floor rsa2048
 for n in $SIZES; do
   for sub in off on; do
     log="server-$n-$sub.log"
-    taskset -c 0 "$BIN" serve --config server.toml > "$log" 2>&1 &
-    SERVER=$!
-    for _ in $(seq 50); do
-      grep -q "listening" "$log" 2>/dev/null && break
-      sleep 0.1
-    done
+    start_server server.toml "$log"
     extra=()
     [ "$SECURITY" != None ] && extra=(--pki "client-pki" --trust-server)
     out=$(taskset -c 1 "$BIN" bench sessions "opc.tcp://localhost:$PORT" --sessions "$n" \
@@ -107,5 +76,5 @@ PY
   done
 done
 echo "floor after:"
-floor
+floor rsa2048
 echo "load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%H:%M) UTC; logs in $OUT"

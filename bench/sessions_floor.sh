@@ -18,6 +18,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 ROUNDS=3
 POLICIES="None Basic256Sha256:SignAndEncrypt ECC_nistP256_AesGcm:SignAndEncrypt ECC_nistP256:SignAndEncrypt ECC_curve25519:SignAndEncrypt"
@@ -40,48 +42,16 @@ case "$ROUNDS$PORT" in *[!0-9]*) echo "--rounds and --port take numbers" >&2; ex
 BIN=$ROOT/target/release/uascale
 mkdir -p "$OUT"
 cd "$OUT"
-cat > server.toml <<EOF
-[server]
-port = $PORT
-[security]
-pki_dir = "pki"
-trust_all_client_certificates = true
-[admission]
-connections_per_second = 100000
-connection_burst = 100000
-connections_per_second_per_address = 100000
-connection_burst_per_address = 100000
-max_concurrent_handshakes = 64
-max_unfinished_handshakes_per_address = 10000
-EOF
-
-SERVER=
-stop() {
-  if [ -n "$SERVER" ]; then
-    kill "$SERVER" 2>/dev/null || true
-    wait "$SERVER" 2>/dev/null || true
-  fi
-  SERVER=
-}
+relaxed_config "$PORT" > server.toml
 trap stop EXIT
 
-floor() {
-  taskset -c 0 openssl speed -seconds 2 rsa2048 ecdsap256 ecdhp256 2>/dev/null \
-    | grep -E "^rsa 2048|256 bits ecdsa|256 bits ecdh"
-}
-
 echo "load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%H:%M) UTC; floors before:"
-floor
+floor rsa2048 ecdsap256 ecdhp256
 for sec in $POLICIES; do
   n=1500
   case $sec in Basic*|Aes*) n=1000 ;; esac
   for r in $(seq "$ROUNDS"); do
-    taskset -c 0 "$BIN" serve --config server.toml --security ecc > "server-$r.log" 2>&1 &
-    SERVER=$!
-    for _ in $(seq 50); do
-      grep -q "listening" "server-$r.log" 2>/dev/null && break
-      sleep 0.1
-    done
+    start_server server.toml "server-$r.log" --security ecc
     extra=()
     [ "$sec" != None ] && extra=(--pki "client-pki" --trust-server)
     out=$(taskset -c 1 "$BIN" bench sessions "opc.tcp://localhost:$PORT" --sessions "$n" \
@@ -93,5 +63,5 @@ for sec in $POLICIES; do
   done
 done
 echo "floors after:"
-floor
+floor rsa2048 ecdsap256 ecdhp256
 echo "load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%H:%M) UTC; logs in $OUT"
