@@ -167,6 +167,20 @@ fn reactivate_on(addr: std::net::SocketAddr, token: &NodeId) -> RawClient {
     moved
 }
 
+/// A nats-server and two cluster nodes on it, `n1` and `n2`, both
+/// listening; None when nats-server cannot be had (the test then skips).
+/// Bound in this order, they are dropped nodes first, the server last.
+fn two_nodes() -> Option<(nats::Nats, tokio::runtime::Runtime, String, Node, Node)> {
+    let nats = nats::start()?;
+    let rt = runtime();
+    let url = nats.url();
+    let n1 = start_node(&rt, &url, "n1");
+    let n2 = start_node(&rt, &url, "n2");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    assert!(nats::wait_listening(n2.addr, LIMIT));
+    Some((nats, rt, url, n1, n2))
+}
+
 fn start_node(rt: &tokio::runtime::Runtime, url: &str, id: &str) -> Node {
     let mut config = common::loopback_config();
     config.cluster.url = Some(url.to_owned());
@@ -231,13 +245,9 @@ fn stored(rt: &tokio::runtime::Runtime, url: &str, token: &NodeId) -> Option<Ses
 
 #[test]
 fn a_session_moves_to_another_node_when_its_node_stops() {
-    let Some(nats) = nats::start() else { return };
-    let rt = runtime();
-    let url = nats.url();
-    let mut n1 = start_node(&rt, &url, "n1");
-    let n2 = start_node(&rt, &url, "n2");
-    assert!(nats::wait_listening(n1.addr, LIMIT));
-    assert!(nats::wait_listening(n2.addr, LIMIT));
+    let Some((_nats, rt, url, mut n1, n2)) = two_nodes() else {
+        return;
+    };
 
     let mut c = RawClient::connect(n1.addr);
     c.session();
@@ -332,13 +342,9 @@ fn subscriptions_record(
 /// with the next sequence number and the item's current value.
 #[test]
 fn a_subscription_continues_with_its_sequence_numbers_on_the_new_node() {
-    let Some(nats) = nats::start() else { return };
-    let rt = runtime();
-    let url = nats.url();
-    let mut n1 = start_node(&rt, &url, "n1");
-    let n2 = start_node(&rt, &url, "n2");
-    assert!(nats::wait_listening(n1.addr, LIMIT));
-    assert!(nats::wait_listening(n2.addr, LIMIT));
+    let Some((_nats, rt, url, mut n1, n2)) = two_nodes() else {
+        return;
+    };
 
     let mut c = RawClient::connect(n1.addr);
     c.session();
@@ -438,13 +444,9 @@ fn an_event_item_moves_with_its_subscription() {
         SetMonitoringModeRequest, SetMonitoringModeResponse, SimpleAttributeOperand,
         TimestampsToReturn,
     };
-    let Some(nats) = nats::start() else { return };
-    let rt = runtime();
-    let url = nats.url();
-    let mut n1 = start_node(&rt, &url, "n1");
-    let n2 = start_node(&rt, &url, "n2");
-    assert!(nats::wait_listening(n1.addr, LIMIT));
-    assert!(nats::wait_listening(n2.addr, LIMIT));
+    let Some((_nats, rt, url, mut n1, n2)) = two_nodes() else {
+        return;
+    };
 
     let mut c = RawClient::connect(n1.addr);
     c.session();
@@ -545,13 +547,9 @@ fn an_event_item_moves_with_its_subscription() {
 /// number twice with different content.
 #[test]
 fn an_acknowledgement_past_the_mirror_moves_the_sequence_on() {
-    let Some(nats) = nats::start() else { return };
-    let rt = runtime();
-    let url = nats.url();
-    let mut n1 = start_node(&rt, &url, "n1");
-    let n2 = start_node(&rt, &url, "n2");
-    assert!(nats::wait_listening(n1.addr, LIMIT));
-    assert!(nats::wait_listening(n2.addr, LIMIT));
+    let Some((_nats, rt, url, mut n1, n2)) = two_nodes() else {
+        return;
+    };
 
     let mut c = RawClient::connect(n1.addr);
     c.session();
@@ -694,13 +692,9 @@ fn without_its_store_a_node_serves_degraded_and_catches_up() {
 /// store and the other node applies it to its in-memory node manager.
 #[test]
 fn a_write_on_one_node_is_read_on_the_other() {
-    let Some(nats) = nats::start() else { return };
-    let rt = runtime();
-    let url = nats.url();
-    let n1 = start_node(&rt, &url, "n1");
-    let n2 = start_node(&rt, &url, "n2");
-    assert!(nats::wait_listening(n1.addr, LIMIT));
-    assert!(nats::wait_listening(n2.addr, LIMIT));
+    let Some((_nats, _rt, _url, n1, n2)) = two_nodes() else {
+        return;
+    };
     let node = NodeId::string(2, "Demo.Static.Scalar.Double");
     let mut a = RawClient::connect(n1.addr);
     a.session();
