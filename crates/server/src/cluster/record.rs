@@ -700,6 +700,23 @@ pub fn session_key(token: &NodeId) -> Option<String> {
 pub(crate) mod tests {
     use super::*;
 
+    /// Every truncation of `bytes` fails to decode, and each byte flipped
+    /// with `flip` decodes or fails without panicking.
+    fn damaged_fail_cleanly<T>(
+        bytes: &[u8],
+        flip: u8,
+        decode: impl Fn(&[u8]) -> Result<T, RecordError>,
+    ) {
+        for len in 0..bytes.len() {
+            assert!(decode(&bytes[..len]).is_err(), "{len}");
+        }
+        for i in 0..bytes.len() {
+            let mut b = bytes.to_vec();
+            b[i] ^= flip;
+            let _ = decode(&b);
+        }
+    }
+
     /// A session record as a test makes it.
     pub(crate) fn sample(owner: &str, token_byte: u8) -> SessionRecord {
         SessionRecord {
@@ -777,14 +794,7 @@ pub(crate) mod tests {
         // Every truncation of the longer record fails cleanly, and so do
         // flipped bytes, an unknown curve, and an empty private key.
         let bytes = sample_ecc("n1", 3).encode();
-        for len in 0..bytes.len() {
-            assert!(SessionRecord::decode(&bytes[..len]).is_err(), "{len}");
-        }
-        for i in 0..bytes.len() {
-            let mut b = bytes.clone();
-            b[i] ^= 0xa5;
-            let _ = SessionRecord::decode(&b);
-        }
+        damaged_fail_cleanly(&bytes, 0xa5, SessionRecord::decode);
         let mut unknown = bytes.clone();
         let at = bytes.len() - 4 - 32 - 1;
         assert_eq!(unknown[at], 1, "the curve's tag");
@@ -834,12 +844,8 @@ pub(crate) mod tests {
         let mut format = good.clone();
         format[4] = 99;
         assert_eq!(SessionRecord::decode(&format), Err(RecordError::Format(99)));
-        // Bytes flipped one at a time never panic.
-        for i in 0..good.len() {
-            let mut b = good.clone();
-            b[i] ^= 0xa5;
-            let _ = SessionRecord::decode(&b);
-        }
+        // Truncations fail; bytes flipped one at a time never panic.
+        damaged_fail_cleanly(&good, 0xa5, SessionRecord::decode);
         let mut empty_owner = sample("", 3);
         empty_owner.owner.clear();
         assert_eq!(
@@ -932,14 +938,7 @@ pub(crate) mod tests {
         let bytes = r.encode();
         assert_eq!(bytes[4], FORMAT_EVENTS);
         assert_eq!(SubscriptionsRecord::decode(&bytes).unwrap(), r);
-        for len in 0..bytes.len() {
-            assert!(SubscriptionsRecord::decode(&bytes[..len]).is_err(), "{len}");
-        }
-        for i in 0..bytes.len() {
-            let mut b = bytes.clone();
-            b[i] ^= 0x5a;
-            let _ = SubscriptionsRecord::decode(&b);
-        }
+        damaged_fail_cleanly(&bytes, 0x5a, SubscriptionsRecord::decode);
         // A format this build does not know is refused, not misread.
         let mut newer = bytes.clone();
         newer[4] = FORMAT_EVENTS + 1;
@@ -954,14 +953,7 @@ pub(crate) mod tests {
         let r = subscriptions();
         let bytes = r.encode();
         assert_eq!(SubscriptionsRecord::decode(&bytes).unwrap(), r);
-        for len in 0..bytes.len() {
-            assert!(SubscriptionsRecord::decode(&bytes[..len]).is_err(), "{len}");
-        }
-        for i in 0..bytes.len() {
-            let mut b = bytes.clone();
-            b[i] ^= 0x5a;
-            let _ = SubscriptionsRecord::decode(&b);
-        }
+        damaged_fail_cleanly(&bytes, 0x5a, SubscriptionsRecord::decode);
         assert_eq!(
             SubscriptionsRecord::decode(&sample("n", 1).encode()),
             Err(RecordError::WrongKind)
@@ -977,9 +969,7 @@ pub(crate) mod tests {
         };
         let bytes = v.encode();
         assert_eq!(ValueRecord::decode(&bytes).unwrap(), v);
-        for len in 0..bytes.len() {
-            assert!(ValueRecord::decode(&bytes[..len]).is_err());
-        }
+        damaged_fail_cleanly(&bytes, 0x5a, ValueRecord::decode);
         let k = value_key(&v.node_id).unwrap();
         super::super::store::check_key(&k).unwrap();
         assert_eq!(value_key(&NodeId::string(2, "x".repeat(200))), None);
