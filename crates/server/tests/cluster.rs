@@ -336,6 +336,43 @@ fn subscriptions_record(
     })
 }
 
+/// Waits until the mirrored subscriptions record of the session `token`
+/// satisfies `ok` and returns it; `what` names the wait in the failure.
+fn mirrored(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    token: &NodeId,
+    what: &str,
+    ok: impl Fn(&SubscriptionsRecord) -> bool,
+) -> SubscriptionsRecord {
+    let start = Instant::now();
+    loop {
+        let r = subscriptions_record(rt, url, token);
+        if let Some(r) = r.as_ref().filter(|r| ok(r)) {
+            return r.clone();
+        }
+        assert!(start.elapsed() < LIMIT, "{what} was never mirrored: {r:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Publishes (acknowledging nothing) until `n` NotificationMessages with
+/// notifications came; their sequence numbers.
+fn notified_seqs(c: &mut RawClient, n: usize) -> Vec<u32> {
+    let mut seqs = Vec::new();
+    while seqs.len() < n {
+        let p = publish_response(c, vec![]);
+        if p.notification_message
+            .notification_data
+            .as_ref()
+            .is_some_and(|d| !d.is_empty())
+        {
+            seqs.push(p.notification_message.sequence_number);
+        }
+    }
+    seqs
+}
+
 /// A subscription moves with its session: the node that takes the
 /// session over restores it from the mirror with the same id, answers
 /// Republish for the messages the client did not acknowledge, and goes on
@@ -360,34 +397,13 @@ fn a_subscription_continues_with_its_sequence_numbers_on_the_new_node() {
     c.send_monitor(sub, NodeId::ns0(2258)); // CurrentTime: a new value each sample
     let _ = c.read_response();
     // Three notifications, none acknowledged.
-    let mut seqs = Vec::new();
-    while seqs.len() < 3 {
-        let p = publish_response(&mut c, vec![]);
-        if p.notification_message
-            .notification_data
-            .as_ref()
-            .is_some_and(|d| !d.is_empty())
-        {
-            seqs.push(p.notification_message.sequence_number);
-        }
-    }
+    let seqs = notified_seqs(&mut c, 3);
     let last = *seqs.last().unwrap();
-    let start = Instant::now();
-    loop {
-        let r = subscriptions_record(&rt, &url, &c.auth);
-        if r.as_ref().is_some_and(|r| {
-            r.subscriptions
-                .first()
-                .is_some_and(|s| s.next_seq == last + 1)
-        }) {
-            break;
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "the subscription was never mirrored: {r:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    mirrored(&rt, &url, &c.auth, "the subscription", |r| {
+        r.subscriptions
+            .first()
+            .is_some_and(|s| s.next_seq == last + 1)
+    });
 
     stop_node(&rt, &mut n1);
     let mut moved = reactivate_on(n2.addr, &c.auth);
@@ -491,25 +507,13 @@ fn an_event_item_moves_with_its_subscription() {
     let item = result.monitored_item_id;
     // A Publish answer writes the record; wait for the item in it.
     let _ = publish_response(&mut c, vec![]);
-    let start = Instant::now();
-    loop {
-        let r = subscriptions_record(&rt, &url, &c.auth);
-        let mirrored = r.as_ref().is_some_and(|r| {
-            r.subscriptions.iter().any(|s| {
-                s.items
-                    .iter()
-                    .any(|i| i.id == item && i.event_filter.is_some())
-            })
-        });
-        if mirrored {
-            break;
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "the event item was never mirrored: {r:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    mirrored(&rt, &url, &c.auth, "the event item", |r| {
+        r.subscriptions.iter().any(|s| {
+            s.items
+                .iter()
+                .any(|i| i.id == item && i.event_filter.is_some())
+        })
+    });
 
     stop_node(&rt, &mut n1);
     let mut moved = reactivate_on(n2.addr, &c.auth);
@@ -557,34 +561,13 @@ fn an_acknowledgement_past_the_mirror_moves_the_sequence_on() {
     let sub = c.read_subscription_id();
     c.send_monitor(sub, NodeId::ns0(2258));
     let _ = c.read_response();
-    let mut seqs = Vec::new();
-    while seqs.len() < 2 {
-        let p = publish_response(&mut c, vec![]);
-        if p.notification_message
-            .notification_data
-            .as_ref()
-            .is_some_and(|d| !d.is_empty())
-        {
-            seqs.push(p.notification_message.sequence_number);
-        }
-    }
+    let seqs = notified_seqs(&mut c, 2);
     let last = *seqs.last().unwrap();
-    let start = Instant::now();
-    let mut record = loop {
-        let r = subscriptions_record(&rt, &url, &c.auth);
-        if let Some(r) = r.filter(|r| {
-            r.subscriptions
-                .first()
-                .is_some_and(|s| s.next_seq == last + 1)
-        }) {
-            break r;
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "the subscription was never mirrored"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let mut record = mirrored(&rt, &url, &c.auth, "the subscription", |r| {
+        r.subscriptions
+            .first()
+            .is_some_and(|s| s.next_seq == last + 1)
+    });
     stop_node(&rt, &mut n1);
     // The mirror as it was before message `last`.
     let image = &mut record.subscriptions[0];
