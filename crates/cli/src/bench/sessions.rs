@@ -400,18 +400,17 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     // between them) and report their counts; this process samples the
     // server and tells them when to hold and to close.
     let mut workers = if processes > 1 {
-        Some(super::sessions_workers::Children::spawn(
-            &a.raw,
-            processes,
-            Arc::clone(&counters),
-        )?)
+        Some(
+            super::sessions_workers::Children::spawn(&a.raw, processes, Arc::clone(&counters))
+                .await?,
+        )
     } else {
         None
     };
     let before = pid.and_then(sample_server);
     let started = Instant::now();
     if let Some(w) = &mut workers {
-        w.go()?;
+        w.say("go");
     }
     let mut sampler = Sampler {
         start: started,

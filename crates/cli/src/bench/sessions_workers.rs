@@ -211,7 +211,11 @@ impl Children {
     /// Starts `count` children with the parent's `args` (everything after
     /// `bench sessions`) and waits until each is set up; their counts are
     /// summed into `counters` as they come.
-    pub fn spawn(args: &[String], count: usize, counters: Arc<Counters>) -> Result<Self, String> {
+    pub async fn spawn(
+        args: &[String],
+        count: usize,
+        counters: Arc<Counters>,
+    ) -> Result<Self, String> {
         let heard = Arc::new(Mutex::new(Heard {
             counts: vec![Counts::default(); count],
             ready: vec![false; count],
@@ -249,7 +253,7 @@ impl Children {
             procs.push((child, stdin));
         }
         let me = Children { procs, heard };
-        let deadline = std::time::Instant::now() + SETUP_PATIENCE;
+        let deadline = tokio::time::Instant::now() + SETUP_PATIENCE;
         loop {
             {
                 let h = lock(&me.heard);
@@ -260,10 +264,10 @@ impl Children {
                     return Err("a worker ended before it was set up (see its error above)".into());
                 }
             }
-            if std::time::Instant::now() > deadline {
+            if tokio::time::Instant::now() > deadline {
                 return Err("the workers did not set up within 120 s".into());
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(me)
     }
@@ -277,12 +281,6 @@ impl Children {
                 }
             }
         }
-    }
-
-    /// Starts the children establishing.
-    pub fn go(&mut self) -> Result<(), String> {
-        self.say("go");
-        Ok(())
     }
 
     /// Resolves when every child has established its sessions (or ended).
