@@ -5,9 +5,11 @@
 //! and calls [`Registry::run_due`]; `wake` tells it a deadline moved
 //! earlier.
 //!
-//! Locks never nest except set -> heap; the maps are sharded so that
-//! thousands of sessions creating, publishing and being notified do not
-//! queue behind one lock.
+//! Locks nest only one way: a set's lock, then the heap, the watcher index
+//! or the shared targets (CreateMonitoredItems watches and interns under
+//! the set's lock; none of those three takes another lock). The maps are
+//! sharded so that thousands of sessions creating, publishing and being
+//! notified do not queue behind one lock.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
