@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use uascale_crypto::ecc::{EphemeralKey, Secret};
 use uascale_crypto::policy::{derive_keys, ChannelKeys, SecurityPolicy};
-use uascale_crypto::x509::Certificate;
+use uascale_crypto::x509::{Certificate, PeerCertificate};
 use uascale_types::{
     decode_message, encode_message, ByteString, ChannelSecurityToken, CloseSecureChannelRequest,
     DateTime, DecodeLimits, MessageSecurityMode, OpenSecureChannelRequest,
@@ -190,7 +190,7 @@ impl Default for PendingConnection {
 struct Secured {
     /// The plain chunk (decrypted for RSA), without padding and signature.
     plain: Vec<u8>,
-    cert: Arc<Certificate>,
+    cert: Arc<PeerCertificate>,
     key: PublicKey,
     /// Our certificate and key for this policy.
     identity: Arc<Identity>,
@@ -445,7 +445,7 @@ impl ServerConnection {
         let leaf = leaf_certificate(chain)?;
         let (cert, key) = match (&self.state, &self.security.remote_certificate) {
             (State::Open(_), Some(known)) => {
-                if known.der() != leaf {
+                if !known.is(leaf) {
                     return Err(peer(
                         StatusCode::BadSecurityChecksFailed,
                         "renewal with another certificate",
@@ -473,7 +473,9 @@ impl ServerConnection {
                     ));
                 };
                 validator.validate(&cert, chain, policy)?;
-                (Arc::new(cert), key)
+                // The parsed certificate is dropped here; the channel keeps
+                // what it needs later (ECC policies sign over the DER).
+                (Arc::new(PeerCertificate::new(&cert, policy.is_ecc())), key)
             }
         };
         let (plain, request_signature) = match (&key, identity.rsa_key()) {

@@ -32,12 +32,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use uascale_crypto::ecc::{EccPrivateKey, EccPublicKey, EphemeralKey, Secret};
+use uascale_crypto::ecc::{EccCurve, EccPrivateKey, EccPublicKey, EphemeralKey, Secret};
 use uascale_crypto::policy::{
     derive_ecc_keys, AeadChunk, ChannelKeys, SecurityPolicy, SymmetricKeys, AEAD_TAG_LEN, AES_BLOCK,
 };
 use uascale_crypto::rsa::{RsaPrivateKey, RsaPublicKey};
-use uascale_crypto::x509::Certificate;
+use uascale_crypto::x509::{Certificate, PeerCertificate};
 use uascale_crypto::CryptoError;
 use uascale_types::{MessageSecurityMode, StatusCode};
 
@@ -166,19 +166,44 @@ impl PublicKey {
         certificate: &Certificate,
         policy: SecurityPolicy,
     ) -> Result<Self, CryptoError> {
+        Self::of_parts(
+            certificate.ecc_curve(),
+            certificate.key_bits(),
+            certificate.subject_public_key_info_der(),
+            policy,
+        )
+    }
+
+    /// The key of a channel's peer certificate, checked against `policy`
+    /// as [`PublicKey::of_certificate`] does.
+    pub fn of_peer(peer: &PeerCertificate, policy: SecurityPolicy) -> Result<Self, CryptoError> {
+        Self::of_parts(
+            peer.ecc_curve(),
+            peer.key_bits(),
+            peer.subject_public_key_info_der(),
+            policy,
+        )
+    }
+
+    fn of_parts(
+        curve: Option<EccCurve>,
+        key_bits: usize,
+        spki: &[u8],
+        policy: SecurityPolicy,
+    ) -> Result<Self, CryptoError> {
         if policy.is_ecc() {
-            let curve = certificate.ecc_curve().ok_or(CryptoError::Certificate {
+            let curve = curve.ok_or(CryptoError::Certificate {
                 status: StatusCode::BadCertificatePolicyCheckFailed,
                 what: "certificate key is not an ECC key of a supported curve",
             })?;
             policy.check_key_curve(curve)?;
-            let key = EccPublicKey::from_spki_der(certificate.subject_public_key_info_der())?;
+            let key = EccPublicKey::from_spki_der(spki)?;
             return Ok(PublicKey::Ecc(Arc::new(key)));
         }
         // Before the key is loaded: aws-lc refuses short keys with a
         // vaguer error.
-        policy.check_key_bits(certificate.key_bits())?;
-        let key = RsaPublicKey::from_spki_der(certificate.subject_public_key_info_der())?;
+        policy.check_key_bits(key_bits)?;
+        let key = RsaPublicKey::from_spki_der(spki)?;
         policy.check_key_bits(key.bits())?;
         Ok(PublicKey::Rsa(Arc::new(key)))
     }
@@ -382,8 +407,9 @@ pub struct ChannelSecurity {
     pub policy: SecurityPolicy,
     /// The message security mode.
     pub mode: MessageSecurityMode,
-    /// The peer's certificate (None for SecurityPolicy None).
-    pub remote_certificate: Option<Arc<Certificate>>,
+    /// What the channel keeps of the peer's certificate (None for
+    /// SecurityPolicy None); its DER only under ECC policies.
+    pub remote_certificate: Option<Arc<PeerCertificate>>,
     /// The ChannelThumbprint (SecureChannelEnhancements: the signature of
     /// the first OPN response); None otherwise. Session signatures are
     /// bound to it. (Shared, not owned: this struct is cloned per request
@@ -412,7 +438,7 @@ impl ChannelSecurity {
     pub fn remote_public_key(&self) -> Result<Option<PublicKey>, CryptoError> {
         match &self.remote_certificate {
             None => Ok(None),
-            Some(cert) => PublicKey::of_certificate(cert, self.policy).map(Some),
+            Some(cert) => PublicKey::of_peer(cert, self.policy).map(Some),
         }
     }
 

@@ -10,6 +10,7 @@
 
 mod create;
 mod crl;
+mod peer;
 mod validate;
 
 use std::net::IpAddr;
@@ -30,6 +31,7 @@ use crate::CryptoError;
 
 pub use create::{create_self_signed, KeyType, SelfSigned, SelfSignedParams};
 pub use crl::{Crl, MAX_CRL_SIZE};
+pub use peer::PeerCertificate;
 pub use validate::{CertificateUse, IgnoredCrl, TrustList, ValidationOptions, MAX_CHAIN_DEPTH};
 
 /// id-Ed25519 (1.3.101.112), DER contents.

@@ -180,7 +180,7 @@ fn create_session_inner(
             .as_ref()
             .ok_or(StatusCode::BadSecurityChecksFailed)?;
         let sent = req.client_certificate.as_bytes_or_empty();
-        if leaf_der(sent)? != channel_cert.der() {
+        if !channel_cert.is(leaf_der(sent)?) {
             return Err(StatusCode::BadSecurityChecksFailed.into());
         }
         let claimed = req.client_description.application_uri.as_str_or_empty();
@@ -440,7 +440,7 @@ fn check_identity(
                     .channel
                     .remote_certificate
                     .as_ref()
-                    .map(|c| c.der())
+                    .and_then(|c| c.der())
                     .unwrap_or_default();
                 let data = user_token_signed_data(
                     policy,
@@ -498,7 +498,7 @@ fn ecc_password(
         tracing::debug!(reason = %e, "EccEncryptedSecret refused");
         StatusCode::BadIdentityTokenInvalid
     })?;
-    if leaf_der(&opened.signing_certificate).ok() != Some(client_cert.der()) {
+    if !leaf_der(&opened.signing_certificate).is_ok_and(|der| client_cert.is(der)) {
         return Err(StatusCode::BadIdentityTokenInvalid);
     }
     Ok(opened.secret)
@@ -762,7 +762,7 @@ fn activate_session_inner(
                     .channel
                     .remote_certificate
                     .as_ref()
-                    .map(|c| c.der())
+                    .and_then(|c| c.der())
                     .unwrap_or_default();
                 let data = activate_session_signed_data(
                     policy,
@@ -949,6 +949,7 @@ mod tests {
     use crate::ServerConfig;
     use std::sync::Arc;
     use std::time::Instant;
+    use uascale_crypto::x509::PeerCertificate;
     use uascale_types::{ExtensionObject, RequestHeader, UaString};
 
     struct Fixture {
@@ -1230,7 +1231,7 @@ mod tests {
             let channel = ChannelSecurity {
                 policy: POLICY,
                 mode: MessageSecurityMode::SignAndEncrypt,
-                remote_certificate: Some(Arc::new(client_cert.clone())),
+                remote_certificate: Some(Arc::new(PeerCertificate::new(&client_cert, false))),
                 channel_thumbprint: None,
             };
             Secure {
@@ -1399,7 +1400,10 @@ mod tests {
             activate_session(&s.ctx(1), &again).unwrap();
             // A channel with another client certificate cannot take the session.
             let mut stranger = s.channel.clone();
-            stranger.remote_certificate = Some(Arc::new(keyed("urn:test:client").0));
+            stranger.remote_certificate = Some(Arc::new(PeerCertificate::new(
+                &keyed("urn:test:client").0,
+                false,
+            )));
             let mut ctx = s.ctx(2);
             ctx.channel = stranger.clone();
             assert_eq!(
@@ -1516,7 +1520,7 @@ mod tests {
             let channel = ChannelSecurity {
                 policy,
                 mode: MessageSecurityMode::SignAndEncrypt,
-                remote_certificate: Some(Arc::new(client_cert.clone())),
+                remote_certificate: Some(Arc::new(PeerCertificate::new(&client_cert, true))),
                 channel_thumbprint: thumbprint,
             };
             Ecc {

@@ -1,0 +1,157 @@
+//! What a secure channel keeps of its peer's certificate once the
+//! certificate is validated.
+//!
+//! A channel needs its peer's certificate long after the handshake: to
+//! check that a renewal or a CreateSession names the same certificate, to
+//! check a session's applicationUri, to verify ActivateSession signatures
+//! with the peer's key, and (ECC policies only) to sign over the DER
+//! itself. It needs none of the rest of a parsed [`Certificate`] (names,
+//! extensions, validity), and with tens of thousands of channels that rest,
+//! and under RSA the DER itself, is most of a channel's memory. A
+//! [`PeerCertificate`] keeps the thumbprint, a SHA-256 digest of the DER
+//! (to recognise the certificate again), the SubjectPublicKeyInfo, the
+//! applicationUri and the key's size and curve; the DER only when asked
+//! to (the ECC policies' signatures cover it).
+
+use std::fmt;
+
+use crate::ecc::EccCurve;
+use crate::x509::{hex, Certificate};
+
+/// The parts of a validated peer certificate a secure channel uses after
+/// its handshake (see the module documentation).
+pub struct PeerCertificate {
+    thumbprint: [u8; 20],
+    sha256: [u8; 32],
+    spki: Box<[u8]>,
+    der: Option<Box<[u8]>>,
+    application_uri: Option<Box<str>>,
+    key_bits: u32,
+    curve: Option<EccCurve>,
+}
+
+impl fmt::Debug for PeerCertificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerCertificate")
+            .field("thumbprint", &hex(&self.thumbprint))
+            .field("application_uri", &self.application_uri)
+            .field("der_kept", &self.der.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PeerCertificate {
+    /// Keeps what a channel needs of `certificate`; its DER only when
+    /// `keep_der` (ECC policies sign over it).
+    pub fn new(certificate: &Certificate, keep_der: bool) -> Self {
+        PeerCertificate {
+            thumbprint: certificate.thumbprint(),
+            sha256: sha256(certificate.der()),
+            spki: certificate.subject_public_key_info_der().into(),
+            der: keep_der.then(|| certificate.der().into()),
+            application_uri: certificate.application_uri().map(Into::into),
+            key_bits: u32::try_from(certificate.key_bits()).unwrap_or(u32::MAX),
+            curve: certificate.ecc_curve(),
+        }
+    }
+
+    /// True when `der` is this certificate: compared byte for byte when
+    /// the DER is kept, else by SHA-256.
+    pub fn is(&self, der: &[u8]) -> bool {
+        match &self.der {
+            Some(kept) => **kept == *der,
+            None => sha256(der) == self.sha256,
+        }
+    }
+
+    /// The DER, when it was kept (see [`PeerCertificate::new`]).
+    pub fn der(&self) -> Option<&[u8]> {
+        self.der.as_deref()
+    }
+
+    /// The SHA-1 thumbprint of the DER (Part 6 §6.7.2.3).
+    pub fn thumbprint(&self) -> [u8; 20] {
+        self.thumbprint
+    }
+
+    /// The thumbprint in lowercase hex.
+    pub fn thumbprint_hex(&self) -> String {
+        hex(&self.thumbprint)
+    }
+
+    /// The SubjectPublicKeyInfo, DER encoded.
+    pub fn subject_public_key_info_der(&self) -> &[u8] {
+        &self.spki
+    }
+
+    /// The applicationUri of the subjectAltName, if any.
+    pub fn application_uri(&self) -> Option<&str> {
+        self.application_uri.as_deref()
+    }
+
+    /// The key size in bits.
+    pub fn key_bits(&self) -> usize {
+        self.key_bits as usize
+    }
+
+    /// The curve of an ECC key; None for other keys.
+    pub fn ecc_curve(&self) -> Option<EccCurve> {
+        self.curve
+    }
+}
+
+fn sha256(data: &[u8]) -> [u8; 32] {
+    let mut out = [0; 32];
+    out.copy_from_slice(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data).as_ref());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::x509::{create_self_signed, KeyType, SelfSignedParams};
+
+    fn cert(key_type: KeyType, uri: &str) -> Certificate {
+        let params = SelfSignedParams {
+            key_type,
+            ..SelfSignedParams::new(uri, "peer test", std::time::SystemTime::now())
+        };
+        create_self_signed(&params).unwrap().certificate
+    }
+
+    #[test]
+    fn without_its_der_it_still_knows_its_certificate_and_no_other() {
+        let mine = cert(KeyType::Rsa, "urn:test:one");
+        let other = cert(KeyType::Rsa, "urn:test:one");
+        let peer = PeerCertificate::new(&mine, false);
+        assert_eq!(peer.der(), None);
+        assert!(peer.is(mine.der()));
+        assert!(!peer.is(other.der()));
+        let mut flipped = mine.der().to_vec();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        assert!(!peer.is(&flipped));
+        assert!(!peer.is(&mine.der()[..mine.der().len() - 1]));
+        assert_eq!(peer.thumbprint(), mine.thumbprint());
+        assert_eq!(peer.thumbprint_hex(), mine.thumbprint_hex());
+        assert_eq!(
+            peer.subject_public_key_info_der(),
+            mine.subject_public_key_info_der()
+        );
+        assert_eq!(peer.application_uri(), Some("urn:test:one"));
+        assert_eq!(peer.key_bits(), 2048);
+        assert_eq!(peer.ecc_curve(), None);
+    }
+
+    #[test]
+    fn with_its_der_it_compares_the_bytes_and_keeps_the_curve() {
+        let mine = cert(KeyType::EcP256, "urn:test:ecc");
+        let other = cert(KeyType::EcP256, "urn:test:ecc");
+        let peer = PeerCertificate::new(&mine, true);
+        assert_eq!(peer.der(), Some(mine.der()));
+        assert!(peer.is(mine.der()));
+        assert!(!peer.is(other.der()));
+        assert_eq!(peer.ecc_curve(), Some(EccCurve::NistP256));
+        assert_eq!(peer.ecc_curve(), mine.ecc_curve());
+    }
+}
