@@ -439,7 +439,9 @@ struct CbcKeys {
     aes_key_len: u8,
     iv: [u8; AES_BLOCK],
     /// The AES key schedule of the one direction this side uses, built on
-    /// first use (boxed: 504 bytes, and the other direction's never is).
+    /// first use (boxed: 504 bytes, and the other direction's never is)
+    /// and dropped again when the channel goes quiet
+    /// ([`SymmetricKeys::release_schedules`]).
     encrypting: OnceLock<Box<EncryptingKey>>,
     decrypting: OnceLock<Box<DecryptingKey>>,
 }
@@ -486,6 +488,35 @@ pub struct AeadChunk {
 }
 
 impl SymmetricKeys {
+    /// True for keys whose AES key schedules are built on first use and can
+    /// be released with [`SymmetricKeys::release_schedules`] (the CBC
+    /// policies); AEAD keys are built whole when derived.
+    pub fn releases_schedules(&self) -> bool {
+        matches!(self.inner, Inner::Cbc(_))
+    }
+
+    /// Drops the AES key schedules built so far (504 bytes each); the next
+    /// message that needs one builds it again from the raw key. A channel
+    /// that has gone quiet calls this. Returns whether one was held.
+    pub fn release_schedules(&mut self) -> bool {
+        match &mut self.inner {
+            Inner::Cbc(k) => {
+                let encrypting = k.encrypting.take().is_some();
+                let decrypting = k.decrypting.take().is_some();
+                encrypting || decrypting
+            }
+            Inner::Aead(_) => false,
+        }
+    }
+
+    /// True while an AES key schedule is built (CBC keys only).
+    pub fn holds_schedules(&self) -> bool {
+        match &self.inner {
+            Inner::Cbc(k) => k.encrypting.get().is_some() || k.decrypting.get().is_some(),
+            Inner::Aead(_) => false,
+        }
+    }
+
     /// From the derived key material: signing key, encrypting key, IV.
     pub fn new(
         policy: SecurityPolicy,
@@ -796,6 +827,16 @@ pub struct ChannelKeys {
     pub server: SymmetricKeys,
 }
 
+impl ChannelKeys {
+    /// Drops both directions' built AES key schedules
+    /// ([`SymmetricKeys::release_schedules`]); returns whether one was held.
+    pub fn release_schedules(&mut self) -> bool {
+        let client = self.client.release_schedules();
+        let server = self.server.release_schedules();
+        client || server
+    }
+}
+
 /// Derives both directions' keys from the nonces (Part 6 §6.7.5):
 /// the client's keys are P_SHA256(ServerNonce, ClientNonce), the server's
 /// P_SHA256(ClientNonce, ServerNonce), each cut into signing key,
@@ -967,6 +1008,51 @@ mod tests {
             assert_eq!(e.status_code(), StatusCode::BadNonceInvalid);
         }
         assert!(derive_keys(SecurityPolicy::None, &[], &[]).is_err());
+    }
+
+    /// Released AES schedules are built again from the raw key: what is
+    /// encrypted and decrypted after a release is what it was before.
+    #[test]
+    fn released_schedules_are_built_again_alike() {
+        for p in [SecurityPolicy::Basic256Sha256, SecurityPolicy::EccNistP256] {
+            let (cn, sn) = ([1u8; 32], [2u8; 32]);
+            let mut a = if p.is_ecc() {
+                let material = [5u8; 64];
+                let l = (p.signing_key_length(), p.encrypting_key_length());
+                let keys = |m: &[u8]| {
+                    SymmetricKeys::new(p, &m[..l.0], &m[l.0..l.0 + l.1], &m[l.0 + l.1..][..16])
+                };
+                ChannelKeys {
+                    client: keys(&material).unwrap(),
+                    server: keys(&material).unwrap(),
+                }
+            } else {
+                derive_keys(p, &cn, &sn).unwrap()
+            };
+            assert!(a.client.releases_schedules());
+            assert!(!a.client.holds_schedules());
+            assert!(!a.release_schedules());
+            let mut before = [7u8; 64];
+            a.client.encrypt(&mut before).unwrap();
+            assert!(a.client.holds_schedules());
+            assert!(a.release_schedules());
+            assert!(!a.client.holds_schedules() && !a.server.holds_schedules());
+            let mut after = [7u8; 64];
+            a.client.encrypt(&mut after).unwrap();
+            assert_eq!(before, after);
+            a.client.decrypt(&mut after).unwrap();
+            assert_eq!(after, [7u8; 64]);
+            assert!(a.release_schedules());
+        }
+        let mut aead = SymmetricKeys::new(
+            SecurityPolicy::EccNistP256AesGcm,
+            &[],
+            &[4u8; 16],
+            &[0u8; AEAD_IV_LEN],
+        )
+        .unwrap();
+        assert!(!aead.releases_schedules());
+        assert!(!aead.release_schedules());
     }
 
     /// The derived keys are the P_SHA256 output cut in order: signing key,
