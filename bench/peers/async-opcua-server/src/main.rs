@@ -1,9 +1,12 @@
 //! A peer OPC UA server on the crates.io `async-opcua` stack, for
 //! `bench/compare.sh` only.
 //!
-//! usage: async-opcua-peer PORT PKI_DIR
+//! usage: async-opcua-peer PORT PKI_DIR [--secure]
 //!
-//! Serves SecurityPolicy None with anonymous identity on 127.0.0.1:PORT,
+//! Serves SecurityPolicy None with anonymous identity on 127.0.0.1:PORT
+//! (with `--secure` also Basic256Sha256 SignAndEncrypt, with a key pair
+//! async-opcua creates in PKI_DIR and every client certificate trusted, for
+//! `bench/session_table.sh --peers`),
 //! namespace 0 (the generated core address space, so `i=2258`
 //! Server_ServerStatus_CurrentTime is computed per read) plus one writable
 //! Double variable `Temperature` (20.5) under Objects, with the string NodeId
@@ -30,16 +33,18 @@ const NAMESPACE_URI: &str = "urn:uascale:bench:async-opcua-peer";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let (port, pki_dir) = match args.as_slice() {
-        [_, port, pki] => match port.parse::<u16>() {
-            Ok(p) => (p, pki.clone()),
-            Err(_) => {
-                eprintln!("async-opcua-peer: PORT {port:?} is not a port number");
-                return ExitCode::from(2);
+    let (port, pki_dir, secure) = match args.as_slice() {
+        [_, port, pki, rest @ ..] if rest.is_empty() || rest == ["--secure"] => {
+            match port.parse::<u16>() {
+                Ok(p) => (p, pki.clone(), !rest.is_empty()),
+                Err(_) => {
+                    eprintln!("async-opcua-peer: PORT {port:?} is not a port number");
+                    return ExitCode::from(2);
+                }
             }
-        },
+        }
         _ => {
-            eprintln!("usage: async-opcua-peer PORT PKI_DIR");
+            eprintln!("usage: async-opcua-peer PORT PKI_DIR [--secure]");
             return ExitCode::from(2);
         }
     };
@@ -55,7 +60,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(serve(port, pki_dir)) {
+    match rt.block_on(serve(port, pki_dir, secure)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("async-opcua-peer: {e}");
@@ -64,19 +69,18 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(port: u16, pki_dir: String) -> Result<(), String> {
+async fn serve(port: u16, pki_dir: String, secure: bool) -> Result<(), String> {
+    let anonymous = [ANONYMOUS_USER_TOKEN_ID.to_string()];
     let mut builder = ServerBuilder::new()
         .application_name("async-opcua bench peer")
         .application_uri("urn:uascale:bench:async-opcua-peer:app")
         .product_uri("urn:uascale:bench:async-opcua-peer")
         .pki_dir(pki_dir)
-        .create_sample_keypair(false)
+        .create_sample_keypair(secure)
+        .trust_client_certs(secure)
         .host("127.0.0.1")
         .port(port)
-        .add_endpoint(
-            "none",
-            ServerEndpoint::new_none("/", &[ANONYMOUS_USER_TOKEN_ID.to_string()]),
-        )
+        .add_endpoint("none", ServerEndpoint::new_none("/", &anonymous))
         .discovery_urls(vec!["/".to_owned()])
         .max_sessions(20_000)
         .max_session_timeout_ms(3_600_000)
@@ -87,6 +91,12 @@ async fn serve(port: u16, pki_dir: String) -> Result<(), String> {
             },
             "bench",
         ));
+    if secure {
+        builder = builder.add_endpoint(
+            "basic256sha256_sign_encrypt",
+            ServerEndpoint::new_basic256sha256_sign_encrypt("/", &anonymous),
+        );
+    }
     {
         let limits = builder.limits_mut();
         limits.operational.max_nodes_per_read = 10_000;
