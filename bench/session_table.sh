@@ -108,7 +108,8 @@ for n in $SIZES; do
     log="server-$n-$sub.log"
     url="opc.tcp://localhost:$PORT"
     if [ "$SERVER_KIND" = uascale ]; then
-      start_server server.toml "$log"
+      # The ECC endpoints are offered with `--security ecc` only.
+      case "$SECURITY" in ECC_*) start_server server.toml "$log" --security ecc ;; *) start_server server.toml "$log" ;; esac
     else
       start_peer "$log"
       url="opc.tcp://127.0.0.1:$PORT/"
