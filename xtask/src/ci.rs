@@ -88,43 +88,82 @@ pub fn python_venv(root: &Path) -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// The rustc flags `cargo fuzz build --sanitizer none` (cargo-fuzz 0.13)
+/// builds libFuzzer targets with: SanitizerCoverage's inline 8-bit
+/// counters, PC table, compare tracing and stack depth, `--cfg fuzzing`,
+/// no branch folding (finer coverage), one codegen unit (the sancov pass
+/// otherwise blocks inlining across units). Building with them directly
+/// spares CI compiling cargo-fuzz itself; `cargo fuzz run TARGET` still
+/// works for longer local runs (docs/testing.md).
+const FUZZ_RUSTFLAGS: &str = "-Cpasses=sancov-module \
+    -Cllvm-args=-sanitizer-coverage-level=4 \
+    -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
+    -Cllvm-args=-sanitizer-coverage-pc-table \
+    -Cllvm-args=-sanitizer-coverage-trace-compares \
+    --cfg fuzzing \
+    -Cllvm-args=-simplifycfg-branch-fold-threshold=0 \
+    -Cllvm-args=-sanitizer-coverage-stack-depth \
+    -Ccodegen-units=1";
+
+/// The host's target triple (`rustc -vV`): the fuzz targets are built for
+/// it explicitly, so that the coverage flags reach only the targets and not
+/// build scripts or proc macros.
+fn host_triple() -> Result<String, String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = Command::new(&rustc)
+        .arg("-vV")
+        .output()
+        .map_err(|e| format!("rustc -vV: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .ok_or_else(|| "rustc -vV printed no host triple".to_owned())
+}
+
 fn fuzz(root: &Path) -> Result<(), String> {
-    let tools = root.join("target/tools");
-    let cargo_fuzz = tools.join("bin/cargo-fuzz");
-    if !cargo_fuzz.exists() {
-        run(cargo()
-            .args([
-                "install",
-                "cargo-fuzz",
-                "--locked",
-                "--version",
-                "0.13.2",
-                "--root",
-            ])
-            .arg(&tools))?;
-    }
+    let triple = host_triple()?;
+    let target_dir = root.join("target/fuzz");
+    // The flags need nightly's unstable options; the machine has one stable
+    // toolchain, which accepts them with RUSTC_BOOTSTRAP.
+    run(cargo()
+        .current_dir(root)
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env(
+            "RUSTFLAGS",
+            FUZZ_RUSTFLAGS
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" "),
+        )
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .args([
+            "build",
+            "--release",
+            "--bins",
+            "--manifest-path",
+            "fuzz/Cargo.toml",
+        ])
+        .args(["--target", &triple]))?;
     let secs = std::env::var("UASCALE_FUZZ_SECONDS")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
         .unwrap_or(FUZZ_SECONDS);
+    let bins = target_dir.join(&triple).join("release");
     for target in FUZZ_TARGETS {
         let corpus = root.join("target/fuzz-corpus").join(target);
-        std::fs::create_dir_all(&corpus).map_err(|e| format!("{}: {e}", corpus.display()))?;
-        // cargo-fuzz needs nightly flags (sanitizer coverage); the machine has
-        // one stable toolchain, which accepts them with RUSTC_BOOTSTRAP.
-        run(Command::new(&cargo_fuzz)
+        let artifacts = root.join("fuzz/artifacts").join(target);
+        for dir in [&corpus, &artifacts] {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        println!("--- fuzz target {target}, {secs} s");
+        run(Command::new(bins.join(target))
             .current_dir(root)
-            .env("RUSTC_BOOTSTRAP", "1")
-            .env("CARGO_TARGET_DIR", root.join("target/fuzz"))
-            .args(["fuzz", "run", "--sanitizer", "none", target])
+            .arg(format!("-artifact_prefix={}/", artifacts.display()))
+            .arg(format!("-max_total_time={secs}"))
+            .arg("-rss_limit_mb=2048")
+            .arg("-print_final_stats=1")
             .arg(&corpus)
-            .arg(root.join("fuzz/seeds").join(target))
-            .args([
-                "--",
-                &format!("-max_total_time={secs}"),
-                "-rss_limit_mb=2048",
-                "-print_final_stats=1",
-            ]))?;
+            .arg(root.join("fuzz/seeds").join(target)))?;
     }
     Ok(())
 }
