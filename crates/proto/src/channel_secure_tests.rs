@@ -366,6 +366,22 @@ fn round_trip(s: &mut ServerConnection, c: &mut SecureClient, clock: &Clock, id:
     assert_eq!((r[0].1, &r[0].2[..]), (id, &b"answer"[..]));
 }
 
+/// A channel of `policy` and `mode` opened on a fresh clock and budget.
+fn opened(
+    policy: SecurityPolicy,
+    mode: MessageSecurityMode,
+) -> (Clock, ServerConnection, SecureClient) {
+    let clock = Clock::new();
+    let budget = ReassemblyBudget::new(1 << 20, 50);
+    let (s, c) = open_secure(
+        &clock,
+        &budget,
+        secure_config(&server_id()),
+        client(policy, mode),
+    );
+    (clock, s, c)
+}
+
 /// A channel quiet for KEY_SCHEDULE_IDLE drops its AES key schedules and
 /// stays open; the next request and answer build them again and go
 /// through; messages keep moving the quiet deadline, at most once per
@@ -374,30 +390,9 @@ fn round_trip(s: &mut ServerConnection, c: &mut SecureClient, clock: &Clock, id:
 fn a_quiet_channel_drops_its_key_schedules_and_builds_them_again() {
     for policy in POLICIES {
         for mode in MODES {
-            let mut clock = Clock::new();
-            let budget = ReassemblyBudget::new(1 << 20, 50);
-            let (mut s, mut c) = open_secure(
-                &clock,
-                &budget,
-                secure_config(&server_id()),
-                client(policy, mode),
-            );
+            let (mut clock, mut s, mut c) = opened(policy, mode);
             let token_expiry = s.poll_timeout().unwrap();
-            let mut exchange = |s: &mut ServerConnection, clock: &Clock, id: u32| {
-                let req = read_request(10);
-                feed(s, clock, &c.request(id, &req)).unwrap();
-                assert_eq!(
-                    events(s),
-                    vec![Event::Request {
-                        request_id: id,
-                        body: req
-                    }]
-                );
-                s.send_response(id, b"answer").unwrap();
-                let r = c.responses(&take_out(s));
-                assert_eq!(r, vec![(1, id, b"answer".to_vec())], "{policy:?} {mode:?}");
-            };
-            exchange(&mut s, &clock, 2);
+            round_trip(&mut s, &mut c, &clock, 2);
             let encrypts = mode == MessageSecurityMode::SignAndEncrypt;
             assert_eq!(s.holds_key_schedules(), encrypts, "{policy:?} {mode:?}");
             if !encrypts {
@@ -409,10 +404,10 @@ fn a_quiet_channel_drops_its_key_schedules_and_builds_them_again() {
             // A message within the slack leaves the deadline; a later one
             // moves it.
             clock.advance(KEY_SCHEDULE_SLACK / 2);
-            exchange(&mut s, &clock, 3);
+            round_trip(&mut s, &mut c, &clock, 3);
             assert_eq!(s.poll_timeout(), Some(quiet));
             clock.advance(KEY_SCHEDULE_SLACK);
-            exchange(&mut s, &clock, 4);
+            round_trip(&mut s, &mut c, &clock, 4);
             let quiet = clock.now().instant + KEY_SCHEDULE_IDLE;
             assert_eq!(s.poll_timeout(), Some(quiet));
             // Not yet quiet long enough.
@@ -427,7 +422,7 @@ fn a_quiet_channel_drops_its_key_schedules_and_builds_them_again() {
             assert!(events(&mut s).is_empty());
             assert_eq!(s.poll_timeout(), Some(token_expiry));
             // Built again by the next request and its answer.
-            exchange(&mut s, &clock, 5);
+            round_trip(&mut s, &mut c, &clock, 5);
             assert!(s.holds_key_schedules());
         }
     }
@@ -437,14 +432,7 @@ fn a_quiet_channel_drops_its_key_schedules_and_builds_them_again() {
 fn secured_channel_every_policy_and_mode() {
     for policy in POLICIES {
         for mode in MODES {
-            let mut clock = Clock::new();
-            let budget = ReassemblyBudget::new(1 << 20, 50);
-            let (mut s, mut c) = open_secure(
-                &clock,
-                &budget,
-                secure_config(&server_id()),
-                client(policy, mode),
-            );
+            let (mut clock, mut s, mut c) = opened(policy, mode);
             let sec = s.security();
             assert_eq!((sec.policy, sec.mode), (policy, mode));
             // RSA: the channel knows the client's certificate without
