@@ -177,10 +177,44 @@ pub enum Assembled {
 /// Reassembles the chunked messages of one channel.
 #[derive(Debug)]
 pub struct Assembler {
-    limits: AssemblyLimits,
+    limits: Limits,
     budget: Arc<ReassemblyBudget>,
     partials: Vec<Partial>,
     expired: u64,
+}
+
+/// [`AssemblyLimits`] as one channel keeps them: 16 bytes instead of 48,
+/// because every connection's task carries them (tokio allocates a task in
+/// steps of 128 bytes, and these 32 bytes keep the connection's task a step
+/// smaller). Sizes and counts are `u32` (a UA-TCP message size is one; a
+/// larger configured limit is no limit), the deadline is in milliseconds
+/// (longer ones are cut to about 49 days).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Largest message body; `u32::MAX` = no limit but the budget.
+    max_message_size: u32,
+    /// Most chunks per message; `u32::MAX` = no limit but the budget.
+    max_chunk_count: u32,
+    max_in_progress: u32,
+    deadline_ms: u32,
+}
+
+impl From<AssemblyLimits> for Limits {
+    fn from(l: AssemblyLimits) -> Self {
+        let cut = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        Limits {
+            max_message_size: l.max_message_size.map_or(u32::MAX, cut),
+            max_chunk_count: l.max_chunk_count.unwrap_or(u32::MAX),
+            max_in_progress: cut(l.max_in_progress),
+            deadline_ms: u32::try_from(l.deadline.as_millis()).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+impl Limits {
+    fn deadline(&self) -> Duration {
+        Duration::from_millis(u64::from(self.deadline_ms))
+    }
 }
 
 fn too_large(what: &'static str) -> ChannelError {
@@ -194,7 +228,7 @@ impl Assembler {
     /// An assembler drawing on `budget`.
     pub fn new(limits: AssemblyLimits, budget: Arc<ReassemblyBudget>) -> Self {
         Assembler {
-            limits,
+            limits: limits.into(),
             budget,
             partials: Vec::new(),
             expired: 0,
@@ -203,7 +237,7 @@ impl Assembler {
 
     /// Replaces the limits (after HEL/ACK negotiation).
     pub fn set_limits(&mut self, limits: AssemblyLimits) {
-        self.limits = limits;
+        self.limits = limits.into();
     }
 
     /// Feeds the decrypted body of one chunk. `activated` says whether the
@@ -246,7 +280,7 @@ impl Assembler {
             }
             (ChunkType::Intermediate, None) => {
                 self.check_size(part.len(), 1)?;
-                if self.partials.len() >= self.limits.max_in_progress {
+                if self.partials.len() >= self.limits.max_in_progress as usize {
                     return Err(ChannelError::Peer {
                         status: StatusCode::BadTcpMessageTooLarge,
                         what: "too many chunked messages in progress on one channel",
@@ -262,7 +296,7 @@ impl Assembler {
                     request_id,
                     body: part.to_vec(),
                     chunks: 1,
-                    expires: now + self.limits.deadline,
+                    expires: now + self.limits.deadline(),
                     _reservation: reservation,
                 });
                 Ok(Assembled::Incomplete)
@@ -285,19 +319,19 @@ impl Assembler {
                 p.chunks += 1;
                 // The deadline counts from the last chunk (progress, not
                 // age): a large request on a slow link still arrives.
-                p.expires = now + self.limits.deadline;
+                p.expires = now + self.limits.deadline();
                 Ok(Assembled::Incomplete)
             }
         }
     }
 
     fn check_size(&self, len: usize, chunks: u32) -> Result<(), ChannelError> {
-        if self.limits.max_message_size.is_some_and(|m| len > m) {
+        if len > self.limits.max_message_size as usize {
             return Err(too_large(
                 "message larger than the negotiated MaxMessageSize",
             ));
         }
-        if self.limits.max_chunk_count.is_some_and(|m| chunks > m) {
+        if chunks > self.limits.max_chunk_count {
             return Err(too_large("more chunks than the negotiated MaxChunkCount"));
         }
         Ok(())
@@ -485,5 +519,43 @@ mod tests {
             Assembled::Aborted { request_id: 3 }
         );
         assert_eq!(a.in_progress(), 1);
+    }
+
+    /// The compact limits a channel keeps read as the configured ones: a
+    /// message of exactly the limit passes and one byte more does not; no
+    /// limit, or one beyond what a u32 holds, is none; a deadline too long
+    /// for milliseconds in a u32 is cut, not wrapped.
+    #[test]
+    fn kept_limits_read_as_configured() {
+        let b = ReassemblyBudget::new(1 << 20, 100);
+        let t = Instant::now();
+        let exact = AssemblyLimits {
+            max_message_size: Some(10),
+            ..AssemblyLimits::default()
+        };
+        let mut a = Assembler::new(exact, Arc::clone(&b));
+        assert!(a.push(t, 1, ChunkType::Final, &[0; 10], true).is_ok());
+        assert!(a.push(t, 2, ChunkType::Final, &[0; 11], true).is_err());
+        for unlimited in [None, Some(usize::MAX), Some(u32::MAX as usize + 1)] {
+            let l = Limits::from(AssemblyLimits {
+                max_message_size: unlimited,
+                max_chunk_count: None,
+                ..AssemblyLimits::default()
+            });
+            assert_eq!(
+                (l.max_message_size, l.max_chunk_count),
+                (u32::MAX, u32::MAX)
+            );
+        }
+        let l = Limits::from(AssemblyLimits {
+            deadline: Duration::from_secs(100 * 24 * 3600),
+            ..AssemblyLimits::default()
+        });
+        assert_eq!(l.deadline(), Duration::from_millis(u64::from(u32::MAX)));
+        let l = Limits::from(AssemblyLimits::default());
+        assert_eq!(l.deadline(), AssemblyLimits::default().deadline);
+        assert_eq!(l.max_in_progress, 4);
+        assert_eq!(l.max_message_size, 16 << 20);
+        assert_eq!(l.max_chunk_count, 4096);
     }
 }

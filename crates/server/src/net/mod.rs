@@ -1528,8 +1528,11 @@ mod tests {
             "serve future {size} bytes; ServerConnection {} bytes",
             std::mem::size_of::<ServerConnection>()
         );
+        // tokio allocates the task as this state plus about 104 bytes of
+        // its own, in steps of 128: at most 664 keeps it at 768 bytes
+        // (heaptrack of a release build: 767 per connection at 656 here).
         assert!(
-            size <= 700,
+            size <= 664,
             "the connection task's state grew to {size} bytes"
         );
     }
