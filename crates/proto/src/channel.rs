@@ -491,7 +491,8 @@ impl ServerConnection {
                 validator.validate(&cert, chain, policy)?;
                 // The parsed certificate is dropped here; the channel keeps
                 // what it needs later (ECC policies sign over the DER).
-                (Arc::new(PeerCertificate::new(&cert, policy.is_ecc())), key)
+                let curve = key.ecc().map(|k| k.curve());
+                (Arc::new(PeerCertificate::new(&cert, curve)), key)
             }
         };
         let (plain, request_signature) = match (&key, identity.rsa_key()) {

@@ -8,10 +8,10 @@
 //! itself. It needs none of the rest of a parsed [`Certificate`] (names,
 //! extensions, validity), and with tens of thousands of channels that rest,
 //! and under RSA the DER itself, is most of a channel's memory. A
-//! [`PeerCertificate`] keeps the thumbprint, a SHA-256 digest of the DER
-//! (to recognise the certificate again), the SubjectPublicKeyInfo, the
-//! applicationUri and the key's size and curve; the DER only when asked
-//! to (the ECC policies' signatures cover it).
+//! [`PeerCertificate`] keeps the thumbprint, the SubjectPublicKeyInfo, the
+//! applicationUri and the key's size and curve, and to recognise the
+//! certificate again either its DER (ECC policies: their signatures cover
+//! it) or, under RSA policies, only a SHA-256 digest of it.
 
 use std::fmt;
 
@@ -22,12 +22,19 @@ use crate::x509::{hex, Certificate};
 /// its handshake (see the module documentation).
 pub struct PeerCertificate {
     thumbprint: [u8; 20],
-    sha256: [u8; 32],
+    known: Known,
     spki: Box<[u8]>,
-    der: Option<Box<[u8]>>,
     application_uri: Option<Box<str>>,
     key_bits: u32,
     curve: Option<EccCurve>,
+}
+
+/// How the certificate is recognised again.
+enum Known {
+    /// The DER itself (ECC keys).
+    Der(Box<[u8]>),
+    /// A SHA-256 digest of the DER (RSA keys).
+    Sha256([u8; 32]),
 }
 
 impl fmt::Debug for PeerCertificate {
@@ -35,38 +42,46 @@ impl fmt::Debug for PeerCertificate {
         f.debug_struct("PeerCertificate")
             .field("thumbprint", &hex(&self.thumbprint))
             .field("application_uri", &self.application_uri)
-            .field("der_kept", &self.der.is_some())
+            .field("der_kept", &self.der().is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl PeerCertificate {
-    /// Keeps what a channel needs of `certificate`; its DER only when
-    /// `keep_der` (ECC policies sign over it).
-    pub fn new(certificate: &Certificate, keep_der: bool) -> Self {
+    /// Keeps what a channel needs of `certificate`. `ecc_curve` is the
+    /// curve of its key as the channel parsed it under an ECC policy (the
+    /// DER is then kept: ECC policies sign over it), None under an RSA
+    /// policy (only a digest of the DER is kept).
+    pub fn new(certificate: &Certificate, ecc_curve: Option<EccCurve>) -> Self {
+        let der = certificate.der();
         PeerCertificate {
             thumbprint: certificate.thumbprint(),
-            sha256: sha256(certificate.der()),
+            known: match ecc_curve {
+                Some(_) => Known::Der(der.into()),
+                None => Known::Sha256(sha256(der)),
+            },
             spki: certificate.subject_public_key_info_der().into(),
-            der: keep_der.then(|| certificate.der().into()),
             application_uri: certificate.application_uri().map(Into::into),
             key_bits: u32::try_from(certificate.key_bits()).unwrap_or(u32::MAX),
-            curve: certificate.ecc_curve(),
+            curve: ecc_curve,
         }
     }
 
     /// True when `der` is this certificate: compared byte for byte when
     /// the DER is kept, else by SHA-256.
     pub fn is(&self, der: &[u8]) -> bool {
-        match &self.der {
-            Some(kept) => **kept == *der,
-            None => sha256(der) == self.sha256,
+        match &self.known {
+            Known::Der(kept) => **kept == *der,
+            Known::Sha256(digest) => sha256(der) == *digest,
         }
     }
 
     /// The DER, when it was kept (see [`PeerCertificate::new`]).
     pub fn der(&self) -> Option<&[u8]> {
-        self.der.as_deref()
+        match &self.known {
+            Known::Der(kept) => Some(kept),
+            Known::Sha256(_) => None,
+        }
     }
 
     /// The SHA-1 thumbprint of the DER (Part 6 §6.7.2.3).
@@ -94,7 +109,8 @@ impl PeerCertificate {
         self.key_bits as usize
     }
 
-    /// The curve of an ECC key; None for other keys.
+    /// The curve of an ECC key (see [`PeerCertificate::new`]); None for
+    /// other keys.
     pub fn ecc_curve(&self) -> Option<EccCurve> {
         self.curve
     }
@@ -123,7 +139,7 @@ mod tests {
     fn without_its_der_it_still_knows_its_certificate_and_no_other() {
         let mine = cert(KeyType::Rsa, "urn:test:one");
         let other = cert(KeyType::Rsa, "urn:test:one");
-        let peer = PeerCertificate::new(&mine, false);
+        let peer = PeerCertificate::new(&mine, None);
         assert_eq!(peer.der(), None);
         assert!(peer.is(mine.der()));
         assert!(!peer.is(other.der()));
@@ -147,7 +163,7 @@ mod tests {
     fn with_its_der_it_compares_the_bytes_and_keeps_the_curve() {
         let mine = cert(KeyType::EcP256, "urn:test:ecc");
         let other = cert(KeyType::EcP256, "urn:test:ecc");
-        let peer = PeerCertificate::new(&mine, true);
+        let peer = PeerCertificate::new(&mine, mine.ecc_curve());
         assert_eq!(peer.der(), Some(mine.der()));
         assert!(peer.is(mine.der()));
         assert!(!peer.is(other.der()));

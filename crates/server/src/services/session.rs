@@ -1231,7 +1231,7 @@ mod tests {
             let channel = ChannelSecurity {
                 policy: POLICY,
                 mode: MessageSecurityMode::SignAndEncrypt,
-                remote_certificate: Some(Arc::new(PeerCertificate::new(&client_cert, false))),
+                remote_certificate: Some(Arc::new(PeerCertificate::new(&client_cert, None))),
                 channel_thumbprint: None,
             };
             Secure {
@@ -1402,7 +1402,7 @@ mod tests {
             let mut stranger = s.channel.clone();
             stranger.remote_certificate = Some(Arc::new(PeerCertificate::new(
                 &keyed("urn:test:client").0,
-                false,
+                None,
             )));
             let mut ctx = s.ctx(2);
             ctx.channel = stranger.clone();
@@ -1520,7 +1520,10 @@ mod tests {
             let channel = ChannelSecurity {
                 policy,
                 mode: MessageSecurityMode::SignAndEncrypt,
-                remote_certificate: Some(Arc::new(PeerCertificate::new(&client_cert, true))),
+                remote_certificate: Some(Arc::new(PeerCertificate::new(
+                    &client_cert,
+                    client_cert.ecc_curve(),
+                ))),
                 channel_thumbprint: thumbprint,
             };
             Ecc {
