@@ -95,15 +95,17 @@ pub fn python_venv(root: &Path) -> Result<PathBuf, String> {
 /// otherwise blocks inlining across units). Building with them directly
 /// spares CI compiling cargo-fuzz itself; `cargo fuzz run TARGET` still
 /// works for longer local runs (docs/testing.md).
-const FUZZ_RUSTFLAGS: &str = "-Cpasses=sancov-module \
-    -Cllvm-args=-sanitizer-coverage-level=4 \
-    -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
-    -Cllvm-args=-sanitizer-coverage-pc-table \
-    -Cllvm-args=-sanitizer-coverage-trace-compares \
-    --cfg fuzzing \
-    -Cllvm-args=-simplifycfg-branch-fold-threshold=0 \
-    -Cllvm-args=-sanitizer-coverage-stack-depth \
-    -Ccodegen-units=1";
+const FUZZ_RUSTFLAGS: &[&str] = &[
+    "-Cpasses=sancov-module",
+    "-Cllvm-args=-sanitizer-coverage-level=4",
+    "-Cllvm-args=-sanitizer-coverage-inline-8bit-counters",
+    "-Cllvm-args=-sanitizer-coverage-pc-table",
+    "-Cllvm-args=-sanitizer-coverage-trace-compares",
+    "--cfg fuzzing",
+    "-Cllvm-args=-simplifycfg-branch-fold-threshold=0",
+    "-Cllvm-args=-sanitizer-coverage-stack-depth",
+    "-Ccodegen-units=1",
+];
 
 /// The host's target triple (`rustc -vV`): the fuzz targets are built for
 /// it explicitly, so that the coverage flags reach only the targets and not
@@ -128,13 +130,7 @@ fn fuzz(root: &Path) -> Result<(), String> {
     run(cargo()
         .current_dir(root)
         .env("RUSTC_BOOTSTRAP", "1")
-        .env(
-            "RUSTFLAGS",
-            FUZZ_RUSTFLAGS
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" "),
-        )
+        .env("RUSTFLAGS", FUZZ_RUSTFLAGS.join(" "))
         .env("CARGO_TARGET_DIR", &target_dir)
         .args([
             "build",
