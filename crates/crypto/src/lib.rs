@@ -11,8 +11,11 @@
 //! - [`ecc`]: ephemeral keys, ECDH, HKDF, ECDSA (raw `r||s`) and Ed25519;
 //! - [`rsa`]: RSA keys (aws-lc-rs, constant time) - sign, verify, encrypt, decrypt;
 //! - [`policy`]: the security policies, symmetric keys and key derivation;
-//! - [`x509`]: certificates - parse, create, validate against trust lists.
+//! - [`x509`]: certificates - parse, create, validate against trust lists;
+//! - `aes_cbc` (private): AES-CBC keys holding one schedule, the crate's
+//!   only `unsafe` code.
 
+mod aes_cbc;
 pub mod ecc;
 pub mod error;
 pub mod policy;

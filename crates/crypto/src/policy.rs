@@ -36,14 +36,10 @@
 use std::sync::OnceLock;
 
 use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
-use aws_lc_rs::cipher::{
-    DecryptingKey, DecryptionContext, EncryptingKey, EncryptionContext, UnboundCipherKey, AES_128,
-    AES_256,
-};
-use aws_lc_rs::iv::FixedLength;
 use aws_lc_rs::{digest, hmac};
 use uascale_types::StatusCode;
 
+use crate::aes_cbc::{CbcSchedule, Direction};
 use crate::ecc::{hkdf, salt, EccCurve, HkdfHash, Secret};
 use crate::rsa::{EncryptionPadding, SignatureScheme};
 use crate::CryptoError;
@@ -408,7 +404,7 @@ pub fn p_sha256(secret: &[u8], seed: &[u8], out: &mut [u8]) {
 
 /// One direction's symmetric keys for one security token: the HMAC key,
 /// the AES key and the IV (CBC policies), or the AEAD keys and IV. The AES
-/// key schedules (about 500 bytes each) are built on first use: a side only
+/// key schedules (248 bytes each) are built on first use: a side only
 /// ever encrypts with one direction's keys and decrypts with the other's,
 /// so half of them are never built.
 pub struct SymmetricKeys {
@@ -424,27 +420,31 @@ enum Inner {
     Aead(Box<AeadKeys>),
 }
 
-/// The raw key material only (about 130 bytes): the HMAC context and the
-/// AES key schedule are built for each message from it. Precomputed, they
-/// took 2.3 KB per direction (an HMAC context of 1,232 bytes and two AES
-/// keys of 504) - most of a secured session's memory - and building them
-/// costs a fraction of a microsecond against the several the message's
-/// own HMAC and AES take (`cargo bench -p uascale-crypto`).
+/// The raw key material only (about 120 bytes): the HMAC is computed from
+/// the raw key for each message, and the AES key schedule is built when a
+/// message needs it. Precomputed, they took 2.3 KB per direction (an HMAC
+/// context of 1,232 bytes and two aws-lc-rs AES keys of 504) - most of a secured
+/// session's memory - and building them costs a fraction of a microsecond
+/// against the several the message's own HMAC and AES take (`cargo bench
+/// -p uascale-crypto`). The algorithms follow from the key lengths.
 struct CbcKeys {
-    hmac: &'static digest::Algorithm,
-    signing_key: [u8; 64],
+    /// HMAC-SHA256 (32-byte keys) or HMAC-SHA384 (48, ECC_nistP384).
+    signing_key: [u8; MAX_SIGNING_KEY],
     signing_key_len: u8,
-    aes: &'static aws_lc_rs::cipher::Algorithm,
+    /// AES-128 (16 bytes) or AES-256 (32).
     aes_key: [u8; 32],
     aes_key_len: u8,
     iv: [u8; AES_BLOCK],
-    /// The AES key schedule of the one direction this side uses, built on
-    /// first use (boxed: 504 bytes, and the other direction's never is)
-    /// and dropped again when the channel goes quiet
-    /// ([`SymmetricKeys::release_schedules`]).
-    encrypting: OnceLock<Box<EncryptingKey>>,
-    decrypting: OnceLock<Box<DecryptingKey>>,
+    /// The AES key schedule of the one operation this side does with
+    /// these keys (a side encrypts with one direction's keys and decrypts
+    /// with the other's), built on first use (boxed: 248 bytes) and
+    /// dropped again by [`SymmetricKeys::release_schedules`]. The other
+    /// operation, which only tests ask for, builds a schedule per call.
+    schedule: OnceLock<Box<CbcSchedule>>,
 }
+
+/// The longest symmetric signing key of a CBC policy (ECC_nistP384).
+const MAX_SIGNING_KEY: usize = 48;
 
 struct AeadKeys {
     /// Tags of mode Sign (the signing key when the policy has one, else
@@ -495,16 +495,12 @@ impl SymmetricKeys {
         matches!(self.inner, Inner::Cbc(_))
     }
 
-    /// Drops the AES key schedules built so far (504 bytes each); the next
+    /// Drops the AES key schedule built so far (248 bytes); the next
     /// message that needs one builds it again from the raw key. A channel
     /// that has gone quiet calls this. Returns whether one was held.
     pub fn release_schedules(&mut self) -> bool {
         match &mut self.inner {
-            Inner::Cbc(k) => {
-                let encrypting = k.encrypting.take().is_some();
-                let decrypting = k.decrypting.take().is_some();
-                encrypting || decrypting
-            }
+            Inner::Cbc(k) => k.schedule.take().is_some(),
             Inner::Aead(_) => false,
         }
     }
@@ -512,7 +508,7 @@ impl SymmetricKeys {
     /// True while an AES key schedule is built (CBC keys only).
     pub fn holds_schedules(&self) -> bool {
         match &self.inner {
-            Inner::Cbc(k) => k.encrypting.get().is_some() || k.decrypting.get().is_some(),
+            Inner::Cbc(k) => k.schedule.get().is_some(),
             Inner::Aead(_) => false,
         }
     }
@@ -556,44 +552,33 @@ impl SymmetricKeys {
                 })),
             });
         }
-        let alg = match policy.encrypting_key_length() {
-            16 => &AES_128,
-            32 => &AES_256,
-            _ => return Err(local("no symmetric keys for SecurityPolicy None")),
-        };
-        let iv: [u8; AES_BLOCK] = iv
-            .try_into()
-            .map_err(|_| local("IV must be one AES block"))?;
         let mut aes_key = [0u8; 32];
         aes_key
             .get_mut(..encrypting_key.len())
             .ok_or(local("AES key rejected"))?
             .copy_from_slice(encrypting_key);
-        // Checked once here, so that building it later cannot fail.
-        UnboundCipherKey::new(alg, encrypting_key).map_err(|_| local("AES key rejected"))?;
-        let hmac_alg = match policy.symmetric_signature_size() {
-            48 => &digest::SHA384,
-            _ => &digest::SHA256,
-        };
-        let mut raw_signing = [0u8; 64];
+        let iv: [u8; AES_BLOCK] = iv
+            .try_into()
+            .map_err(|_| local("IV must be one AES block"))?;
+        let mut raw_signing = [0u8; MAX_SIGNING_KEY];
         raw_signing
             .get_mut(..signing_key.len())
-            .ok_or(local("signing key longer than 64 bytes"))?
+            .ok_or(local("signing key longer than 48 bytes"))?
             .copy_from_slice(signing_key);
+        let keys = CbcKeys {
+            signing_key: raw_signing,
+            // At most 48 and 32 (checked by the copies above).
+            signing_key_len: signing_key.len() as u8,
+            aes_key,
+            aes_key_len: encrypting_key.len() as u8,
+            iv,
+            schedule: OnceLock::new(),
+        };
+        // Checked once here, so that building it later cannot fail.
+        CbcSchedule::new(keys.key(), Direction::Encrypt).ok_or(local("AES key rejected"))?;
         Ok(SymmetricKeys {
             policy,
-            inner: Inner::Cbc(CbcKeys {
-                hmac: hmac_alg,
-                signing_key: raw_signing,
-                // At most 64 and 32 (checked by the copies above).
-                signing_key_len: signing_key.len() as u8,
-                aes: alg,
-                aes_key,
-                aes_key_len: encrypting_key.len() as u8,
-                iv,
-                encrypting: OnceLock::new(),
-                decrypting: OnceLock::new(),
-            }),
+            inner: Inner::Cbc(keys),
         })
     }
 
@@ -654,18 +639,8 @@ impl SymmetricKeys {
         if data.is_empty() {
             return Ok(());
         }
-        let key = match k.encrypting.get() {
-            Some(key) => key,
-            None => {
-                let key = UnboundCipherKey::new(k.aes, k.key())
-                    .and_then(EncryptingKey::cbc)
-                    .map_err(|_| local("AES key rejected"))?;
-                k.encrypting.get_or_init(|| Box::new(key))
-            }
-        };
-        key.less_safe_encrypt(data, EncryptionContext::Iv128(FixedLength::from(k.iv)))
-            .map(|_| ())
-            .map_err(|_| local("AES encryption failed"))
+        k.with_schedule(Direction::Encrypt, |key| key.apply(&k.iv, data))?
+            .ok_or(local("AES encryption failed"))
     }
 
     /// AES-CBC decrypts `data` in place; a length that is not a multiple of
@@ -680,18 +655,8 @@ impl SymmetricKeys {
         if data.is_empty() {
             return Ok(());
         }
-        let key = match k.decrypting.get() {
-            Some(key) => key,
-            None => {
-                let key = UnboundCipherKey::new(k.aes, k.key())
-                    .and_then(DecryptingKey::cbc)
-                    .map_err(|_| local("AES key rejected"))?;
-                k.decrypting.get_or_init(|| Box::new(key))
-            }
-        };
-        key.decrypt(data, DecryptionContext::Iv128(FixedLength::from(k.iv)))
-            .map(|_| ())
-            .map_err(|_| checks_failed("AES decryption failed"))
+        k.with_schedule(Direction::Decrypt, |key| key.apply(&k.iv, data))?
+            .ok_or(checks_failed("AES decryption failed"))
     }
 
     fn aead(&self) -> Result<&AeadKeys, CryptoError> {
@@ -757,7 +722,7 @@ impl SymmetricKeys {
 impl Drop for CbcKeys {
     /// The raw keys are wiped when the channel lets them go.
     fn drop(&mut self) {
-        self.signing_key = [0; 64];
+        self.signing_key = [0; MAX_SIGNING_KEY];
         self.aes_key = [0; 32];
         // Observed, so the stores are not elided as dead.
         std::hint::black_box((&self.signing_key, &self.aes_key));
@@ -771,6 +736,33 @@ impl CbcKeys {
             .unwrap_or(&self.aes_key)
     }
 
+    fn hmac_algorithm(&self) -> &'static digest::Algorithm {
+        if usize::from(self.signing_key_len) == MAX_SIGNING_KEY {
+            &digest::SHA384
+        } else {
+            &digest::SHA256
+        }
+    }
+
+    /// Runs `f` with the key schedule for `direction`: the kept one, built
+    /// and kept when none is, or one built for this call when the kept one
+    /// runs the other way.
+    fn with_schedule<R>(
+        &self,
+        direction: Direction,
+        f: impl FnOnce(&CbcSchedule) -> R,
+    ) -> Result<R, CryptoError> {
+        let build = || CbcSchedule::new(self.key(), direction).ok_or(local("AES key rejected"));
+        if self.schedule.get().is_none() {
+            // Err: another thread set one first; it is used or passed over below.
+            let _ = self.schedule.set(Box::new(build()?));
+        }
+        match self.schedule.get() {
+            Some(kept) if kept.direction() == direction => Ok(f(kept)),
+            _ => Ok(f(&build()?)),
+        }
+    }
+
     /// HMAC (RFC 2104) of `data` under the signing key, from the raw key:
     /// H((K ^ opad) || H((K ^ ipad) || data)). The keys of every policy
     /// (32 or 48 bytes) are shorter than the hash's block, so K is the key
@@ -781,20 +773,21 @@ impl CbcKeys {
             .signing_key
             .get(..usize::from(self.signing_key_len))
             .unwrap_or(&self.signing_key);
-        let block = self.hmac.block_len();
+        let alg = self.hmac_algorithm();
+        let block = alg.block_len();
         let mut pad = [0u8; 128];
         let pad = pad.get_mut(..block).unwrap_or_default();
         for (p, k) in pad.iter_mut().zip(key.iter().chain(std::iter::repeat(&0))) {
             *p = k ^ 0x36;
         }
-        let mut inner = digest::Context::new(self.hmac);
+        let mut inner = digest::Context::new(alg);
         inner.update(pad);
         inner.update(data);
         let inner = inner.finish();
         for p in pad.iter_mut() {
             *p ^= 0x36 ^ 0x5c;
         }
-        let mut outer = digest::Context::new(self.hmac);
+        let mut outer = digest::Context::new(alg);
         outer.update(pad);
         outer.update(inner.as_ref());
         outer.finish()
@@ -1014,10 +1007,15 @@ mod tests {
     /// encrypted and decrypted after a release is what it was before.
     #[test]
     fn released_schedules_are_built_again_alike() {
-        for p in [SecurityPolicy::Basic256Sha256, SecurityPolicy::EccNistP256] {
+        for p in [
+            SecurityPolicy::Basic256Sha256,
+            SecurityPolicy::Aes128Sha256RsaOaep,
+            SecurityPolicy::EccNistP256,
+            SecurityPolicy::EccNistP384,
+        ] {
             let (cn, sn) = ([1u8; 32], [2u8; 32]);
             let mut a = if p.is_ecc() {
-                let material = [5u8; 64];
+                let material = [5u8; 128];
                 let l = (p.signing_key_length(), p.encrypting_key_length());
                 let keys = |m: &[u8]| {
                     SymmetricKeys::new(p, &m[..l.0], &m[l.0..l.0 + l.1], &m[l.0 + l.1..][..16])
@@ -1040,9 +1038,23 @@ mod tests {
             let mut after = [7u8; 64];
             a.client.encrypt(&mut after).unwrap();
             assert_eq!(before, after);
+            // The other operation builds a schedule for the call; the
+            // kept one stays.
             a.client.decrypt(&mut after).unwrap();
             assert_eq!(after, [7u8; 64]);
             assert!(a.release_schedules());
+            // Decrypting first keeps the decrypting schedule.
+            a.server.encrypt(&mut after).unwrap();
+            assert!(a.release_schedules());
+            a.server.decrypt(&mut after).unwrap();
+            assert_eq!(after, [7u8; 64]);
+            assert!(a.server.holds_schedules());
+            // Signatures come from the raw key alike before and after.
+            let mut sig = Vec::new();
+            a.server.sign(b"data", &mut sig).unwrap();
+            assert_eq!(sig.len(), p.symmetric_signature_size());
+            assert!(a.release_schedules());
+            a.server.verify(b"data", &sig).unwrap();
         }
         let mut aead = SymmetricKeys::new(
             SecurityPolicy::EccNistP256AesGcm,
