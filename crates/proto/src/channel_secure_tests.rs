@@ -392,22 +392,28 @@ fn a_quiet_channel_drops_its_key_schedules_and_builds_them_again() {
         for mode in MODES {
             let (mut clock, mut s, mut c) = opened(policy, mode);
             let token_expiry = s.poll_timeout().unwrap();
+            // The first request after the handshake counts as sparse.
             round_trip(&mut s, &mut c, &clock, 2);
+            assert!(!s.holds_key_schedules(), "{policy:?} {mode:?}");
             let encrypts = mode == MessageSecurityMode::SignAndEncrypt;
-            assert_eq!(s.holds_key_schedules(), encrypts, "{policy:?} {mode:?}");
             if !encrypts {
+                round_trip(&mut s, &mut c, &clock, 3);
+                assert!(!s.holds_key_schedules());
                 assert_eq!(s.poll_timeout(), Some(token_expiry));
                 continue;
             }
             let quiet = clock.now().instant + KEY_SCHEDULE_IDLE;
             assert_eq!(s.poll_timeout(), Some(quiet));
-            // A message within the slack leaves the deadline; a later one
+            // A message within the slack leaves the deadline (and, soon
+            // after the one before, keeps the schedules); a later one
             // moves it.
             clock.advance(KEY_SCHEDULE_SLACK / 2);
             round_trip(&mut s, &mut c, &clock, 3);
+            assert!(s.holds_key_schedules(), "{policy:?} {mode:?}");
             assert_eq!(s.poll_timeout(), Some(quiet));
             clock.advance(KEY_SCHEDULE_SLACK);
             round_trip(&mut s, &mut c, &clock, 4);
+            assert!(s.holds_key_schedules());
             let quiet = clock.now().instant + KEY_SCHEDULE_IDLE;
             assert_eq!(s.poll_timeout(), Some(quiet));
             // Not yet quiet long enough.
@@ -421,10 +427,63 @@ fn a_quiet_channel_drops_its_key_schedules_and_builds_them_again() {
             assert!(!s.is_closed());
             assert!(events(&mut s).is_empty());
             assert_eq!(s.poll_timeout(), Some(token_expiry));
-            // Built again by the next request and its answer.
+            // Built again for the next request and its answer (and, after
+            // the quiet spell, dropped after use); kept once requests come
+            // close together again.
             round_trip(&mut s, &mut c, &clock, 5);
+            assert!(!s.holds_key_schedules());
+            clock.advance(Duration::from_millis(10));
+            round_trip(&mut s, &mut c, &clock, 6);
             assert!(s.holds_key_schedules());
         }
+    }
+}
+
+/// Requests a second apart (a subscription's Publish round trips) find the
+/// channel sparse: each direction builds its AES key schedule for the
+/// message and drops it after use, also for answers sent later; requests
+/// 100 ms apart keep them. Every message still goes through.
+#[test]
+fn a_sparse_channel_drops_its_key_schedules_after_each_use() {
+    for policy in POLICIES {
+        let (mut clock, mut s, mut c) = opened(policy, MessageSecurityMode::SignAndEncrypt);
+        let mut id = 2;
+        let mut next = |s: &mut ServerConnection, c: &mut SecureClient, clock: &Clock| {
+            id += 1;
+            round_trip(s, c, clock, id);
+        };
+        next(&mut s, &mut c, &clock);
+        for _ in 0..3 {
+            clock.advance(Duration::from_secs(1));
+            let req = read_request(3);
+            feed(&mut s, &clock, &c.request(40, &req)).unwrap();
+            assert_eq!(events(&mut s).len(), 1);
+            assert!(
+                !s.holds_key_schedules(),
+                "{policy:?}: dropped after decrypting"
+            );
+            // The answer, later: built for it and dropped again.
+            clock.advance(Duration::from_millis(700));
+            s.send_response(40, b"late answer").unwrap();
+            assert!(
+                !s.holds_key_schedules(),
+                "{policy:?}: dropped after encrypting"
+            );
+            let r = c.responses(&take_out(&mut s));
+            assert_eq!((r[0].1, &r[0].2[..]), (40, &b"late answer"[..]));
+        }
+        // Sparse after KEY_SCHEDULE_SPARSE; busy at 100 ms; sparse again.
+        clock.advance(KEY_SCHEDULE_SPARSE);
+        next(&mut s, &mut c, &clock);
+        assert!(!s.holds_key_schedules(), "{policy:?}");
+        for _ in 0..5 {
+            clock.advance(Duration::from_millis(100));
+            next(&mut s, &mut c, &clock);
+            assert!(s.holds_key_schedules(), "{policy:?}: busy keeps them");
+        }
+        clock.advance(Duration::from_secs(1));
+        next(&mut s, &mut c, &clock);
+        assert!(!s.holds_key_schedules(), "{policy:?}: sparse again");
     }
 }
 
