@@ -177,27 +177,46 @@ struct ServerSample {
     rss_bytes: u64,
 }
 
+/// Per server process: each thread's CPU time at the last sample, and the
+/// sum of the threads that have exited since sampling started. A thread's
+/// schedstat goes with it (the blocking pool's threads exit after 10 s
+/// idle, taking the RSA work of an establishment with them), so without
+/// this a later sample could read less CPU than an earlier one.
+type ThreadTimes = std::collections::HashMap<u32, (std::collections::HashMap<u64, u64>, u64)>;
+static THREAD_TIMES: std::sync::Mutex<Option<ThreadTimes>> = std::sync::Mutex::new(None);
+
 fn sample_server(pid: u32) -> Option<ServerSample> {
     // schedstat gives nanoseconds on the CPU per thread; stat's ticks are
     // 10 ms coarse, so use them only when schedstat is missing.
-    let mut ns = 0u64;
-    let mut found = false;
+    let mut threads = std::collections::HashMap::new();
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+            let tid = t.file_name().to_str().and_then(|n| n.parse::<u64>().ok());
+            if let (Some(tid), Ok(s)) = (tid, std::fs::read_to_string(t.path().join("schedstat"))) {
                 if let Some(v) = s
                     .split_whitespace()
                     .next()
                     .and_then(|v| v.parse::<u64>().ok())
                 {
-                    ns += v;
-                    found = true;
+                    threads.insert(tid, v);
                 }
             }
         }
     }
-    let cpu = if found {
-        Duration::from_nanos(ns)
+    let cpu = if !threads.is_empty() {
+        let live: u64 = threads.values().sum();
+        let mut times = THREAD_TIMES.lock().unwrap_or_else(|e| e.into_inner());
+        let (last, gone) = times
+            .get_or_insert_with(Default::default)
+            .entry(pid)
+            .or_default();
+        *gone += last
+            .iter()
+            .filter(|(tid, _)| !threads.contains_key(tid))
+            .map(|(_, ns)| ns)
+            .sum::<u64>();
+        *last = threads;
+        Duration::from_nanos(live + *gone)
     } else {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         let after = stat.rsplit_once(')')?.1;
@@ -542,5 +561,40 @@ fn named(counts: &StatusCounts) -> BTreeMap<String, u64> {
 fn merge_counts(into: &mut StatusCounts, from: &StatusCounts) {
     for (s, n) in from {
         count_status(into, *s, *n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread that worked and exited still counts: the CPU time read
+    /// after it is gone is not less than before.
+    #[test]
+    fn server_cpu_keeps_exited_threads() {
+        let pid = std::process::id();
+        let busy = std::thread::spawn(|| {
+            let t = std::time::Instant::now();
+            let mut x = 0u64;
+            while t.elapsed() < Duration::from_millis(200) {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+            // Sampled while this thread is still alive.
+            let during = sample_server(std::process::id()).unwrap();
+            (x, during)
+        });
+        let (_, during) = busy.join().unwrap();
+        let after = sample_server(pid).unwrap();
+        assert!(
+            during.cpu >= Duration::from_millis(150),
+            "the busy thread's time counts: {:?}",
+            during.cpu
+        );
+        assert!(
+            after.cpu >= during.cpu,
+            "{:?} after the thread exited, {:?} before",
+            after.cpu,
+            during.cpu
+        );
     }
 }
