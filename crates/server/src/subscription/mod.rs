@@ -213,6 +213,16 @@ pub enum State {
     Late,
 }
 
+/// A subscription's sampled items.
+#[derive(Debug, Clone)]
+struct Sampling {
+    /// When the earliest of their next samples is due.
+    due: Option<Instant>,
+    /// Their ids, ascending: a sampling tick visits these and no others
+    /// (pushed items, however many, are never walked for it).
+    ids: Vec<u32>,
+}
+
 /// One subscription.
 #[derive(Debug, Clone)]
 pub struct Subscription {
@@ -250,7 +260,10 @@ pub struct Subscription {
     retransmission: VecDeque<NotificationMessage>,
     items: Vec<MonitoredItem>,
     next_item_id: u32,
-    sample_due: Option<Instant>,
+    /// The items with a sampling timer and when the next sample is due;
+    /// None while there are none (boxed: most subscriptions have only
+    /// pushed items).
+    sampling: Option<Box<Sampling>>,
     /// Set whenever an item may have queued something since the last
     /// publishing cycle; while clear, idle cycles are skipped in one step.
     data_hint: bool,
@@ -435,7 +448,7 @@ impl Subscription {
             retransmission: img.retransmission.iter().cloned().collect(),
             next_item_id: img.next_item_id.max(1),
             items,
-            sample_due: None,
+            sampling: None,
             data_hint: true,
             ready: Vec::new(),
         };
@@ -501,7 +514,7 @@ impl Subscription {
             retransmission: VecDeque::new(),
             items: Vec::new(),
             next_item_id: 1,
-            sample_due: None,
+            sampling: None,
             data_hint: false,
             ready: Vec::new(),
         }
@@ -532,11 +545,17 @@ impl Subscription {
     /// 1`: that slot is tried first, and the binary search - about ten
     /// cache misses among a million items - runs only when it misses.
     fn index_of(&self, id: u32) -> Option<usize> {
+        Self::find(&self.items, id)
+    }
+
+    /// The index of item `id` in `items` (sorted by id): tried at `id - 1`
+    /// first, where items created in one go sit.
+    fn find(items: &[MonitoredItem], id: u32) -> Option<usize> {
         let guess = (id as usize).wrapping_sub(1);
-        if self.items.get(guess).is_some_and(|i| i.id == id) {
+        if items.get(guess).is_some_and(|i| i.id == id) {
             return Some(guess);
         }
-        self.items.binary_search_by_key(&id, |i| i.id).ok()
+        items.binary_search_by_key(&id, |i| i.id).ok()
     }
 
     /// An item by id.
@@ -577,7 +596,19 @@ impl Subscription {
         if self.items.len() > 1 && self.items[self.items.len() - 2].id > id {
             self.items.sort_by_key(|i| i.id);
         }
-        self.items_changed();
+        // Only this item's timer is new: no walk over the others.
+        if let Some(due) = self.item(id).and_then(|i| i.next_sample) {
+            let s = self.sampling.get_or_insert_with(|| {
+                Box::new(Sampling {
+                    due: None,
+                    ids: Vec::new(),
+                })
+            });
+            if let Err(at) = s.ids.binary_search(&id) {
+                s.ids.insert(at, id);
+            }
+            s.due = Some(s.due.map_or(due, |d| d.min(due)));
+        }
         id
     }
 
@@ -588,14 +619,55 @@ impl Subscription {
         for other in &mut self.items {
             other.links.retain(|l| *l != id);
         }
-        self.items_changed();
+        if let Some(s) = self.sampling.as_mut() {
+            if let Ok(at) = s.ids.binary_search(&id) {
+                s.ids.remove(at);
+                self.sampling_changed();
+            }
+        }
         Some(item)
     }
 
-    /// Recomputes when the next sample is due (after items were added,
-    /// removed or changed).
+    /// Recomputes which items have a sampling timer and when the next
+    /// sample is due (after items were changed; adding and removing one
+    /// keeps both up to date).
     pub fn items_changed(&mut self) {
-        self.sample_due = self.items.iter().filter_map(|i| i.next_sample).min();
+        let ids: Vec<u32> = self
+            .items
+            .iter()
+            .filter(|i| i.next_sample.is_some())
+            .map(|i| i.id)
+            .collect();
+        self.sampling = (!ids.is_empty()).then(|| Box::new(Sampling { due: None, ids }));
+        self.sampling_changed();
+    }
+
+    /// Recomputes when the next sample is due from the sampled items only
+    /// (and lets the list go when none is left).
+    fn sampling_changed(&mut self) {
+        let Some(s) = self.sampling.as_mut() else {
+            return;
+        };
+        if s.ids.is_empty() {
+            self.sampling = None;
+            return;
+        }
+        let items = &self.items;
+        s.due = s
+            .ids
+            .iter()
+            .filter_map(|id| Self::find(items, *id).and_then(|i| items.get(i)?.next_sample))
+            .min();
+    }
+
+    /// When the next sample of a sampled item is due.
+    fn sample_due(&self) -> Option<Instant> {
+        self.sampling.as_ref().and_then(|s| s.due)
+    }
+
+    /// How many items have a sampling timer (a sampling tick visits these).
+    pub fn sampling_count(&self) -> usize {
+        self.sampling.as_ref().map_or(0, |s| s.ids.len())
     }
 
     /// The message sequence numbers Republish can still return.
@@ -731,12 +803,20 @@ impl Subscription {
         now: Instant,
         sample: &mut dyn FnMut(&item::ItemTarget) -> uascale_types::DataValue,
     ) {
-        if self.sample_due.is_none_or(|d| d > now) {
+        if self.sample_due().is_none_or(|d| d > now) {
             return;
         }
         self.catch_up(now);
         let mut queued = Vec::new();
-        for item in &mut self.items {
+        let mut due = None::<Instant>;
+        let Some(sampling) = self.sampling.as_mut() else {
+            return;
+        };
+        for id in &sampling.ids {
+            let Some(item) = Self::find(&self.items, *id).and_then(|i| self.items.get_mut(i))
+            else {
+                continue;
+            };
             if item.next_sample.is_some_and(|d| d <= now) {
                 let v = sample(&item.target);
                 if item.offer(v) {
@@ -751,17 +831,20 @@ impl Subscription {
                 }
                 item.sampled_at(now);
             }
+            if let Some(t) = item.next_sample {
+                due = Some(due.map_or(t, |d| d.min(t)));
+            }
         }
+        sampling.due = due;
         for id in queued {
             self.trigger_links_of(id);
         }
-        self.items_changed();
     }
 
     /// The earliest of the publishing timer and the next sample.
     pub fn poll_timeout(&self) -> Instant {
         let publish = self.wake_at();
-        match self.sample_due {
+        match self.sample_due() {
             Some(s) => s.min(publish),
             None => publish,
         }

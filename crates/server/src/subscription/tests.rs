@@ -700,6 +700,65 @@ fn sampled_items_run_on_their_timer_and_disabled_items_are_silent() {
     );
 }
 
+/// A sampling tick visits the sampled items only: beside a thousand pushed
+/// items, three sampled ones (two intervals) are sampled at their own
+/// times, the subscription lists three to visit, and removing or
+/// disabling one takes it off the list.
+#[test]
+fn a_sampling_tick_visits_only_the_sampled_items() {
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 30, 10);
+    for h in 0..1_000 {
+        let it = item(&s, h, 1, true, Filter::default());
+        s.add_item(it);
+    }
+    assert_eq!(s.sampling_count(), 0);
+    let mut sampled = Vec::new();
+    for (h, ms) in [(2_000, 50), (2_001, 50), (2_002, 20)] {
+        let mut it = item(&s, h, 100, true, Filter::default());
+        it.sampled = true;
+        it.sampling_interval = Duration::from_millis(ms);
+        it.start(clock.now().instant);
+        sampled.push(s.add_item(it));
+    }
+    assert_eq!(s.sampling_count(), 3);
+    set.insert(s);
+    let limits = SubscriptionLimits::default();
+    let mut out = Vec::new();
+    let mut calls = 0;
+    let mut sampler = |_: &ItemTarget| {
+        calls += 1;
+        dv(f64::from(calls))
+    };
+    for step in 0..=10u64 {
+        clock.ms = step * 10;
+        if set.poll_timeout().is_some_and(|d| d <= clock.now().instant) {
+            set.handle_timeout(clock.now(), &mut sampler, &limits, &mut out);
+        }
+    }
+    // 0, 50 and 100 ms twice; every 20 ms from 0 to 100 once.
+    assert_eq!(calls, 3 + 3 + 6);
+    let s = set.get_mut(1).unwrap();
+    let queued: Vec<usize> = sampled
+        .iter()
+        .map(|id| s.item(*id).unwrap().queued())
+        .collect();
+    assert_eq!(queued, vec![3, 3, 6]);
+    s.remove_item(sampled[0]);
+    assert_eq!(s.sampling_count(), 2);
+    s.item_mut(sampled[2])
+        .unwrap()
+        .set_mode(MonitoringMode::Disabled, clock.now().instant);
+    s.items_changed();
+    assert_eq!(s.sampling_count(), 1);
+    // The one left is due 50 ms after its last sample, at 100 ms.
+    assert_eq!(
+        set.poll_timeout(),
+        Some(clock.now().instant + Duration::from_millis(50))
+    );
+}
+
 #[test]
 fn status_change_goes_out_with_a_parked_publish() {
     let clock = Clock::new();
