@@ -18,6 +18,9 @@
 # usage: bench/session_table.sh [--sizes "500 2000 ..."] [--security P[:MODE]]
 #                               [--server uascale|async-opcua|asyncua]
 #                               [--processes P] [--port N] [--out DIR] [--no-build]
+#                               [--modes "off on"]
+# --modes lists the `bench sessions --subscribe` values to run per size
+# (off, on, after: subscribed once every session is up).
 # Loopback only; every server it starts is stopped by its PID on exit. The
 # open-files limit must hold the largest size (the bench holds one socket
 # per session; --processes splits them).
@@ -29,6 +32,7 @@ cd "$ROOT"
 
 SIZES="500 2000 5000 10000 19000"
 SECURITY=Basic256Sha256:SignAndEncrypt
+MODES="off on"
 PROCESSES=1
 PORT=4856
 SERVER_KIND=uascale
@@ -38,6 +42,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --sizes) SIZES=$2; shift 2 ;;
     --security) SECURITY=$2; shift 2 ;;
+    --modes) MODES=$2; shift 2 ;;
     --processes) PROCESSES=$2; shift 2 ;;
     --server) SERVER_KIND=$2; shift 2 ;;
     --port) PORT=$2; shift 2 ;;
@@ -104,7 +109,7 @@ stop_peer() {
 echo "load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%H:%M) UTC; $SERVER_KIND, $SECURITY; floor before:"
 floor rsa2048
 for n in $SIZES; do
-  for sub in off on; do
+  for sub in $MODES; do
     log="server-$n-$sub.log"
     url="opc.tcp://localhost:$PORT"
     if [ "$SERVER_KIND" = uascale ]; then
@@ -133,7 +138,10 @@ print(f"{n} subscribe={sub}: established {r['established']} in {r['establish_s']
       f"({r['sessions_per_s']:.0f}/s), failures {sum(r['failures'].values())}, busy {r['busy_answers']}, "
       f"notified {f(r['notified'], '{}')}, server {f(r['server_cpu_ms_per_session'], '{:.3f}')} ms, "
       f"establishment {f(r['establishment_ms_per_session_publish_subtracted'], '{:.3f}')} ms, "
-      f"{f(r['server_bytes_per_session'] and r['server_bytes_per_session'] / 1024, '{:.1f}')} KB per session")
+      f"{f(r['server_bytes_per_session'] and r['server_bytes_per_session'] / 1024, '{:.1f}')} KB per session"
+      + (f", before subscribing {f(r.get('establishment_ms_per_session_before_subscribing'), '{:.3f}')} ms"
+         f" then subscribing {f(r.get('subscription_ms_per_session'), '{:.3f}')} ms"
+         if r.get('subscribe_after') else ""))
 PY
     stop_peer
     stop

@@ -424,6 +424,66 @@ fn bench_floor_counts_round_trips_against_its_echo_server() {
 }
 
 #[test]
+fn bench_sessions_subscribes_after_establishing() {
+    let s = serve_none("[server]\nmax_session_count = 12\n[admission]\nmax_channel_count = 100\n");
+    let url = s.url();
+    let pid = s.pid();
+    // Ten sessions established bare, then subscribed: all notified, and
+    // the server's CPU given for the two phases apart.
+    let r = bench(&[
+        "sessions",
+        &url,
+        "--sessions",
+        "10",
+        "--concurrency",
+        "3",
+        "--subscribe",
+        "after",
+        "--hold-s",
+        "0.6",
+        "--publishing-ms",
+        "50",
+        "--server-pid",
+        &pid,
+    ]);
+    assert_eq!(r["established"], 10, "{r}");
+    assert_eq!(r["subscribed"], true, "{r}");
+    assert_eq!(r["subscribe_after"], true, "{r}");
+    assert_eq!(r["notified"], 10, "{r}");
+    assert_eq!(r["alive_after_hold"], 10, "{r}");
+    assert_eq!(r["failures"], serde_json::json!({}), "{r}");
+    assert!(r["subscribe_s"].as_f64().unwrap() > 0.0, "{r}");
+    let est = r["establishment_ms_per_session_before_subscribing"]
+        .as_f64()
+        .unwrap();
+    let sub = r["subscription_ms_per_session"].as_f64().unwrap();
+    assert!(est > 0.0 && sub > 0.0, "{r}");
+    // The two phases add up to the server's CPU up to the hold.
+    let all = r["server_cpu_ms_per_session"].as_f64().unwrap();
+    assert!((est + sub - all).abs() < 1e-6, "{r}");
+    // Not with worker processes; and only on, off or after.
+    for (args, says) in [
+        (
+            vec!["--subscribe", "after", "--processes", "2"],
+            "--subscribe after works with one bench process",
+        ),
+        (
+            vec!["--subscribe", "later"],
+            "--subscribe \"later\": give on, off or after",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args(["bench", "sessions", &url, "--sessions", "2"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{err}");
+    }
+}
+
+#[test]
 fn bench_sessions_spreads_its_clients_over_processes() {
     let s = serve_none("[server]\nmax_session_count = 12\n[admission]\nmax_channel_count = 100\n");
     let url = s.url();

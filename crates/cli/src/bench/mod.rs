@@ -58,7 +58,7 @@ pub const USAGE: &str =
                           [--processes P] [--source-ips IP,IP,...] [--max-retries R]
                           [--security POLICY[:MODE]] [--pki DIR] [--trust-server]
                           [--user NAME | --cert FILE --key FILE]
-                          [--subscribe on|off] [--node NODE] [--publishing-ms MS]
+                          [--subscribe on|off|after] [--node NODE] [--publishing-ms MS]
                           [--server-pid PID] [--interval-s S] [--json]
                           [--report FILE.html]
        uascale bench publish URL [--sessions S] [--subscriptions N] [--items K]
@@ -105,8 +105,10 @@ pub const USAGE: &str =
                   --security/--user/--cert as for the client commands (the
                   password from UASCALE_PASSWORD); each session subscribes
                   to NODE (i=2258) publishing every --publishing-ms (1000)
-                  unless --subscribe off, and the sessions that get a data
-                  change while held are counted (all notified?);
+                  unless --subscribe off (--subscribe after: once every
+                  session is up, the server's CPU given apart for the
+                  two), and the sessions that get a data change while
+                  held are counted (all notified?);
                   --processes P (1) runs the sessions in P child processes
   bench publish   S sessions (10) x N subscriptions (1) x K items (10) on the
                   NODEs (round robin; --load-nodes L adds uascale's

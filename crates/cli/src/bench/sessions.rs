@@ -81,14 +81,18 @@ pub(super) struct Setup {
     options: ClientOptions,
     sources: Vec<std::net::IpAddr>,
     watch: Option<Watch>,
+    /// `--subscribe after`: the sessions are established bare, and all
+    /// subscribe once every one is up.
+    subscribe_after: bool,
     max_retries: u32,
 }
 
 impl Setup {
     /// The setup the command line asks for.
     pub(super) async fn from_args(a: &Args) -> Result<Setup, String> {
-        let watch = match a.last("--subscribe").unwrap_or("on") {
-            "on" => Some(Watch {
+        let mode = a.last("--subscribe").unwrap_or("on");
+        let watch = match mode {
+            "on" | "after" => Some(Watch {
                 node: a
                     .last("--node")
                     .unwrap_or("i=2258")
@@ -97,13 +101,14 @@ impl Setup {
                 publishing: a.seconds("--publishing-ms", 1000.0)? / 1000,
             }),
             "off" => None,
-            other => return Err(format!("--subscribe {other:?}: give on or off")),
+            other => return Err(format!("--subscribe {other:?}: give on, off or after")),
         };
         Ok(Setup {
             url: a.url.clone(),
             options: client_options(a).await?,
             sources: source_ips(a)?,
             watch,
+            subscribe_after: mode == "after",
             max_retries: a.num("--max-retries", 4)?,
         })
     }
@@ -120,12 +125,9 @@ pub(super) fn start_sessions(
 ) -> tokio::task::JoinHandle<Vec<Client>> {
     let mut tasks = Vec::with_capacity(indices.len());
     for i in indices {
-        let (gate, counters, url, watch) = (
-            gate.clone(),
-            Arc::clone(counters),
-            setup.url.clone(),
-            setup.watch.clone(),
-        );
+        let (gate, counters, url) = (gate.clone(), Arc::clone(counters), setup.url.clone());
+        // Subscribing after: established bare here.
+        let watch = setup.watch.clone().filter(|_| !setup.subscribe_after);
         let max_retries = setup.max_retries;
         let options = ClientOptions {
             local_addr: setup.sources.get(i % setup.sources.len().max(1)).copied(),
@@ -183,6 +185,46 @@ pub(super) fn start_sessions(
         }
         clients
     })
+}
+
+/// `--subscribe after`: each established session subscribes (as many at
+/// once as `gate` lets in); a failure is counted like an establishment
+/// failure and leaves the session unsubscribed. Returns the sessions.
+async fn subscribe_all(
+    clients: Vec<Client>,
+    watch: &Watch,
+    gate: &ConnectGate,
+    counters: &Arc<Counters>,
+) -> Vec<Client> {
+    let mut subscribing = tokio::task::JoinSet::new();
+    for c in clients {
+        let (gate, counters, w) = (gate.clone(), Arc::clone(counters), watch.clone());
+        subscribing.spawn(async move {
+            let turn = gate.enter().await;
+            let item = MonitorItem::value(w.node.clone());
+            let result = super::subscribe_one(&c, w.publishing, item).await;
+            drop(turn);
+            match result {
+                Ok(sub) => {
+                    tokio::spawn(watch_notifications(sub, Arc::clone(&counters)));
+                }
+                Err(e) => {
+                    counters.failed.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut f) = counters.failures.lock() {
+                        count_status(&mut f, e.status_code(), 1);
+                    }
+                }
+            }
+            c
+        });
+    }
+    let mut clients = Vec::new();
+    while let Some(joined) = subscribing.join_next().await {
+        if let Ok(c) = joined {
+            clients.push(c);
+        }
+    }
+    clients
 }
 
 /// Reads once through each session (is it still alive?) and closes it, as
@@ -389,6 +431,9 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         return Err(format!("--processes must be 1 to --sessions ({n})"));
     }
     let setup = Setup::from_args(a).await?;
+    if setup.subscribe_after && processes > 1 {
+        return Err("--subscribe after works with one bench process (no --processes)".into());
+    }
     let watch = setup.watch.clone();
     // The client draws a nonce per session; the random generator's first
     // use initialises it (40-70 ms here), a one-off cost of the process
@@ -451,6 +496,17 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let establish_time = started.elapsed();
     let established = counters.established.load(Ordering::Relaxed);
     sampler.sample("establish", &counters);
+    let at_established = pid.and_then(sample_server);
+    // --subscribe after: every session up, now each subscribes.
+    let (clients, subscribe_time) = match (&watch, setup.subscribe_after) {
+        (Some(w), true) => {
+            let t = Instant::now();
+            let clients = subscribe_all(clients, w, &gate, &counters).await;
+            sampler.sample("subscribe", &counters);
+            (clients, Some(t.elapsed()))
+        }
+        _ => (clients, None),
+    };
     let at_hold = pid.and_then(sample_server);
     counters.holding.store(true, Ordering::Relaxed);
     if let Some(w) = &mut workers {
@@ -494,6 +550,15 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         )),
         _ => None,
     };
+    // --subscribe after: the server's CPU per session while the sessions
+    // were established (no subscription up yet), and while they subscribed.
+    let split = match (subscribe_time, before, at_established, at_hold) {
+        (Some(_), Some(b), Some(m), Some(h)) if established > 0 => Some((
+            m.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e3 / established as f64,
+            h.cpu.saturating_sub(m.cpu).as_secs_f64() * 1e3 / established as f64,
+        )),
+        _ => None,
+    };
     // The establishment CPU with the publish load of the sessions already
     // up taken out: each establishing interval's server CPU, less the
     // steady cost per subscribed session-second measured while holding
@@ -523,6 +588,10 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         "alive_after_hold": alive,
         "security": a.last("--security").unwrap_or("None"),
         "subscribed": watch.is_some(),
+        "subscribe_after": setup.subscribe_after,
+        "subscribe_s": subscribe_time.map(|t| t.as_secs_f64()),
+        "establishment_ms_per_session_before_subscribing": split.map(|s| s.0),
+        "subscription_ms_per_session": split.map(|s| s.1),
         "notified": watch.as_ref().map(|_| notified),
         "all_notified": watch.as_ref().map(|_| established > 0 && notified == established),
         "server_cpu_ms_per_session": per_session.map(|p| p.0),
@@ -568,6 +637,15 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             format!(
                 "{ms:.3} ms CPU and {:.1} KB per session; {cores:.3} cores busy while holding",
                 bytes / 1024.0
+            ),
+        ));
+    }
+    if let (Some((est, sub)), Some(t)) = (split, subscribe_time) {
+        rows.push((
+            "subscribed after".to_owned(),
+            format!(
+                "{est:.3} ms per session establishing (no subscription up yet), then {sub:.3} ms per session subscribing ({:.2} s for all)",
+                t.as_secs_f64()
             ),
         ));
     }
