@@ -461,6 +461,12 @@ fn bench_sessions_subscribes_after_establishing() {
     // The two phases add up to the server's CPU up to the hold.
     let all = r["server_cpu_ms_per_session"].as_f64().unwrap();
     assert!((est + sub - all).abs() < 1e-6, "{r}");
+    // No publish load to take out of a ramp that had none.
+    assert_eq!(
+        r["establishment_ms_per_session_publish_subtracted"],
+        serde_json::Value::Null,
+        "{r}"
+    );
     // Not with worker processes; and only on, off or after.
     for (args, says) in [
         (

@@ -566,7 +566,10 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let steady_per_session = per_session
         .filter(|_| watch.is_some() && established > 0)
         .map(|p| p.2 / established as f64);
-    let separated = steady_per_session.and_then(|c| establishment_cpu(&sampler.series, c));
+    // (Not with --subscribe after: its ramp carried no publish load.)
+    let separated = steady_per_session
+        .filter(|_| !setup.subscribe_after)
+        .and_then(|c| establishment_cpu(&sampler.series, c));
     let rate = established as f64 / establish_time.as_secs_f64().max(1e-9);
     let busy = counters.busy.load(Ordering::Relaxed);
     let retries = counters.retries.load(Ordering::Relaxed);
