@@ -6,24 +6,21 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-use common::{serve, Served, BIN};
+use common::{serve, Served, TempDir, BIN};
 
 /// `uascale serve --security none` with `extra_config` as its config file.
 fn serve_none(extra_config: &str) -> Served {
-    let dir = std::env::temp_dir().join(format!(
-        "uascale-bench-{}-{}",
-        std::process::id(),
-        common::free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new(&format!("bench-{}", common::free_port()));
     let config = dir.join("server.toml");
     std::fs::write(&config, extra_config).unwrap();
-    serve([
+    let mut served = serve([
         "--security".as_ref(),
         "none".as_ref(),
         "--config".as_ref(),
         config.as_os_str(),
-    ])
+    ]);
+    served.dir = Some(dir);
+    served
 }
 
 /// Checks the `--report` page of a run: self-contained, with one plotted

@@ -5,14 +5,15 @@ mod common;
 
 use std::process::Command;
 
-use common::{serve, BIN};
+use common::{serve, TempDir, BIN};
 
 #[test]
 fn bench_publish_counts_what_arrives() {
     let server = serve(["--security", "none", "--nodes", "20", "--rate-ms", "50"]);
     let url = server.url();
     let pid = server.pid();
-    let report = std::env::temp_dir().join(format!("uascale-publish-{}.html", std::process::id()));
+    let dir = TempDir::new("publish");
+    let report = dir.join("report.html");
     let out = Command::new(BIN)
         .args(["bench", "publish", &url, "--json"])
         .args(["--sessions", "3", "--subscriptions", "2", "--items", "4"])

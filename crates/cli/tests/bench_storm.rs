@@ -14,27 +14,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{serve, Served, BIN};
+use common::{serve, Served, TempDir, BIN};
 use serde_json::Value;
 use uascale_proto::PendingConnection;
 use uascale_types::StatusCode;
 
 /// `uascale serve --security none` with `config` as its config file.
 fn serve_none(config: &str) -> Served {
-    let dir = std::env::temp_dir().join(format!(
-        "uascale-storm-{}-{}",
-        std::process::id(),
-        common::free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new(&format!("storm-{}", common::free_port()));
     let path = dir.join("server.toml");
     std::fs::write(&path, config).unwrap();
-    serve([
+    let mut served = serve([
         "--security".as_ref(),
         "none".as_ref(),
         "--config".as_ref(),
         path.as_os_str(),
-    ])
+    ]);
+    served.dir = Some(dir);
+    served
 }
 
 fn storm(args: &[&str]) -> Value {

@@ -1,8 +1,12 @@
 //! `uascale cert` and `uascale user hash` on a PKI directory of their own.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+use common::TempDir;
 
 fn uascale(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_uascale"))
@@ -17,14 +21,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn temp(name: &str) -> TempDir {

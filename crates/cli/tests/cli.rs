@@ -7,6 +7,8 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
+use common::TempDir;
+
 fn uascale(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_uascale"))
         .args(args)
@@ -16,8 +18,7 @@ fn uascale(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn bad_config_file_names_the_key() {
-    let dir = std::env::temp_dir().join(format!("uascale-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("cli");
     let bad = dir.join("bad.toml");
     std::fs::write(&bad, "[server]\nprot = 4841\n").unwrap();
     let out = uascale(&["serve", "--config", bad.to_str().unwrap()]);
@@ -43,8 +44,7 @@ fn print_config_reads_back() {
         text.contains("port = 4999") && text.contains("nodes = 3"),
         "{text}"
     );
-    let dir = std::env::temp_dir().join(format!("uascale-cli-p-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("cli-p");
     let file = dir.join("effective.toml");
     std::fs::write(&file, &text).unwrap();
     let again = uascale(&[
@@ -95,8 +95,7 @@ fn the_start_logs_the_effective_configuration_as_toml() {
 
 #[test]
 fn operation_limits_are_published_and_enforced() {
-    let dir = std::env::temp_dir().join(format!("uascale-cli-ol-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("cli-ol");
     let file = dir.join("limits.toml");
     std::fs::write(
         &file,
@@ -132,7 +131,6 @@ fn operation_limits_are_published_and_enforced() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("BadTooManyOperations"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The start log of `serve` up to its "listening" line, with `envs` set

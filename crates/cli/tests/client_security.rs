@@ -5,20 +5,16 @@
 //! `uascale cert trust` moves it out of rejected/; an unknown endpoint. And
 //! every ECC policy and mode against `uascale serve --security ecc`.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::TempDir;
+
 const BIN: &str = env!("CARGO_BIN_EXE_uascale");
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 struct Server(Child);
 
@@ -57,9 +53,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn secured_client_commands_against_uascale_serve() {
-    let dir = TempDir(std::env::temp_dir().join(format!("uascale-clisec-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("clisec");
     let server_pki = dir.0.join("server-pki");
     let client_pki = dir.0.join("client-pki");
     let user_pki = dir.0.join("user-pki");
@@ -233,9 +227,7 @@ fn secured_client_commands_against_uascale_serve() {
 /// password refused, and an RSA policy on the same server.
 #[test]
 fn ecc_client_commands_against_uascale_serve() {
-    let dir = TempDir(std::env::temp_dir().join(format!("uascale-cliecc-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("cliecc");
     let server_pki = dir.0.join("server-pki");
     let client_pki = dir.0.join("client-pki");
     let (spki, cpki) = (server_pki.to_str().unwrap(), client_pki.to_str().unwrap());

@@ -35,19 +35,12 @@ use uascale_client::{
 use uascale_crypto::policy::SecurityPolicy;
 use uascale_types::{MessageSecurityMode, NodeId};
 
+use common::TempDir;
+
 const CLIENTS: usize = 300;
 /// Every this-many-th client uses Basic256Sha256 SignAndEncrypt.
 const SECURE_EVERY: usize = 10;
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// A directory removed on drop (also when the test fails).
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A running HAProxy, killed on drop.
 struct Haproxy {
@@ -203,7 +196,7 @@ fn clients_of_a_killed_node_carry_on_through_the_others() {
     };
     let url = format!("nats://{}", nats[0].addr);
     let front = common::free_port();
-    let dir = TempDir(std::env::temp_dir().join(format!("uascale-cluster-{}", std::process::id())));
+    let dir = TempDir::new("cluster");
     let dir = &dir.0;
     std::fs::create_dir_all(dir).unwrap();
     let config = dir.join("cluster.toml");

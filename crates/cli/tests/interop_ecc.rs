@@ -6,11 +6,15 @@
 //! (an EccEncryptedSecret), one per policy through two token renewals,
 //! then one RSA session on the same server.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use common::TempDir;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -28,14 +32,6 @@ fn uascale(args: &[&str]) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 struct Serve(Child);
@@ -89,8 +85,7 @@ fn client_cert(dir: &Path, key: &str, server_pki: &str) {
 fn ecc_sessions_with_o6_as_client() {
     let python = root().join("target/venv/bin/python");
     assert!(python.exists(), "{} is missing", python.display());
-    let dir = TempDir(std::env::temp_dir().join(format!("uascale-ecc-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
+    let dir = TempDir::new("ecc");
     std::fs::create_dir_all(dir.0.join("peer")).unwrap();
     let server_pki = dir.0.join("server-pki");
     let pki = server_pki.to_str().unwrap();

@@ -6,10 +6,14 @@
 //! o6 (open62541's client) does the same sessions (without its default
 //! subscription, which the server does not offer yet).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
+
+use common::TempDir;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -38,14 +42,6 @@ fn uascale(args: &[&str]) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A running `uascale serve`; killed on drop.
@@ -144,8 +140,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn secured_sessions_with_asyncua() {
-    let dir = TempDir(std::env::temp_dir().join(format!("uascale-sec-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
+    let dir = TempDir::new("sec");
     std::fs::create_dir_all(dir.0.join("peer")).unwrap();
     let server_pki = dir.0.join("server-pki");
     let pki = server_pki.to_str().unwrap();

@@ -6,11 +6,40 @@
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_uascale");
+
+/// A directory under the system's temporary directory, removed with all it
+/// holds on drop (also when the test fails).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// `uascale-NAME-PID`, emptied if an earlier run left it, and created.
+    pub fn new(name: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("uascale-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// A running `uascale serve`.
 pub struct Served {
@@ -18,6 +47,9 @@ pub struct Served {
     pub child: Child,
     /// Its loopback port.
     pub port: u16,
+    /// A directory of its files (configuration, reports), removed after the
+    /// process is stopped.
+    pub dir: Option<TempDir>,
 }
 
 impl Served {
@@ -63,7 +95,11 @@ where
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut served = Served { child, port };
+    let mut served = Served {
+        child,
+        port,
+        dir: None,
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Ok(Some(status)) = served.child.try_wait() {
@@ -109,7 +145,11 @@ where
     let port = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("server printed its address");
-    Served { child, port }
+    Served {
+        child,
+        port,
+        dir: None,
+    }
 }
 
 /// A numeric field of `/proc/PID/status` (`Threads:`, `VmRSS:` in KiB,
