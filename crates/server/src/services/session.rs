@@ -277,7 +277,7 @@ fn create_session_inner(
             .map_or_else(ByteString::null, |i| {
                 ByteString::new(i.certificate().der().to_vec())
             }),
-        server_endpoints: Some(discovery::endpoints(
+        server_endpoints: Some(discovery::session_endpoints(
             ctx,
             req.endpoint_url.as_str_or_empty(),
         )),
@@ -1310,6 +1310,46 @@ mod tests {
                     password: ByteString::new(data),
                     encryption_algorithm: UaString::from(identity::RSA_OAEP_URI),
                 })
+            }
+        }
+
+        /// CreateSession's serverEndpoints carry only what Part 4 recommends
+        /// a server include and a client verify (server.applicationUri,
+        /// endpointUrl, securityMode, securityPolicyUri, userIdentityTokens,
+        /// transportProfileUri, securityLevel), the same as GetEndpoints
+        /// gives; no certificate per endpoint. The response still names the
+        /// server certificate once, in serverCertificate.
+        #[test]
+        fn create_session_endpoints_carry_what_a_client_verifies() {
+            let s = secure(3);
+            let ctx = s.ctx(1);
+            let created = s.create();
+            assert_eq!(
+                created.server_certificate.as_bytes(),
+                Some(s.server_cert.der())
+            );
+            let full = crate::services::discovery::get_endpoints(
+                &ctx,
+                &uascale_types::GetEndpointsRequest::default(),
+            )
+            .endpoints
+            .unwrap();
+            let given = created.server_endpoints.unwrap();
+            assert_eq!(given.len(), full.len());
+            for (g, f) in given.iter().zip(&full) {
+                assert_eq!(f.server_certificate.as_bytes(), Some(s.server_cert.der()));
+                assert!(g.server_certificate.is_null(), "{g:?}");
+                assert_eq!(g.server.application_uri, f.server.application_uri);
+                assert!(!g.server.application_uri.is_null());
+                assert!(g.server.application_name.text.is_null());
+                assert!(g.server.product_uri.is_null());
+                assert_eq!(g.server.discovery_urls, None);
+                assert_eq!(g.endpoint_url, f.endpoint_url);
+                assert_eq!(g.security_mode, f.security_mode);
+                assert_eq!(g.security_policy_uri, f.security_policy_uri);
+                assert_eq!(g.user_identity_tokens, f.user_identity_tokens);
+                assert_eq!(g.transport_profile_uri, f.transport_profile_uri);
+                assert_eq!(g.security_level, f.security_level);
             }
         }
 
