@@ -139,6 +139,7 @@ print(f"{n} subscribe={sub}: established {r['established']} in {r['establish_s']
       f"notified {f(r['notified'], '{}')}, server {f(r['server_cpu_ms_per_session'], '{:.3f}')} ms, "
       f"establishment {f(r['establishment_ms_per_session_publish_subtracted'], '{:.3f}')} ms, "
       f"{f(r['server_bytes_per_session'] and r['server_bytes_per_session'] / 1024, '{:.1f}')} KB per session"
+      f" ({f(r.get('server_bytes_per_session_held'), '{:.0f}')} B when the hold ended)"
       + (f", before subscribing {f(r.get('establishment_ms_per_session_before_subscribing'), '{:.3f}')} ms"
          f" then subscribing {f(r.get('subscription_ms_per_session'), '{:.3f}')} ms"
          if r.get('subscribe_after') else ""))

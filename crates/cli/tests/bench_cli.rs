@@ -197,6 +197,7 @@ fn bench_sessions_establishes_holds_and_reports_refusals() {
     assert_eq!(r["alive_after_hold"], 10, "{r}");
     assert_eq!(r["failures"], serde_json::json!({}), "{r}");
     assert!(r["server_bytes_per_session"].as_f64().is_some(), "{r}");
+    assert!(r["server_bytes_per_session_held"].as_f64().is_some(), "{r}");
     // Each session's subscription got a data change while held.
     assert_eq!(r["subscribed"], true, "{r}");
     assert_eq!(r["notified"], 10, "{r}");

@@ -413,8 +413,10 @@ pub struct ChannelSecurity {
     /// The ChannelThumbprint (SecureChannelEnhancements: the signature of
     /// the first OPN response); None otherwise. Session signatures are
     /// bound to it. (Shared, not owned: this struct is cloned per request
-    /// and sits in every connection.)
-    pub channel_thumbprint: Option<Arc<[u8]>>,
+    /// and sits in every connection; an `Arc<Vec>`, one pointer, rather
+    /// than an `Arc<[u8]>` of two: 8 bytes less in every connection, for
+    /// a field only ECC policies use.)
+    pub channel_thumbprint: Option<Arc<Vec<u8>>>,
 }
 
 impl ChannelSecurity {
@@ -430,7 +432,9 @@ impl ChannelSecurity {
 
     /// The ChannelThumbprint, empty when the channel has none.
     pub fn thumbprint(&self) -> &[u8] {
-        self.channel_thumbprint.as_deref().unwrap_or_default()
+        self.channel_thumbprint
+            .as_deref()
+            .map_or(&[][..], Vec::as_slice)
     }
 
     /// The peer certificate's key checked against the policy (RSA or ECC);

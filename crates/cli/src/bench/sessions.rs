@@ -547,6 +547,9 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             h.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e3 / established as f64,
             (h.rss_bytes.saturating_sub(b.rss_bytes)) as f64 / established as f64,
             e.cpu.saturating_sub(h.cpu).as_secs_f64() / hold.as_secs_f64().max(1e-9),
+            // At the end of the hold: what the sessions keep once quiet
+            // (the server drops a quiet channel's key schedules after 2 s).
+            (e.rss_bytes.saturating_sub(b.rss_bytes)) as f64 / established as f64,
         )),
         _ => None,
     };
@@ -599,6 +602,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         "all_notified": watch.as_ref().map(|_| established > 0 && notified == established),
         "server_cpu_ms_per_session": per_session.map(|p| p.0),
         "server_bytes_per_session": per_session.map(|p| p.1),
+        "server_bytes_per_session_held": per_session.map(|p| p.3),
         "server_cores_busy_while_holding": per_session.map(|p| p.2),
         "server_us_per_session_second_held": steady_per_session.map(|c| c * 1e6),
         "establishment_ms_per_session_publish_subtracted": separated.map(|s| s.all_ms),
@@ -634,12 +638,13 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             ),
         ));
     }
-    if let Some((ms, bytes, cores)) = per_session {
+    if let Some((ms, bytes, cores, held_bytes)) = per_session {
         rows.push((
             "server".to_owned(),
             format!(
-                "{ms:.3} ms CPU and {:.1} KB per session; {cores:.3} cores busy while holding",
-                bytes / 1024.0
+                "{ms:.3} ms CPU and {:.1} KB per session ({:.1} KB when the hold ended); {cores:.3} cores busy while holding",
+                bytes / 1024.0,
+                held_bytes / 1024.0
             ),
         ));
     }

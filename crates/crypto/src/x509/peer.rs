@@ -23,8 +23,11 @@ use crate::x509::{hex, Certificate};
 pub struct PeerCertificate {
     thumbprint: [u8; 20],
     known: Known,
-    spki: Box<[u8]>,
-    application_uri: Option<Box<str>>,
+    /// The SubjectPublicKeyInfo, then the applicationUri's bytes: one
+    /// allocation instead of two (this is kept per channel).
+    parts: Box<[u8]>,
+    spki_len: u32,
+    has_uri: bool,
     key_bits: u32,
     curve: Option<EccCurve>,
 }
@@ -41,7 +44,7 @@ impl fmt::Debug for PeerCertificate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PeerCertificate")
             .field("thumbprint", &hex(&self.thumbprint))
-            .field("application_uri", &self.application_uri)
+            .field("application_uri", &self.application_uri())
             .field("der_kept", &self.der().is_some())
             .finish_non_exhaustive()
     }
@@ -54,14 +57,21 @@ impl PeerCertificate {
     /// policy (only a digest of the DER is kept).
     pub fn new(certificate: &Certificate, ecc_curve: Option<EccCurve>) -> Self {
         let der = certificate.der();
+        let spki = certificate.subject_public_key_info_der();
+        let uri = certificate.application_uri();
+        let mut parts = Vec::with_capacity(spki.len() + uri.map_or(0, str::len));
+        parts.extend_from_slice(spki);
+        parts.extend_from_slice(uri.unwrap_or_default().as_bytes());
         PeerCertificate {
             thumbprint: certificate.thumbprint(),
             known: match ecc_curve {
                 Some(_) => Known::Der(der.into()),
                 None => Known::Sha256(sha256(der)),
             },
-            spki: certificate.subject_public_key_info_der().into(),
-            application_uri: certificate.application_uri().map(Into::into),
+            parts: parts.into_boxed_slice(),
+            // A certificate's DER, and so its SPKI, is far below 4 GB.
+            spki_len: u32::try_from(spki.len()).unwrap_or(u32::MAX),
+            has_uri: uri.is_some(),
             key_bits: u32::try_from(certificate.key_bits()).unwrap_or(u32::MAX),
             curve: ecc_curve,
         }
@@ -96,12 +106,18 @@ impl PeerCertificate {
 
     /// The SubjectPublicKeyInfo, DER encoded.
     pub fn subject_public_key_info_der(&self) -> &[u8] {
-        &self.spki
+        self.parts
+            .get(..self.spki_len as usize)
+            .unwrap_or(&self.parts)
     }
 
     /// The applicationUri of the subjectAltName, if any.
     pub fn application_uri(&self) -> Option<&str> {
-        self.application_uri.as_deref()
+        if !self.has_uri {
+            return None;
+        }
+        // Copied from a `str` in `new`: always UTF-8.
+        std::str::from_utf8(self.parts.get(self.spki_len as usize..)?).ok()
     }
 
     /// The key size in bits.
@@ -169,5 +185,10 @@ mod tests {
         assert!(!peer.is(other.der()));
         assert_eq!(peer.ecc_curve(), Some(EccCurve::NistP256));
         assert_eq!(peer.ecc_curve(), mine.ecc_curve());
+        assert_eq!(
+            peer.subject_public_key_info_der(),
+            mine.subject_public_key_info_der()
+        );
+        assert_eq!(peer.application_uri(), Some("urn:test:ecc"));
     }
 }

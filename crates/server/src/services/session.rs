@@ -1556,7 +1556,7 @@ mod tests {
             };
             let thumbprint = policy
                 .secure_channel_enhancements()
-                .then(|| Arc::from(&[0x5a; 64][..]));
+                .then(|| Arc::new(vec![0x5a; 64]));
             let channel = ChannelSecurity {
                 policy,
                 mode: MessageSecurityMode::SignAndEncrypt,
