@@ -547,8 +547,9 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             h.cpu.saturating_sub(b.cpu).as_secs_f64() * 1e3 / established as f64,
             (h.rss_bytes.saturating_sub(b.rss_bytes)) as f64 / established as f64,
             e.cpu.saturating_sub(h.cpu).as_secs_f64() / hold.as_secs_f64().max(1e-9),
-            // At the end of the hold: what the sessions keep once quiet
-            // (the server drops a quiet channel's key schedules after 2 s).
+            // At the end of the hold: with what the held sessions
+            // allocated since (memory freed meanwhile shows only if the
+            // server's allocator gave it back; glibc's keeps it).
             (e.rss_bytes.saturating_sub(b.rss_bytes)) as f64 / established as f64,
         )),
         _ => None,
