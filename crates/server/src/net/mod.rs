@@ -62,18 +62,15 @@ struct ConnectionSink {
 #[derive(Default)]
 struct Wakeup {
     permit: AtomicBool,
-    waker: std::sync::Mutex<Option<std::task::Waker>>,
+    waker: futures_util::task::AtomicWaker,
 }
 
 impl Wakeup {
     /// Wakes the waiting task, or leaves the permit for its next wait.
     fn notify_one(&self) {
         self.permit.store(true, Ordering::Release);
-        // Taken, not kept: a finished task's waker is not held on to.
-        let waker = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        // Takes the waker: a finished task's is not held on to.
+        self.waker.wake();
     }
 
     /// Ready once a wake-up was given since the last ready (taking it).
@@ -81,15 +78,9 @@ impl Wakeup {
         if self.permit.swap(false, Ordering::AcqRel) {
             return std::task::Poll::Ready(());
         }
-        {
-            let mut waker = self.waker.lock().unwrap_or_else(|p| p.into_inner());
-            match &*waker {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                _ => *waker = Some(cx.waker().clone()),
-            }
-        }
-        // A wake-up given before the waker was stored found no waker; its
-        // permit is seen here (the lock orders the two).
+        self.waker.register(cx.waker());
+        // A wake-up given before the waker was registered found none; its
+        // permit is seen here.
         if self.permit.swap(false, Ordering::AcqRel) {
             return std::task::Poll::Ready(());
         }
@@ -1577,7 +1568,7 @@ mod tests {
         assert_eq!(w.poll_wait(&mut cx), Poll::Pending);
         w.notify_one();
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
-        assert!(w.waker.lock().unwrap().is_none());
+        assert!(w.waker.take().is_none(), "the waker is held after waking");
         assert_eq!(w.poll_wait(&mut cx), Poll::Ready(()));
         assert_eq!(w.poll_wait(&mut cx), Poll::Pending);
         // Given twice while nobody waits: one permit.
