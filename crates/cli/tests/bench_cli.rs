@@ -238,12 +238,7 @@ fn bench_sessions_establishes_holds_and_reports_refusals() {
 
 #[test]
 fn bench_sessions_with_a_secured_policy_and_a_user() {
-    let dir = std::env::temp_dir().join(format!(
-        "uascale-bench-sec-{}-{}",
-        std::process::id(),
-        common::free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new(&format!("bench-sec-{}", common::free_port()));
     let mut hasher = Command::new(BIN)
         .args(["user", "hash"])
         .stdin(Stdio::piped())
@@ -328,7 +323,6 @@ fn bench_sessions_with_a_secured_policy_and_a_user() {
     assert_eq!(r["failures"]["BadUserAccessDenied"], 2, "{r}");
     assert_eq!(r["retries"], 0, "{r}");
     drop(s);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `bench fairness` against a server whose four workers serve the slow

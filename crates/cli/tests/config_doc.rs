@@ -9,11 +9,15 @@
 //! leaves out) has the default cell [`UNSET`]: it must not be printed with
 //! the defaults, and must be printed once a file sets it.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::process::Command;
 
 use uascale_server::admission::host;
 use uascale_server::ServerConfig;
+
+use common::TempDir;
 
 /// `section.key` -> the default's cell (None for `[[users]]`, which has no
 /// defaults).
@@ -128,8 +132,7 @@ fn configuration_doc_lists_every_key_with_its_default() {
         unset_printed.is_empty(),
         "optional keys printed with the defaults: {unset_printed:?}"
     );
-    let dir = std::env::temp_dir().join(format!("uascale-config-doc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("config-doc");
     let file = dir.join("users.toml");
     std::fs::write(
         &file,
@@ -141,7 +144,7 @@ fn configuration_doc_lists_every_key_with_its_default() {
     )
     .unwrap();
     let with_user = printed_keys(&print_config(&["--config", file.to_str().unwrap()]));
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     printed.extend(
         with_user
             .into_iter()
