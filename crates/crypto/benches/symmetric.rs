@@ -151,10 +151,32 @@ fn rsa(c: &mut Criterion) {
     });
 }
 
+/// What a secured OpenSecureChannel costs besides its RSA operations:
+/// parsing the client's certificate and its public key.
+fn certificate(c: &mut Criterion) {
+    use uascale_crypto::rsa::RsaPublicKey;
+    use uascale_crypto::x509::{create_self_signed, Certificate, SelfSignedParams};
+    let params = SelfSignedParams::new(
+        "urn:bench:client",
+        "bench client",
+        std::time::SystemTime::now(),
+    );
+    let created = create_self_signed(&params).unwrap();
+    let der = created.certificate.der().to_vec();
+    c.bench_function("x509/parse_rsa2048_certificate", |b| {
+        b.iter(|| Certificate::from_der(black_box(&der)).unwrap())
+    });
+    let spki = created.certificate.subject_public_key_info_der().to_vec();
+    c.bench_function("rsa2048/public_key_from_spki", |b| {
+        b.iter(|| RsaPublicKey::from_spki_der(black_box(&spki)).unwrap())
+    });
+}
+
 fn benches() {
     let mut c = Criterion::default().configure_from_args();
     symmetric(&mut c);
     rsa(&mut c);
+    certificate(&mut c);
 }
 
 criterion_main!(benches);

@@ -421,6 +421,21 @@ impl EccPrivateKey {
         }
         Ok(())
     }
+
+    /// The pairwise consistency check: a signature made with this key
+    /// verifies under its public half (with the key's own curve as the
+    /// policy's). A key that fails is unusable (`CryptoError::Config`).
+    /// Run when a server loads its own key; like
+    /// [`crate::rsa::RsaPrivateKey::check_pair`] it also does the one-time
+    /// seeding of aws-lc's random generator at load.
+    pub fn check_pair(&self) -> Result<(), CryptoError> {
+        let message = b"uascale pairwise consistency check";
+        let mut sig = Vec::with_capacity(self.signature_length());
+        self.sign(message, &mut sig)?;
+        self.public
+            .verify(self.curve, message, &sig)
+            .map_err(|_| config("ECC private key fails its pairwise consistency check"))
+    }
 }
 
 /// An ECC public key (a peer's, from its certificate).
@@ -655,6 +670,16 @@ mod tests {
         let e = a.agree(&off).unwrap_err();
         assert_eq!(e.status_code(), StatusCode::BadNonceInvalid);
         assert!(check_ephemeral(EccCurve::NistP256, &off).is_err());
+    }
+
+    #[test]
+    fn a_loaded_key_passes_its_pairwise_check() {
+        for curve in [EccCurve::NistP256, EccCurve::NistP384, EccCurve::Curve25519] {
+            let k = EccPrivateKey::generate(curve).unwrap();
+            k.check_pair().unwrap();
+            let again = EccPrivateKey::from_pkcs8_der(&k.to_pkcs8_der().unwrap()).unwrap();
+            again.check_pair().unwrap();
+        }
     }
 
     #[test]

@@ -181,6 +181,36 @@ impl RsaPrivateKey {
         Ok(())
     }
 
+    /// The pairwise consistency check: a PKCS#1 signature made with this
+    /// key verifies under its public half, and an OAEP block encrypted
+    /// under the public half decrypts to what went in. A key that fails is
+    /// unusable (`CryptoError::Config`).
+    ///
+    /// Run once when a server loads its own key, it also does the one-time
+    /// work of the first private-key operations at load rather than in the
+    /// first client's handshake: aws-lc seeds its random generator (tens of
+    /// milliseconds of CPU-jitter sampling, once per process) and caches
+    /// the key's Montgomery contexts.
+    pub fn check_pair(&self) -> Result<(), CryptoError> {
+        let broken = || config("RSA private key fails its pairwise consistency check");
+        let message = b"uascale pairwise consistency check";
+        let mut sig = Vec::with_capacity(self.size());
+        self.sign(SignatureScheme::Pkcs1Sha256, message, &mut sig)?;
+        self.public
+            .verify(SignatureScheme::Pkcs1Sha256, message, &sig)
+            .map_err(|_| broken())?;
+        let mut sealed = Vec::with_capacity(self.size());
+        self.public
+            .encrypt(EncryptionPadding::OaepSha1, message, &mut sealed)?;
+        let mut opened = Vec::with_capacity(message.len());
+        self.decrypt(EncryptionPadding::OaepSha1, &sealed, &mut opened)
+            .map_err(|_| broken())?;
+        if opened != message {
+            return Err(broken());
+        }
+        Ok(())
+    }
+
     /// Decrypts `ciphertext`, a whole number of RSA blocks, appending the
     /// plaintext to `out`. Any failure (wrong key, tampered block, bad
     /// length) is `BadSecurityChecksFailed` and leaves `out` as it was.
@@ -364,6 +394,25 @@ mod tests {
         assert!(k
             .public_key()
             .verify(SignatureScheme::Pkcs1Sha256, b"m", &sig)
+            .is_err());
+    }
+
+    #[test]
+    fn a_loaded_key_passes_its_pairwise_check() {
+        let k = key2048();
+        k.check_pair().unwrap();
+        let again = RsaPrivateKey::from_der(&k.to_pkcs8_der().unwrap()).unwrap();
+        again.check_pair().unwrap();
+        // The check decrypts what its public half encrypted: a key whose
+        // halves differ would not pass it.
+        let other = RsaPrivateKey::generate(2048).unwrap();
+        let mut sealed = Vec::new();
+        other
+            .public_key()
+            .encrypt(EncryptionPadding::OaepSha1, b"m", &mut sealed)
+            .unwrap();
+        assert!(k
+            .decrypt(EncryptionPadding::OaepSha1, &sealed, &mut Vec::new())
             .is_err());
     }
 
