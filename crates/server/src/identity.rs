@@ -56,13 +56,18 @@ pub enum UserIdentity {
     Anonymous,
     /// A configured user, by name.
     UserName(String),
-    /// An X509 user certificate.
-    X509 {
-        /// Its subject.
-        subject: String,
-        /// Its thumbprint.
-        thumbprint: [u8; 20],
-    },
+    /// An X509 user certificate (boxed: rare, and every session holds a
+    /// `UserIdentity`).
+    X509(Box<X509User>),
+}
+
+/// The user of a session activated with an X509 user certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct X509User {
+    /// The certificate's subject.
+    pub subject: String,
+    /// Its thumbprint.
+    pub thumbprint: [u8; 20],
 }
 
 impl UserIdentity {
@@ -72,7 +77,7 @@ impl UserIdentity {
         match self {
             UserIdentity::Anonymous => "Anonymous".to_owned(),
             UserIdentity::UserName(n) => n.clone(),
-            UserIdentity::X509 { subject, .. } => subject.clone(),
+            UserIdentity::X509(x) => x.subject.clone(),
         }
     }
 }

@@ -309,8 +309,8 @@ mod tests {
                     deadline: t0 + Duration::from_secs(3600),
                     activated: true,
                     name: t::UaString::from("t"),
-                    locale_ids: vec![],
-                    continuation_points: vec![],
+                    locale_ids: Box::default(),
+                    continuation_points: None,
                     server_nonce: [0; 32],
                     client_thumbprint: None,
                     client_uri: t::UaString::null(),
@@ -645,5 +645,25 @@ mod tests {
         assert!(!first.continuation_point.is_null());
         // max_browse_continuation_points (1) is held.
         assert_eq!(browse().status_code, StatusCode::BadNoContinuationPoints);
+        let held = |ctx: &ServiceContext| {
+            ctx.with_session(|s| s.continuation_points.as_ref().map_or(0, |c| c.len()))
+                .unwrap()
+        };
+        assert_eq!(held(&ctx), 1);
+        // Released: the session holds no continuation points, and no box.
+        let next = view::browse_next(
+            &ctx,
+            &t::BrowseNextRequest {
+                request_header: header(),
+                release_continuation_points: true,
+                continuation_points: Some(vec![first.continuation_point.clone()]),
+            },
+        )
+        .unwrap();
+        assert_eq!(next.results.unwrap()[0].status_code, StatusCode::Good);
+        assert!(ctx
+            .with_session(|s| s.continuation_points.is_none())
+            .unwrap());
+        assert_eq!(browse().status_code, StatusCode::Good);
     }
 }

@@ -45,11 +45,12 @@ pub struct Session {
     pub activated: bool,
     /// The client's session name.
     pub name: UaString,
-    /// Locale ids from ActivateSession.
-    pub locale_ids: Vec<UaString>,
-    /// Browse continuation points: id, the references still to return, and
-    /// the page size the client asked for.
-    pub continuation_points: Vec<(ByteString, Vec<ReferenceDescription>, usize)>,
+    /// Locale ids from ActivateSession (a boxed slice: two words, not
+    /// three).
+    pub locale_ids: Box<[UaString]>,
+    /// Browse continuation points (see [`ContinuationPoints`]); boxed and
+    /// made on the first one, as most sessions never hold one.
+    pub continuation_points: Option<Box<ContinuationPoints>>,
     /// The last nonce sent to the client (CreateSession, then each
     /// ActivateSession); the next ActivateSession's signatures and
     /// encrypted password must cover it.
@@ -74,6 +75,10 @@ pub struct Session {
     /// key last sent as ECDHKey (None on other policies: one pointer).
     pub ecc: Option<std::sync::Arc<EccSession>>,
 }
+
+/// A session's Browse continuation points: id, the references still to
+/// return, and the page size the client asked for.
+pub type ContinuationPoints = Vec<(ByteString, Vec<ReferenceDescription>, usize)>;
 
 #[derive(Debug, Default)]
 struct Shard {
@@ -594,7 +599,7 @@ impl SessionTable {
             s.security_mode = a.security_mode;
             s.activated = true;
             s.deadline = now + s.timeout;
-            s.locale_ids = a.locale_ids;
+            s.locale_ids = a.locale_ids.into();
             s.server_nonce = a.next_nonce;
             s.user = a.user;
             if let Some(ecc) = a.ecc {
@@ -798,7 +803,7 @@ impl SessionTable {
                 },
                 server_uri: UaString::from(server_uri),
                 endpoint_url: s.endpoint_url.clone(),
-                locale_ids: Some(s.locale_ids.clone()),
+                locale_ids: Some(s.locale_ids.to_vec()),
                 actual_session_timeout: s.timeout.as_secs_f64() * 1000.0,
                 max_response_message_size,
                 client_connection_time: s.created,
@@ -857,7 +862,7 @@ impl SessionTable {
                 let mechanism = match s.user {
                     crate::identity::UserIdentity::Anonymous => "Anonymous",
                     crate::identity::UserIdentity::UserName(_) => "UserName",
-                    crate::identity::UserIdentity::X509 { .. } => "X509Certificate",
+                    crate::identity::UserIdentity::X509(_) => "X509Certificate",
                 };
                 ExtensionObject::new(uascale_types::SessionSecurityDiagnosticsDataType {
                     session_id: s.session_id.clone(),
@@ -900,6 +905,21 @@ impl SessionTable {
 mod tests {
     use super::*;
 
+    /// Every session holds one `Session` (boxed in the table), so its
+    /// size is memory per session (issue 17): what most sessions never
+    /// use (locales, Browse continuation points, an X509 user) is kept
+    /// behind a pointer.
+    #[test]
+    fn a_session_stays_small() {
+        // glibc gives a 272-byte struct a 288-byte chunk (320: 336).
+        assert!(
+            std::mem::size_of::<Session>() <= 272,
+            "Session is {} bytes",
+            std::mem::size_of::<Session>()
+        );
+        assert!(std::mem::size_of::<crate::identity::UserIdentity>() <= 24);
+    }
+
     fn session(now: Instant, deadline: Duration) -> Session {
         Session {
             session_id: NodeId::ns0(1),
@@ -908,8 +928,8 @@ mod tests {
             deadline: now + deadline,
             activated: false,
             name: UaString::null(),
-            locale_ids: vec![],
-            continuation_points: vec![],
+            locale_ids: Box::default(),
+            continuation_points: None,
             server_nonce: [0; 32],
             client_thumbprint: None,
             client_uri: UaString::null(),

@@ -167,7 +167,7 @@ pub fn record_of(owner: &str, token: &NodeId, s: &Session) -> SessionRecord {
         security_mode: s.security_mode,
         endpoint_url: s.endpoint_url.clone(),
         timeout: s.timeout,
-        locale_ids: s.locale_ids.clone(),
+        locale_ids: s.locale_ids.to_vec(),
         created: s.created,
         activated: s.activated,
         ecc: s.ecc.as_ref().map(|e| EccRecord {
@@ -193,8 +193,8 @@ pub fn session_of(r: &SessionRecord, now: Instant) -> Session {
         deadline: now + r.timeout,
         activated: r.activated,
         name: r.name.clone(),
-        locale_ids: r.locale_ids.clone(),
-        continuation_points: Vec::new(),
+        locale_ids: r.locale_ids.clone().into(),
+        continuation_points: None,
         server_nonce: r.server_nonce,
         client_thumbprint: r.client_thumbprint,
         client_uri: r.client_uri.clone(),
@@ -1044,7 +1044,7 @@ mod tests {
             channel_id: 1,
         };
         a.heard(&ev, &token, Some(&s));
-        s.locale_ids = vec!["de".into()];
+        s.locale_ids = Box::new(["de".into()]);
         a.heard(&ev, &token, Some(&s));
         assert_eq!(a.pending_writes(), 1, "one write per session");
         assert!(now(a.write_pending()));
@@ -1139,7 +1139,7 @@ mod tests {
         assert_eq!(adopted.len(), 1);
         // a still serves it: its next write conflicts, sees the same nonce
         // (no client came) and writes it back instead of letting it go.
-        s.locale_ids = vec!["it".into()];
+        s.locale_ids = Box::new(["it".into()]);
         a.heard(&ev, &token, Some(&s));
         assert!(now(a.write_pending()));
         assert!(now(a.write_pending()));
@@ -1234,7 +1234,7 @@ mod tests {
         b.end_claim(&key, Some(&c), &s.session_id);
         assert_eq!(c.previous_owner, "a");
         // a, not having heard yet, writes what it has: it loses and evicts.
-        s.locale_ids = vec!["fr".into()];
+        s.locale_ids = Box::new(["fr".into()]);
         a.heard(&ev, &token, Some(&s));
         assert!(now(a.write_pending()));
         assert_eq!(*lock(&evicted_a), vec![token.clone()]);

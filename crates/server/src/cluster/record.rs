@@ -231,13 +231,10 @@ impl SessionRecord {
                 1u8.encode(&mut w);
                 UaString::from(n.as_str()).encode(&mut w);
             }
-            UserIdentity::X509 {
-                subject,
-                thumbprint,
-            } => {
+            UserIdentity::X509(x) => {
                 2u8.encode(&mut w);
-                UaString::from(subject.as_str()).encode(&mut w);
-                ByteString::new(thumbprint.to_vec()).encode(&mut w);
+                UaString::from(x.subject.as_str()).encode(&mut w);
+                ByteString::new(x.thumbprint.to_vec()).encode(&mut w);
             }
         }
         UaString::from(self.security_policy.uri()).encode(&mut w);
@@ -283,10 +280,10 @@ impl SessionRecord {
             1 => UserIdentity::UserName(
                 text(UaString::decode(&mut r)?).ok_or(RecordError::Field("user"))?,
             ),
-            2 => UserIdentity::X509 {
+            2 => UserIdentity::X509(Box::new(crate::identity::X509User {
                 subject: text(UaString::decode(&mut r)?).ok_or(RecordError::Field("user"))?,
                 thumbprint: fixed::<20>(&ByteString::decode(&mut r)?, "user")?,
-            },
+            })),
             _ => return Err(RecordError::Field("user")),
         };
         let security_policy = UaString::decode(&mut r)?
@@ -728,10 +725,10 @@ pub(crate) mod tests {
             client_thumbprint: Some([7; 20]),
             client_uri: UaString::from("urn:client"),
             name: UaString::from("s"),
-            user: UserIdentity::X509 {
+            user: UserIdentity::X509(Box::new(crate::identity::X509User {
                 subject: "CN=u".into(),
                 thumbprint: [9; 20],
-            },
+            })),
             security_policy: SecurityPolicy::Basic256Sha256,
             security_mode: MessageSecurityMode::SignAndEncrypt,
             endpoint_url: UaString::from("opc.tcp://front:4840"),

@@ -290,9 +290,7 @@ impl Scheduler {
         }
         match &s.user {
             crate::identity::UserIdentity::UserName(name) => self.trusted.iter().any(|t| t == name),
-            crate::identity::UserIdentity::X509 { thumbprint, .. } => {
-                self.trusts_thumbprint(thumbprint)
-            }
+            crate::identity::UserIdentity::X509(x) => self.trusts_thumbprint(&x.thumbprint),
             crate::identity::UserIdentity::Anonymous => false,
         }
     }

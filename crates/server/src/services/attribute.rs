@@ -97,7 +97,7 @@ pub fn read_fast(ctx: &mut ServiceContext, message: &[u8]) -> Option<Vec<u8>> {
 /// a node with translations is read - most Reads never need them.
 pub struct Locales<'c> {
     ctx: &'c ServiceContext,
-    ids: std::cell::OnceCell<Vec<UaString>>,
+    ids: std::cell::OnceCell<Box<[UaString]>>,
 }
 
 impl<'c> Locales<'c> {
@@ -938,7 +938,7 @@ mod tests {
             activated: true,
             name: UaString::null(),
             locale_ids: locales.iter().map(|l| UaString::from(*l)).collect(),
-            continuation_points: vec![],
+            continuation_points: None,
             server_nonce: [0; 32],
             client_thumbprint: None,
             client_uri: UaString::null(),

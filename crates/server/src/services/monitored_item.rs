@@ -635,8 +635,8 @@ mod tests {
                         deadline: t0 + std::time::Duration::from_secs(60),
                         activated: true,
                         name: UaString::from("t"),
-                        locale_ids: vec![],
-                        continuation_points: vec![],
+                        locale_ids: Box::default(),
+                        continuation_points: None,
                         server_nonce: [0; 32],
                         client_thumbprint: None,
                         client_uri: UaString::null(),
@@ -998,7 +998,7 @@ mod tests {
                 .with(&token(), None, false, f.t0, |s| s.clone())
                 .unwrap()
         };
-        second.continuation_points.clear();
+        second.continuation_points = None;
         f.state
             .sessions
             .insert(NodeId::opaque(0, vec![8; 32]), second)

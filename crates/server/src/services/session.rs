@@ -249,8 +249,8 @@ fn create_session_inner(
         deadline: ctx.instant + ctx.config.server.activation_deadline,
         activated: false,
         name: req.session_name.clone(),
-        locale_ids: Vec::new(),
-        continuation_points: Vec::new(),
+        locale_ids: Box::default(),
+        continuation_points: None,
         server_nonce: nonce,
         client_thumbprint,
         client_uri: req.client_description.application_uri.clone(),
@@ -456,10 +456,12 @@ fn check_identity(
                     .map_err(|_| StatusCode::BadUserSignatureInvalid)?;
             }
         }
-        return Ok(Some(UserIdentity::X509 {
-            subject: cert.subject_name().to_owned(),
-            thumbprint: cert.thumbprint(),
-        }));
+        return Ok(Some(UserIdentity::X509(Box::new(
+            crate::identity::X509User {
+                subject: cert.subject_name().to_owned(),
+                thumbprint: cert.thumbprint(),
+            },
+        ))));
     }
     if token.downcast_ref::<IssuedIdentityToken>().is_some() {
         // No UserTokenPolicy of this server names issued tokens.

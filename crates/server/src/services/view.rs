@@ -133,14 +133,15 @@ fn page(
     let cp = ByteString::new(id.to_vec());
     ctx.with_session(|s| {
         let most = ctx.config.operation_limits.max_browse_continuation_points;
-        if s.continuation_points.len() >= usize::from(most) {
+        let cps = s.continuation_points.get_or_insert_with(Box::default);
+        if cps.len() >= usize::from(most) {
             return BrowseResult {
                 status_code: StatusCode::BadNoContinuationPoints,
                 continuation_point: ByteString::null(),
                 references: None,
             };
         }
-        s.continuation_points.push((cp.clone(), rest, max));
+        cps.push((cp.clone(), rest, max));
         BrowseResult {
             status_code: StatusCode::Good,
             continuation_point: cp,
@@ -195,11 +196,14 @@ pub fn browse_next(
     for cp in cps {
         let taken = ctx
             .with_session(|s| {
-                let i = s
-                    .continuation_points
-                    .iter()
-                    .position(|(id, _, _)| id == cp)?;
-                Some(s.continuation_points.swap_remove(i))
+                let cps = s.continuation_points.as_mut()?;
+                let i = cps.iter().position(|(id, _, _)| id == cp)?;
+                let taken = cps.swap_remove(i);
+                if cps.is_empty() {
+                    // The last one: the session holds no box again.
+                    s.continuation_points = None;
+                }
+                Some(taken)
             })
             .map_err(|e| e.status_code())?;
         results.push(match taken {
