@@ -433,15 +433,15 @@ impl Pki {
             .or_else(|| x509::from_pem("RSA PRIVATE KEY", own_key.as_bytes()))
             .ok_or_else(|| invalid(&key_path, "no PRIVATE KEY PEM block"))?;
         let key = RsaPrivateKey::from_der(&key_der).map_err(|e| invalid(&key_path, e))?;
-        // Also seeds aws-lc's random generator now instead of in the first
-        // client's handshake.
-        key.check_pair().map_err(|e| invalid(&key_path, e))?;
         if key.public_key().spki_der() != own_certificate.subject_public_key_info_der() {
             return Err(invalid(
                 &key_path,
                 "does not belong to the certificate in own/certs",
             ));
         }
+        // Also seeds aws-lc's random generator now instead of in the first
+        // client's handshake.
+        key.check_pair().map_err(|e| invalid(&key_path, e))?;
         if own_certificate.application_uri() != Some(identity.application_uri.as_str()) {
             return Err(invalid(
                 &cert_path,
@@ -769,10 +769,10 @@ pub fn open_own_ecc(
     let der = x509::from_pem("PRIVATE KEY", key.as_bytes())
         .ok_or_else(|| invalid(&key_path, "no PRIVATE KEY PEM block"))?;
     let key = EccPrivateKey::from_pkcs8_der(&der).map_err(|e| invalid(&key_path, e))?;
-    key.check_pair().map_err(|e| invalid(&key_path, e))?;
     if key.curve() != curve || key.public_key().spki_der() != cert.subject_public_key_info_der() {
         return Err(invalid(&key_path, "does not belong to the certificate"));
     }
+    key.check_pair().map_err(|e| invalid(&key_path, e))?;
     if cert.application_uri() != Some(identity.application_uri.as_str()) {
         return Err(invalid(
             &cert_path,

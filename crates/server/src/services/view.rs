@@ -133,15 +133,17 @@ fn page(
     let cp = ByteString::new(id.to_vec());
     ctx.with_session(|s| {
         let most = ctx.config.operation_limits.max_browse_continuation_points;
-        let cps = s.continuation_points.get_or_insert_with(Box::default);
-        if cps.len() >= usize::from(most) {
+        let held = s.continuation_points.as_ref().map_or(0, |c| c.len());
+        if held >= usize::from(most) {
             return BrowseResult {
                 status_code: StatusCode::BadNoContinuationPoints,
                 continuation_point: ByteString::null(),
                 references: None,
             };
         }
-        cps.push((cp.clone(), rest, max));
+        s.continuation_points
+            .get_or_insert_with(Box::default)
+            .push((cp.clone(), rest, max));
         BrowseResult {
             status_code: StatusCode::Good,
             continuation_point: cp,
