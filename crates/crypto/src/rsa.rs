@@ -18,6 +18,7 @@ use aws_lc_rs::rsa::{
     PrivateDecryptingKey, PublicEncryptingKey, OAEP_SHA1_MGF1SHA1, OAEP_SHA256_MGF1SHA256,
 };
 use aws_lc_rs::signature::{self, KeyPair as _, ParsedPublicKey, RsaParameters};
+use std::sync::OnceLock;
 use uascale_types::StatusCode;
 
 use crate::CryptoError;
@@ -245,11 +246,17 @@ impl RsaPrivateKey {
 }
 
 /// An RSA public key (a peer's, from its certificate).
+///
+/// Parsed for PKCS#1 verification when made; the PSS and OAEP forms are
+/// parsed on their first use. aws-lc keeps a separate key object (and
+/// Montgomery cache) for each form, and a channel or session uses only one
+/// or two of them: a Basic256Sha256 session's client key was parsed six
+/// times (three forms, twice) and is now parsed three.
 pub struct RsaPublicKey {
     spki: Vec<u8>,
     pkcs1: ParsedPublicKey,
-    pss: ParsedPublicKey,
-    encrypting: OaepPublicEncryptingKey,
+    pss: OnceLock<ParsedPublicKey>,
+    encrypting: OnceLock<OaepPublicEncryptingKey>,
     bits: usize,
 }
 
@@ -274,15 +281,10 @@ impl RsaPublicKey {
             status: StatusCode::BadCertificateInvalid,
             what,
         };
-        let encrypting = PublicEncryptingKey::from_der(der)
-            .map_err(|_| invalid("public key is not an RSA SubjectPublicKeyInfo"))?;
-        let bits = encrypting.key_size_bits();
-        let encrypting = OaepPublicEncryptingKey::new(encrypting)
-            .map_err(|_| invalid("RSA public key unusable for OAEP"))?;
         let pkcs1 = ParsedPublicKey::new(&PKCS1_ANY, der)
-            .map_err(|_| invalid("RSA public key rejected"))?;
-        let pss =
-            ParsedPublicKey::new(&PSS_ANY, der).map_err(|_| invalid("RSA public key rejected"))?;
+            .map_err(|_| invalid("public key is not an RSA SubjectPublicKeyInfo"))?;
+        let bits =
+            modulus_bits(der).ok_or(invalid("public key is not an RSA SubjectPublicKeyInfo"))?;
         if !(2048..=8192).contains(&bits) {
             return Err(CryptoError::Certificate {
                 status: StatusCode::BadCertificatePolicyCheckFailed,
@@ -292,10 +294,32 @@ impl RsaPublicKey {
         Ok(RsaPublicKey {
             spki: der.to_vec(),
             pkcs1,
-            pss,
-            encrypting,
+            pss: OnceLock::new(),
+            encrypting: OnceLock::new(),
             bits,
         })
+    }
+
+    /// The key parsed for PSS verification (on first use).
+    fn pss(&self) -> Result<&ParsedPublicKey, CryptoError> {
+        if let Some(k) = self.pss.get() {
+            return Ok(k);
+        }
+        let k = ParsedPublicKey::new(&PSS_ANY, &self.spki)
+            .map_err(|_| checks_failed("RSA public key rejected for PSS"))?;
+        Ok(self.pss.get_or_init(|| k))
+    }
+
+    /// The key parsed for OAEP encryption (on first use).
+    fn encrypting(&self) -> Result<&OaepPublicEncryptingKey, CryptoError> {
+        if let Some(k) = self.encrypting.get() {
+            return Ok(k);
+        }
+        let k = PublicEncryptingKey::from_der(&self.spki)
+            .ok()
+            .and_then(|k| OaepPublicEncryptingKey::new(k).ok())
+            .ok_or(config("RSA public key unusable for OAEP"))?;
+        Ok(self.encrypting.get_or_init(|| k))
     }
 
     /// The DER `SubjectPublicKeyInfo`.
@@ -328,7 +352,7 @@ impl RsaPublicKey {
     ) -> Result<(), CryptoError> {
         let key = match scheme {
             SignatureScheme::Pkcs1Sha256 => &self.pkcs1,
-            SignatureScheme::PssSha256 => &self.pss,
+            SignatureScheme::PssSha256 => self.pss()?,
         };
         key.verify_sig(message, signature)
             .map_err(|_| checks_failed("RSA signature does not verify"))
@@ -348,12 +372,13 @@ impl RsaPublicKey {
             return Err(config("RSA key too small for the padding"));
         }
         let size = self.size();
+        let encrypting = self.encrypting()?;
         let start = out.len();
         for p in plaintext.chunks(block) {
             let at = out.len();
             out.resize(at + size, 0);
             let c = out.get_mut(at..).unwrap_or_default();
-            match self.encrypting.encrypt(padding.algorithm(), p, c, None) {
+            match encrypting.encrypt(padding.algorithm(), p, c, None) {
                 Ok(written) if written.len() == size => {}
                 _ => {
                     out.truncate(start);
@@ -363,6 +388,21 @@ impl RsaPublicKey {
         }
         Ok(())
     }
+}
+
+/// The exact bit length of the modulus in an RSA `SubjectPublicKeyInfo`
+/// (aws-lc's count: leading zero bits left out).
+fn modulus_bits(spki: &[u8]) -> Option<usize> {
+    use x509_parser::prelude::FromDer;
+    use x509_parser::public_key::PublicKey;
+    let (_, info) = x509_parser::x509::SubjectPublicKeyInfo::from_der(spki).ok()?;
+    let PublicKey::RSA(rsa) = info.parsed().ok()? else {
+        return None;
+    };
+    let n = rsa.modulus;
+    let at = n.iter().position(|b| *b != 0)?;
+    let top = n.get(at)?;
+    Some((n.len() - at - 1) * 8 + (8 - top.leading_zeros() as usize))
 }
 
 #[cfg(test)]
@@ -458,6 +498,43 @@ mod tests {
         assert!(RsaPrivateKey::from_der(b"\x30\x03\x02\x01\x00").is_err());
         let e = RsaPublicKey::from_spki_der(b"junk").unwrap_err();
         assert_eq!(e.status_code(), StatusCode::BadCertificateInvalid);
+    }
+
+    /// A peer key is parsed for PKCS#1 when made; PSS and OAEP forms follow
+    /// on first use, and the size comes from the modulus itself.
+    #[test]
+    fn a_public_key_parses_its_other_forms_on_first_use() {
+        let k = key2048();
+        let public = RsaPublicKey::from_spki_der(k.public_key().spki_der()).unwrap();
+        assert_eq!(public.bits(), 2048);
+        assert!(public.pss.get().is_none() && public.encrypting.get().is_none());
+        let mut sig = Vec::new();
+        k.sign(SignatureScheme::Pkcs1Sha256, b"m", &mut sig)
+            .unwrap();
+        public
+            .verify(SignatureScheme::Pkcs1Sha256, b"m", &sig)
+            .unwrap();
+        assert!(public.pss.get().is_none() && public.encrypting.get().is_none());
+        sig.clear();
+        k.sign(SignatureScheme::PssSha256, b"m", &mut sig).unwrap();
+        public
+            .verify(SignatureScheme::PssSha256, b"m", &sig)
+            .unwrap();
+        assert!(public.pss.get().is_some() && public.encrypting.get().is_none());
+        let mut sealed = Vec::new();
+        public
+            .encrypt(EncryptionPadding::OaepSha256, b"secret", &mut sealed)
+            .unwrap();
+        assert!(public.encrypting.get().is_some());
+        let mut plain = Vec::new();
+        k.decrypt(EncryptionPadding::OaepSha256, &sealed, &mut plain)
+            .unwrap();
+        assert_eq!(plain, b"secret");
+
+        // The modulus length of another size; not an RSA key: none.
+        let k3 = RsaPrivateKey::generate(3072).unwrap();
+        assert_eq!(modulus_bits(k3.public_key().spki_der()), Some(3072));
+        assert_eq!(modulus_bits(b"junk"), None);
     }
 
     /// DER TLV at the front of `d`: (tag, content, rest).

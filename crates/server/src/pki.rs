@@ -563,7 +563,8 @@ impl Pki {
         now: SystemTime,
     ) -> Result<Certificate, CryptoError> {
         let chain = Certificate::parse_chain(chain_der)?;
-        self.validate_as(CertificateUse::Client, chain, policy, application_uri, now)
+        self.validate_as(CertificateUse::Client, &chain, policy, application_uri, now)?;
+        leaf_of(chain)
     }
 
     /// Validates a user's X509 identity certificate against the same trust
@@ -575,7 +576,8 @@ impl Pki {
         now: SystemTime,
     ) -> Result<Certificate, CryptoError> {
         let chain = Certificate::parse_chain(chain_der)?;
-        self.validate_as(CertificateUse::User, chain, policy, None, now)
+        self.validate_as(CertificateUse::User, &chain, policy, None, now)?;
+        leaf_of(chain)
     }
 
     /// The hook for the secure channel: validates a client certificate
@@ -584,14 +586,16 @@ impl Pki {
         self.validate_client(der, None, None, now).map(|_| ())
     }
 
+    /// Validates `chain` (leaf first) for `usage`; a rejected leaf is
+    /// copied to rejected/certs.
     fn validate_as(
         &self,
         usage: CertificateUse,
-        chain: Vec<Certificate>,
+        chain: &[Certificate],
         policy: Option<SecurityPolicy>,
         application_uri: Option<&str>,
         now: SystemTime,
-    ) -> Result<Certificate, CryptoError> {
+    ) -> Result<(), CryptoError> {
         let (min_key_bits, max_key_bits) = match policy {
             Some(p) if !p.is_none() => (p.min_asymmetric_key_bits(), p.max_asymmetric_key_bits()),
             _ => (2048, 4096),
@@ -607,7 +611,7 @@ impl Pki {
             trust_all: usage == CertificateUse::Client
                 && self.options.trust_all_client_certificates,
         };
-        let mut result = self.trust_list(now).validate(&chain, &options, now);
+        let mut result = self.trust_list(now).validate(chain, &options, now);
         if let Err(e) = &result {
             let status = e.status_code();
             let miss = status == StatusCode::BadCertificateUntrusted
@@ -617,28 +621,19 @@ impl Pki {
             // The operator may just have trusted it: look again (at most
             // once a second, so a storm of strangers costs no disk scans).
             if miss && self.maybe_reload(now, Duration::from_secs(1)) {
-                result = self.snapshot().validate(&chain, &options, now);
+                result = self.snapshot().validate(chain, &options, now);
             }
         }
-        let leaf = chain.into_iter().next();
-        match (result, leaf) {
-            (Ok(()), Some(leaf)) => Ok(leaf),
-            (Err(e), Some(leaf)) => {
-                tracing::info!(
-                    subject = leaf.subject_name(),
-                    thumbprint = %leaf.thumbprint_hex(),
-                    reason = %e,
-                    "certificate rejected"
-                );
-                self.store_rejected(&leaf);
-                Err(e)
-            }
-            (Err(e), None) => Err(e),
-            (Ok(()), None) => Err(CryptoError::Certificate {
-                status: StatusCode::BadCertificateInvalid,
-                what: "no certificate",
-            }),
+        if let (Err(e), Some(leaf)) = (&result, chain.first()) {
+            tracing::info!(
+                subject = leaf.subject_name(),
+                thumbprint = %leaf.thumbprint_hex(),
+                reason = %e,
+                "certificate rejected"
+            );
+            self.store_rejected(leaf);
         }
+        result
     }
 
     /// Copies `cert` to rejected/certs (if not there yet), removing the
@@ -672,16 +667,23 @@ impl uascale_proto::security::CertificateValidator for Pki {
         policy: SecurityPolicy,
     ) -> Result<(), CryptoError> {
         // The channel parsed the leaf already: a chain of just the leaf
-        // (the common case) is not parsed again.
-        let chain = if chain == certificate.der() {
-            vec![certificate.clone()]
-        } else {
-            Certificate::parse_chain(chain)?
-        };
+        // (the common case) is neither parsed again nor copied.
         let now = SystemTime::now();
-        self.validate_as(CertificateUse::Client, chain, Some(policy), None, now)
-            .map(|_| ())
+        if chain == certificate.der() {
+            let chain = std::slice::from_ref(certificate);
+            return self.validate_as(CertificateUse::Client, chain, Some(policy), None, now);
+        }
+        let chain = Certificate::parse_chain(chain)?;
+        self.validate_as(CertificateUse::Client, &chain, Some(policy), None, now)
     }
+}
+
+/// The leaf of a validated chain.
+fn leaf_of(chain: Vec<Certificate>) -> Result<Certificate, CryptoError> {
+    chain.into_iter().next().ok_or(CryptoError::Certificate {
+        status: StatusCode::BadCertificateInvalid,
+        what: "no certificate",
+    })
 }
 
 /// Deletes the oldest files of `dir` until at most `keep` remain.

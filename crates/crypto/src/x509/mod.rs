@@ -370,11 +370,14 @@ impl Certificate {
         cert: &x509_parser::certificate::X509Certificate<'_>,
     ) -> Result<(), CryptoError> {
         use x509_parser::extensions::ParsedExtension;
-        let mut seen = std::collections::HashSet::new();
+        // By the OIDs' DER contents: no string per extension.
+        let mut seen: Vec<&[u8]> = Vec::new();
         for ext in cert.tbs_certificate.extensions() {
-            if !seen.insert(ext.oid.to_id_string()) {
+            let oid = ext.oid.as_bytes();
+            if seen.contains(&oid) {
                 return Err(bad_cert("duplicate certificate extension"));
             }
+            seen.push(oid);
             match ext.parsed_extension() {
                 ParsedExtension::SubjectAlternativeName(san) => {
                     for name in &san.general_names {

@@ -207,6 +207,28 @@ mod pki {
         Certificate::from_der(&der).unwrap()
     }
 
+    /// An extension that appears twice makes the certificate invalid
+    /// (RFC 5280 §4.2); once is fine.
+    #[test]
+    fn a_repeated_extension_is_refused() {
+        let root = ca("root", 0, T0, T0 + 10 * YEAR, None);
+        let issuer = Issuer::from_params(&root.params, &root.key);
+        let ext =
+            || rcgen::CustomExtension::from_oid_content(&[1, 3, 6, 1, 4, 1, 55555, 1], vec![5, 0]);
+        let mut p = base("leaf", T0, T0 + YEAR);
+        p.custom_extensions = vec![ext(), ext()];
+        let der = p.signed_by(&key(3), &issuer).unwrap().der().to_vec();
+        let e = Certificate::from_der(&der).unwrap_err();
+        assert_eq!(
+            e.status_code(),
+            uascale_types::StatusCode::BadCertificateInvalid
+        );
+        assert!(e.to_string().contains("duplicate"), "{e}");
+        p.custom_extensions = vec![ext()];
+        let der = p.signed_by(&key(3), &issuer).unwrap().der().to_vec();
+        Certificate::from_der(&der).unwrap();
+    }
+
     /// A CRL of `ca` revoking `revoked`.
     pub fn crl(ca: &Ca, revoked: &[&Certificate]) -> Crl {
         let params = CertificateRevocationListParams {

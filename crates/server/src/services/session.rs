@@ -90,6 +90,22 @@ fn random_bytes<const N: usize>() -> Result<[u8; N], StatusCode> {
     Ok(b)
 }
 
+/// CreateSession's random values: the server nonce, the authentication
+/// token and the session id.
+type SessionRandoms = ([u8; 32], [u8; 32], [u8; 16]);
+
+/// [`SessionRandoms`] in one draw (one system call, not three).
+fn session_randoms() -> Result<SessionRandoms, StatusCode> {
+    let b = random_bytes::<80>()?;
+    let part = |r: std::ops::Range<usize>| b.get(r).unwrap_or_default();
+    let bad = |_| StatusCode::BadInternalError;
+    Ok((
+        part(0..32).try_into().map_err(bad)?,
+        part(32..64).try_into().map_err(bad)?,
+        part(64..80).try_into().map_err(bad)?,
+    ))
+}
+
 /// The leaf of a certificate chain sent as concatenated DER.
 fn leaf_der(chain: &[u8]) -> Result<&[u8], StatusCode> {
     // SEQUENCE with a long-form length (every certificate is > 127 bytes).
@@ -168,7 +184,7 @@ fn create_session_inner(
     let policy = ctx.channel.policy;
     let mut client_thumbprint = None;
     let mut server_signature = SignatureData::default();
-    let nonce = random_bytes::<32>()?;
+    let (nonce, token, session_id) = session_randoms()?;
     let mut ecc = None;
     let mut additional_header = ExtensionObject::default();
     if !policy.is_none() {
@@ -240,8 +256,8 @@ fn create_session_inner(
         }
         client_thumbprint = Some(channel_cert.thumbprint());
     }
-    let token = NodeId::opaque(0, random_bytes::<32>()?.to_vec());
-    let session_id = NodeId::guid(1, uascale_types::Guid::from_bytes(random_bytes::<16>()?));
+    let token = NodeId::opaque(0, token.to_vec());
+    let session_id = NodeId::guid(1, uascale_types::Guid::from_bytes(session_id));
     let session = Session {
         session_id: session_id.clone(),
         channel_id: ctx.channel_id,
