@@ -300,6 +300,7 @@ struct Running {
     abort: tokio::task::AbortHandle,
 }
 
+mod crypto;
 mod metrics_http;
 pub mod proxy;
 mod timers;
@@ -320,11 +321,11 @@ struct Shared {
     /// Connections without an activated session yet, per source address
     /// (`max_unfinished_handshakes_per_address`).
     unfinished: std::sync::Mutex<crate::admission::address::PerAddressCount>,
-    /// Places for asymmetric (OpenSecureChannel) work, run off the event
-    /// loop on the blocking pool: as many as the process has CPUs, so RSA
-    /// during a connect storm cannot hold up the reads and publishes of
-    /// established sessions.
-    crypto: tokio::sync::Semaphore,
+    /// The threads for asymmetric (OpenSecureChannel) work, off the event
+    /// loop: as many as the process has CPUs, so RSA during a connect
+    /// storm cannot hold up the reads and publishes of established
+    /// sessions.
+    crypto: crypto::CryptoPool,
 }
 
 /// A running connection task (a few words each; a `JoinSet` would add an
@@ -589,9 +590,10 @@ impl Server {
             stopping: std::sync::atomic::AtomicBool::new(false),
             open_files_soft: crate::admission::host::OpenFiles::current().soft,
             unfinished: std::sync::Mutex::default(),
-            crypto: tokio::sync::Semaphore::new(
+            crypto: crypto::CryptoPool::start(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
-            ),
+                "uascale-crypto",
+            )?,
         });
         // The connections hear which of them carry activated sessions.
         let weak = Arc::downgrade(&shared);
@@ -1021,7 +1023,7 @@ fn serve(
 /// among the handshakes in flight is asked for before anything is
 /// decrypted or verified (SCALABILITY.md §2; refused: ERR
 /// `BadTcpServerTooBusy` with the hint, and `conn` closes), then the work
-/// runs on the blocking pool when one of the [`Shared::crypto`] places is
+/// runs on one of the [`Shared::crypto`] threads once one is
 /// free; then what it yields goes out. Returns the connection and what was
 /// left of the bytes; `None` if the work panicked.
 async fn run_handshake(
@@ -1055,17 +1057,16 @@ async fn run_handshake(
         }
     }
     let _in_flight = InFlight(metrics);
-    let permit = shared.crypto.acquire().await.ok()?;
-    let done = tokio::task::spawn_blocking(move || {
-        let mut bytes = bytes;
-        if let Err(e) = conn.handle_input(clock(), &mut bytes) {
-            tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
-        }
-        (conn, bytes)
-    })
-    .await;
-    drop(permit);
-    let (mut conn, rest) = done.ok()?;
+    let (mut conn, rest) = shared
+        .crypto
+        .run(move || {
+            let mut bytes = bytes;
+            if let Err(e) = conn.handle_input(clock(), &mut bytes) {
+                tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
+            }
+            (conn, bytes)
+        })
+        .await?;
     place.finish(Instant::now());
     handle_events(&mut conn, &shared.state, queue);
     flush(&mut conn, stream).await;

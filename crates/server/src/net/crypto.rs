@@ -1,0 +1,153 @@
+//! The threads that run the asymmetric work of secured OpenSecureChannel
+//! requests (RSA or ECC private-key operations, a quarter of a millisecond
+//! and more each) off the event loop, so that a connect storm cannot hold
+//! up the reads and publishes of established sessions.
+//!
+//! A fixed set of threads, started with the server, one per CPU the
+//! process may use, rather than tokio's blocking pool: that pool starts a
+//! thread whenever none is idle at the moment work arrives, and on a busy
+//! core the thread that just finished has often not parked yet, so a
+//! single-CPU server grew four of them within a thousand handshakes (each
+//! with its own malloc arena, which spread the sessions' memory over more
+//! arenas and made the memory per session unsteady from run to run).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A fixed set of threads for handshake cryptography, and the places that
+/// bound the work in flight to their number.
+pub(super) struct CryptoPool {
+    jobs: Sender<Job>,
+    places: tokio::sync::Semaphore,
+}
+
+impl CryptoPool {
+    /// Starts `threads` threads (at least one), named `name-0`, `name-1`,
+    /// ... They end when the pool is dropped and the work they run has
+    /// finished.
+    pub(super) fn start(threads: usize, name: &str) -> std::io::Result<CryptoPool> {
+        let threads = threads.max(1);
+        let (jobs, queue) = channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..threads {
+            let queue = Arc::clone(&queue);
+            std::thread::Builder::new()
+                .name(format!("{name}-{i}"))
+                .spawn(move || work(&queue))?;
+        }
+        Ok(CryptoPool {
+            jobs,
+            places: tokio::sync::Semaphore::new(threads),
+        })
+    }
+
+    /// Runs `f` on one of the threads once one is free, and gives what it
+    /// returned; `None` if it panicked (the panic is caught: the thread
+    /// lives on) or the pool is gone.
+    pub(super) async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> R + Send + 'static,
+    ) -> Option<R> {
+        let _place = self.places.acquire().await.ok()?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            let out = std::panic::catch_unwind(AssertUnwindSafe(f));
+            // The waiting task may be gone (its connection was aborted).
+            let _ = tx.send(out);
+        });
+        self.jobs.send(job).ok()?;
+        rx.await.ok()?.ok()
+    }
+}
+
+/// A thread's loop: the next job, until the pool's sender is dropped.
+fn work(queue: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = {
+            let Ok(queue) = queue.lock() else { return };
+            match queue.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            }
+        };
+        job();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads of this process whose name starts with `pool-test` (the
+    /// kernel keeps 15 bytes of a name).
+    fn pool_threads() -> usize {
+        let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+            return 0;
+        };
+        dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.starts_with("pool-test"))
+            .count()
+    }
+
+    /// The pool's thread count once it is `n` (a new thread names itself
+    /// when it starts), or after a second.
+    fn pool_threads_reach(n: usize) -> usize {
+        for _ in 0..100 {
+            if pool_threads() == n {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        pool_threads()
+    }
+
+    /// Work runs on the pool's threads, at most as many at once as there
+    /// are threads; a panic is an answer of None and the thread lives on;
+    /// the threads end with the pool.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runs_work_bounded_survives_panics_and_ends_with_the_pool() {
+        let before = pool_threads();
+        let pool = Arc::new(CryptoPool::start(2, "pool-test").unwrap());
+        assert_eq!(pool_threads_reach(before + 2), before + 2);
+
+        let name = pool
+            .run(|| std::thread::current().name().map(str::to_owned))
+            .await
+            .flatten()
+            .unwrap();
+        assert!(name.starts_with("pool-test-"), "{name}");
+
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (pool, running, most) = (Arc::clone(&pool), running.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                pool.run(move || {
+                    use std::sync::atomic::Ordering::SeqCst;
+                    let now = running.fetch_add(1, SeqCst) + 1;
+                    most.fetch_max(now, SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    running.fetch_sub(1, SeqCst);
+                    7
+                })
+                .await
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), Some(7));
+        }
+        assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+        let panicked: Option<()> = pool.run(|| panic!("a panic the test provokes")).await;
+        assert_eq!(panicked, None);
+        assert_eq!(pool.run(|| 1 + 1).await, Some(2));
+        assert_eq!(pool_threads(), before + 2);
+
+        drop(pool);
+        assert_eq!(pool_threads_reach(before), before);
+    }
+}
