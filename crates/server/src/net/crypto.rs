@@ -11,17 +11,33 @@
 //! with its own malloc arena, which spread the sessions' memory over more
 //! arenas and made the memory per session unsteady from run to run).
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 type Job = Box<dyn FnOnce() + Send>;
 
 /// A fixed set of threads for handshake cryptography, and the places that
 /// bound the work in flight to their number.
 pub(super) struct CryptoPool {
-    jobs: Sender<Job>,
+    queue: Arc<Queue>,
     places: tokio::sync::Semaphore,
+}
+
+/// The jobs waiting for a thread. A mutex and a condition variable: a
+/// thread with nothing to do sleeps at once (std's channels spin and
+/// yield first, which on a busy core is a context switch more per job).
+#[derive(Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    jobs: VecDeque<Job>,
+    /// The pool was dropped: the threads end once the jobs are done.
+    closed: bool,
 }
 
 impl CryptoPool {
@@ -30,8 +46,7 @@ impl CryptoPool {
     /// finished.
     pub(super) fn start(threads: usize, name: &str) -> std::io::Result<CryptoPool> {
         let threads = threads.max(1);
-        let (jobs, queue) = channel::<Job>();
-        let queue = Arc::new(Mutex::new(queue));
+        let queue = Arc::new(Queue::default());
         for i in 0..threads {
             let queue = Arc::clone(&queue);
             std::thread::Builder::new()
@@ -39,7 +54,7 @@ impl CryptoPool {
                 .spawn(move || work(&queue))?;
         }
         Ok(CryptoPool {
-            jobs,
+            queue,
             places: tokio::sync::Semaphore::new(threads),
         })
     }
@@ -58,22 +73,49 @@ impl CryptoPool {
             // The waiting task may be gone (its connection was aborted).
             let _ = tx.send(out);
         });
-        self.jobs.send(job).ok()?;
+        {
+            let mut state = self.queue.state.lock().ok()?;
+            if state.closed {
+                return None;
+            }
+            state.jobs.push_back(job);
+        }
+        self.queue.ready.notify_one();
         rx.await.ok()?.ok()
     }
 }
 
-/// A thread's loop: the next job, until the pool's sender is dropped.
-fn work(queue: &Mutex<Receiver<Job>>) {
+impl Drop for CryptoPool {
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.queue.state.lock() {
+            state.closed = true;
+        }
+        self.queue.ready.notify_all();
+    }
+}
+
+/// A thread's loop: the next job, until the pool is dropped and no job is
+/// left. (A job never panics out: `run` catches it.)
+fn work(queue: &Queue) {
+    let Ok(mut state) = queue.state.lock() else {
+        return;
+    };
     loop {
-        let job = {
-            let Ok(queue) = queue.lock() else { return };
-            match queue.recv() {
-                Ok(job) => job,
+        if let Some(job) = state.jobs.pop_front() {
+            drop(state);
+            job();
+            state = match queue.state.lock() {
+                Ok(state) => state,
                 Err(_) => return,
-            }
-        };
-        job();
+            };
+        } else if state.closed {
+            return;
+        } else {
+            state = match queue.ready.wait(state) {
+                Ok(state) => state,
+                Err(_) => return,
+            };
+        }
     }
 }
 
