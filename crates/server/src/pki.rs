@@ -668,13 +668,15 @@ impl uascale_proto::security::CertificateValidator for Pki {
     ) -> Result<(), CryptoError> {
         // The channel parsed the leaf already: a chain of just the leaf
         // (the common case) is neither parsed again nor copied.
+        let parsed;
+        let chain = if chain == certificate.der() {
+            std::slice::from_ref(certificate)
+        } else {
+            parsed = Certificate::parse_chain(chain)?;
+            &parsed
+        };
         let now = SystemTime::now();
-        if chain == certificate.der() {
-            let chain = std::slice::from_ref(certificate);
-            return self.validate_as(CertificateUse::Client, chain, Some(policy), None, now);
-        }
-        let chain = Certificate::parse_chain(chain)?;
-        self.validate_as(CertificateUse::Client, &chain, Some(policy), None, now)
+        self.validate_as(CertificateUse::Client, chain, Some(policy), None, now)
     }
 }
 

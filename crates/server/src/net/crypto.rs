@@ -46,17 +46,19 @@ impl CryptoPool {
     /// finished.
     pub(super) fn start(threads: usize, name: &str) -> std::io::Result<CryptoPool> {
         let threads = threads.max(1);
-        let queue = Arc::new(Queue::default());
+        let pool = CryptoPool {
+            queue: Arc::new(Queue::default()),
+            places: tokio::sync::Semaphore::new(threads),
+        };
         for i in 0..threads {
-            let queue = Arc::clone(&queue);
+            let queue = Arc::clone(&pool.queue);
+            // On an error the pool is dropped, which ends the threads
+            // already started.
             std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
                 .spawn(move || work(&queue))?;
         }
-        Ok(CryptoPool {
-            queue,
-            places: tokio::sync::Semaphore::new(threads),
-        })
+        Ok(pool)
     }
 
     /// Runs `f` on one of the threads once one is free, and gives what it
