@@ -178,7 +178,7 @@ mod tests {
         let c = checked(
             "[admission]\nenabled = false\nconnections_per_second = 100\n\
              connection_burst_per_address = 10\nmax_channel_count = 50\n\
-             [runtime]\nworker_threads = 3\n",
+             [runtime]\nworker_threads = 3\ncrypto_threads = 0\n",
         )
         .unwrap();
         assert!(!c.admission.enabled);
@@ -187,6 +187,14 @@ mod tests {
         assert_eq!(c.admission.connections_per_second_per_address, None);
         assert_eq!(c.admission.max_channel_count, Some(50));
         assert_eq!(c.runtime.worker_threads, Some(3));
+        assert_eq!(c.runtime.crypto_threads, Some(0));
+        let e = checked("[runtime]\ncrypto_threads = 5000\n").unwrap_err();
+        assert!(
+            e.starts_with("runtime.crypto_threads = 5000: must be at most 1024"),
+            "{e}"
+        );
+        let e = checked("[runtime]\ncrypto_threads = -1\n").unwrap_err();
+        assert!(e.contains("crypto_threads"), "{e}");
         let e = checked("[admission]\nconnections_per_second_per_address = 600\n").unwrap_err();
         assert!(
             e.starts_with("admission.connections_per_second_per_address = 600: must not exceed"),

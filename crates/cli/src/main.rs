@@ -267,7 +267,11 @@ fn serve(config: ServerConfig, format: LogFormat) -> ExitCode {
     let open_files = host::raise_open_files_limit();
     let cpus = host::CpuReport::detect();
     let workers = config.runtime.worker_threads.unwrap_or(cpus.usable);
-    tracing::info!("host: {cpus}; {workers} worker threads; {open_files}");
+    let crypto = match config.runtime.crypto_threads.unwrap_or(cpus.usable) {
+        0 => "handshake crypto in place".to_owned(),
+        n => format!("{n} crypto threads"),
+    };
+    tracing::info!("host: {cpus}; {workers} worker threads, {crypto}; {open_files}");
     // Each session holds a connection, and so a descriptor.
     if let Some(soft) = open_files.soft {
         let wanted = config.server.max_session_count as u64 + 64;

@@ -330,8 +330,8 @@ impl ServerConnection {
     /// Whether handling `input` would do asymmetric (RSA) work: it holds a
     /// complete OpenSecureChannel message of a secured policy. Cheap (the
     /// message headers only), so the driver can ask admission for a
-    /// handshake place and move that work off its event loop before
-    /// anything is decrypted or verified.
+    /// handshake place (and move that work off its event loop, if it
+    /// wants) before anything is decrypted or verified.
     pub fn has_asymmetric_work(&self, input: &[u8]) -> bool {
         if matches!(self.state, State::Closed(_)) {
             return false;

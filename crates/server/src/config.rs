@@ -893,7 +893,21 @@ pub struct RuntimeSection {
     /// uascale serve` uses eight.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_threads: Option<usize>,
+    /// Threads for the asymmetric work of secured OpenSecureChannel
+    /// requests (`crypto_threads`, at most [`MAX_CRYPTO_THREADS`]), started
+    /// with the server. Default derived: the CPUs the process may use. On
+    /// them a connect storm's RSA cannot hold up established sessions'
+    /// publishes (the kernel lets a worker with input preempt them). 0: the
+    /// work runs in place, on the worker that read the request, which
+    /// saves the handoff and the preemptions (several context switches per
+    /// handshake) but lets a storm delay publishes (docs/benchmarks.md,
+    /// "RSA in place or on crypto threads").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crypto_threads: Option<usize>,
 }
+
+/// The most `runtime.crypto_threads` accepted.
+pub const MAX_CRYPTO_THREADS: usize = 1024;
 
 /// `[[users]]`: one account for UserName tokens. Both keys are required.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -995,6 +1009,7 @@ impl ServerConfig {
             self.subscriptions.max_publish_request_count,
         );
         c.runtime.worker_threads = Some(self.runtime.worker_threads.unwrap_or(cpus.max(1)));
+        c.runtime.crypto_threads = Some(self.runtime.crypto_threads.unwrap_or(cpus.max(1)));
         c
     }
 
@@ -1217,6 +1232,17 @@ impl ServerConfig {
         if let Some(n) = self.runtime.worker_threads {
             at_least("runtime.worker_threads", count(n), 1)?;
         }
+        if let Some(n) = self
+            .runtime
+            .crypto_threads
+            .filter(|n| *n > MAX_CRYPTO_THREADS)
+        {
+            return fail(
+                "runtime.crypto_threads",
+                n,
+                &format!("must be at most {MAX_CRYPTO_THREADS}"),
+            );
+        }
         Ok(())
     }
 
@@ -1434,6 +1460,7 @@ mod tests {
         assert_eq!(a.max_channel_count, Some(22_000));
         assert_eq!(a.max_concurrent_session_establishment, Some(128));
         assert_eq!(r.runtime.worker_threads, Some(4));
+        assert_eq!(r.runtime.crypto_threads, Some(4));
         // 8 x CPUs wins over 128 on larger machines.
         let big = c.resolved(32);
         assert_eq!(
@@ -1465,9 +1492,11 @@ mod tests {
         let mut set = ServerConfig::default();
         set.admission.max_channel_count = Some(5);
         set.runtime.worker_threads = Some(3);
+        set.runtime.crypto_threads = Some(0);
         let once = set.resolved(16);
         assert_eq!(once.admission.max_channel_count, Some(5));
         assert_eq!(once.runtime.worker_threads, Some(3));
+        assert_eq!(once.runtime.crypto_threads, Some(0));
         assert_eq!(once.resolved(2), once);
         once.validate().unwrap();
         c.validate().unwrap();
@@ -1567,10 +1596,17 @@ mod tests {
                 .contains("admission.max_unfinished_handshakes_per_address")
         );
         assert!(check(&|c| c.runtime.worker_threads = Some(0)).contains("runtime.worker_threads"));
-        // Zero is meaningful for these two.
+        assert!(
+            check(&|c| c.runtime.crypto_threads = Some(MAX_CRYPTO_THREADS + 1))
+                .contains("runtime.crypto_threads")
+        );
+        // Zero is meaningful for these three.
         let mut c = ServerConfig::default();
         c.admission.session_establishment_queue_limit = 0;
         c.admission.open_files_headroom = 0;
+        c.runtime.crypto_threads = Some(0);
+        c.validate().unwrap();
+        c.runtime.crypto_threads = Some(MAX_CRYPTO_THREADS);
         c.validate().unwrap();
     }
 }

@@ -322,10 +322,11 @@ struct Shared {
     /// (`max_unfinished_handshakes_per_address`).
     unfinished: std::sync::Mutex<crate::admission::address::PerAddressCount>,
     /// The threads for asymmetric (OpenSecureChannel) work, off the event
-    /// loop: as many as the process has CPUs, so RSA during a connect
-    /// storm cannot hold up the reads and publishes of established
-    /// sessions.
-    crypto: crypto::CryptoPool,
+    /// loop (`runtime.crypto_threads`; by default as many as the process
+    /// has CPUs), so RSA during a connect storm cannot hold up the reads
+    /// and publishes of established sessions; `None` (set to 0): that work
+    /// runs in place, on the worker that read the request.
+    crypto: Option<crypto::CryptoPool>,
 }
 
 /// A running connection task (a few words each; a `JoinSet` would add an
@@ -583,6 +584,13 @@ impl Server {
             Some(addr) => Some(listen(addr, METRICS_BACKLOG)?),
             None => None,
         };
+        let threads = state.config.runtime.crypto_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        });
+        let crypto = match threads {
+            0 => None,
+            n => Some(crypto::CryptoPool::start(n, "uascale-crypto")?),
+        };
         let shared = Arc::new(Shared {
             state,
             next_channel_id: AtomicU32::new(1),
@@ -590,10 +598,7 @@ impl Server {
             stopping: std::sync::atomic::AtomicBool::new(false),
             open_files_soft: crate::admission::host::OpenFiles::current().soft,
             unfinished: std::sync::Mutex::default(),
-            crypto: crypto::CryptoPool::start(
-                std::thread::available_parallelism().map_or(1, |n| n.get()),
-                "uascale-crypto",
-            )?,
+            crypto,
         });
         // The connections hear which of them carry activated sessions.
         let weak = Arc::downgrade(&shared);
@@ -914,7 +919,8 @@ fn serve(
                 () = timer.as_mut(), if armed => Wake::Timer,
             };
             // Set when the bytes read hold a secured OpenSecureChannel: its
-            // asymmetric work runs below, off this event loop.
+            // asymmetric work runs below, after admission gave it a place
+            // (off this event loop unless `runtime.crypto_threads` is 0).
             let mut deferred = false;
             let out = BUFFERS.with(|b| {
                 let mut b = b.borrow_mut();
@@ -1023,9 +1029,9 @@ fn serve(
 /// among the handshakes in flight is asked for before anything is
 /// decrypted or verified (SCALABILITY.md §2; refused: ERR
 /// `BadTcpServerTooBusy` with the hint, and `conn` closes), then the work
-/// runs on one of the [`Shared::crypto`] threads once one is
-/// free; then what it yields goes out. Returns the connection and what was
-/// left of the bytes; `None` if the work panicked.
+/// runs in place, or on one of the [`Shared::crypto`] threads once one is
+/// free when there are any; then what it yields goes out. Returns the
+/// connection and what was left of the bytes; `None` if the work panicked.
 async fn run_handshake(
     shared: &Shared,
     queue: &Arc<ConnectionSink>,
@@ -1057,16 +1063,18 @@ async fn run_handshake(
         }
     }
     let _in_flight = InFlight(metrics);
-    let (mut conn, rest) = shared
-        .crypto
-        .run(move || {
-            let mut bytes = bytes;
-            if let Err(e) = conn.handle_input(clock(), &mut bytes) {
-                tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
-            }
-            (conn, bytes)
-        })
-        .await?;
+    let work = move || {
+        let mut bytes = bytes;
+        if let Err(e) = conn.handle_input(clock(), &mut bytes) {
+            tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
+        }
+        (conn, bytes)
+    };
+    let (mut conn, rest) = match &shared.crypto {
+        Some(pool) => pool.run(work).await?,
+        // In place, with a panic caught as the pool catches it.
+        None => std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).ok()?,
+    };
     place.finish(Instant::now());
     handle_events(&mut conn, &shared.state, queue);
     flush(&mut conn, stream).await;
@@ -1203,7 +1211,7 @@ const MAX_READ: usize = 64 * 1024;
 /// when a read filled it, halved (down to [`MIN_READ`]) when a read used
 /// under a quarter. Bytes holding a secured OpenSecureChannel are not
 /// handled here: they all go to `pending` and `deferred` is set, for the
-/// caller to run their asymmetric work off the event loop.
+/// caller to ask admission for a handshake place first.
 fn read_and_handle(
     stream: &mut TcpStream,
     conn: &mut ServerConnection,
@@ -1229,7 +1237,7 @@ fn read_and_handle(
         *room = (want / 2).max(MIN_READ) as u32;
     }
     if n > 0 && conn.has_asymmetric_work(buf) {
-        // Left for the caller to run off the event loop, all of it (what
+        // Left for the caller (a handshake place first), all of it (what
         // follows the OPN must be handled after it).
         *deferred = true;
         *pending = buf.to_vec();

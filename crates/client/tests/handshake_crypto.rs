@@ -1,0 +1,131 @@
+//! The server's handshake crypto, in place and on its own threads
+//! (`runtime.crypto_threads`), against the client in the same process over
+//! real loopback sockets. A test binary of its own: it counts this
+//! process's threads.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use uascale_client::{Client, ClientOptions};
+use uascale_server::{Server, ServerConfig};
+use uascale_types as t;
+use uascale_types::{NodeId, Variant};
+
+/// The names of this process's threads (`/proc/self/task/*/comm`).
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|n| n.trim_end().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A Basic256Sha256 SignAndEncrypt session through two token renewals
+/// (each an asymmetric OpenSecureChannel), with the handshake crypto in
+/// place (`runtime.crypto_threads` 0) and on two crypto threads, which
+/// the server starts and ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rsa_handshakes_in_place_and_on_crypto_threads() {
+    use uascale_client::{SecurityOptions, ServerTrust};
+    use uascale_crypto::policy::SecurityPolicy;
+    use uascale_crypto::x509::{create_self_signed, SelfSignedParams};
+    use uascale_proto::security::{Identity, PrivateKey};
+
+    let made = create_self_signed(&SelfSignedParams::new(
+        "urn:uascale:test:rsa-client",
+        "rsa client",
+        std::time::SystemTime::now() - Duration::from_secs(60),
+    ))
+    .unwrap();
+    let identity = Arc::new(
+        Identity::with_key(
+            made.certificate,
+            PrivateKey::from_der(&made.private_key_pkcs8_der).unwrap(),
+        )
+        .unwrap(),
+    );
+    let crypto_threads_running = || {
+        thread_names()
+            .iter()
+            .filter(|n| n.starts_with("uascale-crypto"))
+            .count()
+    };
+    for threads in [0, 2] {
+        let pki = std::env::temp_dir().join(format!(
+            "uascale-rsa-threads-{threads}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&pki);
+        let mut config = ServerConfig {
+            server: uascale_server::config::ServerSection {
+                bind: [127, 0, 0, 1].into(),
+                port: 0,
+                host_name: "127.0.0.1".into(),
+                ..Default::default()
+            },
+            security: uascale_server::config::SecurityConfig {
+                pki_dir: pki.clone(),
+                trust_all_client_certificates: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        config.limits.min_token_lifetime = Duration::from_secs(1);
+        config.runtime.crypto_threads = Some(threads);
+        let server = Server::bind(config).unwrap();
+        // Each thread names itself once it runs.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while crypto_threads_running() < threads && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(crypto_threads_running(), threads, "started with the server");
+        let url = format!("opc.tcp://{}", server.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+
+        let mut options = ClientOptions {
+            security: SecurityOptions {
+                policy: SecurityPolicy::Basic256Sha256,
+                mode: t::MessageSecurityMode::SignAndEncrypt,
+                certificate: Some(Arc::clone(&identity)),
+                trust: ServerTrust::UnsafeAcceptAny,
+                server_certificate: None,
+            },
+            application_uri: "urn:uascale:test:rsa-client".into(),
+            ..Default::default()
+        };
+        options.channel.requested_lifetime = Duration::from_secs(1);
+        let client = Client::connect(&url, options)
+            .await
+            .unwrap_or_else(|e| panic!("{threads} threads: {e}"));
+        client.create_session("rsa").await.unwrap();
+        for round in 0..3 {
+            if round > 0 {
+                tokio::time::sleep(Duration::from_millis(900)).await;
+            }
+            let v = client.read_values(&[NodeId::ns0(2259)]).await.unwrap();
+            assert_eq!(v[0].value, Some(Variant::Int32(0)), "{threads} threads");
+        }
+        assert!(
+            client.token_renewals() >= 2,
+            "{threads} threads: renewed twice"
+        );
+        assert_eq!(crypto_threads_running(), threads, "while serving");
+        client.close().await;
+
+        let _ = stop.send(());
+        running.await.unwrap().unwrap();
+        // The threads end with the server.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while crypto_threads_running() > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(crypto_threads_running(), 0, "{threads} threads ended");
+        let _ = std::fs::remove_dir_all(&pki);
+    }
+}
