@@ -79,7 +79,7 @@ async fn rsa_handshakes_in_place_and_on_crypto_threads() {
         // Each thread names itself once it runs.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while crypto_threads_running() < threads && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(crypto_threads_running(), threads, "started with the server");
         let url = format!("opc.tcp://{}", server.local_addr().unwrap());

@@ -3,13 +3,15 @@
 //! and more each) off the event loop, so that a connect storm cannot hold
 //! up the reads and publishes of established sessions.
 //!
-//! A fixed set of threads, started with the server, one per CPU the
-//! process may use, rather than tokio's blocking pool: that pool starts a
-//! thread whenever none is idle at the moment work arrives, and on a busy
-//! core the thread that just finished has often not parked yet, so a
-//! single-CPU server grew four of them within a thousand handshakes (each
-//! with its own malloc arena, which spread the sessions' memory over more
-//! arenas and made the memory per session unsteady from run to run).
+//! A fixed set of threads, started with the server
+//! (`runtime.crypto_threads`, by default one per CPU the process may use;
+//! with 0 the work runs in place and there is no pool), rather than
+//! tokio's blocking pool: that pool starts a thread whenever none is idle
+//! at the moment work arrives, and on a busy core the thread that just
+//! finished has often not parked yet, so a single-CPU server grew four of
+//! them within a thousand handshakes (each with its own malloc arena,
+//! which spread the sessions' memory over more arenas and made the memory
+//! per session unsteady from run to run).
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
