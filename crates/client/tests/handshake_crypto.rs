@@ -3,11 +3,12 @@
 //! real loopback sockets. A test binary of its own: it counts this
 //! process's threads.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
 use uascale_client::{Client, ClientOptions};
-use uascale_server::{Server, ServerConfig};
+use uascale_server::Server;
 use uascale_types as t;
 use uascale_types::{NodeId, Variant};
 
@@ -23,6 +24,14 @@ fn thread_names() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// How many of this process's threads are crypto threads.
+fn crypto_threads_running() -> usize {
+    thread_names()
+        .iter()
+        .filter(|n| n.starts_with("uascale-crypto"))
+        .count()
+}
+
 /// A Basic256Sha256 SignAndEncrypt session through two token renewals
 /// (each an asymmetric OpenSecureChannel), with the handshake crypto in
 /// place (`runtime.crypto_threads` 0) and on two crypto threads, which
@@ -31,56 +40,28 @@ fn thread_names() -> Vec<String> {
 async fn rsa_handshakes_in_place_and_on_crypto_threads() {
     use uascale_client::{SecurityOptions, ServerTrust};
     use uascale_crypto::policy::SecurityPolicy;
-    use uascale_crypto::x509::{create_self_signed, SelfSignedParams};
-    use uascale_proto::security::{Identity, PrivateKey};
 
-    let made = create_self_signed(&SelfSignedParams::new(
-        "urn:uascale:test:rsa-client",
-        "rsa client",
-        std::time::SystemTime::now() - Duration::from_secs(60),
-    ))
-    .unwrap();
-    let identity = Arc::new(
-        Identity::with_key(
-            made.certificate,
-            PrivateKey::from_der(&made.private_key_pkcs8_der).unwrap(),
-        )
-        .unwrap(),
-    );
-    let crypto_threads_running = || {
-        thread_names()
-            .iter()
-            .filter(|n| n.starts_with("uascale-crypto"))
-            .count()
-    };
+    let identity = common::client_identity("rsa client");
     for threads in [0, 2] {
         let pki = std::env::temp_dir().join(format!(
             "uascale-rsa-threads-{threads}-{}",
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&pki);
-        let mut config = ServerConfig {
-            server: uascale_server::config::ServerSection {
-                bind: [127, 0, 0, 1].into(),
-                port: 0,
-                host_name: "127.0.0.1".into(),
-                ..Default::default()
-            },
-            security: uascale_server::config::SecurityConfig {
-                pki_dir: pki.clone(),
-                trust_all_client_certificates: true,
-                ..Default::default()
-            },
+        let mut config = common::config();
+        config.security = uascale_server::config::SecurityConfig {
+            pki_dir: pki.clone(),
+            trust_all_client_certificates: true,
             ..Default::default()
         };
         config.limits.min_token_lifetime = Duration::from_secs(1);
         config.runtime.crypto_threads = Some(threads);
         let server = Server::bind(config).unwrap();
         // Each thread names itself once it runs.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while crypto_threads_running() < threads && std::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        common::eventually(Duration::from_secs(5), || {
+            crypto_threads_running() >= threads
+        })
+        .await;
         assert_eq!(crypto_threads_running(), threads, "started with the server");
         let url = format!("opc.tcp://{}", server.local_addr().unwrap());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -92,11 +73,11 @@ async fn rsa_handshakes_in_place_and_on_crypto_threads() {
             security: SecurityOptions {
                 policy: SecurityPolicy::Basic256Sha256,
                 mode: t::MessageSecurityMode::SignAndEncrypt,
-                certificate: Some(Arc::clone(&identity)),
+                certificate: Some(std::sync::Arc::clone(&identity)),
                 trust: ServerTrust::UnsafeAcceptAny,
                 server_certificate: None,
             },
-            application_uri: "urn:uascale:test:rsa-client".into(),
+            application_uri: "urn:uascale:client".into(),
             ..Default::default()
         };
         options.channel.requested_lifetime = Duration::from_secs(1);
@@ -121,10 +102,7 @@ async fn rsa_handshakes_in_place_and_on_crypto_threads() {
         let _ = stop.send(());
         running.await.unwrap().unwrap();
         // The threads end with the server.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while crypto_threads_running() > 0 && std::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        common::eventually(Duration::from_secs(5), || crypto_threads_running() == 0).await;
         assert_eq!(crypto_threads_running(), 0, "{threads} threads ended");
         let _ = std::fs::remove_dir_all(&pki);
     }
