@@ -584,9 +584,11 @@ impl Server {
             Some(addr) => Some(listen(addr, METRICS_BACKLOG)?),
             None => None,
         };
-        let threads = state.config.runtime.crypto_threads.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-        });
+        let threads = state
+            .config
+            .runtime
+            .crypto_threads
+            .unwrap_or_else(crate::admission::host::usable_cpus);
         let crypto = match threads {
             0 => None,
             n => Some(crypto::CryptoPool::start(n, "uascale-crypto")?),
