@@ -268,7 +268,7 @@ fn serve(config: ServerConfig, format: LogFormat) -> ExitCode {
     let cpus = host::CpuReport::detect();
     let workers = config.runtime.worker_threads.unwrap_or(cpus.usable);
     let crypto = match config.runtime.crypto_threads.unwrap_or(cpus.usable) {
-        0 => "handshake crypto in place".to_owned(),
+        0 => "handshake crypto in place, taking turns".to_owned(),
         n => format!("{n} crypto threads"),
     };
     tracing::info!("host: {cpus}; {workers} worker threads, {crypto}; {open_files}");

@@ -898,10 +898,12 @@ pub struct RuntimeSection {
     /// with the server. Default derived: the CPUs the process may use. On
     /// them a connect storm's RSA cannot hold up established sessions'
     /// publishes (the kernel lets a worker with input preempt them). 0: the
-    /// work runs in place, on the worker that read the request, which
-    /// saves the handoff and the preemptions (several context switches per
-    /// handshake) but lets a storm delay publishes (docs/benchmarks.md,
-    /// "RSA in place or on crypto threads").
+    /// work runs in place, on the worker that read the request, one job
+    /// per worker at a time and what became ready meanwhile before the
+    /// next; that saves the handoff and the preemptions (several context
+    /// switches per handshake), but a publish arriving during a job waits
+    /// for its end (docs/benchmarks.md, "RSA in place or on crypto
+    /// threads").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crypto_threads: Option<usize>,
 }

@@ -1,11 +1,19 @@
-//! The threads that run the asymmetric work of secured OpenSecureChannel
-//! requests (RSA or ECC private-key operations, a quarter of a millisecond
-//! and more each) off the event loop, so that a connect storm cannot hold
-//! up the reads and publishes of established sessions.
+//! Where the asymmetric work of secured OpenSecureChannel requests runs
+//! (RSA or ECC private-key operations, a quarter of a millisecond and more
+//! each), so that a connect storm cannot hold up the reads and publishes
+//! of established sessions (`runtime.crypto_threads`):
 //!
-//! A fixed set of threads, started with the server
-//! (`runtime.crypto_threads`, by default one per CPU the process may use;
-//! with 0 the work runs in place and there is no pool), rather than
+//! - **On crypto threads** (the default: one per CPU the process may
+//!   use), off the event loop. The kernel lets a worker that has input
+//!   preempt them, so established sessions wait for no handshake. The
+//!   price is the handoff to the thread and back and those preemptions:
+//!   about six context switches more per RSA handshake on one core.
+//! - **In place** (0): on the worker that read the request, taking turns
+//!   ([`InPlace`]): one job per worker at a time, and the runtime runs
+//!   what became ready meanwhile before the next. Established sessions
+//!   then wait for at most the job running when their request arrived.
+//!
+//! The threads are a fixed set started with the server rather than
 //! tokio's blocking pool: that pool starts a thread whenever none is idle
 //! at the moment work arrives, and on a busy core the thread that just
 //! finished has often not parked yet, so a single-CPU server grew four of
@@ -18,6 +26,74 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex};
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// Where the asymmetric work of secured OpenSecureChannel requests runs.
+pub(super) enum HandshakeCrypto {
+    /// On a fixed set of threads started with the server.
+    Threads(CryptoPool),
+    /// In place, on the worker that read the request, taking turns.
+    InPlace(InPlace),
+}
+
+impl HandshakeCrypto {
+    /// `threads` crypto threads named `name-0`, `name-1`, ...; with 0 the
+    /// work runs in place, `turns` jobs at once (at least one).
+    pub(super) fn start(threads: usize, turns: usize, name: &str) -> std::io::Result<Self> {
+        Ok(match threads {
+            0 => HandshakeCrypto::InPlace(InPlace::new(turns)),
+            n => HandshakeCrypto::Threads(CryptoPool::start(n, name)?),
+        })
+    }
+
+    /// Runs `f` where this server runs handshake work, and gives what it
+    /// returned; `None` if it panicked (the panic is caught) or the pool
+    /// is gone.
+    pub(super) async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> R + Send + 'static,
+    ) -> Option<R> {
+        match self {
+            HandshakeCrypto::Threads(pool) => pool.run(f).await,
+            HandshakeCrypto::InPlace(in_place) => in_place.run(f).await,
+        }
+    }
+}
+
+/// Handshake work in place, on the event loop's own workers, without a
+/// handoff to another thread and back, and the context switches that
+/// come with it. It takes turns, so that a connect storm cannot hold up
+/// established sessions for more than one job at a time:
+///
+/// - at most `turns` jobs run at once (the server gives one per CPU it
+///   may use), the rest wait for a turn in arrival order;
+/// - after a job, before the turn passes on, the task yields to the
+///   runtime, which first runs every task that is ready and polls for
+///   I/O and timers (tokio wakes a yielded task only after that). The
+///   reads and publishes of established sessions that arrived during the
+///   job therefore go ahead of the next handshake, where without the
+///   yield the turn would pass straight to the next waiting handshake.
+pub(super) struct InPlace {
+    turns: tokio::sync::Semaphore,
+}
+
+impl InPlace {
+    /// At most `turns` (at least one) jobs at once.
+    pub(super) fn new(turns: usize) -> InPlace {
+        InPlace {
+            turns: tokio::sync::Semaphore::new(turns.max(1)),
+        }
+    }
+
+    /// Runs `f` on this task once a turn is free, then lets the runtime
+    /// run what became ready meanwhile; gives what `f` returned, `None` if
+    /// it panicked (the panic is caught, as on the threads).
+    pub(super) async fn run<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        let _turn = self.turns.acquire().await.ok()?;
+        let out = std::panic::catch_unwind(AssertUnwindSafe(f)).ok();
+        tokio::task::yield_now().await;
+        out
+    }
+}
 
 /// A fixed set of threads for handshake cryptography, and the places that
 /// bound the work in flight to their number.
@@ -195,5 +271,78 @@ mod tests {
 
         drop(pool);
         assert_eq!(pool_threads_reach(before), before);
+    }
+
+    /// In place, a handshake's turn passes on only after what became ready
+    /// during its job ran: a timer that fired during the first job is
+    /// served before the second job starts, though that job's task was
+    /// already waiting for the turn. (Without the yield the turn goes
+    /// straight to the next job, and the timer waits for all three.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn in_place_work_lets_what_became_ready_go_before_the_next_turn() {
+        use std::time::Duration;
+        let in_place = Arc::new(InPlace::new(1));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        let timer_log = Arc::clone(&log);
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            timer_log.lock().unwrap().push("timer".to_owned());
+        }));
+        for i in 0..3 {
+            let (in_place, log) = (Arc::clone(&in_place), Arc::clone(&log));
+            tasks.push(tokio::spawn(async move {
+                let done = in_place
+                    .run(move || {
+                        log.lock().unwrap().push(format!("job {i}"));
+                        // Blocking, as RSA is: the timer fires meanwhile.
+                        std::thread::sleep(Duration::from_millis(20));
+                        i
+                    })
+                    .await;
+                assert_eq!(done, Some(i));
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["job 0", "timer", "job 1", "job 2"],
+            "the timer waited for more than one job"
+        );
+    }
+
+    /// In place, at most as many jobs run at once as there are turns; a
+    /// panic is an answer of None and the next job runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_place_work_is_bounded_by_its_turns_and_survives_panics() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let in_place = Arc::new(InPlace::new(1));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..6 {
+            let (in_place, running, most) = (in_place.clone(), running.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                in_place
+                    .run(move || {
+                        let now = running.fetch_add(1, SeqCst) + 1;
+                        most.fetch_max(now, SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        running.fetch_sub(1, SeqCst);
+                        i
+                    })
+                    .await
+            }));
+        }
+        for (i, t) in tasks.into_iter().enumerate() {
+            assert_eq!(t.await.unwrap(), Some(i));
+        }
+        assert_eq!(most.load(SeqCst), 1, "two jobs ran at once on one turn");
+
+        let panicked: Option<()> = in_place.run(|| panic!("a panic the test provokes")).await;
+        assert_eq!(panicked, None);
+        assert_eq!(in_place.run(|| 1 + 1).await, Some(2));
     }
 }

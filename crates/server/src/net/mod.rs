@@ -321,12 +321,12 @@ struct Shared {
     /// Connections without an activated session yet, per source address
     /// (`max_unfinished_handshakes_per_address`).
     unfinished: std::sync::Mutex<crate::admission::address::PerAddressCount>,
-    /// The threads for asymmetric (OpenSecureChannel) work, off the event
-    /// loop (`runtime.crypto_threads`; by default as many as the process
-    /// has CPUs), so RSA during a connect storm cannot hold up the reads
-    /// and publishes of established sessions; `None` (set to 0): that work
-    /// runs in place, on the worker that read the request.
-    crypto: Option<crypto::CryptoPool>,
+    /// Where asymmetric (OpenSecureChannel) work runs
+    /// (`runtime.crypto_threads`): on threads off the event loop, or (0)
+    /// in place on the workers, taking turns; either way RSA during a
+    /// connect storm cannot hold up the reads and publishes of established
+    /// sessions for long.
+    crypto: crypto::HandshakeCrypto,
 }
 
 /// A running connection task (a few words each; a `JoinSet` would add an
@@ -589,10 +589,13 @@ impl Server {
             .runtime
             .crypto_threads
             .unwrap_or_else(crate::admission::host::usable_cpus);
-        let crypto = match threads {
-            0 => None,
-            n => Some(crypto::CryptoPool::start(n, "uascale-crypto")?),
-        };
+        // In place, as many jobs at once as there are workers to run them.
+        let workers = state
+            .config
+            .runtime
+            .worker_threads
+            .unwrap_or_else(crate::admission::host::usable_cpus);
+        let crypto = crypto::HandshakeCrypto::start(threads, workers, "uascale-crypto")?;
         let shared = Arc::new(Shared {
             state,
             next_channel_id: AtomicU32::new(1),
@@ -922,7 +925,8 @@ fn serve(
             };
             // Set when the bytes read hold a secured OpenSecureChannel: its
             // asymmetric work runs below, after admission gave it a place
-            // (off this event loop unless `runtime.crypto_threads` is 0).
+            // (off this event loop, or with 0 `runtime.crypto_threads` in
+            // place, taking turns).
             let mut deferred = false;
             let out = BUFFERS.with(|b| {
                 let mut b = b.borrow_mut();
@@ -1031,8 +1035,9 @@ fn serve(
 /// among the handshakes in flight is asked for before anything is
 /// decrypted or verified (SCALABILITY.md §2; refused: ERR
 /// `BadTcpServerTooBusy` with the hint, and `conn` closes), then the work
-/// runs in place, or on one of the [`Shared::crypto`] threads once one is
-/// free when there are any; then what it yields goes out. Returns the
+/// runs where [`Shared::crypto`] says: on one of the crypto threads once
+/// one is free, or in place once this task has a turn; then what it yields
+/// goes out. Returns the
 /// connection and what was left of the bytes; `None` if the work panicked.
 async fn run_handshake(
     shared: &Shared,
@@ -1072,11 +1077,7 @@ async fn run_handshake(
         }
         (conn, bytes)
     };
-    let (mut conn, rest) = match &shared.crypto {
-        Some(pool) => pool.run(work).await?,
-        // In place, with a panic caught as the pool catches it.
-        None => std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).ok()?,
-    };
+    let (mut conn, rest) = shared.crypto.run(work).await?;
     place.finish(Instant::now());
     handle_events(&mut conn, &shared.state, queue);
     flush(&mut conn, stream).await;
