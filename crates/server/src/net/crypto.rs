@@ -10,8 +10,9 @@
 //!   about six context switches more per RSA handshake on one core.
 //! - **In place** (0): on the worker that read the request, taking turns
 //!   ([`InPlace`]): one job per worker at a time, and the runtime runs
-//!   what became ready meanwhile before the next. Established sessions
-//!   then wait for at most the job running when their request arrived.
+//!   what became ready meanwhile before the next. A request of an
+//!   established session that arrives during a job waits for that job's
+//!   end and for what was ready before it, not for the jobs queued behind.
 //!
 //! The threads are a fixed set started with the server rather than
 //! tokio's blocking pool: that pool starts a thread whenever none is idle
@@ -64,8 +65,8 @@ impl HandshakeCrypto {
 /// come with it. It takes turns, so that a connect storm cannot hold up
 /// established sessions for more than one job at a time:
 ///
-/// - at most `turns` jobs run at once (the server gives one per CPU it
-///   may use), the rest wait for a turn in arrival order;
+/// - at most `turns` jobs run at once (the server gives one per worker
+///   thread), the rest wait for a turn in arrival order;
 /// - after a job, before the turn passes on, the task yields to the
 ///   runtime, which first runs every task that is ready and polls for
 ///   I/O and timers (tokio wakes a yielded task only after that). The

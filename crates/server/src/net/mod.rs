@@ -1037,8 +1037,8 @@ fn serve(
 /// `BadTcpServerTooBusy` with the hint, and `conn` closes), then the work
 /// runs where [`Shared::crypto`] says: on one of the crypto threads once
 /// one is free, or in place once this task has a turn; then what it yields
-/// goes out. Returns the
-/// connection and what was left of the bytes; `None` if the work panicked.
+/// goes out. Returns the connection and what was left of the bytes; `None`
+/// if the work panicked.
 async fn run_handshake(
     shared: &Shared,
     queue: &Arc<ConnectionSink>,
