@@ -29,6 +29,7 @@
 //!   ids made on different nodes never collide.
 
 pub mod memory;
+#[cfg(feature = "nats")]
 pub mod nats;
 pub mod node;
 pub mod record;

@@ -651,6 +651,7 @@ impl Server {
         let state = &self.shared.state;
         let node = match (state.cluster(), &state.config.cluster.url) {
             (Some(node), _) => Arc::clone(node),
+            #[cfg(feature = "nats")]
             (None, Some(url)) => {
                 // A NATS cluster that is starting has no JetStream leader
                 // for a few seconds: try for a while before giving up.
@@ -674,6 +675,13 @@ impl Server {
                     }
                 };
                 state.join_cluster(Arc::new(store))
+            }
+            #[cfg(not(feature = "nats"))]
+            (None, Some(url)) => {
+                return Err(io::Error::other(format!(
+                    "cluster.url = {url}: this build has no NATS client \
+                     (uascale-server's `nats` feature is off)"
+                )));
             }
             (None, None) => return Ok(None),
         };
@@ -794,6 +802,7 @@ async fn accept_proxied(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Sha
 }
 
 /// How long a starting cluster node tries to reach its store.
+#[cfg(feature = "nats")]
 const CLUSTER_CONNECT_LIMIT: Duration = Duration::from_secs(30);
 
 /// Pending connections the metrics endpoint's listener keeps.
@@ -1446,6 +1455,35 @@ mod tests {
         let mut body = vec![0u8; h.message_size as usize - 8];
         s.read_exact(&mut body).await.expect("body");
         (h, body)
+    }
+
+    /// Built without the `nats` feature, a server with `[cluster] url`
+    /// refuses to start, naming the key, instead of running alone.
+    /// (`cargo test -p uascale-server --no-default-features`; with the
+    /// feature, the cluster tests start real NATS servers.)
+    #[cfg(not(feature = "nats"))]
+    #[tokio::test]
+    async fn without_nats_a_cluster_url_fails_the_start() {
+        let mut config = ServerConfig {
+            server: crate::config::ServerSection {
+                bind: [127, 0, 0, 1].into(),
+                port: 0,
+                ..Default::default()
+            },
+            security: crate::config::SecurityConfig::none_only(),
+            ..Default::default()
+        };
+        config.cluster.url = Some("nats://127.0.0.1:4222".to_owned());
+        let server = Server::bind(config).expect("bind");
+        let e = server
+            .run(async {})
+            .await
+            .expect_err("started without NATS");
+        assert!(
+            e.to_string()
+                .starts_with("cluster.url = nats://127.0.0.1:4222: this build has no NATS client"),
+            "{e}"
+        );
     }
 
     /// Shutdown reaches connections through their response queues: an idle
