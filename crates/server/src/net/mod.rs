@@ -1444,6 +1444,19 @@ fn enqueue(conn: &mut ServerConnection, ctx: &ServiceContext, body: &[u8]) {
 mod tests {
     use super::*;
 
+    /// A server on 127.0.0.1, a port the kernel chooses, None security only.
+    fn loopback_config() -> ServerConfig {
+        ServerConfig {
+            server: crate::config::ServerSection {
+                bind: [127, 0, 0, 1].into(),
+                port: 0,
+                ..Default::default()
+            },
+            security: crate::config::SecurityConfig::none_only(),
+            ..Default::default()
+        }
+    }
+
     /// Reads one whole message (header and body) from `s`.
     async fn read_message(s: &mut TcpStream) -> (uascale_proto::tcp::MessageHeader, Vec<u8>) {
         use tokio::io::AsyncReadExt;
@@ -1464,15 +1477,7 @@ mod tests {
     #[cfg(not(feature = "nats"))]
     #[tokio::test]
     async fn without_nats_a_cluster_url_fails_the_start() {
-        let mut config = ServerConfig {
-            server: crate::config::ServerSection {
-                bind: [127, 0, 0, 1].into(),
-                port: 0,
-                ..Default::default()
-            },
-            security: crate::config::SecurityConfig::none_only(),
-            ..Default::default()
-        };
+        let mut config = loopback_config();
         config.cluster.url = Some("nats://127.0.0.1:4222".to_owned());
         let server = Server::bind(config).expect("bind");
         let e = server
@@ -1492,15 +1497,7 @@ mod tests {
     #[tokio::test]
     async fn shutdown_closes_connections_with_bad_shutdown() {
         use uascale_proto::tcp::{ErrorMessage, Hello, MessageType};
-        let config = ServerConfig {
-            server: crate::config::ServerSection {
-                bind: [127, 0, 0, 1].into(),
-                port: 0,
-                ..Default::default()
-            },
-            security: crate::config::SecurityConfig::none_only(),
-            ..Default::default()
-        };
+        let config = loopback_config();
         let server = Server::bind(config).expect("bind");
         let addr = server.local_addr().expect("address");
         let shared = Arc::clone(&server.shared);
@@ -1552,15 +1549,7 @@ mod tests {
     #[tokio::test]
     async fn messages_split_across_reads_and_joined_in_one() {
         use uascale_proto::tcp::{Hello, MessageType};
-        let config = ServerConfig {
-            server: crate::config::ServerSection {
-                bind: [127, 0, 0, 1].into(),
-                port: 0,
-                ..Default::default()
-            },
-            security: crate::config::SecurityConfig::none_only(),
-            ..Default::default()
-        };
+        let config = loopback_config();
         let server = Server::bind(config).expect("bind");
         let addr = server.local_addr().expect("address");
         let (_stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -1635,15 +1624,7 @@ mod tests {
     /// future, inline).
     #[tokio::test]
     async fn connection_task_state_stays_small() {
-        let config = ServerConfig {
-            server: crate::config::ServerSection {
-                bind: [127, 0, 0, 1].into(),
-                port: 0,
-                ..Default::default()
-            },
-            security: crate::config::SecurityConfig::none_only(),
-            ..Default::default()
-        };
+        let config = loopback_config();
         let server = Server::bind(config).expect("bind");
         let addr = server.local_addr().expect("address");
         let _client = TcpStream::connect(addr).await.expect("connect");
