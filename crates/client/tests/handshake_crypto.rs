@@ -107,3 +107,60 @@ async fn rsa_handshakes_in_place_and_on_crypto_threads() {
         let _ = std::fs::remove_dir_all(&pki);
     }
 }
+
+/// In place, a handshake refused while its request is received (the
+/// client certificate is not trusted) ends that connection with the ERR;
+/// the server goes on serving the next client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_place_a_refused_handshake_ends_only_its_connection() {
+    use uascale_client::{SecurityOptions, ServerTrust};
+    use uascale_crypto::policy::SecurityPolicy;
+
+    let pki = std::env::temp_dir().join(format!("uascale-rsa-refused-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&pki);
+    let mut config = common::config();
+    config.security = uascale_server::config::SecurityConfig {
+        pki_dir: pki.clone(),
+        trust_all_client_certificates: false,
+        ..Default::default()
+    };
+    config.runtime.crypto_threads = Some(0);
+    let server = Server::bind(config).unwrap();
+    let url = format!("opc.tcp://{}", server.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+
+    let secured = ClientOptions {
+        security: SecurityOptions {
+            policy: SecurityPolicy::Basic256Sha256,
+            mode: t::MessageSecurityMode::SignAndEncrypt,
+            certificate: Some(common::client_identity("untrusted client")),
+            trust: ServerTrust::UnsafeAcceptAny,
+            server_certificate: None,
+        },
+        application_uri: "urn:uascale:client".into(),
+        ..Default::default()
+    };
+    let refused = Client::connect(&url, secured)
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        refused.status_code(),
+        t::StatusCode::BadCertificateUntrusted,
+        "{refused}"
+    );
+    let client = Client::connect(&url, ClientOptions::default())
+        .await
+        .unwrap();
+    client.create_session("after").await.unwrap();
+    let v = client.read_values(&[NodeId::ns0(2259)]).await.unwrap();
+    assert_eq!(v[0].value, Some(Variant::Int32(0)));
+    client.close().await;
+
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
+    let _ = std::fs::remove_dir_all(&pki);
+}

@@ -200,6 +200,38 @@ struct Secured {
     request_signature: Vec<u8>,
 }
 
+/// An OpenSecureChannel request taken from a connection's input, opened
+/// (for RSA decrypted, its signature verified) and checked, whose answer is
+/// still to be built: the connection between
+/// [`ServerConnection::receive_open`] and
+/// [`ServerConnection::answer_open`]. Receiving holds the private-key
+/// decryptions of an RSA handshake, answering the signature of the
+/// response (ECC: the signature check, then the key agreement and the
+/// signature), so a driver can run them as two steps.
+pub struct ReceivedOpen {
+    policy: SecurityPolicy,
+    /// `None` under SecurityPolicy None.
+    secured: Option<Secured>,
+    request_id: u32,
+    sequence_number: u32,
+    request_handle: u32,
+    security_mode: MessageSecurityMode,
+    client_nonce: Vec<u8>,
+    lifetime: Duration,
+    token_id: u32,
+    first_seq: SequenceNumbers,
+}
+
+impl std::fmt::Debug for ReceivedOpen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReceivedOpen")
+            .field("policy", &self.policy)
+            .field("request_id", &self.request_id)
+            .field("token_id", &self.token_id)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Debug)]
 struct Token {
     id: u32,
@@ -371,10 +403,52 @@ impl ServerConnection {
     /// On a protocol error the connection queues an ERR, moves to Closed,
     /// emits [`Event::Closed`] and returns the error (for logging).
     pub fn handle_input(&mut self, now: Now, input: &mut Vec<u8>) -> Result<(), ChannelError> {
+        self.take_input(now, input, false).map(|_| ())
+    }
+
+    /// As [`Self::handle_input`], but stops at the first secured
+    /// OpenSecureChannel request in `input`: it is taken from `input`,
+    /// opened and checked, and returned without its answer, which
+    /// [`Self::answer_open`] builds and queues. `None`: `input` held none
+    /// (everything was handled as by `handle_input`). In between, the
+    /// connection must get no other input. On an error the connection is
+    /// closed as by `handle_input`.
+    pub fn receive_open(
+        &mut self,
+        now: Now,
+        input: &mut Vec<u8>,
+    ) -> Result<Option<ReceivedOpen>, ChannelError> {
+        self.take_input(now, input, true)
+    }
+
+    /// Answers an OpenSecureChannel request [`Self::receive_open`] returned:
+    /// derives the token's keys, signs (and encrypts) the response and
+    /// opens or renews the channel. On an error the connection is closed
+    /// as by [`Self::handle_input`].
+    pub fn answer_open(&mut self, now: Now, received: ReceivedOpen) -> Result<(), ChannelError> {
+        let result = if self.is_closed() {
+            Ok(())
+        } else {
+            self.open_answer(now, received)
+        };
+        if let Err(e) = &result {
+            self.fail(e);
+        }
+        result
+    }
+
+    /// Handles the messages in `input`; with `split`, stops after
+    /// receiving a secured OPN and returns it unanswered.
+    fn take_input(
+        &mut self,
+        now: Now,
+        input: &mut Vec<u8>,
+        split: bool,
+    ) -> Result<Option<ReceivedOpen>, ChannelError> {
         let mut consumed = 0;
         let result = loop {
             if self.is_closed() {
-                break Ok(());
+                break Ok(None);
             }
             let max = self
                 .negotiated
@@ -384,12 +458,14 @@ impl ServerConnection {
             let rest = input.get_mut(consumed..).unwrap_or_default();
             let (header, msg) = match next_message(rest, max) {
                 Ok(Some(m)) => m,
-                Ok(None) => break Ok(()),
+                Ok(None) => break Ok(None),
                 Err(e) => break Err(e),
             };
             consumed += msg.len();
-            if let Err(e) = self.handle_message(now, &header, msg) {
-                break Err(e);
+            match self.handle_message(now, &header, msg, split) {
+                Ok(None) => {}
+                Ok(Some(received)) => break Ok(Some(received)),
+                Err(e) => break Err(e),
             }
         };
         input.drain(..consumed.min(input.len()));
@@ -409,12 +485,15 @@ impl ServerConnection {
         self.events.push(Some(Event::Closed { status }));
     }
 
+    /// Handles one message; with `split`, a secured OPN is only received
+    /// and returned.
     fn handle_message(
         &mut self,
         now: Now,
         header: &MessageHeader,
         msg: &mut [u8],
-    ) -> Result<(), ChannelError> {
+        split: bool,
+    ) -> Result<Option<ReceivedOpen>, ChannelError> {
         match (&self.state, header.message_type) {
             (State::ExpectHello, MessageType::Hello) => {
                 let hello = Hello::decode_body(msg.get(HEADER_LEN..).unwrap_or(&[]))?;
@@ -429,7 +508,7 @@ impl ServerConnection {
                 self.negotiated = Some(negotiated);
                 self.state = State::ExpectOpenSecureChannel;
                 self.deadline = Some(now.instant + self.config.handshake_timeout);
-                Ok(())
+                Ok(None)
             }
             (State::ExpectHello, _) => {
                 Err(peer(StatusCode::BadTcpMessageTypeInvalid, "expected Hello"))
@@ -443,15 +522,21 @@ impl ServerConnection {
                     "client sent a server message",
                 ))
             }
-            (_, MessageType::OpenSecureChannel) => self.handle_open(now, header, msg),
+            (_, MessageType::OpenSecureChannel) => {
+                let received = self.open_receive(header, msg)?;
+                if split && received.secured.is_some() {
+                    return Ok(Some(received));
+                }
+                self.open_answer(now, received).map(|()| None)
+            }
             (State::ExpectOpenSecureChannel, _) => Err(peer(
                 StatusCode::BadTcpMessageTypeInvalid,
                 "expected OpenSecureChannel",
             )),
             (State::Open(_), MessageType::Message | MessageType::CloseSecureChannel) => {
-                self.handle_symmetric(now, header, msg)
+                self.handle_symmetric(now, header, msg).map(|()| None)
             }
-            (State::Closed(_), _) => Ok(()),
+            (State::Closed(_), _) => Ok(None),
         }
     }
 
@@ -544,12 +629,14 @@ impl ServerConnection {
         })
     }
 
-    fn handle_open(
-        &mut self,
-        now: Now,
+    /// Receives an OPN: its security header checked, the chunk opened
+    /// (decrypted, its signature verified), the request decoded and
+    /// checked against the channel's state. Changes nothing.
+    fn open_receive(
+        &self,
         header: &MessageHeader,
         msg: &[u8],
-    ) -> Result<(), ChannelError> {
+    ) -> Result<ReceivedOpen, ChannelError> {
         let (_, security, head_len) = parse_security_header(header, msg)?;
         let SecurityHeader::Asymmetric(asym) = &security else {
             return Err(peer(
@@ -643,11 +730,41 @@ impl ServerConnection {
                 ))
             }
         };
+        Ok(ReceivedOpen {
+            policy,
+            request_id: chunk.request_id,
+            sequence_number: chunk.sequence_number,
+            request_handle: req.request_header.request_handle,
+            security_mode: req.security_mode,
+            client_nonce: req.client_nonce.as_bytes().unwrap_or_default().to_vec(),
+            lifetime,
+            token_id,
+            first_seq,
+            secured,
+        })
+    }
+
+    /// Answers an OPN [`Self::open_receive`] took: the token's keys, the
+    /// response signed (and encrypted) into the output, the channel opened
+    /// or renewed.
+    fn open_answer(&mut self, now: Now, received: ReceivedOpen) -> Result<(), ChannelError> {
+        let ReceivedOpen {
+            policy,
+            secured,
+            request_id,
+            sequence_number,
+            request_handle,
+            security_mode,
+            client_nonce,
+            lifetime,
+            token_id,
+            first_seq,
+        } = received;
+        let client_nonce = client_nonce.as_slice();
         let mut ikm = None;
         let (server_nonce, keys) = if policy.is_none() {
             (Vec::new(), None)
         } else if let Some(curve) = policy.curve() {
-            let client_nonce = req.client_nonce.as_bytes().unwrap_or_default();
             let ephemeral = EphemeralKey::generate(curve)?;
             let previous = match &self.state {
                 State::Open(open) => open.ikm.as_deref(),
@@ -667,7 +784,6 @@ impl ServerConnection {
                 .then(|| Box::new(secret));
             (server_nonce, Some(Box::new(keys)))
         } else {
-            let client_nonce = req.client_nonce.as_bytes().unwrap_or_default();
             policy.check_nonce(client_nonce)?;
             let server_nonce = policy.random_nonce()?;
             let keys = derive_keys(policy, client_nonce, &server_nonce)?;
@@ -676,7 +792,7 @@ impl ServerConnection {
         let resp = OpenSecureChannelResponse {
             response_header: ResponseHeader {
                 timestamp: now.utc,
-                request_handle: req.request_header.request_handle,
+                request_handle,
                 service_result: StatusCode::Good,
                 ..Default::default()
             },
@@ -733,7 +849,7 @@ impl ServerConnection {
                     &SecurityHeader::Asymmetric(header),
                     &protection,
                     &mut seq,
-                    chunk.request_id,
+                    request_id,
                     &body,
                     &send_limits,
                 )?;
@@ -753,7 +869,7 @@ impl ServerConnection {
                 &SecurityHeader::Asymmetric(AsymmetricHeader::none()),
                 &Protection::None,
                 &mut seq,
-                chunk.request_id,
+                request_id,
                 &body,
                 &send_limits,
             )?,
@@ -764,7 +880,7 @@ impl ServerConnection {
             expires: now.instant + lifetime + lifetime / 4,
             keys,
         };
-        let last_received = chunk.sequence_number;
+        let last_received = sequence_number;
         match &mut self.state {
             State::Open(open) => {
                 let old = std::mem::replace(&mut open.current, token);
@@ -780,7 +896,7 @@ impl ServerConnection {
             _ => {
                 self.security = ChannelSecurity {
                     policy,
-                    mode: req.security_mode,
+                    mode: security_mode,
                     remote_certificate: secured.as_ref().map(|sec| Arc::clone(&sec.cert)),
                     channel_thumbprint: (!thumbprint.is_empty()).then(|| Arc::new(thumbprint)),
                 };

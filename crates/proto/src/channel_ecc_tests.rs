@@ -285,6 +285,59 @@ fn every_ecc_policy_and_mode_opens_exchanges_and_renews_twice() {
     }
 }
 
+/// Moves bytes both ways, the server taking an OPN in two steps
+/// (`receive_open`, then `answer_open`).
+fn pump_in_two_steps(c: &mut ClientConnection, s: &mut ServerConnection, now: Now) -> usize {
+    let mut opens = 0;
+    loop {
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        if !(c.poll_transmit(&mut a) | s.poll_transmit(&mut b)) {
+            return opens;
+        }
+        if let Some(received) = s.receive_open(now, &mut a).unwrap() {
+            opens += 1;
+            s.answer_open(now, received).unwrap();
+            s.handle_input(now, &mut a).unwrap();
+        }
+        c.handle_input(now, &mut b).unwrap();
+    }
+}
+
+/// ECC handshakes and renewals taken in two steps: the key agreement and
+/// the signature happen in the second.
+#[test]
+fn ecc_opens_received_then_answered_open_and_renew() {
+    #[allow(clippy::disallowed_methods)]
+    let t0 = Instant::now();
+    for policy in SecurityPolicy::ECC {
+        for mode in MODES {
+            let what = format!("{policy:?} {mode:?}");
+            let (mut c, mut s) = pair(t0, policy, mode);
+            assert_eq!(pump_in_two_steps(&mut c, &mut s, at(t0, 0)), 1, "{what}");
+            assert_eq!(
+                c.poll_event(),
+                Some(ClientEvent::Opened { channel_id: 7 }),
+                "{what}"
+            );
+            assert_eq!(s.security().thumbprint(), c.channel_thumbprint(), "{what}");
+            exchange(&mut c, &mut s, at(t0, 1), 3_000);
+            c.handle_timeout(at(t0, 15_000));
+            assert_eq!(
+                pump_in_two_steps(&mut c, &mut s, at(t0, 15_000)),
+                1,
+                "{what}"
+            );
+            assert_eq!(
+                c.poll_event(),
+                Some(ClientEvent::Renewed { token_id: 2 }),
+                "{what}"
+            );
+            exchange(&mut c, &mut s, at(t0, 15_001), 3_000);
+        }
+    }
+}
+
 #[test]
 fn ecc_and_rsa_endpoints_serve_side_by_side() {
     #[allow(clippy::disallowed_methods)]

@@ -690,6 +690,99 @@ fn asymmetric_work_is_recognised_before_it_is_done() {
     assert!(s.has_asymmetric_work(&c.open(SecurityTokenRequestType::Renew)));
 }
 
+/// A secured OPN received and answered in two steps opens and renews the
+/// channel as one step does: receiving takes it from the input and sends
+/// nothing; a Hello before it in the same input is answered; errors of
+/// either step end in the ERR that one step gives.
+#[test]
+fn an_open_received_then_answered_is_the_same_handshake() {
+    let clock = Clock::new();
+    let budget = ReassemblyBudget::new(1 << 20, 50);
+    let cfg = || secure_config(&server_id());
+    for policy in POLICIES {
+        for mode in MODES {
+            let mut c = client(policy, mode);
+            let mut s =
+                PendingConnection::new().accept(clock.now(), CHANNEL, cfg(), Arc::clone(&budget));
+            let mut input = c.hello();
+            input.extend_from_slice(&c.open(SecurityTokenRequestType::Issue));
+            let received = s.receive_open(clock.now(), &mut input).unwrap().unwrap();
+            assert!(input.is_empty(), "the OPN is taken from the input");
+            let out = take_out(&mut s);
+            let kinds: Vec<_> = messages(&out).iter().map(|(h, _)| h.message_type).collect();
+            assert_eq!(kinds, vec![MessageType::Acknowledge], "no answer yet");
+            assert_eq!(events(&mut s), vec![]);
+            s.answer_open(clock.now(), received).unwrap();
+            c.accept_open(&take_out(&mut s));
+            assert_eq!(
+                events(&mut s),
+                vec![Event::Opened {
+                    channel_id: CHANNEL
+                }]
+            );
+            round_trip(&mut s, &mut c, &clock, 2);
+            // Renewal, in two steps too; the new token carries the next
+            // request.
+            let mut input = c.open(SecurityTokenRequestType::Renew);
+            let received = s.receive_open(clock.now(), &mut input).unwrap().unwrap();
+            assert!(take_out(&mut s).is_empty());
+            s.answer_open(clock.now(), received).unwrap();
+            let resp = c.accept_open(&take_out(&mut s));
+            assert_eq!(resp.security_token.token_id, 2);
+            assert_eq!(events(&mut s), vec![Event::Renewed { token_id: 2 }]);
+            round_trip(&mut s, &mut c, &clock, 3);
+            // Input without an OPN is handled as by handle_input.
+            let req = read_request(1);
+            let mut input = c.request(4, &req);
+            assert!(s.receive_open(clock.now(), &mut input).unwrap().is_none());
+            assert_eq!(
+                events(&mut s),
+                vec![Event::Request {
+                    request_id: 4,
+                    body: req
+                }]
+            );
+        }
+    }
+    let p = SecurityPolicy::Basic256Sha256;
+    let sae = MessageSecurityMode::SignAndEncrypt;
+    // Refused while receiving: the receiver thumbprint is not ours.
+    let mut c = client(p, sae);
+    c.thumbprint = other_id().thumbprint().to_vec();
+    let mut s = after_hello(&clock, &budget, cfg(), &c);
+    let mut input = c.open(SecurityTokenRequestType::Issue);
+    let e = s.receive_open(clock.now(), &mut input).unwrap_err();
+    assert_eq!(e.status_code(), StatusCode::BadSecurityChecksFailed);
+    expect_error(&take_out(&mut s), StatusCode::BadSecurityChecksFailed);
+    assert!(s.is_closed());
+    // Refused while answering: a nonce of the wrong length.
+    let mut c = client(p, sae);
+    c.nonce_len = 16;
+    let mut s = after_hello(&clock, &budget, cfg(), &c);
+    let mut input = c.open(SecurityTokenRequestType::Issue);
+    let received = s.receive_open(clock.now(), &mut input).unwrap().unwrap();
+    let e = s.answer_open(clock.now(), received).unwrap_err();
+    assert_eq!(e.status_code(), StatusCode::BadNonceInvalid);
+    expect_error(&take_out(&mut s), StatusCode::BadNonceInvalid);
+    assert_eq!(
+        events(&mut s),
+        vec![Event::Closed {
+            status: StatusCode::BadNonceInvalid
+        }]
+    );
+    // Answering on a connection closed in between sends nothing more.
+    let c = client(p, sae);
+    let mut s = after_hello(&clock, &budget, cfg(), &c);
+    let mut c = c;
+    let mut input = c.open(SecurityTokenRequestType::Issue);
+    let received = s.receive_open(clock.now(), &mut input).unwrap().unwrap();
+    s.close_with(StatusCode::BadServerHalted, "halting");
+    take_out(&mut s);
+    s.answer_open(clock.now(), received).unwrap();
+    assert!(take_out(&mut s).is_empty());
+    assert!(s.is_closed());
+}
+
 fn expect_refused(s: &mut ServerConnection, clock: &Clock, bytes: &[u8], status: StatusCode) {
     let e = feed(s, clock, bytes).unwrap_err();
     assert_eq!(e.status_code(), status, "{e}");

@@ -212,6 +212,32 @@ fn an_unsecured_open_has_no_asymmetric_work() {
     assert!(!s.has_asymmetric_work(&opn));
 }
 
+/// An OPN of SecurityPolicy None given to `receive_open` is answered at
+/// once, as `handle_input` would: there is no second step.
+#[test]
+fn an_unsecured_open_is_answered_by_receive_open() {
+    let clock = Clock::new();
+    let budget = ReassemblyBudget::new(1 << 20, 50);
+    let mut s = server(&clock, &budget);
+    let mut c = TestClient::new();
+    feed(&mut s, &clock, &c.hello()).unwrap();
+    take_out(&mut s);
+    let mut input = c.open(SecurityTokenRequestType::Issue, 0, POLICY_NONE_URI);
+    assert!(s.receive_open(clock.now(), &mut input).unwrap().is_none());
+    assert!(input.is_empty());
+    let out = take_out(&mut s);
+    assert_eq!(
+        messages(&out)[0].0.message_type,
+        MessageType::OpenSecureChannel
+    );
+    assert_eq!(
+        events(&mut s),
+        vec![Event::Opened {
+            channel_id: CHANNEL
+        }]
+    );
+}
+
 /// HEL/ACK and OPN; returns the server and the client with its token.
 fn open_channel(clock: &Clock, budget: &Arc<ReassemblyBudget>) -> (ServerConnection, TestClient) {
     let mut s = server(clock, budget);

@@ -22,7 +22,7 @@ pub mod reassembly;
 pub mod security;
 pub mod tcp;
 
-pub use channel::{ChannelConfig, Event, Now, PendingConnection, ServerConnection};
+pub use channel::{ChannelConfig, Event, Now, PendingConnection, ReceivedOpen, ServerConnection};
 pub use client::{ClientConfig, ClientConnection, ClientEvent, ClientSecurity};
 pub use error::ChannelError;
 pub use security::{

@@ -10,9 +10,11 @@
 //!   about six context switches more per RSA handshake on one core.
 //! - **In place** (0): on the worker that read the request, taking turns
 //!   ([`InPlace`]): one job per worker at a time, and the runtime runs
-//!   what became ready meanwhile before the next. A request of an
-//!   established session that arrives during a job waits for that job's
-//!   end and for what was ready before it, not for the jobs queued behind.
+//!   what became ready meanwhile before the next. A handshake is two jobs,
+//!   receiving the request (RSA: two private-key operations) and answering
+//!   it (one). A request of an established session that arrives during a
+//!   job waits for that job's end and for what was ready before it, not
+//!   for the jobs queued behind.
 //!
 //! The threads are a fixed set started with the server rather than
 //! tokio's blocking pool: that pool starts a thread whenever none is idle
@@ -44,6 +46,16 @@ impl HandshakeCrypto {
             0 => HandshakeCrypto::InPlace(InPlace::new(turns)),
             n => HandshakeCrypto::Threads(CryptoPool::start(n, name)?),
         })
+    }
+
+    /// Whether a handshake's work goes in two steps, receiving the
+    /// OpenSecureChannel and answering it (for RSA, two private-key
+    /// operations and then one): in place each step is a turn, so what
+    /// waits for the end of a turn waits for at most one step; on the
+    /// threads a second step would be a second handoff and no shorter wait
+    /// for anyone.
+    pub(super) fn in_two_steps(&self) -> bool {
+        matches!(self, HandshakeCrypto::InPlace(_))
     }
 
     /// Runs `f` where this server runs handshake work, and gives what it

@@ -1045,8 +1045,8 @@ fn serve(
 /// decrypted or verified (SCALABILITY.md §2; refused: ERR
 /// `BadTcpServerTooBusy` with the hint, and `conn` closes), then the work
 /// runs where [`Shared::crypto`] says: on one of the crypto threads once
-/// one is free, or in place once this task has a turn; then what it yields
-/// goes out. Returns the connection and what was left of the bytes; `None`
+/// one is free, or in place in two turns of this task (receiving the
+/// request, then answering it); then what it yields goes out. Returns the connection and what was left of the bytes; `None`
 /// if the work panicked.
 async fn run_handshake(
     shared: &Shared,
@@ -1079,18 +1079,51 @@ async fn run_handshake(
         }
     }
     let _in_flight = InFlight(metrics);
-    let work = move || {
-        let mut bytes = bytes;
-        if let Err(e) = conn.handle_input(clock(), &mut bytes) {
-            tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
+    let (mut conn, rest) = if shared.crypto.in_two_steps() {
+        // Receiving (RSA: the two decryptions) is one turn, answering
+        // (the signature) the next.
+        let receive = move || {
+            let mut bytes = bytes;
+            let received = conn.receive_open(clock(), &mut bytes);
+            (conn, bytes, received)
+        };
+        match shared.crypto.run(receive).await? {
+            (mut conn, bytes, Ok(Some(received))) => {
+                let answer = move || {
+                    let mut bytes = bytes;
+                    let done = conn.answer_open(clock(), received);
+                    if let Err(e) = done.and_then(|()| conn.handle_input(clock(), &mut bytes)) {
+                        closing(&conn, &e);
+                    }
+                    (conn, bytes)
+                };
+                shared.crypto.run(answer).await?
+            }
+            (conn, bytes, Ok(None)) => (conn, bytes),
+            (conn, bytes, Err(e)) => {
+                closing(&conn, &e);
+                (conn, bytes)
+            }
         }
-        (conn, bytes)
+    } else {
+        let work = move || {
+            let mut bytes = bytes;
+            if let Err(e) = conn.handle_input(clock(), &mut bytes) {
+                closing(&conn, &e);
+            }
+            (conn, bytes)
+        };
+        shared.crypto.run(work).await?
     };
-    let (mut conn, rest) = shared.crypto.run(work).await?;
     place.finish(Instant::now());
     handle_events(&mut conn, &shared.state, queue);
     flush(&mut conn, stream).await;
     Some((conn, if rest.is_empty() { Vec::new() } else { rest }))
+}
+
+/// Logs why `conn` is closing.
+fn closing(conn: &ServerConnection, e: &uascale_proto::ChannelError) {
+    tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
 }
 
 /// Writes out everything `conn` has to send (a write error is left for the
@@ -1255,7 +1288,7 @@ fn read_and_handle(
         *pending = buf.to_vec();
     } else if n > 0 {
         if let Err(e) = conn.handle_input(clock(), buf) {
-            tracing::debug!(channel = conn.channel_id(), error = %e, "closing connection");
+            closing(conn, &e);
         }
         *pending = if buf.is_empty() {
             Vec::new()
