@@ -895,17 +895,27 @@ pub struct RuntimeSection {
     pub worker_threads: Option<usize>,
     /// Threads for the asymmetric work of secured OpenSecureChannel
     /// requests (`crypto_threads`, at most [`MAX_CRYPTO_THREADS`]), started
-    /// with the server. Default derived: the CPUs the process may use. On
-    /// them a connect storm's RSA cannot hold up established sessions'
-    /// publishes (the kernel lets a worker with input preempt them). 0: the
-    /// work runs in place, on the worker that read the request, one job
-    /// per worker at a time and what became ready meanwhile before the
-    /// next; that saves the handoff and the preemptions (several context
-    /// switches per handshake), but a publish arriving during a job waits
-    /// for its end (docs/benchmarks.md, "RSA in place or on crypto
-    /// threads").
+    /// with the server. Default 0 ([`RuntimeSection::DEFAULT_CRYPTO_THREADS`]):
+    /// the work runs in place, on the worker that read the request, one
+    /// job per worker at a time and what became ready meanwhile before the
+    /// next; a handshake is two jobs (receiving the request, answering
+    /// it), so a publish arriving during one waits for at most that. On
+    /// threads (1 or more) the kernel lets a worker with input preempt
+    /// them, for a handoff and those preemptions: several context
+    /// switches per handshake more (docs/benchmarks.md, "RSA in place or
+    /// on crypto threads" and what follows it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crypto_threads: Option<usize>,
+}
+
+impl RuntimeSection {
+    /// `crypto_threads` when it is not set: in place.
+    pub const DEFAULT_CRYPTO_THREADS: usize = 0;
+
+    /// The crypto threads to start: `crypto_threads`, else the default.
+    pub fn crypto_threads(&self) -> usize {
+        self.crypto_threads.unwrap_or(Self::DEFAULT_CRYPTO_THREADS)
+    }
 }
 
 /// The most `runtime.crypto_threads` accepted.
@@ -1011,7 +1021,7 @@ impl ServerConfig {
             self.subscriptions.max_publish_request_count,
         );
         c.runtime.worker_threads = Some(self.runtime.worker_threads.unwrap_or(cpus.max(1)));
-        c.runtime.crypto_threads = Some(self.runtime.crypto_threads.unwrap_or(cpus.max(1)));
+        c.runtime.crypto_threads = Some(self.runtime.crypto_threads());
         c
     }
 
@@ -1462,7 +1472,7 @@ mod tests {
         assert_eq!(a.max_channel_count, Some(22_000));
         assert_eq!(a.max_concurrent_session_establishment, Some(128));
         assert_eq!(r.runtime.worker_threads, Some(4));
-        assert_eq!(r.runtime.crypto_threads, Some(4));
+        assert_eq!(r.runtime.crypto_threads, Some(0), "in place");
         // 8 x CPUs wins over 128 on larger machines.
         let big = c.resolved(32);
         assert_eq!(

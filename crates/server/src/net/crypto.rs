@@ -3,18 +3,18 @@
 //! each), so that a connect storm cannot hold up the reads and publishes
 //! of established sessions (`runtime.crypto_threads`):
 //!
-//! - **On crypto threads** (the default: one per CPU the process may
-//!   use), off the event loop. The kernel lets a worker that has input
-//!   preempt them, so established sessions wait for no handshake. The
-//!   price is the handoff to the thread and back and those preemptions:
-//!   about six context switches more per RSA handshake on one core.
-//! - **In place** (0): on the worker that read the request, taking turns
-//!   ([`InPlace`]): one job per worker at a time, and the runtime runs
-//!   what became ready meanwhile before the next. A handshake is two jobs,
-//!   receiving the request (RSA: two private-key operations) and answering
-//!   it (one). A request of an established session that arrives during a
-//!   job waits for that job's end and for what was ready before it, not
-//!   for the jobs queued behind.
+//! - **In place** (0, the default): on the worker that read the request,
+//!   taking turns ([`InPlace`]): one job per worker at a time, and the
+//!   runtime runs what became ready meanwhile before the next. A
+//!   handshake is two jobs, receiving the request (RSA: two private-key
+//!   operations) and answering it (one). A request of an established
+//!   session that arrives during a job waits for that job's end and for
+//!   what was ready before it, not for the jobs queued behind.
+//! - **On crypto threads** (1 or more), off the event loop. The kernel
+//!   lets a worker that has input preempt them, so established sessions
+//!   wait for no handshake. The price is the handoff to the thread and
+//!   back and those preemptions: about six context switches more per RSA
+//!   handshake on one core, and a few percent more CPU per session.
 //!
 //! The threads are a fixed set started with the server rather than
 //! tokio's blocking pool: that pool starts a thread whenever none is idle

@@ -322,8 +322,8 @@ struct Shared {
     /// (`max_unfinished_handshakes_per_address`).
     unfinished: std::sync::Mutex<crate::admission::address::PerAddressCount>,
     /// Where asymmetric (OpenSecureChannel) work runs
-    /// (`runtime.crypto_threads`): on threads off the event loop, or (0)
-    /// in place on the workers, taking turns; either way RSA during a
+    /// (`runtime.crypto_threads`): in place on the workers, taking turns
+    /// (0, the default), or on threads off the event loop; either way RSA during a
     /// connect storm cannot hold up the reads and publishes of established
     /// sessions for long.
     crypto: crypto::HandshakeCrypto,
@@ -584,11 +584,7 @@ impl Server {
             Some(addr) => Some(listen(addr, METRICS_BACKLOG)?),
             None => None,
         };
-        let threads = state
-            .config
-            .runtime
-            .crypto_threads
-            .unwrap_or_else(crate::admission::host::usable_cpus);
+        let threads = state.config.runtime.crypto_threads();
         // In place, as many jobs at once as there are workers to run them.
         let workers = state
             .config
@@ -934,8 +930,8 @@ fn serve(
             };
             // Set when the bytes read hold a secured OpenSecureChannel: its
             // asymmetric work runs below, after admission gave it a place
-            // (off this event loop, or with 0 `runtime.crypto_threads` in
-            // place, taking turns).
+            // (in place, taking turns, or on the crypto threads of a
+            // nonzero `runtime.crypto_threads`).
             let mut deferred = false;
             let out = BUFFERS.with(|b| {
                 let mut b = b.borrow_mut();
@@ -1044,10 +1040,11 @@ fn serve(
 /// among the handshakes in flight is asked for before anything is
 /// decrypted or verified (SCALABILITY.md §2; refused: ERR
 /// `BadTcpServerTooBusy` with the hint, and `conn` closes), then the work
-/// runs where [`Shared::crypto`] says: on one of the crypto threads once
-/// one is free, or in place in two turns of this task (receiving the
-/// request, then answering it); then what it yields goes out. Returns the connection and what was left of the bytes; `None`
-/// if the work panicked.
+/// runs where [`Shared::crypto`] says: in place in two turns of this task
+/// (receiving the request, then answering it), or on one of the crypto
+/// threads once one is free; then what it yields goes out. Returns the
+/// connection and what was left of the bytes; `None` if the work
+/// panicked.
 async fn run_handshake(
     shared: &Shared,
     queue: &Arc<ConnectionSink>,
