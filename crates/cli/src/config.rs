@@ -187,7 +187,7 @@ mod tests {
         assert_eq!(c.admission.connections_per_second_per_address, None);
         assert_eq!(c.admission.max_channel_count, Some(50));
         assert_eq!(c.runtime.worker_threads, Some(3));
-        assert_eq!(c.runtime.crypto_threads, Some(0));
+        assert_eq!(c.runtime.crypto_threads, 0);
         let e = checked("[runtime]\ncrypto_threads = 5000\n").unwrap_err();
         assert!(
             e.starts_with("runtime.crypto_threads = 5000: must be at most 1024"),

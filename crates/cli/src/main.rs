@@ -267,7 +267,7 @@ fn serve(config: ServerConfig, format: LogFormat) -> ExitCode {
     let open_files = host::raise_open_files_limit();
     let cpus = host::CpuReport::detect();
     let workers = config.runtime.worker_threads.unwrap_or(cpus.usable);
-    let crypto = match config.runtime.crypto_threads() {
+    let crypto = match config.runtime.crypto_threads {
         0 => "handshake crypto in place, taking turns".to_owned(),
         n => format!("{n} crypto threads"),
     };

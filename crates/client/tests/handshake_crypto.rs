@@ -55,7 +55,7 @@ async fn rsa_handshakes_in_place_and_on_crypto_threads() {
             ..Default::default()
         };
         config.limits.min_token_lifetime = Duration::from_secs(1);
-        config.runtime.crypto_threads = Some(threads);
+        config.runtime.crypto_threads = threads;
         let server = Server::bind(config).unwrap();
         // Each thread names itself once it runs.
         common::eventually(Duration::from_secs(5), || {
@@ -124,7 +124,7 @@ async fn in_place_a_refused_handshake_ends_only_its_connection() {
         trust_all_client_certificates: false,
         ..Default::default()
     };
-    config.runtime.crypto_threads = Some(0);
+    config.runtime.crypto_threads = 0;
     let server = Server::bind(config).unwrap();
     let url = format!("opc.tcp://{}", server.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

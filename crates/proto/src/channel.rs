@@ -202,9 +202,8 @@ struct Secured {
 
 /// An OpenSecureChannel request taken from a connection's input, opened
 /// (for RSA decrypted, its signature verified) and checked, whose answer is
-/// still to be built: the connection between
-/// [`ServerConnection::receive_open`] and
-/// [`ServerConnection::answer_open`]. Receiving holds the private-key
+/// still to be built: what [`ServerConnection::receive_open`] hands to
+/// [`ServerConnection::answer_open`]. Receiving does the private-key
 /// decryptions of an RSA handshake, answering the signature of the
 /// response (ECC: the signature check, then the key agreement and the
 /// signature), so a driver can run them as two steps.

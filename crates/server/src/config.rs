@@ -895,27 +895,16 @@ pub struct RuntimeSection {
     pub worker_threads: Option<usize>,
     /// Threads for the asymmetric work of secured OpenSecureChannel
     /// requests (`crypto_threads`, at most [`MAX_CRYPTO_THREADS`]), started
-    /// with the server. Default 0 ([`RuntimeSection::DEFAULT_CRYPTO_THREADS`]):
-    /// the work runs in place, on the worker that read the request, one
-    /// job per worker at a time and what became ready meanwhile before the
-    /// next; a handshake is two jobs (receiving the request, answering
-    /// it), so a publish arriving during one waits for at most that. On
-    /// threads (1 or more) the kernel lets a worker with input preempt
-    /// them, for a handoff and those preemptions: several context
-    /// switches per handshake more (docs/benchmarks.md, "RSA in place or
-    /// on crypto threads" and what follows it).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub crypto_threads: Option<usize>,
-}
-
-impl RuntimeSection {
-    /// `crypto_threads` when it is not set: in place.
-    pub const DEFAULT_CRYPTO_THREADS: usize = 0;
-
-    /// The crypto threads to start: `crypto_threads`, else the default.
-    pub fn crypto_threads(&self) -> usize {
-        self.crypto_threads.unwrap_or(Self::DEFAULT_CRYPTO_THREADS)
-    }
+    /// with the server. Default 0: the work runs in place, on the worker
+    /// that read the request, one job per worker at a time and what
+    /// became ready meanwhile before the next; a handshake is two jobs
+    /// (receiving the request, answering it), so a publish arriving
+    /// during one waits for at most that. On threads (1 or more) the
+    /// kernel lets a worker with input preempt them, for a handoff and
+    /// those preemptions: several context switches per handshake more
+    /// (docs/benchmarks.md, "RSA in place or on crypto threads" and what
+    /// follows it).
+    pub crypto_threads: usize,
 }
 
 /// The most `runtime.crypto_threads` accepted.
@@ -1021,7 +1010,6 @@ impl ServerConfig {
             self.subscriptions.max_publish_request_count,
         );
         c.runtime.worker_threads = Some(self.runtime.worker_threads.unwrap_or(cpus.max(1)));
-        c.runtime.crypto_threads = Some(self.runtime.crypto_threads());
         c
     }
 
@@ -1244,11 +1232,8 @@ impl ServerConfig {
         if let Some(n) = self.runtime.worker_threads {
             at_least("runtime.worker_threads", count(n), 1)?;
         }
-        if let Some(n) = self
-            .runtime
-            .crypto_threads
-            .filter(|n| *n > MAX_CRYPTO_THREADS)
-        {
+        let n = self.runtime.crypto_threads;
+        if n > MAX_CRYPTO_THREADS {
             return fail(
                 "runtime.crypto_threads",
                 n,
@@ -1472,7 +1457,7 @@ mod tests {
         assert_eq!(a.max_channel_count, Some(22_000));
         assert_eq!(a.max_concurrent_session_establishment, Some(128));
         assert_eq!(r.runtime.worker_threads, Some(4));
-        assert_eq!(r.runtime.crypto_threads, Some(0), "in place");
+        assert_eq!(r.runtime.crypto_threads, 0, "in place");
         // 8 x CPUs wins over 128 on larger machines.
         let big = c.resolved(32);
         assert_eq!(
@@ -1504,11 +1489,11 @@ mod tests {
         let mut set = ServerConfig::default();
         set.admission.max_channel_count = Some(5);
         set.runtime.worker_threads = Some(3);
-        set.runtime.crypto_threads = Some(0);
+        set.runtime.crypto_threads = 2;
         let once = set.resolved(16);
         assert_eq!(once.admission.max_channel_count, Some(5));
         assert_eq!(once.runtime.worker_threads, Some(3));
-        assert_eq!(once.runtime.crypto_threads, Some(0));
+        assert_eq!(once.runtime.crypto_threads, 2);
         assert_eq!(once.resolved(2), once);
         once.validate().unwrap();
         c.validate().unwrap();
@@ -1609,16 +1594,16 @@ mod tests {
         );
         assert!(check(&|c| c.runtime.worker_threads = Some(0)).contains("runtime.worker_threads"));
         assert!(
-            check(&|c| c.runtime.crypto_threads = Some(MAX_CRYPTO_THREADS + 1))
+            check(&|c| c.runtime.crypto_threads = MAX_CRYPTO_THREADS + 1)
                 .contains("runtime.crypto_threads")
         );
         // Zero is meaningful for these three.
         let mut c = ServerConfig::default();
         c.admission.session_establishment_queue_limit = 0;
         c.admission.open_files_headroom = 0;
-        c.runtime.crypto_threads = Some(0);
+        c.runtime.crypto_threads = 0;
         c.validate().unwrap();
-        c.runtime.crypto_threads = Some(MAX_CRYPTO_THREADS);
+        c.runtime.crypto_threads = MAX_CRYPTO_THREADS;
         c.validate().unwrap();
     }
 }

@@ -584,7 +584,7 @@ impl Server {
             Some(addr) => Some(listen(addr, METRICS_BACKLOG)?),
             None => None,
         };
-        let threads = state.config.runtime.crypto_threads();
+        let threads = state.config.runtime.crypto_threads;
         // In place, as many jobs at once as there are workers to run them.
         let workers = state
             .config
