@@ -1,6 +1,7 @@
 //! Any byte stream from a client, split at arbitrary points and mixed with
-//! timer ticks: the server connection never panics, consumes only whole
-//! messages, and once closed stays closed.
+//! timer ticks, fed whole or with each secured OpenSecureChannel in two
+//! steps (`receive_open`, `answer_open`): the server connection never
+//! panics, consumes only whole messages, and once closed stays closed.
 //!
 //! The server offers None, Basic256Sha256 and every ECC policy (an RSA and
 //! a P-256, P-384 and Ed25519 certificate, made once per process). When the
@@ -159,11 +160,21 @@ fuzz_target!(|data: &[u8]| {
     let config = Arc::clone(&setup().config);
     let mut conn = PendingConnection::new().accept(now, 1, config, budget);
     let mut input = Vec::new();
+    // Second bit: a secured OPN goes in two steps (receive_open, then
+    // answer_open), as the server runs it in place.
+    let two_steps = split & 2 != 0;
     // Odd first byte: open an ECC channel first, the rest follows on it.
     let rest = match rest.split_first() {
         Some((&choice, tail)) if split & 1 == 1 => {
             input = ecc_prelude(choice);
-            let _ = conn.handle_input(now, &mut input);
+            if two_steps {
+                let received = conn.receive_open(now, &mut input);
+                let received = received.ok().flatten().expect("the prelude's OPN");
+                assert!(input.is_empty(), "the OPN is taken from the input");
+                let _ = conn.answer_open(now, received);
+            } else {
+                let _ = conn.handle_input(now, &mut input);
+            }
             assert!(!conn.is_closed(), "the ECC prelude opens a channel");
             let opened = std::iter::from_fn(|| conn.poll_event())
                 .any(|e| matches!(e, uascale_proto::Event::Opened { .. }));
@@ -172,12 +183,20 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => rest,
     };
-    let step = usize::from(split >> 1).max(1);
+    let step = usize::from(split >> 2).max(1);
     let mut out = Vec::new();
     for piece in rest.chunks(step) {
         input.extend_from_slice(piece);
         let was_closed = conn.is_closed();
-        let _ = conn.handle_input(now, &mut input);
+        if two_steps {
+            if let Ok(Some(received)) = conn.receive_open(now, &mut input) {
+                assert!(!conn.is_closed(), "a received OPN leaves it open");
+                let _ = conn.answer_open(now, received);
+                let _ = conn.handle_input(now, &mut input);
+            }
+        } else {
+            let _ = conn.handle_input(now, &mut input);
+        }
         assert!(!was_closed || conn.is_closed());
         while conn.poll_event().is_some() {}
         conn.poll_transmit(&mut out);

@@ -32,6 +32,26 @@ fn crypto_threads_running() -> usize {
         .count()
 }
 
+/// A server configuration with every RSA policy and a fresh PKI directory
+/// named after `name` (returned, for the test to remove), trusting every
+/// client certificate or none, with `threads` crypto threads.
+fn secured_config(
+    name: &str,
+    trust_all: bool,
+    threads: usize,
+) -> (std::path::PathBuf, uascale_server::config::ServerConfig) {
+    let pki = std::env::temp_dir().join(format!("uascale-rsa-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&pki);
+    let mut config = common::config();
+    config.security = uascale_server::config::SecurityConfig {
+        pki_dir: pki.clone(),
+        trust_all_client_certificates: trust_all,
+        ..Default::default()
+    };
+    config.runtime.crypto_threads = threads;
+    (pki, config)
+}
+
 /// A Basic256Sha256 SignAndEncrypt session through two token renewals
 /// (each an asymmetric OpenSecureChannel), with the handshake crypto in
 /// place (`runtime.crypto_threads` 0) and on two crypto threads, which
@@ -43,19 +63,8 @@ async fn rsa_handshakes_in_place_and_on_crypto_threads() {
 
     let identity = common::client_identity("rsa client");
     for threads in [0, 2] {
-        let pki = std::env::temp_dir().join(format!(
-            "uascale-rsa-threads-{threads}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&pki);
-        let mut config = common::config();
-        config.security = uascale_server::config::SecurityConfig {
-            pki_dir: pki.clone(),
-            trust_all_client_certificates: true,
-            ..Default::default()
-        };
+        let (pki, mut config) = secured_config(&format!("threads-{threads}"), true, threads);
         config.limits.min_token_lifetime = Duration::from_secs(1);
-        config.runtime.crypto_threads = threads;
         let server = Server::bind(config).unwrap();
         // Each thread names itself once it runs.
         common::eventually(Duration::from_secs(5), || {
@@ -116,15 +125,7 @@ async fn in_place_a_refused_handshake_ends_only_its_connection() {
     use uascale_client::{SecurityOptions, ServerTrust};
     use uascale_crypto::policy::SecurityPolicy;
 
-    let pki = std::env::temp_dir().join(format!("uascale-rsa-refused-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&pki);
-    let mut config = common::config();
-    config.security = uascale_server::config::SecurityConfig {
-        pki_dir: pki.clone(),
-        trust_all_client_certificates: false,
-        ..Default::default()
-    };
-    config.runtime.crypto_threads = 0;
+    let (pki, config) = secured_config("refused", false, 0);
     let server = Server::bind(config).unwrap();
     let url = format!("opc.tcp://{}", server.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
