@@ -323,9 +323,9 @@ struct Shared {
     unfinished: std::sync::Mutex<crate::admission::address::PerAddressCount>,
     /// Where asymmetric (OpenSecureChannel) work runs
     /// (`runtime.crypto_threads`): in place on the workers, taking turns
-    /// (0, the default), or on threads off the event loop; either way RSA during a
-    /// connect storm cannot hold up the reads and publishes of established
-    /// sessions for long.
+    /// (0, the default), or on threads off the event loop; either way RSA
+    /// during a connect storm cannot hold up the reads and publishes of
+    /// established sessions for long.
     crypto: crypto::HandshakeCrypto,
 }
 
