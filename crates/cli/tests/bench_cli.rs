@@ -95,6 +95,8 @@ fn bench_read_counts_reads_values_and_server_cost() {
     ]);
     let reads = r["reads"].as_u64().unwrap();
     assert!(r["started_utc"].as_str().unwrap().ends_with('Z'), "{r}");
+    // On Linux the CPU is named (its model name from /proc/cpuinfo).
+    assert!(r["cpu"].as_str().is_some_and(|c| !c.is_empty()), "{r}");
     // The series: a warm-up sample, then measured ones adding up to the
     // totals, each with latencies.
     let series = r["series"].as_array().unwrap();

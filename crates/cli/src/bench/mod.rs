@@ -454,11 +454,13 @@ pub fn run(args: &[&str]) -> ExitCode {
     }
 }
 
-/// When a run started and how busy the machine was (numbers from a shared
-/// machine mean little without it).
+/// When a run started, how busy the machine was and on which CPU
+/// (numbers from a shared machine mean little without it; the same
+/// virtual machine has landed on CPUs whose RSA differed fourfold).
 struct Context {
     started_utc: String,
     load_average: Option<String>,
+    cpu: Option<String>,
 }
 
 impl Context {
@@ -470,6 +472,9 @@ impl Context {
             started_utc: uascale_types::DateTime::from_system_time(std::time::SystemTime::now())
                 .to_string(),
             load_average,
+            cpu: std::fs::read_to_string("/proc/cpuinfo")
+                .ok()
+                .and_then(|c| cpu_of(&c)),
         }
     }
 
@@ -487,12 +492,44 @@ impl Context {
         if let Some(l) = &load {
             outcome.rows.push(("load average".into(), l.clone()));
         }
+        if let Some(c) = &self.cpu {
+            outcome.rows.push(("cpu".into(), c.clone()));
+        }
         if let Some(o) = outcome.json.as_object_mut() {
             o.insert("started_utc".into(), self.started_utc.clone().into());
+            o.insert("cpu".into(), self.cpu.clone().into());
             o.insert("loadavg_start".into(), self.load_average.clone().into());
             o.insert("loadavg_end".into(), end.load_average.into());
         }
     }
+}
+
+/// The first processor of `/proc/cpuinfo` text: its model name, family
+/// and model, and whether it has AVX-512 (`avx512f`; with `avx512ifma`
+/// RSA runs several times faster): "AMD EPYC (family 23, model 1; no
+/// AVX-512)". `None` without a model name.
+fn cpu_of(cpuinfo: &str) -> Option<String> {
+    let first = cpuinfo.split("\n\n").next()?;
+    let field = |name: &str| {
+        first.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == name).then(|| v.trim().to_owned())
+        })
+    };
+    let model_name = field("model name")?;
+    let flags = field("flags").unwrap_or_default();
+    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+    let avx512 = match (has("avx512f"), has("avx512ifma")) {
+        (true, true) => "AVX-512 with IFMA",
+        (true, false) => "AVX-512 without IFMA",
+        _ => "no AVX-512",
+    };
+    let mut out = model_name;
+    match (field("cpu family"), field("model")) {
+        (Some(f), Some(m)) => out.push_str(&format!(" (family {f}, model {m}; {avx512})")),
+        _ => out.push_str(&format!(" ({avx512})")),
+    }
+    Some(out)
 }
 
 /// Prints the summary (or the JSON) and writes the report.
@@ -569,6 +606,30 @@ fn merge_counts(into: &mut StatusCounts, from: &StatusCounts) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CPU line comes from the first processor's block.
+    #[test]
+    fn the_cpu_is_named_from_cpuinfo() {
+        let two = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\n\
+                   model\t\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 adx\n\n\
+                   processor\t: 1\nmodel name\t: Other\n";
+        assert_eq!(
+            cpu_of(two).as_deref(),
+            Some("AMD EPYC (family 23, model 1; no AVX-512)")
+        );
+        let ifma = "model name\t: Xeon\ncpu family\t: 6\nmodel\t\t: 106\n\
+                    flags\t\t: avx512f avx512ifma\n";
+        assert_eq!(
+            cpu_of(ifma).as_deref(),
+            Some("Xeon (family 6, model 106; AVX-512 with IFMA)")
+        );
+        assert_eq!(
+            cpu_of("model name : Arm\nflags : neon\n").as_deref(),
+            Some("Arm (no AVX-512)")
+        );
+        assert_eq!(cpu_of("processor : 0\n"), None);
+        assert_eq!(cpu_of(""), None);
+    }
 
     /// A thread that worked and exited still counts: the CPU time read
     /// after it is gone is not less than before.
