@@ -25,7 +25,9 @@ use uascale_proto::chunk::{
 use uascale_proto::reassembly::ReassemblyBudget;
 use uascale_proto::security::{Identity, PrivateKey, Protection, ServerSecurity};
 use uascale_proto::tcp::{Hello, MessageType};
-use uascale_proto::{ChannelConfig, Now, PendingConnection, TrustAllCertificates};
+use uascale_proto::{
+    ChannelConfig, Now, PendingConnection, ServerConnection, TrustAllCertificates,
+};
 use uascale_types::{
     encode_message, ByteString, DateTime, MessageSecurityMode, OpenSecureChannelRequest,
     RequestHeader, SecurityTokenRequestType, UaString,
@@ -147,6 +149,23 @@ fn ecc_prelude(choice: u8) -> Vec<u8> {
     out
 }
 
+/// Feeds `input` to `conn`, whole or (`two_steps`) with a secured OPN
+/// received, then answered, then what followed it; true if an OPN went in
+/// two steps.
+fn feed(conn: &mut ServerConnection, now: Now, input: &mut Vec<u8>, two_steps: bool) -> bool {
+    if !two_steps {
+        let _ = conn.handle_input(now, input);
+        return false;
+    }
+    let Ok(Some(received)) = conn.receive_open(now, input) else {
+        return false;
+    };
+    assert!(!conn.is_closed(), "a received OPN leaves it open");
+    let _ = conn.answer_open(now, received);
+    let _ = conn.handle_input(now, input);
+    true
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&split, rest)) = data.split_first() else {
         return;
@@ -167,14 +186,9 @@ fuzz_target!(|data: &[u8]| {
     let rest = match rest.split_first() {
         Some((&choice, tail)) if split & 1 == 1 => {
             input = ecc_prelude(choice);
-            if two_steps {
-                let received = conn.receive_open(now, &mut input);
-                let received = received.ok().flatten().expect("the prelude's OPN");
-                assert!(input.is_empty(), "the OPN is taken from the input");
-                let _ = conn.answer_open(now, received);
-            } else {
-                let _ = conn.handle_input(now, &mut input);
-            }
+            let stepped = feed(&mut conn, now, &mut input, two_steps);
+            assert_eq!(stepped, two_steps, "the prelude's OPN");
+            assert!(input.is_empty(), "the prelude is taken whole");
             assert!(!conn.is_closed(), "the ECC prelude opens a channel");
             let opened = std::iter::from_fn(|| conn.poll_event())
                 .any(|e| matches!(e, uascale_proto::Event::Opened { .. }));
@@ -188,15 +202,7 @@ fuzz_target!(|data: &[u8]| {
     for piece in rest.chunks(step) {
         input.extend_from_slice(piece);
         let was_closed = conn.is_closed();
-        if two_steps {
-            if let Ok(Some(received)) = conn.receive_open(now, &mut input) {
-                assert!(!conn.is_closed(), "a received OPN leaves it open");
-                let _ = conn.answer_open(now, received);
-                let _ = conn.handle_input(now, &mut input);
-            }
-        } else {
-            let _ = conn.handle_input(now, &mut input);
-        }
+        feed(&mut conn, now, &mut input, two_steps);
         assert!(!was_closed || conn.is_closed());
         while conn.poll_event().is_some() {}
         conn.poll_transmit(&mut out);

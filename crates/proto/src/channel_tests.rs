@@ -200,7 +200,9 @@ pub(super) fn expect_error(bytes: &[u8], status: StatusCode) {
     );
 }
 
-/// An OPN of SecurityPolicy None does no asymmetric work.
+/// An OPN of SecurityPolicy None does no asymmetric work: given to
+/// `receive_open`, it is answered at once, as `handle_input` would; there
+/// is no second step.
 #[test]
 fn an_unsecured_open_has_no_asymmetric_work() {
     let clock = Clock::new();
@@ -208,23 +210,11 @@ fn an_unsecured_open_has_no_asymmetric_work() {
     let mut s = server(&clock, &budget);
     let mut c = TestClient::new();
     feed(&mut s, &clock, &c.hello()).unwrap();
-    let opn = c.open(SecurityTokenRequestType::Issue, 0, POLICY_NONE_URI);
-    assert!(!s.has_asymmetric_work(&opn));
-}
-
-/// An OPN of SecurityPolicy None given to `receive_open` is answered at
-/// once, as `handle_input` would: there is no second step.
-#[test]
-fn an_unsecured_open_is_answered_by_receive_open() {
-    let clock = Clock::new();
-    let budget = ReassemblyBudget::new(1 << 20, 50);
-    let mut s = server(&clock, &budget);
-    let mut c = TestClient::new();
-    feed(&mut s, &clock, &c.hello()).unwrap();
     take_out(&mut s);
-    let mut input = c.open(SecurityTokenRequestType::Issue, 0, POLICY_NONE_URI);
-    assert!(s.receive_open(clock.now(), &mut input).unwrap().is_none());
-    assert!(input.is_empty());
+    let mut opn = c.open(SecurityTokenRequestType::Issue, 0, POLICY_NONE_URI);
+    assert!(!s.has_asymmetric_work(&opn));
+    assert!(s.receive_open(clock.now(), &mut opn).unwrap().is_none());
+    assert!(opn.is_empty());
     let out = take_out(&mut s);
     assert_eq!(
         messages(&out)[0].0.message_type,

@@ -465,13 +465,10 @@ struct Context {
 
 impl Context {
     fn now() -> Self {
-        let load_average = std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
         Context {
             started_utc: uascale_types::DateTime::from_system_time(std::time::SystemTime::now())
                 .to_string(),
-            load_average,
+            load_average: load_average(),
             cpu: std::fs::read_to_string("/proc/cpuinfo")
                 .ok()
                 .and_then(|c| cpu_of(&c)),
@@ -481,8 +478,8 @@ impl Context {
     /// Adds the start and the load averages (then and now) to the rows and
     /// the JSON.
     fn add_to(&self, outcome: &mut Outcome) {
-        let end = Context::now();
-        let load = match (&self.load_average, &end.load_average) {
+        let end = load_average();
+        let load = match (&self.load_average, &end) {
             (Some(a), Some(b)) => Some(format!("{a} at the start, {b} at the end")),
             _ => None,
         };
@@ -499,9 +496,16 @@ impl Context {
             o.insert("started_utc".into(), self.started_utc.clone().into());
             o.insert("cpu".into(), self.cpu.clone().into());
             o.insert("loadavg_start".into(), self.load_average.clone().into());
-            o.insert("loadavg_end".into(), end.load_average.into());
+            o.insert("loadavg_end".into(), end.into());
         }
     }
+}
+
+/// The load averages over 1, 5 and 15 minutes (`/proc/loadavg`).
+fn load_average() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
 /// The first processor of `/proc/cpuinfo` text: its model name, family

@@ -1076,46 +1076,57 @@ async fn run_handshake(
         }
     }
     let _in_flight = InFlight(metrics);
+    let receive = move || {
+        let mut bytes = bytes;
+        let received = conn.receive_open(clock(), &mut bytes);
+        (conn, bytes, received)
+    };
     let (mut conn, rest) = if shared.crypto.in_two_steps() {
         // Receiving (RSA: the two decryptions) is one turn, answering
         // (the signature) the next.
-        let receive = move || {
-            let mut bytes = bytes;
-            let received = conn.receive_open(clock(), &mut bytes);
-            (conn, bytes, received)
-        };
         match shared.crypto.run(receive).await? {
-            (mut conn, bytes, Ok(Some(received))) => {
-                let answer = move || {
-                    let mut bytes = bytes;
-                    let done = conn.answer_open(clock(), received);
-                    if let Err(e) = done.and_then(|()| conn.handle_input(clock(), &mut bytes)) {
-                        closing(&conn, &e);
-                    }
-                    (conn, bytes)
-                };
-                shared.crypto.run(answer).await?
+            (conn, bytes, Ok(Some(received))) => {
+                shared
+                    .crypto
+                    .run(move || answer(conn, bytes, Ok(Some(received))))
+                    .await?
             }
-            (conn, bytes, Ok(None)) => (conn, bytes),
-            (conn, bytes, Err(e)) => {
-                closing(&conn, &e);
-                (conn, bytes)
-            }
+            (conn, bytes, received) => answer(conn, bytes, received),
         }
     } else {
-        let work = move || {
-            let mut bytes = bytes;
-            if let Err(e) = conn.handle_input(clock(), &mut bytes) {
-                closing(&conn, &e);
-            }
-            (conn, bytes)
-        };
-        shared.crypto.run(work).await?
+        shared
+            .crypto
+            .run(move || {
+                let (conn, bytes, received) = receive();
+                answer(conn, bytes, received)
+            })
+            .await?
     };
     place.finish(Instant::now());
     handle_events(&mut conn, &shared.state, queue);
     flush(&mut conn, stream).await;
     Some((conn, if rest.is_empty() { Vec::new() } else { rest }))
+}
+
+/// The rest of a handshake's work after [`ServerConnection::receive_open`]:
+/// the answer to the OpenSecureChannel it received, then what followed it
+/// in `bytes`; an error closes the connection (and is logged).
+fn answer(
+    mut conn: ServerConnection,
+    mut bytes: Vec<u8>,
+    received: Result<Option<uascale_proto::ReceivedOpen>, uascale_proto::ChannelError>,
+) -> (ServerConnection, Vec<u8>) {
+    let done = match received {
+        Ok(Some(received)) => conn
+            .answer_open(clock(), received)
+            .and_then(|()| conn.handle_input(clock(), &mut bytes)),
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = done {
+        closing(&conn, &e);
+    }
+    (conn, bytes)
 }
 
 /// Logs why `conn` is closing.
