@@ -2,9 +2,11 @@
 //! fresh machine with the Rust toolchain and Python 3.
 //!
 //! Steps, cheapest first: rustfmt, clippy, codegen --check, the Python peers
-//! in a venv under `target/venv` and the asyncua vectors check, each fuzz
-//! target for a bounded time, then the whole test suite last (so that the
-//! test runner's summary closes the output).
+//! in a venv under `target/venv` (made in the background while the checks
+//! before it run) and the asyncua vectors check, each fuzz target for a
+//! bounded time (as many at once as there are cores), then the whole test
+//! suite last, its binaries a few at a time (`suite.rs`), so that its
+//! summary closes the output.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -145,23 +147,27 @@ fn fuzz(root: &Path) -> Result<(), String> {
         .and_then(|s| s.parse::<u64>().ok())
         .unwrap_or(FUZZ_SECONDS);
     let bins = target_dir.join(&triple).join("release");
+    let mut queue = Vec::new();
     for target in FUZZ_TARGETS {
         let corpus = root.join("target/fuzz-corpus").join(target);
         let artifacts = root.join("fuzz/artifacts").join(target);
         for dir in [&corpus, &artifacts] {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        println!("--- fuzz target {target}, {secs} s");
-        run(Command::new(bins.join(target))
-            .current_dir(root)
+        let mut cmd = Command::new(bins.join(target));
+        cmd.current_dir(root)
             .arg(format!("-artifact_prefix={}/", artifacts.display()))
             .arg(format!("-max_total_time={secs}"))
             .arg("-rss_limit_mb=2048")
             .arg("-print_final_stats=1")
             .arg(&corpus)
-            .arg(root.join("fuzz/seeds").join(target)))?;
+            .arg(root.join("fuzz/seeds").join(target));
+        queue.push((format!("fuzz target {target}, {secs} s"), cmd));
     }
-    Ok(())
+    // Each target runs on one core: as many at once as there are cores.
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let done = crate::suite::pool(queue, jobs, &root.join("target/fuzz-logs"))?;
+    crate::suite::failures(&done)
 }
 
 /// The Debian packages the tests start real processes of (the cluster
@@ -208,6 +214,38 @@ pub fn ci(root: &Path) -> Result<(), String> {
         let _s = Step::new("system packages");
         system_packages();
     }
+    // The venv (mostly pip waiting on downloads and unpacking) is made
+    // while rustfmt, clippy and the checks run; the byte vectors wait for it.
+    let venv = std::thread::spawn({
+        let root = root.to_path_buf();
+        move || python_venv(&root)
+    });
+    let checked = checks(root);
+    let venv = venv
+        .join()
+        .unwrap_or_else(|_| Err("creating the venv panicked".to_string()));
+    checked?;
+    {
+        let _s = Step::new("asyncua byte vectors");
+        let python = venv?;
+        run(Command::new(python)
+            .current_dir(root)
+            .arg("tests/vectors/gen_asyncua.py")
+            .arg("--check"))?;
+    }
+    {
+        let _s = Step::new("fuzz");
+        fuzz(root)?;
+    }
+    {
+        let _s = Step::new("tests");
+        tests(root)?;
+    }
+    Ok(())
+}
+
+/// rustfmt, clippy, the module cycles and the codegen check.
+fn checks(root: &Path) -> Result<(), String> {
     {
         let _s = Step::new("rustfmt");
         run(cargo()
@@ -242,23 +280,17 @@ pub fn ci(root: &Path) -> Result<(), String> {
         let _s = Step::new("codegen --check");
         crate::codegen::run(&crate::schema_dir(root), root, true)?;
     }
-    {
-        let _s = Step::new("asyncua byte vectors");
-        let python = python_venv(root)?;
-        run(Command::new(python)
-            .current_dir(root)
-            .arg("tests/vectors/gen_asyncua.py")
-            .arg("--check"))?;
-    }
-    {
-        let _s = Step::new("fuzz");
-        fuzz(root)?;
-    }
-    {
-        let _s = Step::new("tests");
-        run(cargo()
-            .current_dir(root)
-            .args(["test", "--workspace", "--all-features"]))?;
-    }
     Ok(())
+}
+
+/// The tests step alone (`cargo xtask tests`): `cargo test --workspace
+/// --all-features`, with the binaries run a few at a time (see `suite.rs`).
+pub fn tests(root: &Path) -> Result<(), String> {
+    let test = || {
+        let mut c = cargo();
+        c.current_dir(root)
+            .args(["test", "--workspace", "--all-features"]);
+        c
+    };
+    crate::suite::run(root, test(), test())
 }

@@ -10,7 +10,9 @@
 //! `cargo xtask modules [SRC_DIR...]` lists the `use` cycles between the
 //! modules of each crate and fails when there is one (see `modules.rs`).
 //!
-//! `cargo xtask ci` runs everything CI checks (see `ci.rs`).
+//! `cargo xtask ci` runs everything CI checks (see `ci.rs`); `cargo xtask
+//! tests` only its tests step, the test binaries a few at a time (see
+//! `suite.rs`).
 
 mod bsd;
 mod ci;
@@ -18,13 +20,14 @@ mod codegen;
 mod csv;
 mod modules;
 mod nodeset;
+mod suite;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask modules [SRC_DIR...]\n       cargo xtask ci"
+        "usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask modules [SRC_DIR...]\n       cargo xtask ci\n       cargo xtask tests"
     );
     ExitCode::from(2)
 }
@@ -60,14 +63,15 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Some("ci") => {
-            return match ci::ci(&root) {
+        Some(step @ ("ci" | "tests")) => {
+            let run = if step == "ci" { ci::ci } else { ci::tests };
+            return match run(&root) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("xtask ci: {e}");
+                    eprintln!("xtask {step}: {e}");
                     ExitCode::FAILURE
                 }
-            }
+            };
         }
         _ => return usage(),
     }

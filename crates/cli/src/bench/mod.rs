@@ -640,11 +640,19 @@ mod tests {
     #[test]
     fn server_cpu_keeps_exited_threads() {
         let pid = std::process::id();
+        // The thread's own time on a CPU (the first field of schedstat, in
+        // ns): it spins until it has had 200 ms, however busy the machine.
+        fn own_cpu() -> Duration {
+            let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+            Duration::from_nanos(s.split_whitespace().next().unwrap().parse().unwrap())
+        }
         let busy = std::thread::spawn(|| {
-            let t = std::time::Instant::now();
+            let start = own_cpu();
             let mut x = 0u64;
-            while t.elapsed() < Duration::from_millis(200) {
-                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            while own_cpu() - start < Duration::from_millis(200) {
+                for _ in 0..10_000 {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
             }
             // Sampled while this thread is still alive.
             let during = sample_server(std::process::id()).unwrap();
