@@ -2,8 +2,7 @@
 //! fresh machine with the Rust toolchain and Python 3.
 //!
 //! Steps, cheapest first: rustfmt, clippy, codegen --check, the Python peers
-//! in a venv under `target/venv` (made in the background while the checks
-//! before it run) and the asyncua vectors check, each fuzz target for a
+//! in a venv under `target/venv` and the asyncua vectors check, each fuzz target for a
 //! bounded time (as many at once as there are cores), then the whole test
 //! suite last, its binaries a few at a time (`suite.rs`), so that its
 //! summary closes the output.
@@ -109,6 +108,22 @@ const FUZZ_RUSTFLAGS: &[&str] = &[
     "-Ccodegen-units=1",
 ];
 
+/// `cargo <subcommand>` for clippy and the tests, which build into
+/// `target/<host triple>/debug`: given `--target`, cargo keeps build scripts
+/// and their dependencies apart from the checked and built code, so the
+/// build script runs that clippy made (aws-lc's C library among them, 55 s
+/// cold) are the ones the tests use. Without it, `cargo check` and `cargo
+/// build` each compile their own `cc`, `libc`, ... for the build scripts,
+/// and so run every build script again. Incremental compilation is off:
+/// from nothing it is slower (the workspace's crates took 115 s for the
+/// tests without it, 133 s with it), and nothing builds on it later.
+fn cargo_for_host(subcommand: &str, triple: &str) -> Command {
+    let mut c = cargo();
+    c.env("CARGO_INCREMENTAL", "0")
+        .args([subcommand, "--target", triple]);
+    c
+}
+
 /// The host's target triple (`rustc -vV`): the fuzz targets are built for
 /// it explicitly, so that the coverage flags reach only the targets and not
 /// build scripts or proc macros.
@@ -134,7 +149,14 @@ fn fuzz(root: &Path) -> Result<(), String> {
         .env("RUSTC_BOOTSTRAP", "1")
         .env("RUSTFLAGS", FUZZ_RUSTFLAGS.join(" "))
         .env("CARGO_TARGET_DIR", &target_dir)
+        // aws-lc's C at -O0 for this build only: it was 135 s of the
+        // build's 311 s, 65 s at -O0 (cold, `--timings`, 2 cores; 235 s
+        // in all). Its hot paths are assembly either way; a 6 s run
+        // exercises uascale's code, not aws-lc's. `cargo fuzz run` keeps
+        // fuzz/Cargo.toml's release profile.
         .args([
+            "--config",
+            "profile.release.package.aws-lc-sys.opt-level=0",
             "build",
             "--release",
             "--bins",
@@ -214,20 +236,10 @@ pub fn ci(root: &Path) -> Result<(), String> {
         let _s = Step::new("system packages");
         system_packages();
     }
-    // The venv (mostly pip waiting on downloads and unpacking) is made
-    // while rustfmt, clippy and the checks run; the byte vectors wait for it.
-    let venv = std::thread::spawn({
-        let root = root.to_path_buf();
-        move || python_venv(&root)
-    });
-    let checked = checks(root);
-    let venv = venv
-        .join()
-        .unwrap_or_else(|_| Err("creating the venv panicked".to_string()));
-    checked?;
+    checks(root)?;
     {
         let _s = Step::new("asyncua byte vectors");
-        let python = venv?;
+        let python = python_venv(root)?;
         run(Command::new(python)
             .current_dir(root)
             .arg("tests/vectors/gen_asyncua.py")
@@ -254,15 +266,16 @@ fn checks(root: &Path) -> Result<(), String> {
     }
     {
         let _s = Step::new("clippy");
-        run(cargo().current_dir(root).args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--all-features",
-            "--",
-            "-D",
-            "warnings",
-        ]))?;
+        run(cargo_for_host("clippy", &host_triple()?)
+            .current_dir(root)
+            .args([
+                "--workspace",
+                "--all-targets",
+                "--all-features",
+                "--",
+                "-D",
+                "warnings",
+            ]))?;
     }
     {
         let _s = Step::new("module cycles");
@@ -286,10 +299,10 @@ fn checks(root: &Path) -> Result<(), String> {
 /// The tests step alone (`cargo xtask tests`): `cargo test --workspace
 /// --all-features`, with the binaries run a few at a time (see `suite.rs`).
 pub fn tests(root: &Path) -> Result<(), String> {
+    let triple = host_triple()?;
     let test = || {
-        let mut c = cargo();
-        c.current_dir(root)
-            .args(["test", "--workspace", "--all-features"]);
+        let mut c = cargo_for_host("test", &triple);
+        c.current_dir(root).args(["--workspace", "--all-features"]);
         c
     };
     crate::suite::run(root, test(), test())
