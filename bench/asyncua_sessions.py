@@ -11,7 +11,9 @@ pki-client and pki; the server must trust the client, e.g.
 trust_all_client_certificates). The client's ApplicationUri is
 urn:uascale:client, the URI `uascale` client certificates carry. Prints the
 server's CPU (from /proc/PID/stat) per session established, per second
-held and per session closed. Run it from the repository's venv
+held and per session closed, and the establishment alone: the CPU of the
+ramp less the steady cost (per session-second, measured while held) of
+the sessions already up. Run it from the repository's venv
 (target/venv/bin/python, which `.ci/run` creates).
 """
 import asyncio
@@ -34,7 +36,7 @@ def cpu():
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-async def one(gate, clients):
+async def one(gate, clients, up):
     async with gate:
         client = Client(url, timeout=30)
         client.application_uri = "urn:uascale:client"
@@ -48,19 +50,29 @@ async def one(gate, clients):
             )
         await client.connect()
         clients.append(client)
+        up.append(time.time())
 
 
 async def main():
     gate = asyncio.Semaphore(c)
-    clients = []
+    clients, up = [], []
     c0, t0 = cpu(), time.time()
-    await asyncio.gather(*(one(gate, clients) for _ in range(n)))
+    await asyncio.gather(*(one(gate, clients, up) for _ in range(n)))
     c1, t1 = cpu(), time.time()
     print(f"established {len(clients)} in {t1 - t0:.2f} s; "
           f"server CPU {1000 * (c1 - c0) / n:.3f} ms per session")
     await asyncio.sleep(hold)
     c2 = cpu()
     print(f"held {hold} s: server CPU {1000 * (c2 - c1) / hold:.1f} ms per second")
+    # The sessions already up kept costing while the rest connected (asyncua
+    # reads ServerStatus.State of each once a second): that steady cost,
+    # measured while held, per session-second of the ramp, is not
+    # establishment.
+    steady = (c2 - c1) / hold / n
+    ramp = sum(t1 - t for t in up)
+    print(f"steady {1e6 * steady:.1f} us per session-second x {ramp:.0f} session-seconds "
+          f"in the ramp; establishment alone {1000 * ((c1 - c0) - steady * ramp) / n:.3f} "
+          f"ms per session")
     for client in clients:
         await client.disconnect()
     c3 = cpu()
