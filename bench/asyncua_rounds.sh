@@ -16,37 +16,25 @@ rounds=${1:-3}; n=${2:-300}; port=${3:-4856}
 cd "$(dirname "$0")/.."
 OUT=target/asyncua-rounds; mkdir -p $OUT
 UA=target/release/uascale; PY=target/venv/bin/python
-# Admission loosened: every client comes from 127.0.0.1, and asyncua does
-# not retry a busy answer.
-cat > $OUT/server.toml <<TOML
-[server]
-port = $port
-[security]
-pki_dir = "$OUT/pki"
-trust_all_client_certificates = true
-[admission]
-connections_per_second = 100000
-connection_burst = 100000
-connections_per_second_per_address = 100000
-connection_burst_per_address = 100000
-max_concurrent_handshakes = 64
-max_unfinished_handshakes_per_address = 20000
-TOML
+. bench/lib.sh
+BIN=$UA
+trap stop EXIT
+# Trust and admission out of the way: every client comes from 127.0.0.1,
+# and asyncua does not retry a busy answer.
+relaxed_config "$port" > $OUT/server.toml
 # The client's certificate: asyncua presents urn:uascale:client, the URI of
 # uascale's own client certificates.
 [ -f $OUT/client-pki/own/certs/cert.der ] || $UA cert create --pki $OUT/client-pki --uri urn:uascale:client --name asyncua-bench > /dev/null
-floor() { taskset -c 0 openssl speed -seconds 2 rsa2048 2>/dev/null | awk '/^rsa 2048/{print $4*1000}'; }
+rsa_floor() { floor rsa2048 | awk '{print $4 * 1000}'; }
 echo "load $(cut -d' ' -f1-3 /proc/loadavg) $(date -u +%H:%M:%S); $(grep -m1 'model name' /proc/cpuinfo)"
 for i in $(seq "$rounds"); do
-  f0=$(floor)
+  f0=$(rsa_floor)
   paced=$(taskset -c 0 $PY bench/rsa_paced_floor.py 200 20 | sed -n 2p | sed -E 's/.*: ([0-9.]+) ms mean.*/\1/')
-  taskset -c 0 $UA serve --config $OUT/server.toml > $OUT/server.log 2>&1 &
-  pid=$!
-  for _ in $(seq 100); do grep -q listening $OUT/server.log && break; sleep 0.1; done
-  ua=$(taskset -c 1 $PY bench/asyncua_sessions.py opc.tcp://127.0.0.1:$port "$n" 8 $pid secure 3 \
+  start_server $OUT/server.toml $OUT/server.log --pki $OUT/pki
+  ua=$(taskset -c 1 $PY bench/asyncua_sessions.py opc.tcp://127.0.0.1:$port "$n" 8 $SERVER secure 3 \
        $OUT/client-pki $OUT/pki 2>&1 | grep -v Warn)
-  kill $pid; wait $pid 2>/dev/null
-  f1=$(floor)
+  stop
+  f1=$(rsa_floor)
   echo "$ua" > $OUT/round-$i.txt
   all=$(echo "$ua" | sed -nE 's/.*server CPU ([0-9.]+) ms per session$/\1/p' | head -1)
   est=$(echo "$ua" | sed -nE 's/.*establishment alone ([0-9.]+) ms.*/\1/p')
