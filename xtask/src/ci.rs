@@ -2,10 +2,10 @@
 //! fresh machine with the Rust toolchain and Python 3.
 //!
 //! Steps, cheapest first: rustfmt, clippy, codegen --check, the Python peers
-//! in a venv under `target/venv` and the asyncua vectors check, each fuzz target for a
-//! bounded time (as many at once as there are cores), then the whole test
-//! suite last, its binaries a few at a time (`suite.rs`), so that its
-//! summary closes the output.
+//! in a venv under `target/venv` and the asyncua vectors check, each fuzz
+//! target for a bounded time (as many at once as there are cores), then the
+//! whole test suite last, its binaries a few at a time (`suite.rs`), so
+//! that its summary closes the output.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -236,28 +236,6 @@ pub fn ci(root: &Path) -> Result<(), String> {
         let _s = Step::new("system packages");
         system_packages();
     }
-    checks(root)?;
-    {
-        let _s = Step::new("asyncua byte vectors");
-        let python = python_venv(root)?;
-        run(Command::new(python)
-            .current_dir(root)
-            .arg("tests/vectors/gen_asyncua.py")
-            .arg("--check"))?;
-    }
-    {
-        let _s = Step::new("fuzz");
-        fuzz(root)?;
-    }
-    {
-        let _s = Step::new("tests");
-        tests(root)?;
-    }
-    Ok(())
-}
-
-/// rustfmt, clippy, the module cycles and the codegen check.
-fn checks(root: &Path) -> Result<(), String> {
     {
         let _s = Step::new("rustfmt");
         run(cargo()
@@ -292,6 +270,22 @@ fn checks(root: &Path) -> Result<(), String> {
     {
         let _s = Step::new("codegen --check");
         crate::codegen::run(&crate::schema_dir(root), root, true)?;
+    }
+    {
+        let _s = Step::new("asyncua byte vectors");
+        let python = python_venv(root)?;
+        run(Command::new(python)
+            .current_dir(root)
+            .arg("tests/vectors/gen_asyncua.py")
+            .arg("--check"))?;
+    }
+    {
+        let _s = Step::new("fuzz");
+        fuzz(root)?;
+    }
+    {
+        let _s = Step::new("tests");
+        tests(root)?;
     }
     Ok(())
 }
