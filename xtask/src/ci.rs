@@ -116,7 +116,9 @@ const FUZZ_RUSTFLAGS: &[&str] = &[
 /// build` each compile their own `cc`, `libc`, ... for the build scripts,
 /// and so run every build script again. Incremental compilation is off:
 /// from nothing it is slower (the workspace's crates took 115 s for the
-/// tests without it, 133 s with it), and nothing builds on it later.
+/// tests without it, 133 s with it). The price is paid by a developer who
+/// runs `cargo xtask tests` again after an edit: the changed crates build
+/// whole; plain `cargo test` keeps its incremental `target/debug`.
 fn cargo_for_host(subcommand: &str, triple: &str) -> Command {
     let mut c = cargo();
     c.env("CARGO_INCREMENTAL", "0")

@@ -8,7 +8,8 @@
 //! folder as the working directory, `CARGO_MANIFEST_DIR` set), its output
 //! goes to `target/test-logs/` and is printed whole when it ends, so the
 //! outputs do not interleave. Every binary runs even after a failure; the
-//! step fails at the end, naming the binaries that failed.
+//! step fails at the end, naming the binaries that failed. The fuzz step
+//! runs its targets through the same [`pool`].
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -237,8 +238,8 @@ pub struct Done {
     pub secs: f64,
     /// The test counts in its output.
     pub counts: Counts,
-    /// Whether it failed: a non-zero exit, a failed test, or killed after
-    /// [`TIMEOUT`].
+    /// If it failed (a non-zero exit, a failed test, or killed after
+    /// [`TIMEOUT`]), its name as the failure is reported.
     pub failed: Option<String>,
 }
 
@@ -255,9 +256,12 @@ pub fn failures(done: &[Done]) -> Result<(), String> {
 /// Runs every command of `queue` (in its order), `jobs` at a time, each
 /// with its output in a file of `logs`, printed whole under a `--- name`
 /// line when it ends. Every command runs, whatever the others did.
-pub fn pool(queue: Vec<(String, Command)>, jobs: usize, logs: &Path) -> Result<Vec<Done>, String> {
+pub fn pool(
+    mut queue: Vec<(String, Command)>,
+    jobs: usize,
+    logs: &Path,
+) -> Result<Vec<Done>, String> {
     std::fs::create_dir_all(logs).map_err(|e| format!("{}: {e}", logs.display()))?;
-    let mut queue = queue;
     queue.reverse();
     let mut running: Vec<Running> = Vec::new();
     let mut done = Vec::new();
