@@ -398,7 +398,7 @@ impl MonitoredItem {
     }
 
     /// A sampled item's next sample, on the grid of [`aligned_sample`]
-    /// around the subscription's publishing times (`next_publish` is one).
+    /// through the subscription's publishing times (`next_publish` is one).
     pub fn schedule_sampling(&mut self, now: Instant, next_publish: Instant) {
         if self.sampled {
             self.next_sample = Some(aligned_sample(now, self.sampling_interval, next_publish));
@@ -406,29 +406,43 @@ impl MonitoredItem {
     }
 
     /// The sample that was due at `now` was taken: the next one is a
-    /// sampling interval later (or from `now` when the timer ran late).
+    /// sampling interval later, or, when the timer ran later than that, the
+    /// first point of the same grid after `now` (the grid stays aligned
+    /// with the publishing times).
     pub fn sampled_at(&mut self, now: Instant) {
         let Some(due) = self.next_sample else {
             return;
         };
         let iv = self.sampling_interval.max(Duration::from_millis(1));
         let next = due + iv;
-        self.next_sample = Some(if next <= now { now + iv } else { next });
+        self.next_sample = Some(if next > now {
+            next
+        } else {
+            let behind = (now - next).as_nanos() / iv.as_nanos() + 1;
+            u32::try_from(behind)
+                .ok()
+                .and_then(|k| iv.checked_mul(k))
+                .and_then(|d| next.checked_add(d))
+                .unwrap_or(now + iv)
+        });
     }
 }
 
 /// When a sampled item's next sample is due: the first point after `now`
-/// of the grid that lies half a sampling interval before the
-/// subscription's publishing times (`next_publish` is one of them).
-/// Samples then never coincide with a publishing cycle, where timer jitter
-/// would put a sample into either of two messages - with equal sampling and
-/// publishing intervals and a queue of one, every other sample would be
-/// dropped. Samples reach a message half an interval old.
+/// of the grid through the subscription's publishing times (`next_publish`
+/// is one of them), a sampling interval apart.
+///
+/// A sample due together with a publishing cycle is then due at the very
+/// same instant, and one timer pass takes the samples before it runs the
+/// cycles (`SubscriptionSet::handle_timeout`): the sample always reaches
+/// that cycle's message, however late the timer wakes - with equal
+/// sampling and publishing intervals and a queue of one, a sample that
+/// fell now before and now after the cycle would drop every other value.
+/// It also lets one timer wake-up serve both, and a sample reaches its
+/// message fresh rather than part of an interval old.
 pub fn aligned_sample(now: Instant, interval: Duration, next_publish: Instant) -> Instant {
     let iv = interval.max(Duration::from_millis(1)).as_nanos();
-    let anchor = next_publish
-        .checked_sub(Duration::from_nanos((iv / 2) as u64))
-        .unwrap_or(next_publish);
+    let anchor = next_publish;
     let steps = |d: Duration| {
         Duration::from_nanos(u64::try_from(d.as_nanos() / iv * iv).unwrap_or(u64::MAX))
     };

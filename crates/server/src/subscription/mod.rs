@@ -524,6 +524,14 @@ impl Subscription {
     pub fn modify(&mut self, now: Instant, revised: Revised, r: &Requested) {
         if revised.publishing_interval != self.interval {
             self.next_publish = now + revised.publishing_interval;
+            // Sampled items follow the new publishing times.
+            let next_publish = self.next_publish;
+            for item in &mut self.items {
+                if item.next_sample.is_some() {
+                    item.schedule_sampling(now, next_publish);
+                }
+            }
+            self.sampling_changed();
         }
         self.interval = revised.publishing_interval;
         self.lifetime_count = revised.lifetime_count;
@@ -803,10 +811,15 @@ impl Subscription {
         now: Instant,
         sample: &mut dyn FnMut(&item::ItemTarget) -> uascale_types::DataValue,
     ) {
-        if self.sample_due().is_none_or(|d| d > now) {
+        let Some(first) = self.sample_due().filter(|d| *d <= now) else {
             return;
+        };
+        // The idle cycles before the first due sample; a cycle due at the
+        // same instant as a sample (the grid of `item::aligned_sample`)
+        // runs after it, in this timer pass.
+        if let Some(before) = first.checked_sub(Duration::from_nanos(1)) {
+            self.catch_up(before);
         }
-        self.catch_up(now);
         let mut queued = Vec::new();
         let mut due = None::<Instant>;
         let Some(sampling) = self.sampling.as_mut() else {

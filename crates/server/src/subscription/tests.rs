@@ -890,34 +890,140 @@ fn idle_cycles_are_skipped_until_keep_alive_or_data() {
 }
 
 #[test]
-fn aligned_samples_fall_half_an_interval_before_publishing() {
+fn aligned_samples_fall_on_the_publishing_times() {
     let t0 = Instant::now();
     let ms = Duration::from_millis;
     let next_publish = t0 + ms(100);
-    // The grid is 50, 150, 250 ... ms: the first point after now.
-    assert_eq!(item::aligned_sample(t0, ms(100), next_publish), t0 + ms(50));
+    // The grid is 100, 200, 300 ... ms: the first point after now.
     assert_eq!(
-        item::aligned_sample(t0 + ms(50), ms(100), next_publish),
-        t0 + ms(150)
+        item::aligned_sample(t0, ms(100), next_publish),
+        t0 + ms(100)
     );
     assert_eq!(
-        item::aligned_sample(t0 + ms(51), ms(100), next_publish),
-        t0 + ms(150)
+        item::aligned_sample(t0 + ms(100), ms(100), next_publish),
+        t0 + ms(200)
+    );
+    assert_eq!(
+        item::aligned_sample(t0 + ms(101), ms(100), next_publish),
+        t0 + ms(200)
     );
     assert_eq!(
         item::aligned_sample(t0 + ms(420), ms(100), next_publish),
-        t0 + ms(450)
+        t0 + ms(500)
     );
-    // Faster sampling: 10 ms apart, 5 ms before each publishing time.
+    // Faster sampling: 10 ms apart, one of them at each publishing time.
     assert_eq!(
         item::aligned_sample(t0 + ms(1), ms(10), next_publish),
-        t0 + ms(5)
+        t0 + ms(10)
     );
-    // Slower sampling than publishing still lands on its own grid.
+    // Slower sampling than publishing still lands on its own grid, through
+    // a publishing time.
     assert_eq!(
         item::aligned_sample(t0, ms(1000), next_publish),
-        t0 + ms(600)
+        t0 + ms(100)
     );
+    assert_eq!(
+        item::aligned_sample(t0 + ms(100), ms(1000), next_publish),
+        t0 + ms(1100)
+    );
+}
+
+#[test]
+fn a_late_sample_keeps_its_grid() {
+    let clock = Clock::new();
+    let s = sub(&clock, 1, 100.0, 300, 10);
+    let mut it = item(&s, 1, 1, true, Filter::default());
+    it.sampled = true;
+    it.sampling_interval = Duration::from_millis(100);
+    it.schedule_sampling(clock.t0, s.next_publish);
+    let ms = Duration::from_millis;
+    assert_eq!(it.next_sample, Some(clock.t0 + ms(100)));
+    // On time, or late by less than an interval: an interval on.
+    it.sampled_at(clock.t0 + ms(130));
+    assert_eq!(it.next_sample, Some(clock.t0 + ms(200)));
+    // Late by more than two intervals: the next grid point after now, not
+    // an interval after now.
+    it.sampled_at(clock.t0 + ms(437));
+    assert_eq!(it.next_sample, Some(clock.t0 + ms(500)));
+    // Exactly on a later grid point: the one after it.
+    it.sampled_at(clock.t0 + ms(700));
+    assert_eq!(it.next_sample, Some(clock.t0 + ms(800)));
+}
+
+#[test]
+fn a_sample_and_its_publishing_cycle_share_one_timer_pass() {
+    // Equal intervals: the set's timer wakes once per cycle, not twice, and
+    // the value sampled in that pass is in that pass's message.
+    let mut clock = Clock::new();
+    let mut set = Set::default();
+    let mut s = sub(&clock, 1, 100.0, 300, 10);
+    clock.ms = 1;
+    let mut it = item(&s, 1, 1, true, Filter::default());
+    it.sampled = true;
+    it.sampling_interval = Duration::from_millis(100);
+    it.schedule_sampling(clock.now().instant, s.next_publish);
+    s.add_item(it);
+    set.insert(s);
+    let limits = SubscriptionLimits::default();
+    let mut out = Vec::new();
+    let mut n = 0.0;
+    let mut wakes = 0;
+    for tag in 0..5u32 {
+        publish(&mut set, &clock, tag, &[], &mut out);
+    }
+    while clock.ms < 1000 {
+        let Some(due) = set.poll_timeout() else { break };
+        let due_ms = due.duration_since(clock.t0).as_millis() as u64;
+        assert_eq!(due_ms % 100, 0, "every wake-up on a publishing time");
+        // The timer wakes a little late, as a real one does.
+        clock.ms = due_ms + 1;
+        wakes += 1;
+        let before = out.len();
+        let mut sampler = |_: &ItemTarget| {
+            n += 1.0;
+            dv(n)
+        };
+        set.handle_timeout(clock.now(), &mut sampler, &limits, &mut out);
+        assert_eq!(out.len(), before + 1, "one message at {due_ms} ms");
+        let sent: Vec<f64> = values(response(&out[before]))
+            .into_iter()
+            .filter_map(|v| match v.value {
+                Some(Variant::Double(x)) => Some(x),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            sent,
+            vec![n],
+            "the sample of this pass, in this pass's message"
+        );
+        let tag = u32::try_from(out.len() + 4).unwrap();
+        publish(&mut set, &clock, tag, &[], &mut out);
+    }
+    assert_eq!(wakes, 10, "one wake-up per 100 ms cycle");
+}
+
+#[test]
+fn a_new_publishing_interval_moves_the_sampling_grid() {
+    let clock = Clock::new();
+    let mut s = sub(&clock, 1, 100.0, 300, 10);
+    let mut it = item(&s, 1, 1, true, Filter::default());
+    it.sampled = true;
+    it.sampling_interval = Duration::from_millis(100);
+    it.schedule_sampling(clock.t0, s.next_publish);
+    let id = s.add_item(it);
+    let ms = Duration::from_millis;
+    let now = clock.t0 + ms(30);
+    let revised = Revised {
+        publishing_interval: ms(250),
+        lifetime_count: 300,
+        max_keep_alive_count: 10,
+    };
+    s.modify(now, revised, &requested(250.0, 300, 10));
+    assert_eq!(s.next_publish, now + ms(250));
+    // The grid through the new publishing times: ..., 180, 280 ms.
+    assert_eq!(s.item(id).and_then(|i| i.next_sample), Some(now + ms(50)));
+    assert_eq!(s.poll_timeout(), now + ms(50));
 }
 
 #[test]
