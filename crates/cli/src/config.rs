@@ -70,6 +70,16 @@ mod tests {
         assert!(e.contains("operation_limits.max_nodes_per_browse"), "{e}");
         let e = checked("[server]\nactivation_deadline_ms = 0\n").unwrap_err();
         assert!(e.contains("server.activation_deadline_ms"), "{e}");
+        let e = checked("[subscriptions]\ntimer_resolution_ms = 1001\n").unwrap_err();
+        assert_eq!(
+            e,
+            "subscriptions.timer_resolution_ms = 1001: must be at most 1000"
+        );
+        let e = checked("[subscriptions]\ntimer_resolution_ms = -5\n").unwrap_err();
+        assert!(e.contains("timer_resolution_ms"), "{e}");
+        // 0 turns the grid off.
+        let c = checked("[subscriptions]\ntimer_resolution_ms = 0\n").unwrap();
+        assert_eq!(c.subscriptions.timer_grid(), std::time::Duration::ZERO);
     }
 
     #[test]

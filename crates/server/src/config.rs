@@ -1335,6 +1335,13 @@ impl ServerConfig {
             "subscriptions.min_sampling_interval_ms",
             s.min_sampling_interval,
         )?;
+        if s.timer_resolution > Duration::from_secs(1) {
+            return fail(
+                "subscriptions.timer_resolution_ms",
+                millis::of(s.timer_resolution),
+                "must be at most 1000",
+            );
+        }
         at_least("subscriptions.max_queue_size", s.max_queue_size.into(), 1)?;
         at_least(
             "subscriptions.default_event_queue_size",

@@ -1,7 +1,9 @@
 //! The one task that runs every subscription's timers: it sleeps until the
-//! earliest deadline in the registry's heap (or until a new, earlier one is
-//! scheduled) and runs what is due - publishing cycles, samples, Publish
-//! timeouts. Its cost follows what is due, not the number of sessions.
+//! earliest deadline in the registry's heap, rounded up to the timer grid
+//! (`[subscriptions] timer_resolution_ms`), or until a new, earlier one is
+//! scheduled, and runs what is due - publishing cycles, samples, Publish
+//! timeouts. Its cost follows what is due, not the number of sessions, and
+//! one wake-up serves every deadline of a grid step.
 
 use std::sync::Arc;
 
@@ -15,8 +17,10 @@ pub(super) async fn run_subscriptions(state: Arc<ServerState>) {
     state
         .subscriptions
         .set_waker(Box::new(move || w.notify_one()));
+    // The timer grid runs through the task's start.
+    let origin = clock().instant;
     loop {
-        match state.subscriptions.next_deadline() {
+        match state.subscriptions.next_wake(origin) {
             Some(t) => {
                 tokio::select! {
                     () = tokio::time::sleep_until(t.into()) => {}

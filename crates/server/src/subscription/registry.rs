@@ -15,7 +15,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use uascale_types::{DataValue, NodeId, StatusCode, SubscriptionAcknowledgement, Variant};
 
@@ -329,6 +329,15 @@ impl<P: PublishSink> Registry<P> {
     /// The earliest deadline of any subscription or parked Publish.
     pub fn next_deadline(&self) -> Option<Instant> {
         lock(&self.heap).peek().map(|Reverse(e)| e.at)
+    }
+
+    /// When the timer should next run [`Registry::run_due`]: the earliest
+    /// deadline rounded up to the limits' timer grid
+    /// ([`SubscriptionLimits::timer_grid`]) through `origin`, so that the
+    /// deadlines of one grid step run in one pass.
+    pub fn next_wake(&self, origin: Instant) -> Option<Instant> {
+        self.next_deadline()
+            .map(|t| on_grid(t, origin, self.limits.timer_grid()))
     }
 
     fn deliver(&self, out: Vec<Reply<P>>) {
@@ -861,13 +870,25 @@ fn range_of(range: &uascale_types::UaString, v: &Variant) -> Result<Variant, Sta
     r.apply(v)
 }
 
+/// `t` rounded up to the next point of the grid `step` apart through
+/// `origin`: `t` itself when it lies on the grid, before `origin`, or when
+/// `step` is zero.
+pub fn on_grid(t: Instant, origin: Instant, step: Duration) -> Instant {
+    let step = step.as_nanos();
+    let since = t.saturating_duration_since(origin).as_nanos();
+    if step == 0 || since == 0 {
+        return t;
+    }
+    let up = since.div_ceil(step) * step - since;
+    t + Duration::from_nanos(u64::try_from(up).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 // One real instant is the origin of the tests' simulated time.
 #[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
     use crate::subscription::item::{Filter, MonitoredItem};
-    use std::time::Duration;
     use uascale_types::DateTime;
     use uascale_types::{
         DataChangeNotification, MonitoringMode, PublishResponse, StatusChangeNotification,
@@ -1271,5 +1292,69 @@ mod tests {
             drop(f.reg.intern_target(t(&format!("n{i}"))));
         }
         assert!(lock(&f.reg.targets).map.len() <= 2_048);
+    }
+
+    #[test]
+    fn deadlines_are_rounded_up_to_the_timer_grid() {
+        let o = Instant::now();
+        let ms = Duration::from_millis;
+        let us = Duration::from_micros;
+        assert_eq!(on_grid(o + ms(10), o, ms(5)), o + ms(10));
+        assert_eq!(on_grid(o + ms(10) + us(1), o, ms(5)), o + ms(15));
+        assert_eq!(on_grid(o + ms(14) + us(999), o, ms(5)), o + ms(15));
+        assert_eq!(on_grid(o + us(1), o, ms(5)), o + ms(5));
+        // No grid, and nothing before the origin to round.
+        assert_eq!(on_grid(o + us(1), o, Duration::ZERO), o + us(1));
+        assert_eq!(on_grid(o, o + ms(3), ms(5)), o);
+    }
+
+    #[test]
+    fn the_timer_wakes_on_the_grid_for_every_deadline_of_a_step() {
+        let limits = SubscriptionLimits::default();
+        assert_eq!(limits.timer_grid(), Duration::from_millis(5));
+        let f = Fixture::new(limits);
+        let req = Requested {
+            publishing_interval: 100.0,
+            lifetime_count: 30,
+            max_keep_alive_count: 10,
+            max_notifications_per_publish: 0,
+            priority: 0,
+        };
+        // Two sessions whose first cycles fall 1 and 4 ms past a point of
+        // the grid: one wake-up at 105 ms runs both.
+        let (a, b) = (NodeId::numeric(1, 1), NodeId::numeric(1, 2));
+        for (session, ms) in [(&a, 1), (&b, 4)] {
+            f.reg
+                .create(f.t0 + Duration::from_millis(ms), session, &req, true)
+                .unwrap();
+            f.publish(session, u32::try_from(ms).unwrap(), ms);
+        }
+        let wake = f.reg.next_wake(f.t0).unwrap();
+        assert_eq!(wake, f.t0 + Duration::from_millis(105));
+        assert_eq!(
+            f.reg.next_deadline(),
+            Some(f.t0 + Duration::from_millis(101))
+        );
+        // Run at the wake-up, both first cycles answer their Publish.
+        f.run(105);
+        let mut answered: Vec<u32> = f.take().into_iter().map(|(tag, _)| tag).collect();
+        answered.sort_unstable();
+        assert_eq!(answered, vec![1, 4]);
+    }
+
+    #[test]
+    fn the_timer_grid_stays_within_half_the_fastest_intervals() {
+        let mut l = SubscriptionLimits {
+            timer_resolution: Duration::from_millis(20),
+            ..SubscriptionLimits::default()
+        };
+        // Half the 10 ms sampling minimum.
+        assert_eq!(l.timer_grid(), Duration::from_millis(5));
+        l.min_sampling_interval = Duration::from_millis(100);
+        assert_eq!(l.timer_grid(), Duration::from_millis(20));
+        l.min_publishing_interval = Duration::from_millis(8);
+        assert_eq!(l.timer_grid(), Duration::from_millis(4));
+        l.timer_resolution = Duration::ZERO;
+        assert_eq!(l.timer_grid(), Duration::ZERO);
     }
 }
