@@ -945,13 +945,7 @@ mod tests {
         }
         /// A subscription with one pushed item on `node`.
         fn subscribe(&self, session: &NodeId, node: &NodeId) -> u32 {
-            let req = Requested {
-                publishing_interval: 100.0,
-                lifetime_count: 30,
-                max_keep_alive_count: 10,
-                max_notifications_per_publish: 0,
-                priority: 0,
-            };
+            let req = every_100ms();
             let (id, _) = self.reg.create(self.t0, session, &req, true).unwrap();
             assert!(self.reg.reserve_items(1));
             self.reg
@@ -977,6 +971,17 @@ mod tests {
                 })
                 .unwrap();
             id
+        }
+    }
+
+    /// What the tests' clients ask for: 100 ms, lifetime 30, keep-alive 10.
+    fn every_100ms() -> Requested {
+        Requested {
+            publishing_interval: 100.0,
+            lifetime_count: 30,
+            max_keep_alive_count: 10,
+            max_notifications_per_publish: 0,
+            priority: 0,
         }
     }
 
@@ -1092,13 +1097,7 @@ mod tests {
     /// 24 bits, skipping 0 when the count wraps: two nodes never collide.
     #[test]
     fn subscription_ids_are_partitioned_by_node() {
-        let req = Requested {
-            publishing_interval: 100.0,
-            lifetime_count: 30,
-            max_keep_alive_count: 10,
-            max_notifications_per_publish: 0,
-            priority: 0,
-        };
+        let req = every_100ms();
         let a = Fixture::new(SubscriptionLimits::default());
         let b = Fixture::new(SubscriptionLimits::default());
         a.reg.set_node_index(1);
@@ -1122,13 +1121,7 @@ mod tests {
         });
         let a = NodeId::numeric(1, 1);
         let id = f.subscribe(&a, &NodeId::string(2, "n"));
-        let req = Requested {
-            publishing_interval: 100.0,
-            lifetime_count: 30,
-            max_keep_alive_count: 10,
-            max_notifications_per_publish: 0,
-            priority: 0,
-        };
+        let req = every_100ms();
         assert_eq!(
             f.reg.create(f.t0, &a, &req, true),
             Err(StatusCode::BadTooManySubscriptions)
@@ -1313,13 +1306,7 @@ mod tests {
         let limits = SubscriptionLimits::default();
         assert_eq!(limits.timer_grid(), Duration::from_millis(5));
         let f = Fixture::new(limits);
-        let req = Requested {
-            publishing_interval: 100.0,
-            lifetime_count: 30,
-            max_keep_alive_count: 10,
-            max_notifications_per_publish: 0,
-            priority: 0,
-        };
+        let req = every_100ms();
         // Two sessions whose first cycles fall 1 and 4 ms past a point of
         // the grid: one wake-up at 105 ms runs both.
         let (a, b) = (NodeId::numeric(1, 1), NodeId::numeric(1, 2));

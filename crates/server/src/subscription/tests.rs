@@ -950,13 +950,12 @@ fn a_late_sample_keeps_its_grid() {
     assert_eq!(it.next_sample, Some(clock.t0 + ms(800)));
 }
 
-#[test]
-fn a_sample_and_its_publishing_cycle_share_one_timer_pass() {
-    // Equal intervals: the set's timer wakes once per cycle, not twice, and
-    // the value sampled in that pass is in that pass's message.
-    let mut clock = Clock::new();
+/// A set with one subscription publishing every 100 ms, created at 0 ms,
+/// and one item sampled every 100 ms (queue of one), created at 1 ms; the
+/// clock is left at 1 ms.
+fn sampled_at_100ms(clock: &mut Clock) -> Set {
     let mut set = Set::default();
-    let mut s = sub(&clock, 1, 100.0, 300, 10);
+    let mut s = sub(clock, 1, 100.0, 300, 10);
     clock.ms = 1;
     let mut it = item(&s, 1, 1, true, Filter::default());
     it.sampled = true;
@@ -964,6 +963,15 @@ fn a_sample_and_its_publishing_cycle_share_one_timer_pass() {
     it.schedule_sampling(clock.now().instant, s.next_publish);
     s.add_item(it);
     set.insert(s);
+    set
+}
+
+#[test]
+fn a_sample_and_its_publishing_cycle_share_one_timer_pass() {
+    // Equal intervals: the set's timer wakes once per cycle, not twice, and
+    // the value sampled in that pass is in that pass's message.
+    let mut clock = Clock::new();
+    let mut set = sampled_at_100ms(&mut clock);
     let limits = SubscriptionLimits::default();
     let mut out = Vec::new();
     let mut n = 0.0;
@@ -1032,15 +1040,7 @@ fn equal_sampling_and_publishing_intervals_deliver_every_sample() {
     // up 0-3 ms late: without aligned sampling, samples and publishing
     // cycles trade places and a queue of one drops every other sample.
     let mut clock = Clock::new();
-    let mut set = Set::default();
-    let mut s = sub(&clock, 1, 100.0, 300, 10);
-    clock.ms = 1;
-    let mut it = item(&s, 1, 1, true, Filter::default());
-    it.sampled = true;
-    it.sampling_interval = Duration::from_millis(100);
-    it.schedule_sampling(clock.now().instant, s.next_publish);
-    s.add_item(it);
-    set.insert(s);
+    let mut set = sampled_at_100ms(&mut clock);
     let limits = SubscriptionLimits::default();
     let mut out = Vec::new();
     let mut n = 0.0;
