@@ -442,19 +442,18 @@ impl MonitoredItem {
 /// message fresh rather than part of an interval old.
 pub fn aligned_sample(now: Instant, interval: Duration, next_publish: Instant) -> Instant {
     let iv = interval.max(Duration::from_millis(1)).as_nanos();
-    let anchor = next_publish;
     let steps = |d: Duration| {
         Duration::from_nanos(u64::try_from(d.as_nanos() / iv * iv).unwrap_or(u64::MAX))
     };
-    if anchor > now {
-        let back = anchor - steps(anchor - now);
+    if next_publish > now {
+        let back = next_publish - steps(next_publish - now);
         if back > now {
             back
         } else {
             back + Duration::from_nanos(iv as u64)
         }
     } else {
-        anchor + steps(now - anchor) + Duration::from_nanos(iv as u64)
+        next_publish + steps(now - next_publish) + Duration::from_nanos(iv as u64)
     }
 }
 

@@ -876,7 +876,7 @@ fn range_of(range: &uascale_types::UaString, v: &Variant) -> Result<Variant, Sta
 pub fn on_grid(t: Instant, origin: Instant, step: Duration) -> Instant {
     let step = step.as_nanos();
     let since = t.saturating_duration_since(origin).as_nanos();
-    if step == 0 || since == 0 {
+    if step == 0 {
         return t;
     }
     let up = since.div_ceil(step) * step - since;
