@@ -15,7 +15,7 @@ use uascale_types::{
 
 use crate::context::ServiceContext;
 use crate::error::{service_fault, ServiceError};
-use crate::metrics::{Service, Stage};
+use crate::metrics::Service;
 use crate::reply::{Answer, BoxFuture};
 use crate::services::{attribute, discovery, method, monitored_item, session, subscription, view};
 
@@ -304,16 +304,11 @@ fn later(
 }
 
 /// Counts a request of `service` answered with the ServiceFault of `e`,
-/// and a busy answer when it carries a retry-after (stage `establishment` for
-/// session establishment, `request` for the rest).
+/// and the refusal when it is a busy answer.
 fn count_failure(state: &crate::state::ServerState, service: Service, e: &ServiceError) {
     state.metrics.requests.record(service, e.status_code());
-    if let Some(hint) = e.retry_after() {
-        let stage = match service {
-            Service::CreateSession | Service::ActivateSession => Stage::Establishment,
-            _ => Stage::Request,
-        };
-        state.metrics.busy_answer(stage, hint);
+    if let Some(shed) = e.refusal() {
+        state.metrics.shed(&shed);
     }
 }
 
@@ -380,9 +375,7 @@ fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceEr
             let Some(to) = ctx.responder(r.request_header.request_handle) else {
                 return Err(ServiceError::server(StatusCode::BadWouldBlock));
             };
-            let place = ctx.scheduler.park().map_err(|_| {
-                ServiceError::busy(StatusCode::BadServerTooBusy, ctx.scheduler.parked_hint())
-            })?;
+            let place = ctx.state.scheduler.park().map_err(ServiceError::shed)?;
             subscription::publish(ctx, &r, to.holding(place));
             Ok(Routed::Parked)
         }
@@ -408,7 +401,11 @@ fn create_session(
     // A refusal is a rejected session (RejectedSessionCount).
     let busy = move |refusal: crate::admission::hint::Refusal| {
         state.sessions.note_rejected(false);
-        ServiceError::busy(refusal.status, refusal.retry_after)
+        ServiceError::shed(crate::shed::Shed::new(
+            crate::shed::Stage::Establishment,
+            crate::shed::Reason::EstablishmentLimit,
+            refusal.retry_after,
+        ))
     };
     match gate.try_enter(ctx.instant) {
         Ok(place) => {

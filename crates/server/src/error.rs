@@ -10,6 +10,8 @@
 
 use std::time::Duration;
 
+use crate::shed::Shed;
+
 use uascale_types::{
     AdditionalParametersType, DateTime, ExtensionObject, KeyValuePair, QualifiedName,
     ResponseHeader, ServiceFault, StatusCode, Variant,
@@ -38,7 +40,8 @@ pub enum Blame {
 pub struct ServiceError {
     status: StatusCode,
     blame: Blame,
-    retry_after: Option<Duration>,
+    /// The refusal behind a busy answer.
+    shed: Option<Shed>,
 }
 
 impl ServiceError {
@@ -47,7 +50,7 @@ impl ServiceError {
         ServiceError {
             status,
             blame: Blame::Client,
-            retry_after: None,
+            shed: None,
         }
     }
 
@@ -56,16 +59,17 @@ impl ServiceError {
         ServiceError {
             status,
             blame: Blame::Server,
-            retry_after: None,
+            shed: None,
         }
     }
 
-    /// A busy answer: the client may retry after `retry_after`.
-    pub const fn busy(status: StatusCode, retry_after: Duration) -> Self {
+    /// A busy answer: a stage shed the request (the status is the
+    /// refusal's; the client may retry after its hint).
+    pub const fn shed(shed: Shed) -> Self {
         ServiceError {
-            status,
+            status: shed.status(),
             blame: Blame::Overload,
-            retry_after: Some(retry_after),
+            shed: Some(shed),
         }
     }
 
@@ -81,7 +85,15 @@ impl ServiceError {
 
     /// When the client may try again (busy answers only).
     pub const fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        match self.shed {
+            Some(s) => Some(s.retry_after),
+            None => None,
+        }
+    }
+
+    /// The refusal behind a busy answer.
+    pub const fn refusal(&self) -> Option<Shed> {
+        self.shed
     }
 
     /// The ServiceFault answering `request_handle` at `now`: the status,
@@ -90,7 +102,7 @@ impl ServiceError {
     /// KeyValuePair, Int64 milliseconds rounded up).
     pub fn to_fault(&self, now: DateTime, request_handle: u32) -> ServiceFault {
         let mut fault = service_fault(now, request_handle, self.status);
-        if let Some(after) = self.retry_after {
+        if let Some(after) = self.retry_after() {
             fault.response_header.additional_header = retry_after_header(after);
         }
         fault
@@ -127,7 +139,7 @@ impl From<StatusCode> for ServiceError {
         ServiceError {
             status,
             blame,
-            retry_after: None,
+            shed: None,
         }
     }
 }
@@ -143,8 +155,14 @@ impl PartialEq<StatusCode> for ServiceError {
 impl std::fmt::Display for ServiceError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?} ({:?})", self.status, self.blame)?;
-        if let Some(after) = self.retry_after {
-            write!(f, ", retry after {} ms", ceil_ms(after))?;
+        if let Some(shed) = self.shed {
+            write!(
+                f,
+                ", shed at {} ({}), retry after {} ms",
+                shed.stage.name(),
+                shed.reason.name(),
+                ceil_ms(shed.retry_after)
+            )?;
         }
         Ok(())
     }
@@ -202,7 +220,11 @@ mod tests {
 
     #[test]
     fn a_busy_fault_carries_the_hint_rounded_up_and_survives_the_wire() {
-        let e = ServiceError::busy(StatusCode::BadServerTooBusy, Duration::from_micros(1_500));
+        let e = ServiceError::shed(Shed::new(
+            crate::shed::Stage::Queue,
+            crate::shed::Reason::Full,
+            Duration::from_micros(1_500),
+        ));
         assert_eq!(e.blame(), Blame::Overload);
         let fault = e.to_fault(DateTime::from_ticks(7), 42);
         let mut bytes = Vec::new();

@@ -4,7 +4,7 @@
 //! (`docs/metrics.md` lists them; [`crate::scrape`] is the exposition).
 //!
 //! Everything here is plain relaxed atomics in fixed arrays, indexed by
-//! small enums ([`Service`], [`Stage`], [`ShedReason`]): counting never
+//! small enums ([`Service`], [`Stage`], [`Reason`]): counting never
 //! takes a lock, hashes a label or allocates, and labelled series exist
 //! only at scrape time. The layers that own a fact call a method here from
 //! their wiring point:
@@ -15,7 +15,7 @@
 //! | session transitions, sessions by state | the session listener of `ServerState` ([`SessionCounters::record`]) |
 //! | session establishment time | ActivateSession ([`ServerMetrics::session_established`]) |
 //! | connections accepted, open; channels open | `net` ([`ServerMetrics::connection_accepted`], [`ServerMetrics::channel_opened`], ...) |
-//! | connections shed, busy answers, handshakes in flight | admission ([`ServerMetrics::connection_shed`], [`ServerMetrics::busy_answer`], [`ServerMetrics::handshakes_in_flight`]); ServiceFaults with a retry-after are counted by `dispatch` |
+//! | refusals (connections shed, busy answers), handshakes in flight | where a [`Shed`] is answered: the endpoint (ERRs, the request queue), the dispatcher (ServiceFaults with a retry-after) ([`ServerMetrics::shed`], [`ServerMetrics::handshakes_in_flight`]) |
 //! | authentication failures and lockouts | ActivateSession ([`ServerMetrics::auth_failure`]) |
 //! | Publish responses and notifications | the subscription engine's answer observer ([`ServerMetrics::publish_answered`]) |
 //!
@@ -284,102 +284,10 @@ impl RequestCounters {
     }
 }
 
-/// Where admission turned something away, or answered busy: the `stage`
-/// label. Add a variant when a stage needs one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Stage {
-    /// At accept, before any byte is read (rate limits, open files;
-    /// `admission::Stage::Accept`).
-    Accept,
-    /// The secure channel count.
-    Channel,
-    /// Concurrent OpenSecureChannel handshakes (asymmetric work).
-    Handshake,
-    /// Session establishment (CreateSession, ActivateSession, the session
-    /// count; `admission::Stage::Establishment`).
-    Establishment,
-    /// An ordinary request (the request queue, issue 12).
-    Request,
-}
-
-impl Stage {
-    /// Every stage, in index order.
-    pub const ALL: [Stage; 5] = [
-        Stage::Accept,
-        Stage::Channel,
-        Stage::Handshake,
-        Stage::Establishment,
-        Stage::Request,
-    ];
-
-    /// The label value.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Stage::Accept => "accept",
-            Stage::Channel => "channel",
-            Stage::Handshake => "handshake",
-            Stage::Establishment => "establishment",
-            Stage::Request => "request",
-        }
-    }
-}
-
-/// Why a connection was shed: the `reason` label. Add a variant when a
-/// stage needs one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ShedReason {
-    /// The listener's overall connection-rate bucket was empty.
-    Rate,
-    /// The connecting address's own rate bucket was empty.
-    AddressRate,
-    /// Too few file descriptors left.
-    OpenFiles,
-    /// The secure channel limit, with nothing to evict.
-    ChannelLimit,
-    /// An idle channel without a session was evicted for a newer one.
-    Evicted,
-    /// Too many OpenSecureChannel handshakes in flight.
-    HandshakeLimit,
-    /// Too many sessions being established at once.
-    EstablishmentLimit,
-    /// `max_session_count` sessions open.
-    SessionLimit,
-    /// A queue in front of the work was full.
-    QueueFull,
-}
-
-impl ShedReason {
-    /// Every reason, in index order.
-    pub const ALL: [ShedReason; 9] = [
-        ShedReason::Rate,
-        ShedReason::AddressRate,
-        ShedReason::OpenFiles,
-        ShedReason::ChannelLimit,
-        ShedReason::Evicted,
-        ShedReason::HandshakeLimit,
-        ShedReason::EstablishmentLimit,
-        ShedReason::SessionLimit,
-        ShedReason::QueueFull,
-    ];
-
-    /// The label value.
-    pub const fn name(self) -> &'static str {
-        match self {
-            ShedReason::Rate => "rate",
-            ShedReason::AddressRate => "address_rate",
-            ShedReason::OpenFiles => "open_files",
-            ShedReason::ChannelLimit => "channel_limit",
-            ShedReason::Evicted => "evicted",
-            ShedReason::HandshakeLimit => "handshake_limit",
-            ShedReason::EstablishmentLimit => "establishment_limit",
-            ShedReason::SessionLimit => "session_limit",
-            ShedReason::QueueFull => "queue_full",
-        }
-    }
-}
+pub use crate::shed::{Reason, Shed, Stage};
 
 const STAGES: usize = Stage::ALL.len();
-const REASONS: usize = ShedReason::ALL.len();
+const REASONS: usize = Reason::ALL.len();
 
 /// Upper bounds (seconds) of the session establishment histogram: a None
 /// session takes well under a millisecond of server time, an RSA one a few
@@ -520,11 +428,13 @@ impl ServerMetrics {
         self.connections_open.fetch_sub(1, RELAXED);
     }
 
-    /// Admission refused a connection at `stage` for `reason` (call once
-    /// per connection; a busy ERR with a hint is also a
-    /// [`ServerMetrics::busy_answer`]).
-    pub fn connection_shed(&self, stage: Stage, reason: ShedReason) {
-        self.shed[stage as usize][reason as usize].fetch_add(1, RELAXED);
+    /// A stage refused work: counted by stage and reason, and its hint
+    /// observed (every busy answer - an ERR `BadTcpServerTooBusy` with
+    /// `RetryAfterMs`, a ServiceFault with the header - is one [`Shed`],
+    /// counted once, where it is answered).
+    pub fn shed(&self, shed: &Shed) {
+        self.shed[shed.stage as usize][shed.reason as usize].fetch_add(1, RELAXED);
+        self.busy[shed.stage as usize].observe(shed.retry_after);
     }
 
     /// The listener paused accepting because descriptors ran out (EMFILE
@@ -547,13 +457,6 @@ impl ServerMetrics {
     /// `delta` (+1 when one starts, -1 when it ends either way).
     pub fn handshakes_in_flight(&self, delta: i64) {
         self.handshakes.fetch_add(delta, RELAXED);
-    }
-
-    /// A busy answer went out at `stage` with the retry-after `hint` (an
-    /// ERR `BadTcpServerTooBusy` with `RetryAfterMs`, or a ServiceFault with
-    /// the header; the dispatcher counts the ServiceFaults itself).
-    pub fn busy_answer(&self, stage: Stage, hint: Duration) {
-        self.busy[stage as usize].observe(hint);
     }
 
     /// A session's first ActivateSession succeeded `took` after its
@@ -639,8 +542,8 @@ impl ServerMetrics {
         self.connections_open.load(RELAXED)
     }
 
-    /// Connections shed at `stage` for `reason` so far.
-    pub fn connections_shed(&self, stage: Stage, reason: ShedReason) -> u64 {
+    /// Refusals at `stage` for `reason` so far.
+    pub fn shed_count(&self, stage: Stage, reason: Reason) -> u64 {
         self.shed[stage as usize][reason as usize].load(RELAXED)
     }
 

@@ -18,8 +18,9 @@ use uascale_types::{encode_message, DateTime, DynStructure, StatusCode};
 /// A future that can be moved to another task.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Where the responses of one connection go (implemented by the network
-/// layer: a queue the connection's task writes out).
+/// Where the responses of one connection go (implemented by the
+/// endpoint's [`crate::endpoint::Channel`]: a queue the connection's task
+/// writes out).
 pub trait ResponseSink: Send + Sync + std::fmt::Debug + 'static {
     /// Queues `message` (encoding id + body) as the answer to `request_id`;
     /// false when the connection is gone.
@@ -31,38 +32,17 @@ pub trait ResponseSink: Send + Sync + std::fmt::Debug + 'static {
         true
     }
 
-    /// Runs `future` - the answer to `request_id`, whose requestHandle is
-    /// `request_handle` - on a task of its own and sends what it yields;
-    /// `slot`, the worker it keeps busy, is released when it completes. A
-    /// connection's sink lets Cancel abort it. Needs a tokio runtime.
-    fn spawn_answer(
-        self: Arc<Self>,
-        request_id: u32,
-        request_handle: u32,
-        future: BoxFuture<Vec<u8>>,
-        slot: Option<crate::scheduler::Slot>,
-    ) {
-        let _ = request_handle;
-        tokio::spawn(async move {
-            let message = future.await;
-            drop(slot);
-            self.send(request_id, message);
-        });
-    }
-
-    /// Keeps `slot` busy until `request_id` is answered (a held Publish
-    /// without `decouple_held_publish_requests`). A sink that cannot tell
-    /// releases it at once.
-    fn hold_until_answered(&self, request_id: u32, slot: crate::scheduler::Slot) {
-        let _ = request_id;
-        drop(slot);
-    }
-
-    /// Cancels the outstanding requests named `request_handle` (each then
-    /// answered `BadRequestCancelledByClient` at `now`); how many there
+    /// Cancels the outstanding requests named `request_handle` - those
+    /// waiting in `scheduler`'s queue and those still running - each then
+    /// answered `BadRequestCancelledByClient` at `now`; how many there
     /// were. A sink with nothing outstanding cancels none.
-    fn cancel(&self, request_handle: u32, now: DateTime) -> u32 {
-        let _ = (request_handle, now);
+    fn cancel(
+        &self,
+        scheduler: &crate::scheduler::Scheduler,
+        request_handle: u32,
+        now: DateTime,
+    ) -> u32 {
+        let _ = (scheduler, request_handle, now);
         0
     }
 }

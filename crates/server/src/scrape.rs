@@ -19,9 +19,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::metrics::{
-    HistogramSnapshot, Service, ShedReason, Stage, StatusClass, NOTIFICATION_TYPES,
-};
+use crate::metrics::{HistogramSnapshot, Reason, Service, Stage, StatusClass, NOTIFICATION_TYPES};
 use crate::state::ServerState;
 
 /// The `Content-Type` of [`Format::OpenMetrics`].
@@ -130,15 +128,15 @@ impl Collector for ServerCollector {
             vec![("outcome", "accepted"), ("stage", "accept"), ("reason", "")],
             m.connections_accepted(),
         )];
-        for stage in Stage::ALL {
-            for reason in ShedReason::ALL {
+        for stage in Stage::ALL.into_iter().filter(|s| s.is_transport()) {
+            for reason in Reason::ALL {
                 connections.push((
                     vec![
                         ("outcome", "shed"),
                         ("stage", stage.name()),
                         ("reason", reason.name()),
                     ],
-                    m.connections_shed(stage, reason),
+                    m.shed_count(stage, reason),
                 ));
             }
         }
@@ -181,6 +179,26 @@ impl Collector for ServerCollector {
             m.handshakes(),
         )?;
 
+        // Every refusal, by stage and reason (one series per pair seen).
+        {
+            let mut shed = Vec::new();
+            for stage in Stage::ALL {
+                for reason in Reason::ALL {
+                    shed.push((
+                        vec![("stage", stage.name()), ("reason", reason.name())],
+                        m.shed_count(stage, reason),
+                    ));
+                }
+            }
+            counters(
+                &mut enc,
+                "opcua_server_shed",
+                "Work refused by a stage (each a busy answer with a retry-after hint), by stage and reason",
+                &shed,
+                false,
+            )?;
+        }
+
         // Busy answers and their hints.
         {
             let mut family = enc.encode_descriptor(
@@ -214,14 +232,13 @@ impl Collector for ServerCollector {
 
         // The request queue and isolation (SCALABILITY.md §3).
         {
-            use crate::scheduler::queue::{Reason, Stage as QStage};
             let q = &state.scheduler;
             let mut rejections = Vec::new();
-            for stage in QStage::ALL {
+            for stage in Stage::QUEUE {
                 for reason in Reason::ALL {
                     rejections.push((
                         vec![("stage", stage.name()), ("reason", reason.name())],
-                        q.rejections(stage, reason),
+                        m.shed_count(stage, reason),
                     ));
                 }
             }
@@ -239,7 +256,7 @@ impl Collector for ServerCollector {
                     None,
                     MetricType::Gauge,
                 )?;
-                for stage in QStage::ALL {
+                for stage in Stage::QUEUE {
                     let v = i64::try_from(q.usage(stage)).unwrap_or(i64::MAX);
                     ConstGauge::new(v).encode(family.encode_family(&[("stage", stage.name())])?)?;
                 }
@@ -251,7 +268,7 @@ impl Collector for ServerCollector {
                     None,
                     MetricType::Gauge,
                 )?;
-                for stage in QStage::ALL {
+                for stage in Stage::QUEUE {
                     let v = i64::try_from(q.capacity(stage)).unwrap_or(i64::MAX);
                     ConstGauge::new(v).encode(family.encode_family(&[("stage", stage.name())])?)?;
                 }
@@ -501,7 +518,7 @@ mod tests {
     use uascale_types::StatusCode;
 
     use super::*;
-    use crate::metrics::ShedReason;
+    use crate::shed::Shed;
 
     fn state() -> Arc<ServerState> {
         crate::state::ServerState::empty(crate::ServerConfig::default())
@@ -541,11 +558,19 @@ mod tests {
         m.connection_accepted();
         m.connection_accepted();
         m.connection_closed();
-        m.connection_shed(Stage::Accept, ShedReason::AddressRate);
+        m.shed(&Shed::new(
+            Stage::Accept,
+            Reason::AddressRate,
+            Duration::from_millis(20),
+        ));
         m.channel_opened();
         m.handshakes_in_flight(3);
         m.handshakes_in_flight(-1);
-        m.busy_answer(Stage::Handshake, Duration::from_millis(400));
+        m.shed(&Shed::new(
+            Stage::Handshake,
+            Reason::HandshakeLimit,
+            Duration::from_millis(400),
+        ));
         m.session_established(Duration::from_millis(3));
         m.auth_failure(false);
         m.auth_failure(true);

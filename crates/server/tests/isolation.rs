@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::{RawClient, RawReader};
 use uascale_server::config::{IsolationProfile, RequestsSection};
-use uascale_server::scheduler::queue::{Reason, Stage};
+use uascale_server::shed::{Reason, Stage};
 use uascale_server::state::ServerState;
 use uascale_server::{Server, ServerConfig};
 use uascale_types::{
@@ -339,7 +339,7 @@ fn session_management_gets_through_a_full_queue_under_balanced_only() {
         let mut b = RawClient::connect(addr);
         b.session();
         fill_queue(addr, &state, 130, 100);
-        assert!(state.scheduler.rejections(Stage::Queue, Reason::Full) > 0);
+        assert!(state.metrics.shed_count(Stage::Queue, Reason::Full) > 0);
         let mut c = RawClient::connect(addr);
         match profile {
             IsolationProfile::Balanced => {
@@ -356,7 +356,7 @@ fn session_management_gets_through_a_full_queue_under_balanced_only() {
         eprintln!(
             "{profile:?}: queue {} bootstrap {} control {}",
             state.scheduler.usage(Stage::Queue),
-            state.scheduler.rejections(Stage::Queue, Reason::Full),
+            state.metrics.shed_count(Stage::Queue, Reason::Full),
             state.scheduler.usage(Stage::Control)
         );
     }
@@ -456,7 +456,7 @@ fn held_publishes_occupy_workers_in_the_legacy_mode() {
     });
     send_read(&mut other, slow_node(2));
     assert_eq!(outcome(other.read_response().1.as_ref()), Outcome::Busy);
-    assert!(s.rejections(Stage::Queue, Reason::Full) >= 30);
+    assert!(state.metrics.shed_count(Stage::Queue, Reason::Full) >= 30);
     drop(clients);
 }
 

@@ -31,12 +31,13 @@ pub mod queue;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::admission::hint::{retry_after, CompletionRate, Jitter, RATE_TIME_CONSTANT};
 use crate::config::{IsolationProfile, RequestsSection};
 use crate::session::SessionKey;
-use queue::{Kind, Limits, Queue, Reason, Rejection, Stage};
+use crate::shed::{Reason, Shed, Stage};
+use queue::{Kind, Limits, Queue};
 
 const SEQ: Ordering = Ordering::SeqCst;
 const RELAXED: Ordering = Ordering::Relaxed;
@@ -52,18 +53,33 @@ pub enum Owner {
     Channel(u32),
 }
 
+/// Work a worker hands to the runtime: the rest of a request whose answer
+/// has to wait (an asynchronous node manager's), run as a task of its own.
+pub type Spawn = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+
 /// A request waiting for a worker, whatever it is (the server's is
-/// [`crate::job::Job`]): the queue keeps it without knowing the layers above.
+/// [`crate::endpoint::Job`]): the queue keeps it without knowing the
+/// layers above.
 pub trait Runnable: Send + std::fmt::Debug {
     /// The secure channel it came on.
     fn channel_id(&self) -> u32;
-    /// Its requestHandle (what Cancel names it by).
-    fn request_handle(&self) -> u32;
-    /// Runs it under `slot` (a worker's), which it releases when done.
-    fn run(self: Box<Self>, slot: Slot);
-    /// Answers it `BadRequestCancelledByClient` instead (a Cancel reached it
-    /// while it waited).
-    fn cancelled(self: Box<Self>);
+    /// Its secure-channel request id.
+    fn request_id(&self) -> u32;
+    /// Runs it under `slot` (a worker's), which it releases when done, at
+    /// `now`; what is left to run on the runtime, if anything.
+    fn run(self: Box<Self>, slot: Slot, now: uascale_proto::Now) -> Option<Spawn>;
+}
+
+/// What the scheduler asks of the runtime its workers run on (the shell
+/// implements it; the scheduler itself starts no task and waits on
+/// nothing).
+pub trait Workers: Send + Sync + std::fmt::Debug {
+    /// Wakes one idle worker (or leaves a wake-up for the next to wait).
+    fn wake_one(&self);
+    /// Starts one more worker (every one is busy and the limit allows).
+    fn add(&self);
+    /// Wakes every worker (at shutdown).
+    fn wake_all(&self);
 }
 
 /// A queued request.
@@ -119,13 +135,11 @@ impl Drop for ParkedPlace {
     }
 }
 
-/// A request the queue refused: why, the hint, and the job handed back.
+/// A request the queue refused: the refusal, and the job handed back.
 #[derive(Debug)]
 pub struct Refused {
-    /// The stage and reason.
-    pub rejection: Rejection,
-    /// When the client may try again.
-    pub retry_after: Duration,
+    /// The stage, the reason and the hint.
+    pub shed: Shed,
     /// The request.
     pub job: Job,
 }
@@ -154,11 +168,10 @@ pub struct Scheduler {
     /// Held Publishes now.
     parked: AtomicUsize,
     parked_limit: usize,
-    /// Idle workers wait here.
-    work: tokio::sync::Notify,
+    /// The runtime's workers (set when the server starts; until then,
+    /// as in a unit test, nothing is woken or started).
+    runtime: std::sync::OnceLock<Arc<dyn Workers>>,
     stopping: AtomicBool,
-    /// Rejections by [`Stage`] x [`Reason`].
-    rejections: [[AtomicU64; 4]; 5],
     /// Requests that waited in the queue (were taken by a worker).
     queued_total: AtomicU64,
     /// Trusted owners, as configured (thumbprints lower-case).
@@ -185,9 +198,8 @@ impl Scheduler {
             workers: AtomicUsize::new(min),
             parked: AtomicUsize::new(0),
             parked_limit,
-            work: tokio::sync::Notify::new(),
+            runtime: std::sync::OnceLock::new(),
             stopping: AtomicBool::new(false),
-            rejections: Default::default(),
             queued_total: AtomicU64::new(0),
             trusted: r
                 .trusted_owners
@@ -256,7 +268,13 @@ impl Scheduler {
     fn release(&self) {
         self.busy.fetch_sub(1, SEQ);
         if self.waiting.load(SEQ) > 0 {
-            self.work.notify_one();
+            self.wake_one();
+        }
+    }
+
+    fn wake_one(&self) {
+        if let Some(w) = self.runtime.get() {
+            w.wake_one();
         }
     }
 
@@ -315,38 +333,35 @@ impl Scheduler {
                     self.waiting.fetch_add(1, SEQ);
                     Ok(stage)
                 }
-                Err((rejection, job)) => {
+                Err(((stage, reason), job)) => {
                     let backlog = inner.queue.len() as f64;
                     let rate = inner.taken.per_second(now);
                     let hint = retry_after(backlog, rate, &mut inner.jitter);
                     Err(Box::new(Refused {
-                        rejection,
-                        retry_after: hint,
+                        shed: Shed::new(stage, reason, hint),
                         job,
                     }))
                 }
             }
         };
-        match offered {
-            Ok(stage) => {
-                self.wake_or_grow();
-                Ok(stage)
-            }
-            Err(refused) => {
-                self.count_rejection(refused.rejection);
-                Err(refused)
-            }
+        if offered.is_ok() {
+            self.wake_or_grow();
         }
+        offered
     }
 
     /// After a request was queued: a free worker is woken, or one more is
     /// started when every one is busy and the limit allows.
     fn wake_or_grow(self: &Arc<Self>) {
         if self.busy.load(SEQ) < self.workers.load(SEQ) {
-            self.work.notify_one();
+            self.wake_one();
         } else if self.grow() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(Arc::clone(self).work());
+            match self.runtime.get() {
+                Some(w) => w.add(),
+                // No runtime to start it on: not counted.
+                None => {
+                    self.workers.fetch_sub(1, SEQ);
+                }
             }
         }
     }
@@ -358,10 +373,6 @@ impl Scheduler {
         self.workers
             .fetch_update(SEQ, SEQ, |w| (busy >= w && w < max).then_some(w + 1))
             .is_ok()
-    }
-
-    fn count_rejection(&self, r: Rejection) {
-        self.rejections[r.stage as usize][r.reason as usize].fetch_add(1, RELAXED);
     }
 
     /// The next request for a free worker, with the slot it runs under.
@@ -385,47 +396,37 @@ impl Scheduler {
         self.queued_total.fetch_add(1, RELAXED);
         // More waiting and more free slots: another worker joins.
         if self.waiting.load(SEQ) > 0 && self.busy.load(SEQ) < self.workers.load(SEQ) {
-            self.work.notify_one();
+            self.wake_one();
         }
         Some((slot, job))
     }
 
-    /// A worker: runs queued requests while there are any and a slot is
-    /// free, then waits to be woken. Ends at [`Scheduler::stop`].
-    pub async fn work(self: Arc<Self>) {
-        let mut run = 0u32;
-        loop {
-            while let Some((slot, job)) = self.take(Instant::now()) {
-                job.run(slot);
-                run = run.wrapping_add(1);
-                if run % 32 == 0 {
-                    // Let the connections' tasks have the thread now and then.
-                    tokio::task::yield_now().await;
-                }
-            }
-            if self.stopping.load(SEQ) {
-                return;
-            }
-            self.work.notified().await;
-        }
+    /// Connects the scheduler to the runtime that runs its workers (once;
+    /// a second call is ignored) and returns how many to start:
+    /// `min_request_thread_count`.
+    pub fn start(&self, runtime: Arc<dyn Workers>) -> usize {
+        let _ = self.runtime.set(runtime);
+        self.workers.load(SEQ)
     }
 
-    /// Starts the `min_request_thread_count` workers on the current
-    /// runtime.
-    pub fn start(self: &Arc<Self>) {
-        for _ in 0..self.workers.load(SEQ) {
-            tokio::spawn(Arc::clone(self).work());
-        }
+    /// True once [`Scheduler::stop`] was called: a worker that finds
+    /// nothing to take ends.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(SEQ)
     }
 
     /// Stops the workers (at shutdown) once their current request is done.
     pub fn stop(&self) {
         self.stopping.store(true, SEQ);
-        self.work.notify_waiters();
+        if let Some(w) = self.runtime.get() {
+            w.wake_all();
+        }
     }
 
-    /// A place in the parked stage for a held Publish, or the rejection.
-    pub fn park(self: &Arc<Self>) -> Result<ParkedPlace, Rejection> {
+    /// A place in the parked stage for a held Publish, or the refusal
+    /// (with the fallback hint: held Publishes are answered at no rate the
+    /// server can measure ahead).
+    pub fn park(self: &Arc<Self>) -> Result<ParkedPlace, Shed> {
         let limit = self.parked_limit;
         match self
             .parked
@@ -435,22 +436,14 @@ impl Scheduler {
                 scheduler: Arc::clone(self),
             }),
             Err(_) => {
-                let r = Rejection {
-                    stage: Stage::Parked,
-                    reason: Reason::Full,
-                };
-                self.count_rejection(r);
-                Err(r)
+                let mut inner = self.inner();
+                let hint = crate::admission::hint::jittered(
+                    crate::admission::hint::HINT_FALLBACK,
+                    &mut inner.jitter,
+                );
+                Err(Shed::new(Stage::Parked, Reason::Full, hint))
             }
         }
-    }
-
-    /// The hint for a request refused by the parked stage: the held
-    /// Publishes over the rate at which they were answered is unknown, so
-    /// the fallback, jittered.
-    pub fn parked_hint(&self) -> Duration {
-        let mut inner = self.inner();
-        crate::admission::hint::jittered(crate::admission::hint::HINT_FALLBACK, &mut inner.jitter)
     }
 
     /// Removes the waiting requests of channel `channel_id` (its
@@ -470,29 +463,21 @@ impl Scheduler {
         drop(gone);
     }
 
-    /// Removes the waiting requests of channel `channel_id` with
-    /// `request_handle` (a Cancel) and answers each
-    /// `BadRequestCancelledByClient`; how many there were.
-    pub fn cancel_queued(&self, channel_id: u32, request_handle: u32) -> u32 {
-        if self.waiting.load(SEQ) == 0 {
-            return 0;
+    /// Removes the waiting requests of channel `channel_id` whose request
+    /// ids are in `request_ids` (sorted), and hands them back.
+    pub fn remove_queued(&self, channel_id: u32, request_ids: &[u32]) -> Vec<Job> {
+        if self.waiting.load(SEQ) == 0 || request_ids.is_empty() {
+            return Vec::new();
         }
-        let gone = {
-            let mut inner = self.inner();
-            let gone = inner.queue.remove_where(|_, job| {
-                job.channel_id() == channel_id && job.request_handle() == request_handle
-            });
-            self.waiting.fetch_sub(gone.len(), SEQ);
-            gone
-        };
-        let n = u32::try_from(gone.len()).unwrap_or(u32::MAX);
-        for job in gone {
-            job.cancelled();
-        }
-        n
+        let mut inner = self.inner();
+        let gone = inner.queue.remove_where(|_, job| {
+            job.channel_id() == channel_id && request_ids.binary_search(&job.request_id()).is_ok()
+        });
+        self.waiting.fetch_sub(gone.len(), SEQ);
+        gone
     }
 
-    /// Places taken in `stage` now.
+    /// Places taken in `stage` now (0 for the admission stages).
     pub fn usage(&self, stage: Stage) -> usize {
         match stage {
             Stage::Parked => self.parked.load(RELAXED),
@@ -506,14 +491,13 @@ impl Scheduler {
         match stage {
             Stage::Queue => l.max_queued_request_count,
             Stage::Parked => self.parked_limit,
-            _ if l.isolation_profile.protects() => l.protected_entry_count,
+            Stage::Bootstrap | Stage::Reconnect | Stage::Control
+                if l.isolation_profile.protects() =>
+            {
+                l.protected_entry_count
+            }
             _ => 0,
         }
-    }
-
-    /// Requests refused by `stage` for `reason` so far.
-    pub fn rejections(&self, stage: Stage, reason: Reason) -> u64 {
-        self.rejections[stage as usize][reason as usize].load(RELAXED)
     }
 
     /// Workers busy now.
@@ -547,6 +531,7 @@ impl Scheduler {
 #[allow(clippy::disallowed_methods)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn assert_send<T: Send + 'static>() {}
 
@@ -570,15 +555,13 @@ mod tests {
         fn channel_id(&self) -> u32 {
             self.channel
         }
-        fn request_handle(&self) -> u32 {
+        fn request_id(&self) -> u32 {
             self.channel
         }
-        fn run(self: Box<Self>, slot: Slot) {
+        fn run(self: Box<Self>, slot: Slot, _now: uascale_proto::Now) -> Option<Spawn> {
             drop(slot);
             self.log.lock().unwrap().push((self.channel, "ran"));
-        }
-        fn cancelled(self: Box<Self>) {
-            self.log.lock().unwrap().push((self.channel, "cancelled"));
+            None
         }
     }
 
@@ -605,6 +588,8 @@ mod tests {
             max_request_thread_count: 3,
             ..Default::default()
         });
+        let runtime = Arc::new(Runtime::default());
+        assert_eq!(s.start(Arc::clone(&runtime) as Arc<dyn Workers>), 2);
         let log = Log::default();
         let now = Instant::now();
         assert_eq!(s.workers(), 2);
@@ -625,6 +610,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.workers(), 3);
+        assert_eq!(runtime.added.load(SEQ), 1, "the runtime was asked for one");
         assert!(s.has_waiting());
         let (c, job1) = s.take(now).expect("the new worker's slot");
         assert_eq!(s.waiting(), 0);
@@ -641,8 +627,12 @@ mod tests {
         assert!(s.take(now).is_none(), "no free slot");
         drop(a);
         let (d, job2) = s.take(now).expect("a slot freed");
-        job1.run(c);
-        job2.run(d);
+        let at = uascale_proto::Now {
+            instant: now,
+            utc: uascale_types::DateTime::from_ticks(1),
+        };
+        job1.run(c, at);
+        job2.run(d, at);
         assert_eq!(*log.lock().unwrap(), vec![(1, "ran"), (2, "ran")]);
         drop(b);
         assert_eq!(s.busy(), 0);
@@ -705,12 +695,12 @@ mod tests {
                 now,
             )
             .unwrap_err();
-        assert_eq!(refused.rejection.stage, Stage::Queue);
-        assert_eq!(refused.rejection.reason, Reason::Full);
-        assert!(refused.retry_after >= Duration::from_millis(80));
-        assert_eq!(s.rejections(Stage::Queue, Reason::Full), 1);
+        assert_eq!(refused.shed.stage, Stage::Queue);
+        assert_eq!(refused.shed.reason, Reason::Full);
+        assert!(refused.shed.retry_after >= Duration::from_millis(80));
         assert_eq!(s.usage(Stage::Queue), 100);
-        s.forget_channel(1);
+        // Dummy jobs have request id = channel.
+        drop(s.remove_queued(1, &[1]));
         assert_eq!(s.waiting(), 0);
         assert_eq!(s.usage(Stage::Queue), 0);
         assert!(log.lock().unwrap().is_empty(), "dropped, not run");
@@ -726,23 +716,18 @@ mod tests {
         });
         let a = s.park().unwrap();
         let _b = s.park().unwrap();
-        assert_eq!(
-            s.park().unwrap_err(),
-            Rejection {
-                stage: Stage::Parked,
-                reason: Reason::Full
-            }
-        );
+        let shed = s.park().unwrap_err();
+        assert_eq!((shed.stage, shed.reason), (Stage::Parked, Reason::Full));
+        assert!(shed.retry_after > Duration::ZERO);
         assert_eq!(s.usage(Stage::Parked), 2);
         drop(a);
         assert!(s.park().is_ok());
-        assert_eq!(s.rejections(Stage::Parked, Reason::Full), 1);
     }
 
-    /// Cancel reaches requests still waiting: each is answered as
-    /// cancelled and leaves the queue.
+    /// Requests still waiting can be taken out by channel and request id
+    /// (what Cancel and a channel's teardown do through the endpoint).
     #[test]
-    fn cancel_removes_waiting_requests() {
+    fn queued_requests_are_removed_by_channel_and_id() {
         let s = scheduler(RequestsSection {
             min_request_thread_count: 1,
             max_request_thread_count: 1,
@@ -762,11 +747,23 @@ mod tests {
             )
             .unwrap();
         }
-        assert_eq!(s.cancel_queued(5, 5), 2);
+        assert_eq!(s.remove_queued(5, &[5]).len(), 2);
+        assert_eq!(s.remove_queued(6, &[7]).len(), 0);
         assert_eq!(s.waiting(), 1);
-        assert_eq!(
-            *log.lock().unwrap(),
-            vec![(5, "cancelled"), (5, "cancelled")]
-        );
+        assert!(log.lock().unwrap().is_empty(), "handed back, not run");
+    }
+
+    /// A runtime that counts what it was asked.
+    #[derive(Debug, Default)]
+    struct Runtime {
+        added: AtomicUsize,
+    }
+
+    impl Workers for Runtime {
+        fn wake_one(&self) {}
+        fn add(&self) {
+            self.added.fetch_add(1, SEQ);
+        }
+        fn wake_all(&self) {}
     }
 }

@@ -21,6 +21,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
 use crate::config::IsolationProfile;
+use crate::shed::{Reason, Stage};
 
 /// What a request is to the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,96 +37,30 @@ pub enum Kind {
     Normal,
 }
 
-/// A stage of the request queue: the `stage` label of
-/// `opcua_server_isolation_usage` and `opcua_server_isolation_rejections`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Stage {
-    /// The shared queue (`max_queued_request_count` places).
-    Queue,
-    /// The protected entries of bootstrap requests.
-    Bootstrap,
-    /// The protected entries of reconnect requests.
-    Reconnect,
-    /// The protected entries of control requests.
-    Control,
-    /// Held Publishes (`max_parked_request_count`).
-    Parked,
-}
-
-impl Stage {
-    /// Every stage, in index order.
-    pub const ALL: [Stage; 5] = [
-        Stage::Queue,
-        Stage::Bootstrap,
-        Stage::Reconnect,
-        Stage::Control,
-        Stage::Parked,
-    ];
-
-    /// The label value.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Stage::Queue => "queue",
-            Stage::Bootstrap => "bootstrap",
-            Stage::Reconnect => "reconnect",
-            Stage::Control => "control",
-            Stage::Parked => "parked",
-        }
-    }
-
-    /// The protected stage of a kind (none for [`Kind::Normal`]).
-    pub fn protecting(kind: Kind) -> Option<Stage> {
-        match kind {
-            Kind::Bootstrap => Some(Stage::Bootstrap),
-            Kind::Reconnect => Some(Stage::Reconnect),
-            Kind::Control => Some(Stage::Control),
-            Kind::Normal => None,
-        }
+/// The protected stage of a kind (none for [`Kind::Normal`]).
+pub fn protecting(kind: Kind) -> Option<Stage> {
+    match kind {
+        Kind::Bootstrap => Some(Stage::Bootstrap),
+        Kind::Reconnect => Some(Stage::Reconnect),
+        Kind::Control => Some(Stage::Control),
+        Kind::Normal => None,
     }
 }
 
-/// Why a request was refused: the `reason` label of
-/// `opcua_server_isolation_rejections`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// Every place of the stage is taken.
-    Full,
-    /// The owner has `max_queued_requests_per_owner` requests waiting.
-    OwnerLimit,
-    /// The requests waiting hold `max_retained_request_bytes`.
-    RetainedBytes,
-    /// The places left are reserved for trusted owners
-    /// (`trusted_reservations`).
-    Reserved,
-}
+/// A refusal of the queue: the stage that refused and why (the scheduler
+/// adds the hint and makes it a [`crate::shed::Shed`]).
+pub type Rejection = (Stage, Reason);
 
-impl Reason {
-    /// Every reason, in index order.
-    pub const ALL: [Reason; 4] = [
-        Reason::Full,
-        Reason::OwnerLimit,
-        Reason::RetainedBytes,
-        Reason::Reserved,
-    ];
-
-    /// The label value.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Reason::Full => "full",
-            Reason::OwnerLimit => "owner_limit",
-            Reason::RetainedBytes => "retained_bytes",
-            Reason::Reserved => "reserved",
-        }
+/// The index of a queue stage in [`Queue`]'s counts (the parked stage and
+/// the admission stages are not counted here).
+fn index(stage: Stage) -> Option<usize> {
+    match stage {
+        Stage::Queue => Some(0),
+        Stage::Bootstrap => Some(1),
+        Stage::Reconnect => Some(2),
+        Stage::Control => Some(3),
+        _ => None,
     }
-}
-
-/// A refusal: the stage that refused and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rejection {
-    /// The stage.
-    pub stage: Stage,
-    /// Why.
-    pub reason: Reason,
 }
 
 /// The limits the queue keeps (from `[requests]`).
@@ -238,10 +173,7 @@ impl<K: Clone + Eq + Hash, T> Queue<K, T> {
     /// Places taken in `stage` (0 for [`Stage::Parked`], which the caller
     /// counts).
     pub fn usage(&self, stage: Stage) -> usize {
-        match stage {
-            Stage::Parked => 0,
-            s => self.used[s as usize],
-        }
+        index(stage).map_or(0, |i| self.used[i])
     }
 
     /// Bytes of the requests waiting.
@@ -270,23 +202,17 @@ impl<K: Clone + Eq + Hash, T> Queue<K, T> {
         // A request alone is always let in: the limit bounds what piles up.
         if self.bytes > 0 && self.bytes.saturating_add(bytes) > l.max_bytes {
             let stage = Stage::Queue;
-            return Err((
-                Rejection {
-                    stage,
-                    reason: Reason::RetainedBytes,
-                },
-                payload,
-            ));
+            return Err(((stage, Reason::RetainedBytes), payload));
         }
         let trusted = trusted && profile == IsolationProfile::TrustedReservations;
-        let queue_free = self.used[Stage::Queue as usize] < l.max_queued;
+        let queue_free = self.used[0] < l.max_queued;
         // Untrusted owners leave the reserved places to trusted ones.
         let reserved = if profile == IsolationProfile::TrustedReservations && !trusted {
             l.trusted_reserved
         } else {
             0
         };
-        let untrusted_used = self.used[Stage::Queue as usize] - self.trusted_used;
+        let untrusted_used = self.used[0] - self.trusted_used;
         let share_free = trusted || untrusted_used < l.max_queued.saturating_sub(reserved);
         if profile == IsolationProfile::SharedOnly {
             if !queue_free {
@@ -330,8 +256,8 @@ impl<K: Clone + Eq + Hash, T> Queue<K, T> {
             return Ok(Stage::Queue);
         }
         // The protected entry of its stage, if the profile has them.
-        if let Some(stage) = Stage::protecting(kind).filter(|_| profile.protects()) {
-            if self.used[stage as usize] < l.protected {
+        if let Some(stage) = protecting(kind).filter(|_| profile.protects()) {
+            if self.usage(stage) < l.protected {
                 self.take(stage, bytes, false);
                 self.protected.push_back((
                     owner,
@@ -388,7 +314,9 @@ impl<K: Clone + Eq + Hash, T> Queue<K, T> {
     }
 
     fn take(&mut self, stage: Stage, bytes: usize, trusted: bool) {
-        self.used[stage as usize] += 1;
+        if let Some(i) = index(stage) {
+            self.used[i] += 1;
+        }
         if trusted {
             self.trusted_used += 1;
         }
@@ -396,8 +324,9 @@ impl<K: Clone + Eq + Hash, T> Queue<K, T> {
     }
 
     fn give_back(&mut self, entry: &Entry<T>, trusted: bool) {
-        let slot = &mut self.used[entry.stage as usize];
-        *slot = slot.saturating_sub(1);
+        if let Some(slot) = index(entry.stage).map(|i| &mut self.used[i]) {
+            *slot = slot.saturating_sub(1);
+        }
         if trusted {
             self.trusted_used = self.trusted_used.saturating_sub(1);
         }
@@ -481,7 +410,7 @@ impl<K: Clone + Eq + Hash, T> Queue<K, T> {
 }
 
 fn rejected(stage: Stage, reason: Reason) -> Rejection {
-    Rejection { stage, reason }
+    (stage, reason)
 }
 
 #[cfg(test)]
@@ -517,7 +446,7 @@ mod tests {
         assert_eq!(rej, rejected(Stage::Queue, Reason::Full));
         // Even session management is refused: there is no protected entry.
         let (rej, _) = q.offer(3, Kind::Bootstrap, false, 10, 998).unwrap_err();
-        assert_eq!(rej.stage, Stage::Queue);
+        assert_eq!(rej.0, Stage::Queue);
         // One place frees; owner 2 gets it but waits behind all of owner 1.
         assert_eq!(q.pop(), Some((1, 0)));
         q.offer(2, Kind::Normal, false, 10, 999).expect("a place");
@@ -594,7 +523,7 @@ mod tests {
             q.offer(2, Kind::Normal, false, 100, i).unwrap();
         }
         let (rej, _) = q.offer(3, Kind::Control, false, 1, 99).unwrap_err();
-        assert_eq!(rej.reason, Reason::RetainedBytes);
+        assert_eq!(rej.1, Reason::RetainedBytes);
     }
 
     #[test]
@@ -670,7 +599,7 @@ mod tests {
         q.offer(2, Kind::Normal, false, 1, 91).unwrap();
         q.offer(2, Kind::Normal, false, 1, 92).unwrap();
         let (rej, _) = q.offer(2, Kind::Normal, false, 1, 93).unwrap_err();
-        assert_eq!(rej.reason, Reason::Reserved);
+        assert_eq!(rej.1, Reason::Reserved);
         q.offer(7, Kind::Normal, true, 1, 710).expect("trusted");
         // Outside the profile, `trusted` means nothing.
         let mut q = Queue::new(limits(IsolationProfile::Balanced));

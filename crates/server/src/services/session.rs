@@ -163,6 +163,21 @@ pub fn create_session(
     r
 }
 
+/// The refusal of a session that found `max_session_count` sessions open:
+/// `BadTooManySessions` with the hint (sessions end at no rate the server
+/// can measure ahead, so the fallback second). Other errors of the session
+/// table pass as they are.
+fn session_limit(e: crate::session::SessionError) -> ServiceError {
+    match e {
+        crate::session::SessionError::TooMany => ServiceError::shed(crate::shed::Shed::new(
+            crate::shed::Stage::Establishment,
+            crate::shed::Reason::SessionLimit,
+            crate::admission::SESSION_FULL_RETRY_AFTER,
+        )),
+        e => ServiceError::from(e.status_code()),
+    }
+}
+
 fn create_session_inner(
     ctx: &ServiceContext,
     req: &CreateSessionRequest,
@@ -170,9 +185,7 @@ fn create_session_inner(
     // The place for the session is taken before any certificate or
     // signature work: a full server refuses at the cost of an atomic add
     // (SCALABILITY.md §2).
-    let slot = ctx.sessions.reserve().map_err(|e| {
-        ServiceError::busy(e.status_code(), crate::admission::SESSION_FULL_RETRY_AFTER)
-    })?;
+    let slot = ctx.sessions.reserve().map_err(session_limit)?;
     check_client_nonce(ctx.channel.policy, req.client_nonce.as_bytes_or_empty())?;
     let requested = req.requested_session_timeout;
     let timeout = if requested.is_finite() && requested > 0.0 {
@@ -618,7 +631,13 @@ async fn take_over(
     req: &ActivateSessionRequest,
 ) -> Result<ActivateSessionResponse, ServiceError> {
     let auth = &req.request_header.authentication_token;
-    let busy = || ServiceError::busy(StatusCode::BadServerTooBusy, TAKEOVER_RETRY_AFTER);
+    let busy = || {
+        ServiceError::shed(crate::shed::Shed::new(
+            crate::shed::Stage::Establishment,
+            crate::shed::Reason::StoreUnavailable,
+            TAKEOVER_RETRY_AFTER,
+        ))
+    };
     let record = match cluster.read_session(key).await {
         Ok(Some(r)) if r.token == *auth && r.activated => r,
         Ok(_) => return activate_session(ctx, req),
@@ -634,9 +653,7 @@ async fn take_over(
     let restored = ctx
         .sessions
         .restore(auth, cluster_node::session_of(&record, ctx.instant))
-        .map_err(|e| {
-            ServiceError::busy(e.status_code(), crate::admission::SESSION_FULL_RETRY_AFTER)
-        })?;
+        .map_err(session_limit)?;
     if !restored {
         // A concurrent ActivateSession on this node restored it first (and
         // claims it); this one is an ordinary activation.
@@ -942,15 +959,11 @@ pub fn cancel(
     req: &uascale_types::CancelRequest,
 ) -> Result<uascale_types::CancelResponse, ServiceError> {
     ctx.session()?;
-    // Those still waiting for a worker, then those running.
-    let queued = ctx
-        .scheduler
-        .cancel_queued(ctx.channel_id, req.request_handle);
-    let running = ctx
-        .sink
-        .as_ref()
-        .map_or(0, |s| s.cancel(req.request_handle, ctx.now));
-    let cancel_count = queued.saturating_add(running);
+    // The channel's one table of outstanding requests: those still waiting
+    // for a worker and those running.
+    let cancel_count = ctx.sink.as_ref().map_or(0, |s| {
+        s.cancel(&ctx.state.scheduler, req.request_handle, ctx.now)
+    });
     Ok(uascale_types::CancelResponse {
         response_header: ctx.response_header(&req.request_header),
         cancel_count,

@@ -1,0 +1,1 @@
+//! The request lifecycle on simulated time, with no sockets.
