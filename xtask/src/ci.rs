@@ -270,6 +270,10 @@ pub fn ci(root: &Path) -> Result<(), String> {
         crate::modules::check(root, &strict)?;
     }
     {
+        let _s = Step::new("no tokio outside the server's shell");
+        crate::shell::check(root)?;
+    }
+    {
         let _s = Step::new("codegen --check");
         crate::codegen::run(&crate::schema_dir(root), root, true)?;
     }

@@ -10,6 +10,9 @@
 //! `cargo xtask modules [SRC_DIR...]` lists the `use` cycles between the
 //! modules of each crate and fails when there is one (see `modules.rs`).
 //!
+//! `cargo xtask shell` fails when the server crate uses tokio outside its
+//! shell (see `shell.rs`).
+//!
 //! `cargo xtask ci` runs everything CI checks (see `ci.rs`); `cargo xtask
 //! tests` only its tests step, the test binaries a few at a time (see
 //! `suite.rs`).
@@ -20,6 +23,7 @@ mod codegen;
 mod csv;
 mod modules;
 mod nodeset;
+mod shell;
 mod suite;
 
 use std::path::{Path, PathBuf};
@@ -27,7 +31,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask modules [SRC_DIR...]\n       cargo xtask ci\n       cargo xtask tests"
+        "usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask modules [SRC_DIR...]\n       cargo xtask shell\n       cargo xtask ci\n       cargo xtask tests"
     );
     ExitCode::from(2)
 }
@@ -53,6 +57,15 @@ fn main() -> ExitCode {
     let root = workspace_root();
     match args.next().as_deref() {
         Some("codegen") => {}
+        Some("shell") => {
+            return match shell::check(&root) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("xtask shell: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Some("modules") => {
             let dirs: Vec<PathBuf> = args.map(PathBuf::from).collect();
             return match modules::check(&root, &dirs) {

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use uascale_proto::security::ChannelSecurity;
 use uascale_types::{
     ActivateSessionRequest, AnonymousIdentityToken, AttributeId, CloseSessionRequest,
-    CreateSessionRequest, CreateSessionResponse, CreateSubscriptionRequest, DateTime,
-    DecodeLimits, DynStructure, ExtensionObject, NodeId, PublishRequest, ReadRequest,
-    ReadValueId, Reader, RequestHeader, ServiceFault, StatusCode, UaString,
+    CreateSessionRequest, CreateSessionResponse, CreateSubscriptionRequest, DateTime, DecodeLimits,
+    DynStructure, ExtensionObject, NodeId, PublishRequest, ReadRequest, ReadValueId, Reader,
+    RequestHeader, ServiceFault, StatusCode, UaString,
 };
 
 use super::*;
@@ -88,7 +88,10 @@ impl Sim {
     /// A connection from 127.0.0.`host` with an activated session.
     fn client(&mut self, host: u8) -> Client {
         let peer = SocketAddr::from(([127, 0, 0, host], 40_000));
-        let channel = self.endpoint.accept(peer, None, self.now).expect("admitted");
+        let channel = self
+            .endpoint
+            .accept(peer, None, self.now)
+            .expect("admitted");
         let mut c = Client {
             channel,
             token: NodeId::default(),
@@ -249,7 +252,10 @@ fn fair_profiles_serve_a_lone_request_in_turn() {
     for profile in [IsolationProfile::FairShare, IsolationProfile::Balanced] {
         let order = flood_order(profile);
         let at = order.iter().position(|&o| o == 2).expect("B ran");
-        assert!(at <= 2, "{profile:?}: B's request was taken {at}th: {order:?}");
+        assert!(
+            at <= 2,
+            "{profile:?}: B's request was taken {at}th: {order:?}"
+        );
     }
 }
 

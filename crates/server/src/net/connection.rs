@@ -55,7 +55,6 @@ pub(super) fn serve(
         // Re-armed only when the connection's next deadline moves.
         let timer = tokio::time::sleep_until(tokio::time::Instant::now());
         tokio::pin!(timer);
-        let endpoint = &shell.endpoint;
         loop {
             let armed = {
                 let due = conn.poll_timeout().map(tokio::time::Instant::from_std);
@@ -93,10 +92,12 @@ pub(super) fn serve(
                             return None;
                         }
                     }
-                    Wake::Answers => endpoint.deliver(&mut conn, &channel, now.utc),
+                    Wake::Answers => shell.endpoint.deliver(&mut conn, &channel, now.utc),
                     Wake::Timer => conn.handle_timeout(now),
                 }
-                endpoint.handle_events(&mut conn, &channel, now, &mut spawn);
+                shell
+                    .endpoint
+                    .handle_events(&mut conn, &channel, now, &mut spawn);
                 let mut out = Vec::new();
                 conn.poll_transmit(&mut out);
                 // Nothing to send costs no syscall.
@@ -132,7 +133,7 @@ pub(super) fn serve(
                 let work = run_handshake(&shell, &channel, &stream, conn, bytes);
                 let Some((c, rest)) = Box::pin(work).await else {
                     // The work panicked: the connection is gone.
-                    endpoint.teardown(&channel, Instant::now());
+                    shell.endpoint.teardown(&channel, Instant::now());
                     return;
                 };
                 conn = c;
@@ -142,7 +143,7 @@ pub(super) fn serve(
                 break;
             }
         }
-        endpoint.teardown(&channel, Instant::now());
+        shell.endpoint.teardown(&channel, Instant::now());
         let _ = stream.shutdown().await;
         tracing::debug!(channel = channel.id(), status = ?conn.close_status(), "connection closed");
     }
