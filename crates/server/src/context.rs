@@ -4,8 +4,8 @@
 //!
 //! It is owned and `Send`: a request can wait in a queue and run on any
 //! worker, and an asynchronous answer can take it along. It dereferences
-//! to [`ServerState`], so a handler reads `ctx.sessions`, `ctx.config`,
-//! `ctx.address_space` directly. The connection builds one per batch of
+//! to [`ServerState`], so a handler reads `ctx.state.sessions`, `ctx.state.config`,
+//! `ctx.state.address_space` directly. The connection builds one per batch of
 //! requests that arrived together and sets the request id of each.
 
 use std::sync::Arc;
@@ -46,14 +46,6 @@ pub struct ServiceContext {
     /// the server's own work): endpoint URLs name it to a client that used
     /// it.
     pub local_ip: Option<std::net::IpAddr>,
-}
-
-impl std::ops::Deref for ServiceContext {
-    type Target = ServerState;
-
-    fn deref(&self) -> &ServerState {
-        &self.state
-    }
 }
 
 impl std::fmt::Debug for ServiceContext {

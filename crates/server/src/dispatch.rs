@@ -396,7 +396,7 @@ fn create_session(
     ctx: &ServiceContext,
     r: uascale_types::CreateSessionRequest,
 ) -> Result<Routed, ServiceError> {
-    let gate = ctx.admission.establishment();
+    let gate = ctx.state.admission.establishment();
     let state = std::sync::Arc::clone(&ctx.state);
     // A refusal is a rejected session (RejectedSessionCount).
     let busy = move |refusal: crate::admission::hint::Refusal| {
@@ -508,9 +508,9 @@ mod tests {
         assert_eq!(f.response_header.request_handle, 5);
         let hint = crate::error::retry_after_of(&f.response_header).expect("a hint");
         assert!(hint > std::time::Duration::ZERO);
-        assert_eq!(c.sessions.rejected_count(), 1);
+        assert_eq!(c.state.sessions.rejected_count(), 1);
         // One closes without activation: a place frees.
-        c.sessions.close(&tokens[0], true);
+        c.state.sessions.close(&tokens[0], true);
         assert!(dispatch(&mut c, &msg)
             .now()
             .map(|out| {
@@ -532,15 +532,15 @@ mod tests {
         config.server.max_session_count = 10;
         let mut c = ctx_with(config);
         let msg = create_session_message();
-        assert_eq!(c.service_level(), 255);
+        assert_eq!(c.state.service_level(), 255);
         for _ in 0..2 {
             dispatch(&mut c, &msg).now().unwrap();
         }
-        assert_eq!(c.service_level(), 255, "20 %: full service");
+        assert_eq!(c.state.service_level(), 255, "20 %: full service");
         for _ in 0..8 {
             dispatch(&mut c, &msg).now().unwrap();
         }
-        assert_eq!(c.service_level(), 1, "full: the lowest level");
+        assert_eq!(c.state.service_level(), 1, "full: the lowest level");
     }
 
     fn fault_of(bytes: &[u8]) -> ServiceFault {

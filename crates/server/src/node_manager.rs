@@ -595,7 +595,7 @@ mod service_tests {
         let r = &c.results.unwrap()[0];
         assert_eq!(r.status_code, StatusCode::Good);
         assert_eq!(r.output_arguments, Some(vec![Variant::Double(8.0)]));
-        let ns = ctx.managers.namespace_array("urn:s");
+        let ns = ctx.state.managers.namespace_array("urn:s");
         assert_eq!(ns[3], "urn:user");
     }
 }

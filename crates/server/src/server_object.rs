@@ -12,12 +12,12 @@ use crate::context::ServiceContext;
 /// The product's build information (ProductUri from the configuration).
 pub fn build_info(ctx: &ServiceContext) -> BuildInfo {
     BuildInfo {
-        product_uri: UaString::from(ctx.config.server.product_uri.as_str()),
+        product_uri: UaString::from(ctx.state.config.server.product_uri.as_str()),
         manufacturer_name: UaString::from("uascale developers"),
         product_name: UaString::from("uascale"),
         software_version: UaString::from(env!("CARGO_PKG_VERSION")),
         build_number: UaString::from(env!("CARGO_PKG_VERSION")),
-        build_date: ctx.start_time,
+        build_date: ctx.state.start_time,
     }
 }
 
@@ -26,7 +26,7 @@ pub fn build_info(ctx: &ServiceContext) -> BuildInfo {
 pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
     let n = id.as_ns0()?;
     let status = || ServerStatusDataType {
-        start_time: ctx.start_time,
+        start_time: ctx.state.start_time,
         current_time: ctx.now,
         state: ServerState::Running,
         build_info: build_info(ctx),
@@ -35,14 +35,15 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
     };
     Some(match n {
         v::Server_NamespaceArray => Variant::from(
-            ctx.managers
-                .namespace_array(&ctx.config.server.application_uri),
+            ctx.state
+                .managers
+                .namespace_array(&ctx.state.config.server.application_uri),
         ),
         v::Server_ServerArray => Variant::from(vec![UaString::from(
-            ctx.config.server.application_uri.as_str(),
+            ctx.state.config.server.application_uri.as_str(),
         )]),
         v::Server_ServerStatus => Variant::from(ExtensionObject::new(status())),
-        v::Server_ServerStatus_StartTime => Variant::DateTime(ctx.start_time),
+        v::Server_ServerStatus_StartTime => Variant::DateTime(ctx.state.start_time),
         v::Server_ServerStatus_CurrentTime => Variant::DateTime(ctx.now),
         v::Server_ServerStatus_State => Variant::Int32(ServerState::Running.0),
         v::Server_ServerStatus_BuildInfo => Variant::from(ExtensionObject::new(build_info(ctx))),
@@ -63,57 +64,67 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         v::Server_ServerStatus_SecondsTillShutdown => Variant::UInt32(0),
         v::Server_ServerStatus_ShutdownReason => Variant::from(LocalizedText::default()),
         // Load-based (SCALABILITY.md §2): a capacity signal for clients.
-        v::Server_ServiceLevel => Variant::Byte(ctx.service_level()),
-        v::Server_Auditing => Variant::Boolean(ctx.auditing()),
+        v::Server_ServiceLevel => Variant::Byte(ctx.state.service_level()),
+        v::Server_Auditing => Variant::Boolean(ctx.state.auditing()),
         // A cluster node behind a front end: the client sees one server and
         // the nodes move its session (docs/cluster.md). Without a cluster
         // the address space's value stands.
-        v::Server_ServerRedundancy_RedundancySupport if ctx.cluster().is_some() => {
+        v::Server_ServerRedundancy_RedundancySupport if ctx.state.cluster().is_some() => {
             Variant::Int32(uascale_types::RedundancySupport::Transparent.0)
         }
         // The configured `[operation_limits]`.
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {
-            Variant::UInt32(u32_of(ctx.config.operation_limits.max_nodes_per_read))
+            Variant::UInt32(u32_of(ctx.state.config.operation_limits.max_nodes_per_read))
         }
-        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerWrite => {
-            Variant::UInt32(u32_of(ctx.config.operation_limits.max_nodes_per_write))
-        }
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerWrite => Variant::UInt32(u32_of(
+            ctx.state.config.operation_limits.max_nodes_per_write,
+        )),
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerMethodCall => Variant::UInt32(
-            u32_of(ctx.config.operation_limits.max_nodes_per_method_call),
+            u32_of(ctx.state.config.operation_limits.max_nodes_per_method_call),
         ),
-        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerBrowse => {
-            Variant::UInt32(u32_of(ctx.config.operation_limits.max_nodes_per_browse))
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerBrowse => Variant::UInt32(u32_of(
+            ctx.state.config.operation_limits.max_nodes_per_browse,
+        )),
+        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRegisterNodes => {
+            Variant::UInt32(u32_of(
+                ctx.state
+                    .config
+                    .operation_limits
+                    .max_nodes_per_register_nodes,
+            ))
         }
-        v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRegisterNodes => Variant::UInt32(
-            u32_of(ctx.config.operation_limits.max_nodes_per_register_nodes),
-        ),
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerTranslateBrowsePathsToNodeIds => {
             Variant::UInt32(u32_of(
-                ctx.config
+                ctx.state
+                    .config
                     .operation_limits
                     .max_nodes_per_translate_browse_paths_to_node_ids,
             ))
         }
-        v::Server_ServerCapabilities_MaxBrowseContinuationPoints => {
-            Variant::UInt16(ctx.config.operation_limits.max_browse_continuation_points)
-        }
+        v::Server_ServerCapabilities_MaxBrowseContinuationPoints => Variant::UInt16(
+            ctx.state
+                .config
+                .operation_limits
+                .max_browse_continuation_points,
+        ),
         // Subscription limits (SCALABILITY.md §4); 0 = no limit.
-        v::Server_ServerCapabilities_MaxSubscriptions => {
-            Variant::UInt32(u32_of(ctx.subscriptions.limits.max_subscription_count))
-        }
-        v::Server_ServerCapabilities_MaxMonitoredItems => {
-            Variant::UInt32(u32_of(ctx.subscriptions.limits.max_monitored_item_count))
-        }
+        v::Server_ServerCapabilities_MaxSubscriptions => Variant::UInt32(u32_of(
+            ctx.state.subscriptions.limits.max_subscription_count,
+        )),
+        v::Server_ServerCapabilities_MaxMonitoredItems => Variant::UInt32(u32_of(
+            ctx.state.subscriptions.limits.max_monitored_item_count,
+        )),
         v::Server_ServerCapabilities_MaxMonitoredItemsPerSubscription => Variant::UInt32(u32_of(
-            ctx.subscriptions
+            ctx.state
+                .subscriptions
                 .limits
                 .max_monitored_items_per_subscription,
         )),
         v::Server_ServerCapabilities_OperationLimits_MaxMonitoredItemsPerCall => Variant::UInt32(
-            u32_of(ctx.subscriptions.limits.max_monitored_items_per_call),
+            u32_of(ctx.state.subscriptions.limits.max_monitored_items_per_call),
         ),
         v::Server_ServerCapabilities_MaxMonitoredItemsQueueSize => {
-            Variant::UInt32(ctx.subscriptions.limits.max_queue_size)
+            Variant::UInt32(ctx.state.subscriptions.limits.max_queue_size)
         }
         v::Server_ServerCapabilities_MaxSelectClauseParameters => {
             Variant::UInt32(crate::subscription::event::MAX_SELECT_CLAUSES as u32)
@@ -121,65 +132,77 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         v::Server_ServerCapabilities_MaxWhereClauseParameters => {
             Variant::UInt32(crate::subscription::event::MAX_FILTER_ELEMENTS as u32)
         }
-        v::Server_ServerDiagnostics_EnabledFlag => Variant::Boolean(ctx.diagnostics_enabled()),
-        v::Server_ServerDiagnostics_SubscriptionDiagnosticsArray => {
-            ctx.subscriptions.subscription_diagnostics(ctx.instant)
+        v::Server_ServerDiagnostics_EnabledFlag => {
+            Variant::Boolean(ctx.state.diagnostics_enabled())
         }
+        v::Server_ServerDiagnostics_SubscriptionDiagnosticsArray => ctx
+            .state
+            .subscriptions
+            .subscription_diagnostics(ctx.instant),
         v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionDiagnosticsArray => {
-            ctx.sessions.diagnostics(
+            ctx.state.sessions.diagnostics(
                 ctx.now,
                 ctx.instant,
-                &ctx.config.server.application_uri,
-                ctx.config.limits.max_message_size,
-                |id| ctx.subscriptions.session_counts(id),
+                &ctx.state.config.server.application_uri,
+                ctx.state.config.limits.max_message_size,
+                |id| ctx.state.subscriptions.session_counts(id),
             )
         }
         v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionSecurityDiagnosticsArray => {
-            ctx.sessions.security_diagnostics(ctx.instant)
+            ctx.state.sessions.security_diagnostics(ctx.instant)
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary => {
             Variant::from(ExtensionObject::new(diagnostics_summary(ctx)))
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CurrentSessionCount => {
-            Variant::UInt32(u32_of(ctx.sessions.len()))
+            Variant::UInt32(u32_of(ctx.state.sessions.len()))
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CumulatedSessionCount => {
-            Variant::UInt32(u32_of(ctx.sessions.cumulated_count()))
+            Variant::UInt32(u32_of(ctx.state.sessions.cumulated_count()))
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_SessionTimeoutCount => {
-            Variant::UInt32(u32_of(ctx.sessions.expired_count()))
+            Variant::UInt32(u32_of(ctx.state.sessions.expired_count()))
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_RejectedSessionCount => {
-            Variant::UInt32(u32_of(ctx.sessions.rejected_count()))
+            Variant::UInt32(u32_of(ctx.state.sessions.rejected_count()))
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_SecurityRejectedSessionCount => {
-            Variant::UInt32(u32_of(ctx.sessions.security_rejected_count()))
+            Variant::UInt32(u32_of(ctx.state.sessions.security_rejected_count()))
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CurrentSubscriptionCount => {
-            Variant::UInt32(u32_of(ctx.subscriptions.subscription_count()))
+            Variant::UInt32(u32_of(ctx.state.subscriptions.subscription_count()))
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_CumulatedSubscriptionCount => {
-            Variant::UInt32(u32_of(ctx.subscriptions.cumulated_subscription_count()))
+            Variant::UInt32(u32_of(
+                ctx.state.subscriptions.cumulated_subscription_count(),
+            ))
         }
         // No views (Part 5: server-created views).
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_ServerViewCount => Variant::UInt32(0),
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_SessionAbortCount => {
-            Variant::UInt32(u32_of64(ctx.metrics.sessions.snapshot().aborted))
+            Variant::UInt32(u32_of64(ctx.state.metrics.sessions.snapshot().aborted))
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_PublishingIntervalCount => {
             Variant::UInt32(u32_of(
-                ctx.subscriptions.publishing_interval_count(ctx.instant),
+                ctx.state
+                    .subscriptions
+                    .publishing_interval_count(ctx.instant),
             ))
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_SecurityRejectedRequestsCount => {
-            Variant::UInt32(u32_of64(ctx.metrics.requests.security_rejected()))
+            Variant::UInt32(u32_of64(ctx.state.metrics.requests.security_rejected()))
         }
         v::Server_ServerDiagnostics_ServerDiagnosticsSummary_RejectedRequestsCount => {
-            Variant::UInt32(u32_of64(ctx.metrics.requests.rejected()))
+            Variant::UInt32(u32_of64(ctx.state.metrics.requests.rejected()))
         }
-        v::Server_ServerCapabilities_MinSupportedSampleRate => {
-            Variant::Double(ctx.subscriptions.limits.min_sampling_interval.as_secs_f64() * 1000.0)
-        }
+        v::Server_ServerCapabilities_MinSupportedSampleRate => Variant::Double(
+            ctx.state
+                .subscriptions
+                .limits
+                .min_sampling_interval
+                .as_secs_f64()
+                * 1000.0,
+        ),
         _ => return None,
     })
 }
@@ -200,17 +223,23 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
 fn diagnostics_summary(ctx: &ServiceContext) -> uascale_types::ServerDiagnosticsSummaryDataType {
     uascale_types::ServerDiagnosticsSummaryDataType {
         server_view_count: 0,
-        current_session_count: u32_of(ctx.sessions.len()),
-        cumulated_session_count: u32_of(ctx.sessions.cumulated_count()),
-        security_rejected_session_count: u32_of(ctx.sessions.security_rejected_count()),
-        rejected_session_count: u32_of(ctx.sessions.rejected_count()),
-        session_timeout_count: u32_of(ctx.sessions.expired_count()),
-        session_abort_count: u32_of64(ctx.metrics.sessions.snapshot().aborted),
-        current_subscription_count: u32_of(ctx.subscriptions.subscription_count()),
-        cumulated_subscription_count: u32_of(ctx.subscriptions.cumulated_subscription_count()),
-        publishing_interval_count: u32_of(ctx.subscriptions.publishing_interval_count(ctx.instant)),
-        security_rejected_requests_count: u32_of64(ctx.metrics.requests.security_rejected()),
-        rejected_requests_count: u32_of64(ctx.metrics.requests.rejected()),
+        current_session_count: u32_of(ctx.state.sessions.len()),
+        cumulated_session_count: u32_of(ctx.state.sessions.cumulated_count()),
+        security_rejected_session_count: u32_of(ctx.state.sessions.security_rejected_count()),
+        rejected_session_count: u32_of(ctx.state.sessions.rejected_count()),
+        session_timeout_count: u32_of(ctx.state.sessions.expired_count()),
+        session_abort_count: u32_of64(ctx.state.metrics.sessions.snapshot().aborted),
+        current_subscription_count: u32_of(ctx.state.subscriptions.subscription_count()),
+        cumulated_subscription_count: u32_of(
+            ctx.state.subscriptions.cumulated_subscription_count(),
+        ),
+        publishing_interval_count: u32_of(
+            ctx.state
+                .subscriptions
+                .publishing_interval_count(ctx.instant),
+        ),
+        security_rejected_requests_count: u32_of64(ctx.state.metrics.requests.security_rejected()),
+        rejected_requests_count: u32_of64(ctx.state.metrics.requests.rejected()),
     }
 }
 
@@ -237,7 +266,7 @@ pub fn check_diagnostics(
                 | v::Server_ServerDiagnostics_SessionsDiagnosticsSummary_SessionSecurityDiagnosticsArray
         )
     );
-    if array && !ctx.diagnostics_enabled() {
+    if array && !ctx.state.diagnostics_enabled() {
         return Err(uascale_types::StatusCode::BadOutOfService);
     }
     Ok(())

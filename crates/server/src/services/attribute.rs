@@ -23,7 +23,7 @@ pub fn read(ctx: &ServiceContext, req: &ReadRequest) -> Result<ReadResponse, Ser
     if nodes.is_empty() {
         return Err(StatusCode::BadNothingToDo.into());
     }
-    if nodes.len() > ctx.config.operation_limits.max_nodes_per_read {
+    if nodes.len() > ctx.state.config.operation_limits.max_nodes_per_read {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     let locales = Locales::new(ctx);
@@ -82,7 +82,8 @@ pub fn read_fast(ctx: &mut ServiceContext, message: &[u8]) -> Option<Vec<u8>> {
     let locales = Locales::new(ctx);
     for _ in 0..n {
         let rv = ReadValueId::decode(&mut r).ok()?;
-        if rv.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(&rv.node_id) {
+        if rv.attribute_id == AttributeId::Value as u32 && ctx.state.managers.is_async(&rv.node_id)
+        {
             return None;
         }
         read_one(ctx, &rv, ts, &locales).encode(&mut out);
@@ -156,6 +157,7 @@ fn read_attribute(
     locales: &Locales<'_>,
 ) -> Result<Variant, StatusCode> {
     let node = ctx
+        .state
         .address_space
         .get(&r.node_id)
         .ok_or(StatusCode::BadNodeIdUnknown)?;
@@ -180,7 +182,7 @@ fn read_attribute(
     let has_value = is_var || class == NodeClass::VariableType;
     if let Some(bit) = write_mask_bit(attr) {
         if node.write_mask & bit != 0 {
-            if let Some(v) = ctx.address_space.written(&node.node_id, attr) {
+            if let Some(v) = ctx.state.address_space.written(&node.node_id, attr) {
                 return Ok(v);
             }
         }
@@ -191,7 +193,7 @@ fn read_attribute(
         } else {
             &[]
         };
-        Variant::from(ctx.address_space.localized(node, attr, locales))
+        Variant::from(ctx.state.address_space.localized(node, attr, locales))
     };
     Ok(match attr {
         AttributeId::NodeId => Variant::from(node.node_id.clone()),
@@ -255,7 +257,7 @@ fn value(ctx: &ServiceContext, node: &Node, r: &ReadValueId) -> Result<Variant, 
     crate::server_object::check_diagnostics(ctx, &node.node_id)?;
     let v = match crate::server_object::live_value(ctx, &node.node_id) {
         Some(v) => v,
-        None => match ctx.managers.read_value(&node.node_id) {
+        None => match ctx.state.managers.read_value(&node.node_id) {
             Some(r) => r?,
             None => node.value.clone(),
         },
@@ -314,7 +316,7 @@ pub fn write(
     if nodes.is_empty() {
         return Err(StatusCode::BadNothingToDo.into());
     }
-    if nodes.len() > ctx.config.operation_limits.max_nodes_per_write {
+    if nodes.len() > ctx.state.config.operation_limits.max_nodes_per_write {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     let results = nodes
@@ -335,14 +337,14 @@ fn write_one(ctx: &ServiceContext, w: &uascale_types::WriteValue) -> Result<(), 
     let new = match range {
         None => value,
         Some(range) => {
-            let current = match ctx.managers.read_value(&node.node_id) {
+            let current = match ctx.state.managers.read_value(&node.node_id) {
                 Some(r) => r?,
                 None => node.value.clone(),
             };
             range.write(&current, &value)?
         }
     };
-    ctx.managers.write_value(&node.node_id, new)
+    ctx.state.managers.write_value(&node.node_id, new)
 }
 
 /// A Value write that passed its checks: the node, the value and the index
@@ -357,6 +359,7 @@ fn check_write<'a>(
     w: &uascale_types::WriteValue,
 ) -> Result<Option<CheckedWrite<'a>>, StatusCode> {
     let node = ctx
+        .state
         .address_space
         .get(&w.node_id)
         .ok_or(StatusCode::BadNodeIdUnknown)?;
@@ -428,7 +431,7 @@ fn write_attribute(
         (_, Variant::LocalizedText(_)) => {}
         _ => return Err(StatusCode::BadTypeMismatch),
     }
-    ctx.address_space.set_written(&node.node_id, attr, v);
+    ctx.state.address_space.set_written(&node.node_id, attr, v);
     Ok(())
 }
 
@@ -482,7 +485,7 @@ fn check_type(
     let Some(t) = v.type_id() else {
         return Err(StatusCode::BadTypeMismatch);
     };
-    if let Some(base) = ctx.address_space.builtin_base(&node.data_type) {
+    if let Some(base) = ctx.state.address_space.builtin_base(&node.data_type) {
         // BaseDataType (24) takes anything.
         if base != 24 && base != u32::from(t.id()) {
             return Err(StatusCode::BadTypeMismatch);
@@ -490,7 +493,7 @@ fn check_type(
         // A structure must be of the variable's DataType or a subtype.
         if base == 22 && node.data_type != NodeId::ns0(22) {
             let fits = |eo: &uascale_types::ExtensionObject| {
-                structure_fits(&ctx.address_space, eo, &node.data_type)
+                structure_fits(&ctx.state.address_space, eo, &node.data_type)
             };
             let ok = match v {
                 Variant::ExtensionObject(eo) => fits(eo),
@@ -539,7 +542,7 @@ pub fn history_read(
     if nodes.is_empty() {
         return Err(StatusCode::BadNothingToDo.into());
     }
-    if nodes.len() > ctx.config.operation_limits.max_nodes_per_read {
+    if nodes.len() > ctx.state.config.operation_limits.max_nodes_per_read {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     if !(0..=3).contains(&req.timestamps_to_return.0) {
@@ -557,7 +560,7 @@ pub fn history_read(
     let results = nodes
         .iter()
         .map(|n| t::HistoryReadResult {
-            status_code: if ctx.address_space.get(&n.node_id).is_some() {
+            status_code: if ctx.state.address_space.get(&n.node_id).is_some() {
                 StatusCode::BadHistoryOperationUnsupported
             } else {
                 StatusCode::BadNodeIdUnknown
@@ -582,7 +585,7 @@ pub fn read_answer(
 ) -> Result<Answer<ReadResponse>, ServiceError> {
     let nodes = req.nodes_to_read.as_deref().unwrap_or(&[]);
     let is_async_value = |r: &ReadValueId| {
-        r.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(&r.node_id)
+        r.attribute_id == AttributeId::Value as u32 && ctx.state.managers.is_async(&r.node_id)
     };
     if !nodes.iter().any(is_async_value) {
         return read(ctx, req).map(Answer::Now);
@@ -600,7 +603,7 @@ pub fn read_answer(
         Err(e) => return Err(e),
         Ok(_) => {}
     }
-    if nodes.len() > ctx.config.operation_limits.max_nodes_per_read {
+    if nodes.len() > ctx.state.config.operation_limits.max_nodes_per_read {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     let ts = req.timestamps_to_return;
@@ -614,6 +617,7 @@ pub fn read_answer(
             continue;
         }
         let started = ctx
+            .state
             .address_space
             .get(&r.node_id)
             .ok_or(StatusCode::BadNodeIdUnknown)
@@ -625,7 +629,8 @@ pub fn read_answer(
                     return Err(StatusCode::BadAttributeIdInvalid);
                 }
                 check_value_read(node, r)?;
-                ctx.managers
+                ctx.state
+                    .managers
                     .read_value_async(&node.node_id)
                     .ok_or(StatusCode::BadWouldBlock)
             });
@@ -679,12 +684,12 @@ pub fn write_answer(
 ) -> Result<Answer<uascale_types::WriteResponse>, ServiceError> {
     let nodes = req.nodes_to_write.as_deref().unwrap_or(&[]);
     let is_async_value = |w: &uascale_types::WriteValue| {
-        w.attribute_id == AttributeId::Value as u32 && ctx.managers.is_async(&w.node_id)
+        w.attribute_id == AttributeId::Value as u32 && ctx.state.managers.is_async(&w.node_id)
     };
     if !nodes.iter().any(is_async_value) {
         return write(ctx, req).map(Answer::Now);
     }
-    if nodes.len() > ctx.config.operation_limits.max_nodes_per_write {
+    if nodes.len() > ctx.state.config.operation_limits.max_nodes_per_write {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     let mut results = Vec::with_capacity(nodes.len());
@@ -699,7 +704,7 @@ pub fn write_answer(
             Err(status) => results.push(status),
             Ok(None) => results.push(StatusCode::Good),
             Ok(Some((node, value, range))) => {
-                let managers = &ctx.managers;
+                let managers = &ctx.state.managers;
                 let id = node.node_id.clone();
                 let f = match range {
                     None => managers.write_value_async(&id, value),

@@ -35,24 +35,24 @@ fn url_host(url: &str) -> Option<&str> {
 /// cluster, is kept as configured).
 pub fn endpoint_url_for(ctx: &ServiceContext, client_url: &str) -> String {
     // A cluster node behind a front end names the front end.
-    if let Some(url) = &ctx.config.cluster.endpoint_url {
+    if let Some(url) = &ctx.state.config.cluster.endpoint_url {
         return url.clone();
     }
-    let port = ctx.config.server.port;
+    let port = ctx.state.config.server.port;
     let used = url_host(client_url).and_then(|h| h.parse::<std::net::IpAddr>().ok());
     match (used, ctx.local_ip) {
         (Some(ip), Some(local)) if ip == local => match ip {
             std::net::IpAddr::V4(v4) => format!("opc.tcp://{v4}:{port}"),
             std::net::IpAddr::V6(v6) => format!("opc.tcp://[{v6}]:{port}"),
         },
-        _ => ctx.config.endpoint_url(),
+        _ => ctx.state.config.endpoint_url(),
     }
 }
 
 /// This server's ApplicationDescription, its discovery URL as
 /// [`endpoint_url_for`] answers a client that used `client_url`.
 pub fn application_description(ctx: &ServiceContext, client_url: &str) -> ApplicationDescription {
-    let c = &ctx.config;
+    let c = &ctx.state.config;
     ApplicationDescription {
         application_uri: UaString::from(c.server.application_uri.as_str()),
         product_uri: UaString::from(c.server.product_uri.as_str()),
@@ -88,7 +88,7 @@ fn security_level(policy: SecurityPolicy, mode: MessageSecurityMode) -> u8 {
 /// Basic256Sha256 as the token's policy on the None endpoint, so the
 /// password is encrypted (and the token signed) for the server certificate.
 pub fn user_token_policies(ctx: &ServiceContext, policy: SecurityPolicy) -> Vec<UserTokenPolicy> {
-    let sec = &ctx.security;
+    let sec = &ctx.state.security;
     let token_policy_uri = match sec.token_policy(policy) {
         Some(p) if p != policy => UaString::from(p.uri()),
         _ => UaString::null(),
@@ -134,9 +134,10 @@ pub fn user_token_policies(ctx: &ServiceContext, policy: SecurityPolicy) -> Vec<
 /// client that used `client_url` (GetEndpoints).
 pub fn endpoints(ctx: &ServiceContext, client_url: &str) -> Vec<EndpointDescription> {
     let certificate = |policy: SecurityPolicy| {
-        ctx.security
+        ctx.state
+            .security
             .identity_for(policy)
-            .or(ctx.security.identity.as_ref())
+            .or(ctx.state.security.identity.as_ref())
             .map_or_else(ByteString::null, |i| {
                 ByteString::new(i.certificate().der().to_vec())
             })
@@ -157,7 +158,7 @@ pub fn endpoints(ctx: &ServiceContext, client_url: &str) -> Vec<EndpointDescript
 /// that much less.
 pub fn session_endpoints(ctx: &ServiceContext, client_url: &str) -> Vec<EndpointDescription> {
     let server = ApplicationDescription {
-        application_uri: UaString::from(ctx.config.server.application_uri.as_str()),
+        application_uri: UaString::from(ctx.state.config.server.application_uri.as_str()),
         product_uri: UaString::null(),
         application_name: LocalizedText::default(),
         application_type: ApplicationType::Server,
@@ -176,7 +177,8 @@ fn described(
     server_and_certificate: impl Fn(SecurityPolicy) -> (ApplicationDescription, ByteString),
 ) -> Vec<EndpointDescription> {
     let url = endpoint_url_for(ctx, client_url);
-    ctx.security
+    ctx.state
+        .security
         .endpoints
         .iter()
         .map(|(policy, mode)| {

@@ -19,7 +19,7 @@ pub fn call(ctx: &ServiceContext, req: &CallRequest) -> Result<CallResponse, Ser
     if methods.is_empty() {
         return Err(StatusCode::BadNothingToDo.into());
     }
-    if methods.len() > ctx.config.operation_limits.max_nodes_per_method_call {
+    if methods.len() > ctx.state.config.operation_limits.max_nodes_per_method_call {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     Ok(CallResponse {
@@ -39,13 +39,13 @@ fn fail(status: StatusCode) -> CallMethodResult {
 }
 
 fn input_arguments(ctx: &ServiceContext, method: &NodeId) -> Vec<Argument> {
-    let Some(m) = ctx.address_space.get(method) else {
+    let Some(m) = ctx.state.address_space.get(method) else {
         return vec![];
     };
     m.references
         .iter()
         .filter(|r| r.is_forward && r.reference_type == NodeId::ns0(HAS_PROPERTY))
-        .filter_map(|r| ctx.address_space.get(&r.target))
+        .filter_map(|r| ctx.state.address_space.get(&r.target))
         .find(|p| p.browse_name.namespace_index == 0 && p.browse_name.name == "InputArguments")
         .and_then(|p| match &p.value {
             Variant::Array(a) => match a.values() {
@@ -71,6 +71,7 @@ fn call_one(ctx: &ServiceContext, m: &CallMethodRequest) -> CallMethodResult {
     // Methods without a handler (the namespace-0 ones such as
     // GetMonitoredItems arrive with the services they belong to).
     let result = ctx
+        .state
         .managers
         .call(&m.object_id, &m.method_id, given)
         .unwrap_or(Err(StatusCode::BadNotImplemented));
@@ -84,7 +85,7 @@ fn check_call(
     m: &CallMethodRequest,
 ) -> Result<Vec<StatusCode>, CallMethodResult> {
     let reject = |s| Err(fail(s));
-    let space = &ctx.address_space;
+    let space = &ctx.state.address_space;
     let Some(object) = space.get(&m.object_id) else {
         return reject(StatusCode::BadNodeIdUnknown);
     };
@@ -159,11 +160,11 @@ pub fn call_answer(
     req: &CallRequest,
 ) -> Result<Answer<CallResponse>, ServiceError> {
     let methods = req.methods_to_call.as_deref().unwrap_or(&[]);
-    let is_async = |m: &CallMethodRequest| ctx.managers.is_async(&m.method_id);
+    let is_async = |m: &CallMethodRequest| ctx.state.managers.is_async(&m.method_id);
     if !methods.iter().any(is_async) {
         return call(ctx, req).map(Answer::Now);
     }
-    if methods.len() > ctx.config.operation_limits.max_nodes_per_method_call {
+    if methods.len() > ctx.state.config.operation_limits.max_nodes_per_method_call {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     let mut results = Vec::with_capacity(methods.len());
@@ -178,7 +179,11 @@ pub fn call_answer(
             Err(failed) => results.push(failed),
             Ok(checks) => {
                 let inputs = m.input_arguments.clone().unwrap_or_default();
-                match ctx.managers.call_async(&m.object_id, &m.method_id, inputs) {
+                match ctx
+                    .state
+                    .managers
+                    .call_async(&m.object_id, &m.method_id, inputs)
+                {
                     Some(f) => {
                         pending.push((i, checks));
                         futures.push(f);

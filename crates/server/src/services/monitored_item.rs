@@ -79,20 +79,25 @@ fn fatal_read_status(s: StatusCode) -> bool {
 
 fn is_numeric(ctx: &ServiceContext, data_type: &NodeId) -> bool {
     // Number (i=26) and everything under it.
-    ctx.address_space.is_subtype_of(data_type, &NodeId::ns0(26))
-        || matches!(ctx.address_space.builtin_base(data_type), Some(2..=11))
+    ctx.state
+        .address_space
+        .is_subtype_of(data_type, &NodeId::ns0(26))
+        || matches!(
+            ctx.state.address_space.builtin_base(data_type),
+            Some(2..=11)
+        )
 }
 
 /// The EURange property of a variable (for percent deadbands).
 fn eu_range(ctx: &ServiceContext, node: &NodeId) -> Option<(f64, f64)> {
-    let n = ctx.address_space.get(node)?;
+    let n = ctx.state.address_space.get(node)?;
     n.references
         .iter()
         .filter(|r| r.is_forward && r.reference_type == NodeId::ns0(46))
-        .filter_map(|r| ctx.address_space.get(&r.target))
+        .filter_map(|r| ctx.state.address_space.get(&r.target))
         .find(|p| p.browse_name.name == "EURange")
         .and_then(|p| {
-            let v = match ctx.managers.read_value(&p.node_id) {
+            let v = match ctx.state.managers.read_value(&p.node_id) {
                 Some(Ok(v)) => v,
                 _ => p.value.clone(),
             };
@@ -113,10 +118,11 @@ fn params(
 ) -> Result<Params, (StatusCode, ExtensionObject)> {
     let plain = |s: StatusCode| (s, ExtensionObject::null());
     let node = ctx
+        .state
         .address_space
         .get(&target.node_id)
         .ok_or(plain(StatusCode::BadNodeIdUnknown))?;
-    let limits = &ctx.subscriptions.limits;
+    let limits = &ctx.state.subscriptions.limits;
     let is_event = target.attribute_id == EVENT_NOTIFIER;
     let f = &p.filter;
     let mut filter_result = ExtensionObject::null();
@@ -131,7 +137,8 @@ fn params(
             return Err(plain(StatusCode::BadFilterNotAllowed));
         };
         let is_event_type = |t: &NodeId| {
-            ctx.address_space
+            ctx.state
+                .address_space
                 .is_subtype_of(t, &NodeId::ns0(BASE_EVENT_TYPE))
         };
         match compile(ef, &is_event_type) {
@@ -178,7 +185,7 @@ fn params(
     } else {
         return Err(plain(StatusCode::BadMonitoredItemFilterInvalid));
     };
-    let pushed = target.attribute_id == VALUE && ctx.managers.pushes_changes(&target.node_id);
+    let pushed = target.attribute_id == VALUE && ctx.state.managers.pushes_changes(&target.node_id);
     let sampled = !is_event && !pushed;
     let requested = if p.sampling_interval.is_nan() || p.sampling_interval < 0.0 {
         ms(publishing_interval)
@@ -232,7 +239,7 @@ pub fn create_monitored_items(
     let session = ctx.session_id()?;
     let items = req.items_to_create.as_deref().unwrap_or(&[]);
     check_call(items.len(), req.timestamps_to_return, ctx)?;
-    let registry = &ctx.subscriptions;
+    let registry = &ctx.state.subscriptions;
     let interval = registry.with_subscription(&session, req.subscription_id, |s| s.interval)?;
     let prepared: Vec<_> = items
         .iter()
@@ -339,7 +346,7 @@ pub fn modify_monitored_items(
     let session = ctx.session_id()?;
     let items = req.items_to_modify.as_deref().unwrap_or(&[]);
     check_call(items.len(), req.timestamps_to_return, ctx)?;
-    let registry = &ctx.subscriptions;
+    let registry = &ctx.state.subscriptions;
     let (interval, targets) = registry.with_subscription(&session, req.subscription_id, |s| {
         let targets: Vec<Option<Arc<ItemTarget>>> = items
             .iter()
@@ -419,28 +426,29 @@ pub fn set_monitoring_mode(
         return Err(StatusCode::BadMonitoringModeInvalid.into());
     }
     let mode = req.monitoring_mode;
-    let results = ctx
-        .subscriptions
-        .with_subscription(&session, req.subscription_id, |s| {
-            let r = ids
-                .iter()
-                .map(|&id| {
-                    let next_publish = s.next_publish;
-                    let Some(item) = s.item_mut(id) else {
-                        return StatusCode::BadMonitoredItemIdInvalid;
-                    };
-                    let was_disabled = item.mode == MonitoringMode::Disabled;
-                    item.set_mode(mode, ctx.instant);
-                    if was_disabled && mode != MonitoringMode::Disabled && !item.is_event() {
-                        item.offer(sample(ctx, &item.target));
-                        item.schedule_sampling(ctx.instant, next_publish);
-                    }
-                    StatusCode::Good
-                })
-                .collect::<Vec<_>>();
-            s.items_changed();
-            r
-        })?;
+    let results =
+        ctx.state
+            .subscriptions
+            .with_subscription(&session, req.subscription_id, |s| {
+                let r = ids
+                    .iter()
+                    .map(|&id| {
+                        let next_publish = s.next_publish;
+                        let Some(item) = s.item_mut(id) else {
+                            return StatusCode::BadMonitoredItemIdInvalid;
+                        };
+                        let was_disabled = item.mode == MonitoringMode::Disabled;
+                        item.set_mode(mode, ctx.instant);
+                        if was_disabled && mode != MonitoringMode::Disabled && !item.is_event() {
+                            item.offer(sample(ctx, &item.target));
+                            item.schedule_sampling(ctx.instant, next_publish);
+                        }
+                        StatusCode::Good
+                    })
+                    .collect::<Vec<_>>();
+                s.items_changed();
+                r
+            })?;
     Ok(SetMonitoringModeResponse {
         response_header: ctx.response_header(&req.request_header),
         results: Some(results),
@@ -459,12 +467,13 @@ pub fn set_triggering(
     if add.is_empty() && remove.is_empty() {
         return Err(StatusCode::BadNothingToDo.into());
     }
-    if add.len() + remove.len() > ctx.subscriptions.limits.max_monitored_items_per_call {
+    if add.len() + remove.len() > ctx.state.subscriptions.limits.max_monitored_items_per_call {
         return Err(StatusCode::BadTooManyOperations.into());
     }
     let trig = req.triggering_item_id;
     let (add_results, remove_results) =
-        ctx.subscriptions
+        ctx.state
+            .subscriptions
             .with_subscription(&session, req.subscription_id, |s| {
                 if s.item(trig).is_none() {
                     return Err(StatusCode::BadMonitoredItemIdInvalid);
@@ -515,7 +524,7 @@ pub fn delete_monitored_items(
     let session = ctx.session_id()?;
     let ids = req.monitored_item_ids.as_deref().unwrap_or(&[]);
     check_call(ids.len(), TimestampsToReturn::Both, ctx)?;
-    let registry = &ctx.subscriptions;
+    let registry = &ctx.state.subscriptions;
     let (sub, removed) = registry.with_subscription(&session, req.subscription_id, |s| {
         let removed: Vec<Option<MonitoredItem>> = ids.iter().map(|&id| s.remove_item(id)).collect();
         (s.id, removed)

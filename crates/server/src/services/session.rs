@@ -138,10 +138,11 @@ pub fn create_session(
 ) -> Result<CreateSessionResponse, ServiceError> {
     let r = create_session_inner(ctx, req);
     if let Err(e) = &r {
-        ctx.sessions
+        ctx.state
+            .sessions
             .note_rejected(is_security_rejection(e.status_code()));
     }
-    if ctx.auditing() {
+    if ctx.state.auditing() {
         let (result, id, timeout) = match &r {
             Ok(resp) => (
                 Ok(()),
@@ -185,7 +186,7 @@ fn create_session_inner(
     // The place for the session is taken before any certificate or
     // signature work: a full server refuses at the cost of an atomic add
     // (SCALABILITY.md §2).
-    let slot = ctx.sessions.reserve().map_err(session_limit)?;
+    let slot = ctx.state.sessions.reserve().map_err(session_limit)?;
     check_client_nonce(ctx.channel.policy, req.client_nonce.as_bytes_or_empty())?;
     let requested = req.requested_session_timeout;
     let timeout = if requested.is_finite() && requested > 0.0 {
@@ -221,6 +222,7 @@ fn create_session_inner(
             return Err(StatusCode::BadNonceInvalid.into());
         }
         let identity = ctx
+            .state
             .security
             .identity_for(policy)
             .ok_or(StatusCode::BadSecurityPolicyRejected)?;
@@ -275,7 +277,7 @@ fn create_session_inner(
         session_id: session_id.clone(),
         channel_id: ctx.channel_id,
         timeout,
-        deadline: ctx.instant + ctx.config.server.activation_deadline,
+        deadline: ctx.instant + ctx.state.config.server.activation_deadline,
         activated: false,
         name: req.session_name.clone(),
         locale_ids: Box::default(),
@@ -290,7 +292,7 @@ fn create_session_inner(
         security_mode: ctx.channel.mode,
         ecc,
     };
-    ctx.sessions.create(slot, token.clone(), session);
+    ctx.state.sessions.create(slot, token.clone(), session);
     let mut response_header = ctx.response_header(&req.request_header);
     response_header.additional_header = additional_header;
     Ok(CreateSessionResponse {
@@ -300,9 +302,10 @@ fn create_session_inner(
         revised_session_timeout: timeout.as_secs_f64() * 1000.0,
         server_nonce: ByteString::new(nonce.to_vec()),
         server_certificate: ctx
+            .state
             .security
             .identity_for(policy)
-            .or(ctx.security.identity.as_ref())
+            .or(ctx.state.security.identity.as_ref())
             .map_or_else(ByteString::null, |i| {
                 ByteString::new(i.certificate().der().to_vec())
             }),
@@ -312,7 +315,7 @@ fn create_session_inner(
         )),
         server_software_certificates: Some(vec![]),
         server_signature,
-        max_request_message_size: ctx.config.limits.max_message_size,
+        max_request_message_size: ctx.state.config.limits.max_message_size,
     })
 }
 
@@ -352,8 +355,8 @@ struct Snapshot {
 /// Counts a failed authentication of lockout key `key` (the lockout
 /// tracker and the metrics).
 fn auth_failed(ctx: &ServiceContext, key: &str) {
-    let lockout = ctx.security.failures.failed(key, ctx.instant);
-    ctx.metrics.auth_failure(lockout);
+    let lockout = ctx.state.security.failures.failed(key, ctx.instant);
+    ctx.state.metrics.auth_failure(lockout);
 }
 
 /// The lockout key (SCALABILITY.md §2): client certificate thumbprint,
@@ -378,7 +381,7 @@ fn check_identity(
     ecc: Option<&EccSession>,
 ) -> Result<Option<UserIdentity>, StatusCode> {
     let token = &req.user_identity_token;
-    let sec = &ctx.security;
+    let sec = &ctx.state.security;
     if token.is_null() {
         // Part 4 §5.6.3: a null token means anonymous.
         return if sec.allow_anonymous {
@@ -542,13 +545,15 @@ pub fn activate_session(
 ) -> Result<ActivateSessionResponse, ServiceError> {
     let r = activate_session_inner(ctx, req).map_err(ServiceError::from);
     if let Err(e) = &r {
-        ctx.sessions
+        ctx.state
+            .sessions
             .note_rejected(is_security_rejection(e.status_code()));
     }
-    if ctx.auditing() {
+    if ctx.state.auditing() {
         // The session as it is now: its id, and (when activated by this
         // request) the user it was activated for.
         let (id, user) = ctx
+            .state
             .sessions
             .with(
                 &req.request_header.authentication_token,
@@ -582,9 +587,10 @@ pub fn activate_session_answer(
     ctx: &ServiceContext,
     req: ActivateSessionRequest,
 ) -> Result<Answer<ActivateSessionResponse>, ServiceError> {
-    if let Some(cluster) = ctx.cluster() {
+    if let Some(cluster) = ctx.state.cluster() {
         let auth = &req.request_header.authentication_token;
         let known = ctx
+            .state
             .sessions
             .with(auth, None, false, ctx.instant, |_| ())
             .is_ok();
@@ -651,6 +657,7 @@ async fn take_over(
         }
     };
     let restored = ctx
+        .state
         .sessions
         .restore(auth, cluster_node::session_of(&record, ctx.instant))
         .map_err(session_limit)?;
@@ -662,12 +669,13 @@ async fn take_over(
     // Its transitions are the claim's to write from here on.
     cluster.begin_claim(key);
     let fail = |e: ServiceError| {
-        ctx.sessions.evict(auth);
+        ctx.state.sessions.evict(auth);
         cluster.end_claim(key, None, &record.session_id);
         e
     };
     let response = activate_session(ctx, req).map_err(fail)?;
     let Ok(session) = ctx
+        .state
         .sessions
         .with(auth, None, false, ctx.instant, |s| s.clone())
     else {
@@ -711,19 +719,23 @@ async fn restore_subscriptions(
         }
     };
     let ids = ctx
+        .state
         .subscriptions
         .restore(ctx.instant, session_id, &record.subscriptions);
     for id in &ids {
-        let _ = ctx.subscriptions.with_subscription(session_id, *id, |s| {
-            let next_publish = s.next_publish;
-            for item in s.items_mut() {
-                if item.mode != uascale_types::MonitoringMode::Disabled {
-                    item.offer(super::monitored_item::sample(ctx, &item.target));
-                    item.schedule_sampling(ctx.instant, next_publish);
+        let _ = ctx
+            .state
+            .subscriptions
+            .with_subscription(session_id, *id, |s| {
+                let next_publish = s.next_publish;
+                for item in s.items_mut() {
+                    if item.mode != uascale_types::MonitoringMode::Disabled {
+                        item.offer(super::monitored_item::sample(ctx, &item.target));
+                        item.schedule_sampling(ctx.instant, next_publish);
+                    }
                 }
-            }
-            s.items_changed();
-        });
+                s.items_changed();
+            });
         cluster.subscription_answered(*id);
     }
     tracing::info!(session = %session_id, subscriptions = ids.len(), "subscriptions restored");
@@ -735,6 +747,7 @@ fn activate_session_inner(
 ) -> Result<ActivateSessionResponse, StatusCode> {
     let auth = &req.request_header.authentication_token;
     let snap = ctx
+        .state
         .sessions
         .with(auth, None, false, ctx.instant, |s| Snapshot {
             nonce: s.server_nonce,
@@ -757,10 +770,11 @@ fn activate_session_inner(
         return Err(StatusCode::BadSecureChannelIdInvalid);
     }
     let key = lockout_key(ctx, &snap);
-    ctx.security
+    ctx.state
+        .security
         .failures
         .check(&key, ctx.instant)
-        .inspect_err(|_| ctx.metrics.auth_refused_locked_out())?;
+        .inspect_err(|_| ctx.state.metrics.auth_refused_locked_out())?;
 
     // The client proves it holds its certificate's key.
     let policy = ctx.channel.policy;
@@ -770,6 +784,7 @@ fn activate_session_inner(
         .map_err(|_| StatusCode::BadCertificateInvalid)?;
     if let Some(remote) = &remote_key {
         let identity = ctx
+            .state
             .security
             .identity_for(policy)
             .ok_or(StatusCode::BadSecurityChecksFailed)?;
@@ -848,7 +863,7 @@ fn activate_session_inner(
     let locales = req.locale_ids.clone().unwrap_or_default();
     let mut additional_header = ExtensionObject::default();
     let mut next_ecc = None;
-    if let Some(identity) = ctx.security.identity_for(policy) {
+    if let Some(identity) = ctx.state.security.identity_for(policy) {
         if let Some((key, header)) = ecdh_key_for(policy, identity, &req.request_header)? {
             additional_header = header;
             if let Some(key) = key {
@@ -864,7 +879,8 @@ fn activate_session_inner(
         }
     }
     // Fails when a concurrent ActivateSession consumed the nonce first.
-    ctx.sessions
+    ctx.state
+        .sessions
         .activate(
             auth,
             Activation {
@@ -883,10 +899,10 @@ fn activate_session_inner(
     if !snap.activated {
         let ticks = ctx.now.ticks().saturating_sub(snap.created.ticks()).max(0);
         let took = Duration::from_nanos(u64::try_from(ticks).unwrap_or(0).saturating_mul(100));
-        ctx.metrics.session_established(took);
+        ctx.state.metrics.session_established(took);
     }
     if !anonymous {
-        ctx.security.failures.succeeded(&key);
+        ctx.state.security.failures.succeeded(&key);
     }
     let mut response_header = ctx.response_header(&req.request_header);
     response_header.additional_header = additional_header;
@@ -904,8 +920,9 @@ pub fn close_session(
     req: &CloseSessionRequest,
 ) -> Result<CloseSessionResponse, ServiceError> {
     let token = &req.request_header.authentication_token;
-    let auditing = ctx.auditing();
+    let auditing = ctx.state.auditing();
     let found = ctx
+        .state
         .sessions
         .with(token, Some(ctx.channel_id), false, ctx.instant, |s| {
             (
@@ -933,7 +950,7 @@ pub fn close_session(
     };
     // Its subscriptions go (or wait for a transfer) through the session
     // table's listeners.
-    ctx.sessions.close(token, req.delete_subscriptions);
+    ctx.state.sessions.close(token, req.delete_subscriptions);
     if let Some(user) = user {
         audit::audit_session(
             &ctx.audit_site(),

@@ -27,7 +27,7 @@ pub(crate) fn check_count(ctx: &ServiceContext, n: usize) -> Result<(), StatusCo
     if n == 0 {
         return Err(StatusCode::BadNothingToDo);
     }
-    if n > ctx.subscriptions.limits.max_monitored_items_per_call {
+    if n > ctx.state.subscriptions.limits.max_monitored_items_per_call {
         return Err(StatusCode::BadTooManyOperations);
     }
     Ok(())
@@ -51,11 +51,15 @@ pub fn create_subscription(
         max_notifications_per_publish: req.max_notifications_per_publish,
         priority: req.priority,
     };
-    let (id, revised) =
-        ctx.subscriptions
-            .create(ctx.instant, &session, &requested, req.publishing_enabled)?;
+    let (id, revised) = ctx.state.subscriptions.create(
+        ctx.instant,
+        &session,
+        &requested,
+        req.publishing_enabled,
+    )?;
     let user = ctx.with_session(|s| s.user.clone())?;
-    ctx.subscriptions
+    ctx.state
+        .subscriptions
         .with_set(&session, |set, _| set.set_user(user));
 
     Ok(CreateSubscriptionResponse {
@@ -80,9 +84,10 @@ pub fn modify_subscription(
         max_notifications_per_publish: req.max_notifications_per_publish,
         priority: req.priority,
     };
-    let revised = ctx.subscriptions.limits.revise(&requested);
+    let revised = ctx.state.subscriptions.limits.revise(&requested);
     let now = ctx.instant;
-    ctx.subscriptions
+    ctx.state
+        .subscriptions
         .with_subscription(&session, req.subscription_id, |s| {
             s.modify(now, revised, &requested)
         })?;
@@ -105,7 +110,8 @@ pub fn set_publishing_mode(
     let results = ids
         .iter()
         .map(|&id| {
-            ctx.subscriptions
+            ctx.state
+                .subscriptions
                 .with_subscription(&session, id, |s| {
                     s.set_publishing_enabled(req.publishing_enabled)
                 })
@@ -134,7 +140,7 @@ pub fn publish(ctx: &ServiceContext, req: &PublishRequest, to: Responder) {
                 status: e.status_code(),
             };
             // Past the engine, so counted here (the engine counts its own).
-            ctx.metrics.publish_answered(&answer);
+            ctx.state.metrics.publish_answered(&answer);
             let _ = to.deliver(answer);
             return;
         }
@@ -142,7 +148,7 @@ pub fn publish(ctx: &ServiceContext, req: &PublishRequest, to: Responder) {
     let deadline = (h.timeout_hint > 0)
         .then(|| ctx.instant + Duration::from_millis(u64::from(h.timeout_hint)));
     let acks = req.subscription_acknowledgements.as_deref().unwrap_or(&[]);
-    ctx.subscriptions.publish(
+    ctx.state.subscriptions.publish(
         ctx.clock(),
         ctx.channel_id,
         &session,
@@ -160,6 +166,7 @@ pub fn republish(
 ) -> Result<RepublishResponse, ServiceError> {
     let session = ctx.session_id()?;
     let set = ctx
+        .state
         .subscriptions
         .set_of(&session)
         .ok_or(StatusCode::BadSubscriptionIdInvalid)?;
@@ -187,7 +194,7 @@ pub fn delete_subscriptions(
     let now = ctx.clock();
     let results = ids
         .iter()
-        .map(|&id| ctx.subscriptions.delete(now, &session, id))
+        .map(|&id| ctx.state.subscriptions.delete(now, &session, id))
         .collect();
     Ok(DeleteSubscriptionsResponse {
         response_header: ctx.response_header(&req.request_header),
@@ -211,11 +218,13 @@ pub fn transfer_subscriptions(
     let results = ids
         .iter()
         .map(|&id| {
-            match ctx
-                .subscriptions
-                .transfer(now, &session, id, req.send_initial_values, |owner| {
-                    owner == Some(&user)
-                }) {
+            match ctx.state.subscriptions.transfer(
+                now,
+                &session,
+                id,
+                req.send_initial_values,
+                |owner| owner == Some(&user),
+            ) {
                 Ok(available) => TransferResult {
                     status_code: StatusCode::Good,
                     available_sequence_numbers: Some(available),

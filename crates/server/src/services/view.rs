@@ -132,7 +132,11 @@ fn page(
     getrandom::getrandom(&mut id).map_err(|_| StatusCode::BadInternalError)?;
     let cp = ByteString::new(id.to_vec());
     ctx.with_session(|s| {
-        let most = ctx.config.operation_limits.max_browse_continuation_points;
+        let most = ctx
+            .state
+            .config
+            .operation_limits
+            .max_browse_continuation_points;
         let held = s.continuation_points.as_ref().map_or(0, |c| c.len());
         if held >= usize::from(most) {
             return BrowseResult {
@@ -158,12 +162,12 @@ pub fn browse(ctx: &ServiceContext, req: &BrowseRequest) -> Result<BrowseRespons
     let nodes = req.nodes_to_browse.as_deref().unwrap_or(&[]);
     check_count(
         nodes.len(),
-        ctx.config.operation_limits.max_nodes_per_browse,
+        ctx.state.config.operation_limits.max_nodes_per_browse,
     )?;
     if !req.view.view_id.is_null() {
         return Err(StatusCode::BadViewIdUnknown.into());
     }
-    let most = ctx.config.operation_limits.max_references_per_node;
+    let most = ctx.state.config.operation_limits.max_references_per_node;
     let max = match req.requested_max_references_per_node {
         0 => most,
         n => (n as usize).min(most),
@@ -171,7 +175,7 @@ pub fn browse(ctx: &ServiceContext, req: &BrowseRequest) -> Result<BrowseRespons
     let locales = super::attribute::Locales::new(ctx);
     let mut results = Vec::with_capacity(nodes.len());
     for d in nodes {
-        results.push(match references(&ctx.address_space, d, &locales) {
+        results.push(match references(&ctx.state.address_space, d, &locales) {
             Ok(refs) => page(ctx, refs, max)?,
             Err(status) => BrowseResult {
                 status_code: status,
@@ -193,7 +197,10 @@ pub fn browse_next(
     req: &BrowseNextRequest,
 ) -> Result<BrowseNextResponse, ServiceError> {
     let cps = req.continuation_points.as_deref().unwrap_or(&[]);
-    check_count(cps.len(), ctx.config.operation_limits.max_nodes_per_browse)?;
+    check_count(
+        cps.len(),
+        ctx.state.config.operation_limits.max_nodes_per_browse,
+    )?;
     let mut results = Vec::with_capacity(cps.len());
     for cp in cps {
         let taken = ctx
@@ -237,11 +244,12 @@ pub fn translate(
     let paths = req.browse_paths.as_deref().unwrap_or(&[]);
     check_count(
         paths.len(),
-        ctx.config
+        ctx.state
+            .config
             .operation_limits
             .max_nodes_per_translate_browse_paths_to_node_ids,
     )?;
-    let space = &ctx.address_space;
+    let space = &ctx.state.address_space;
     let results = paths
         .iter()
         .map(|p| {
@@ -316,7 +324,10 @@ pub fn register_nodes(
     let nodes = req.nodes_to_register.as_deref().unwrap_or(&[]);
     check_count(
         nodes.len(),
-        ctx.config.operation_limits.max_nodes_per_register_nodes,
+        ctx.state
+            .config
+            .operation_limits
+            .max_nodes_per_register_nodes,
     )?;
     Ok(RegisterNodesResponse {
         response_header: ctx.response_header(&req.request_header),
@@ -331,7 +342,10 @@ pub fn unregister_nodes(
 ) -> Result<UnregisterNodesResponse, ServiceError> {
     check_count(
         req.nodes_to_unregister.as_deref().unwrap_or(&[]).len(),
-        ctx.config.operation_limits.max_nodes_per_register_nodes,
+        ctx.state
+            .config
+            .operation_limits
+            .max_nodes_per_register_nodes,
     )?;
     Ok(UnregisterNodesResponse {
         response_header: ctx.response_header(&req.request_header),
