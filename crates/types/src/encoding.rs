@@ -573,8 +573,8 @@ macro_rules! le_number {
 
 le_number!(i8, u8, i16, u16, i32, u32, i64, u64, f32, f64);
 
-// StatusCode's codec sits with the codec rather than in status_code.rs: the
-// codec names StatusCode (`DecodeError::status_code`), and status_code.rs
+// StatusCode's codec sits with the codec rather than in status_code/: the
+// codec names StatusCode (`DecodeError::status_code`), and status_code/
 // stays below it.
 impl BinaryEncode for StatusCode {
     #[inline]
