@@ -9,19 +9,9 @@ use uascale_client::{Client, ClientError, ClientOptions};
 use uascale_types as t;
 use uascale_types::{NodeId, StatusCode, Variant, VariantType};
 
+use crate::client_common::{node, outln, Common, Failure};
 use crate::client_security::{parse_security, user_identity, SecurityArgs};
 use crate::values;
-
-/// `println!` that ends the process quietly when stdout is closed (e.g. the
-/// output is piped into `head`), instead of panicking on EPIPE.
-macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        if writeln!(std::io::stdout(), $($arg)*).is_err() {
-            std::process::exit(0);
-        }
-    }};
-}
 
 pub const USAGE: &str = "       uascale endpoints URL [--json]
        uascale browse URL [NODE] [--depth N] [--json]
@@ -61,16 +51,6 @@ pub const USAGE: &str = "       uascale endpoints URL [--json]
              after --count notifications or --duration-s seconds; a lost
              connection is reopened and the subscription kept
   NODE is OPC UA text: i=2258, ns=2;s=Demo.Dynamic.Counter, g=..., b=...";
-
-/// Options every client command takes.
-pub(crate) struct Common {
-    pub url: String,
-    pub json: bool,
-    pub trust_server: bool,
-    pub timeout: Duration,
-    pub rest: Vec<String>,
-    pub named: Vec<(String, String)>,
-}
 
 /// The security flags every client command takes (each with a value).
 const SECURITY_FLAGS: &[&str] = &[
@@ -147,29 +127,6 @@ impl Common {
             ..Default::default()
         })
     }
-
-    /// The positional arguments as NodeIds.
-    pub(crate) fn nodes(&self) -> Result<Vec<NodeId>, Failure> {
-        self.rest
-            .iter()
-            .map(|n| node(n))
-            .collect::<Result<_, _>>()
-            .map_err(Failure::Usage)
-    }
-
-    pub(crate) fn flag(&self, name: &str) -> Option<&str> {
-        self.named
-            .iter()
-            .rev()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-pub(crate) fn node(text: &str) -> Result<NodeId, String> {
-    text.parse().map_err(|e| {
-        format!("{text:?} is not a NodeId ({e}); examples: i=2258, ns=2;s=Demo.Dynamic.Counter")
-    })
 }
 
 /// A message for a failure, with what to do about it.
@@ -285,33 +242,8 @@ pub fn run(cmd: &str, args: &[&str]) -> ExitCode {
     }
 }
 
-pub(crate) enum Failure {
-    /// The command line is wrong.
-    Usage(String),
-    /// Talking to the server failed.
-    Client(String),
-    /// The server answered, with a Bad status for what was asked.
-    Bad(String),
-}
-
-impl From<ClientError> for Failure {
-    fn from(e: ClientError) -> Self {
-        Failure::Client(e.to_string())
-    }
-}
-
 fn print_json(v: &Json) {
     outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
-}
-
-/// One JSON value on one line (for streamed output).
-pub(crate) fn print_json_line(v: &Json) {
-    outln!("{}", serde_json::to_string(v).unwrap_or_default());
-}
-
-/// One line on stdout (ending quietly when stdout is closed).
-pub(crate) fn out_line(line: &str) {
-    outln!("{line}");
 }
 
 async fn endpoints(client: &Client, c: &Common) -> Result<(), Failure> {

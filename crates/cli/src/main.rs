@@ -7,6 +7,7 @@
 mod bench;
 mod cert;
 mod client_cmd;
+mod client_common;
 mod client_security;
 mod config;
 mod subscribe;

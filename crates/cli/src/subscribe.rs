@@ -13,7 +13,7 @@ use uascale_client::{
 use uascale_types as t;
 use uascale_types::{DateTime, NodeId, StatusCode, Variant};
 
-use crate::client_cmd::{node, Common, Failure};
+use crate::client_common::{node, Common, Failure};
 use crate::values;
 
 /// The event fields selected unless `--fields` says otherwise.
@@ -227,7 +227,7 @@ fn print_one(
                 return false;
             };
             if as_json {
-                crate::client_cmd::print_json_line(&values::data_value_json(node, &value));
+                crate::client_common::print_json_line(&values::data_value_json(node, &value));
             } else {
                 let when = value
                     .source_timestamp
@@ -236,12 +236,12 @@ fn print_one(
                 let status = value.status.unwrap_or(StatusCode::Good);
                 match &value.value {
                     Some(v) if !status.is_bad() => {
-                        crate::client_cmd::out_line(&format!(
+                        crate::client_common::out_line(&format!(
                             "{when} {node} = {}",
                             values::text(v)
                         ));
                     }
-                    _ => crate::client_cmd::out_line(&format!("{when} {node}: {status}")),
+                    _ => crate::client_common::out_line(&format!("{when} {node}: {status}")),
                 }
             }
             true
@@ -258,7 +258,7 @@ fn print_one(
                 for (name, v) in names.iter().zip(&fields) {
                     obj.insert(name.clone(), values::json(v));
                 }
-                crate::client_cmd::print_json_line(&json!({
+                crate::client_common::print_json_line(&json!({
                     "event": notifier.to_string(),
                     "fields": Json::Object(obj),
                 }));
@@ -268,7 +268,7 @@ fn print_one(
                     .zip(&fields)
                     .map(|(name, v)| format!("{name}={}", values::text(v)))
                     .collect();
-                crate::client_cmd::out_line(&format!(
+                crate::client_common::out_line(&format!(
                     "{publish_time} event {notifier} {}",
                     parts.join(" ")
                 ));

@@ -164,30 +164,6 @@ pub struct OwnIdentity {
 }
 
 impl OwnIdentity {
-    /// The identity for `config`: its host name, `localhost`, the machine's
-    /// host name, and the addresses these resolve to locally.
-    pub fn for_config(config: &crate::ServerConfig) -> OwnIdentity {
-        let mut hosts = vec![config.server.host_name.clone()];
-        if let Ok(name) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
-            hosts.push(name.trim().to_owned());
-        }
-        hosts.push("localhost".to_owned());
-        hosts.retain(|h| !h.is_empty());
-        let mut seen = std::collections::HashSet::new();
-        hosts.retain(|h| seen.insert(h.to_ascii_lowercase()));
-        let mut ips: Vec<IpAddr> = Vec::new();
-        if !config.server.bind.is_unspecified() {
-            ips.push(config.server.bind);
-        }
-        ips.push(IpAddr::from([127, 0, 0, 1]));
-        OwnIdentity {
-            application_uri: config.server.application_uri.clone(),
-            application_name: config.server.application_name.clone(),
-            host_names: hosts,
-            ip_addresses: ips,
-        }
-    }
-
     /// Adds the addresses the host names resolve to. Name resolution may
     /// block, so it runs only when a certificate is created.
     fn with_resolved_addresses(&self) -> OwnIdentity {

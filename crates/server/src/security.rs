@@ -3,6 +3,7 @@
 //! the failed-authentication tracker. Built once at start from
 //! [`SecurityConfig`](crate::config::SecurityConfig).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -122,6 +123,34 @@ impl SecurityState {
             Some(SecurityPolicy::Basic256Sha256)
         } else {
             None
+        }
+    }
+}
+
+// Here rather than in pki.rs: the configuration builds the PKI's options,
+// so the PKI does not name the configuration.
+impl OwnIdentity {
+    /// The identity for `config`: its host name, `localhost`, the machine's
+    /// host name, and the addresses these resolve to locally.
+    pub fn for_config(config: &ServerConfig) -> OwnIdentity {
+        let mut hosts = vec![config.server.host_name.clone()];
+        if let Ok(name) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+            hosts.push(name.trim().to_owned());
+        }
+        hosts.push("localhost".to_owned());
+        hosts.retain(|h| !h.is_empty());
+        let mut seen = std::collections::HashSet::new();
+        hosts.retain(|h| seen.insert(h.to_ascii_lowercase()));
+        let mut ips: Vec<IpAddr> = Vec::new();
+        if !config.server.bind.is_unspecified() {
+            ips.push(config.server.bind);
+        }
+        ips.push(IpAddr::from([127, 0, 0, 1]));
+        OwnIdentity {
+            application_uri: config.server.application_uri.clone(),
+            application_name: config.server.application_name.clone(),
+            host_names: hosts,
+            ip_addresses: ips,
         }
     }
 }

@@ -573,6 +573,23 @@ macro_rules! le_number {
 
 le_number!(i8, u8, i16, u16, i32, u32, i64, u64, f32, f64);
 
+// StatusCode's codec sits with the codec rather than in status_code/: the
+// codec names StatusCode (`DecodeError::status_code`), and status_code/
+// stays below it.
+impl BinaryEncode for StatusCode {
+    #[inline]
+    fn encode(&self, w: &mut Vec<u8>) {
+        self.0.encode(w)
+    }
+}
+
+impl BinaryDecode for StatusCode {
+    #[inline]
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        u32::decode(r).map(StatusCode)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

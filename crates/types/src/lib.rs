@@ -30,7 +30,6 @@
 #![forbid(unsafe_code)]
 
 pub mod base64;
-mod data_value;
 mod date_time;
 mod diagnostic_info;
 pub mod encoding;
@@ -45,15 +44,13 @@ mod status_code;
 mod string;
 mod variant;
 
-pub use data_value::DataValue;
 pub use date_time::{DateTime, DateTimeParseError};
 pub use diagnostic_info::DiagnosticInfo;
 pub use encoding::{
     BinaryDecode, BinaryEncode, DecodeError, DecodeErrorKind, DecodeLimits, Limit, Reader,
 };
-pub use extension_object::{
-    decode_message, encode_message, DynStructure, ExtensionObject, Structure,
-};
+pub use extension_object::decode::decode_message;
+pub use extension_object::{encode_message, DynStructure, ExtensionObject, Structure};
 pub use generated::attribute_ids::AttributeId;
 pub use generated::ids;
 pub use generated::types::*;
@@ -62,6 +59,6 @@ pub use node_id::{ExpandedNodeId, Identifier, NodeId, NodeIdParseError};
 pub use qualified_name::{LocalizedText, QualifiedName};
 pub use status_code::{LimitBits, Severity, StatusCode};
 pub use string::{ByteString, UaString, XmlElement};
-pub use variant::{Array, ArrayValues, DimensionMismatch, Variant, VariantType};
+pub use variant::{Array, ArrayValues, DataValue, DimensionMismatch, Variant, VariantType};
 #[cfg(test)]
 mod tests;

@@ -30,9 +30,9 @@ use uascale_client::{
 };
 use uascale_types::NodeId;
 
+use super::common::client_options;
 use super::progress::Progress;
 use super::series::{lateness_histogram, lateness_us};
-use super::sessions::client_options;
 use super::{count_status, list_counts, named, source_ips, Args, Outcome, StatusCounts};
 
 /// The options `bench failover` takes (besides `--json` and `--report`).

@@ -31,6 +31,7 @@
 //! ([`progress`]), print a summary table or `--json` on stdout, and with
 //! `--report FILE` write a self-contained HTML page ([`report`]).
 
+mod common;
 mod failover;
 mod fairness;
 mod floor;
@@ -40,7 +41,6 @@ mod read;
 mod report;
 mod series;
 mod sessions;
-mod sessions_workers;
 mod storm;
 
 use std::collections::BTreeMap;
@@ -410,8 +410,8 @@ pub fn run(args: &[&str]) -> ExitCode {
         ["read", rest @ ..] => Args::parse("read", rest, read::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(read::run(&a))?, a))),
         // A child process of `bench sessions --processes P`.
-        ["sessions", rest @ ..] if std::env::var_os(sessions_workers::WORKER_ENV).is_some() => {
-            return sessions_workers::child(rest);
+        ["sessions", rest @ ..] if std::env::var_os(sessions::workers::WORKER_ENV).is_some() => {
+            return sessions::workers::child(rest);
         }
         ["sessions", rest @ ..] => Args::parse("sessions", rest, sessions::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(sessions::run(&a))?, a))),

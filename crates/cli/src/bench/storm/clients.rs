@@ -12,7 +12,7 @@ use uascale_client::{
 };
 
 use super::tally::{Behaviour, Delta, Mix};
-use crate::bench::sessions::client_options;
+use crate::bench::common::client_options;
 use crate::bench::{source_ips, Args};
 
 /// What a share of the storm runs.

@@ -5,9 +5,12 @@
 //! elements share one type by construction and a 100-value Double array costs
 //! 800 bytes, not 100 boxed variants.
 
+mod data_value;
+
 use std::fmt;
 
-use crate::data_value::DataValue;
+pub use data_value::DataValue;
+
 use crate::date_time::DateTime;
 use crate::diagnostic_info::DiagnosticInfo;
 use crate::encoding::{BinaryDecode, BinaryEncode, DecodeError, DecodeErrorKind, Reader};

@@ -1,12 +1,12 @@
 //! StatusCode (Part 4 §7.39, Part 6 §5.2.2.11): a 32-bit wire code.
 //!
 //! The named constants (one per row of `StatusCode.csv`) are generated into
-//! `generated/status_codes.rs`. Unknown codes are kept as they are and print
-//! as hex.
+//! `generated/status_codes.rs`, which names this type; the names, the
+//! descriptions and `Display` read that table, so they live above it, in
+//! `status_code/name.rs`. The codec is in `encoding.rs`. Unknown codes are
+//! kept as they are and print as hex.
 
-use std::fmt;
-
-use crate::encoding::{BinaryDecode, BinaryEncode, DecodeError, Reader};
+mod name;
 
 /// A status code: severity, sub-code and info bits.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -136,21 +136,6 @@ impl StatusCode {
         };
         StatusCode((self.0 & !0x300) | Self::INFO_TYPE_DATA_VALUE | (bits << 8))
     }
-
-    /// The symbolic name of the code (ignoring info bits), when known.
-    pub fn name(self) -> Option<&'static str> {
-        crate::generated::status_codes::name_of(self.0 & 0xffff_0000)
-    }
-
-    /// The code with the given symbolic name, e.g. `"BadNodeIdUnknown"`.
-    pub fn from_name(name: &str) -> Option<StatusCode> {
-        crate::generated::status_codes::from_name(name)
-    }
-
-    /// The description from the specification, when known.
-    pub fn description(self) -> Option<&'static str> {
-        crate::generated::status_codes::description_of(self.0 & 0xffff_0000)
-    }
 }
 
 impl From<u32> for StatusCode {
@@ -159,40 +144,10 @@ impl From<u32> for StatusCode {
     }
 }
 
-impl fmt::Display for StatusCode {
-    /// The name, plus the info bits in hex when any are set; or the hex value.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.name() {
-            Some(n) if self.0 & 0xffff == 0 => f.write_str(n),
-            Some(n) => write!(f, "{n}+0x{:04x}", self.0 & 0xffff),
-            None => write!(f, "0x{:08x}", self.0),
-        }
-    }
-}
-
-impl fmt::Debug for StatusCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl BinaryEncode for StatusCode {
-    #[inline]
-    fn encode(&self, w: &mut Vec<u8>) {
-        self.0.encode(w)
-    }
-}
-
-impl BinaryDecode for StatusCode {
-    #[inline]
-    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        u32::decode(r).map(StatusCode)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{BinaryDecode, BinaryEncode};
 
     #[test]
     fn names_and_severity() {

@@ -6,7 +6,10 @@
 //! and closed; sampled once a second.
 //!
 //! Each session is set up by [`establish`]; its failures (of the session
-//! or of its subscription) are counted alike.
+//! or of its subscription) are counted alike. With `--processes` the
+//! sessions are established by child processes (`workers.rs`).
+
+pub(super) mod workers;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,8 +22,7 @@ use uascale_client::{
 };
 use uascale_types::NodeId;
 
-use crate::client_security::{parse_security, user_identity, SecurityArgs};
-
+use super::common::client_options;
 use super::progress::Progress;
 use super::report::{Chart, Line};
 use super::series::SessionPoint;
@@ -297,38 +299,6 @@ async fn watch_notifications(mut sub: Subscription, counters: Arc<Counters>) {
     }
 }
 
-/// The client options of the security and identity flags; for a secured
-/// policy the server certificate is looked up once here, not per session.
-pub(super) async fn client_options(a: &Args) -> Result<ClientOptions, String> {
-    let (policy, mode) = parse_security(a.last("--security").unwrap_or("None"))?;
-    let security = SecurityArgs {
-        policy,
-        mode,
-        pki: a.last("--pki").unwrap_or("pki-client").into(),
-        trust_any: a.last("--trust-server").is_some(),
-    }
-    .options()?;
-    let mut options = ClientOptions {
-        security,
-        identity: user_identity(
-            a.last("--user"),
-            a.last("--password"),
-            a.last("--cert"),
-            a.last("--key"),
-        )?,
-        reconnect: false,
-        ..Default::default()
-    };
-    if !policy.is_none() {
-        let endpoint = Client::find_endpoint(&a.url, &options)
-            .await
-            .map_err(|e| format!("the server's endpoint for --security: {e}"))?;
-        options.security.server_certificate =
-            endpoint.server_certificate.as_bytes().map(<[u8]>::to_vec);
-    }
-    Ok(options)
-}
-
 /// Samples the counters into a point of `phase`.
 struct Sampler {
     start: Instant,
@@ -445,10 +415,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     // between them) and report their counts; this process samples the
     // server and tells them when to hold and to close.
     let mut workers = if processes > 1 {
-        Some(
-            super::sessions_workers::Children::spawn(&a.raw, processes, Arc::clone(&counters))
-                .await?,
-        )
+        Some(workers::Children::spawn(&a.raw, processes, Arc::clone(&counters)).await?)
     } else {
         None
     };

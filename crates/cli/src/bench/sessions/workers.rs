@@ -25,9 +25,9 @@ use serde::{Deserialize, Serialize};
 use uascale_client::ConnectGate;
 use uascale_types::StatusCode;
 
-use super::sessions::{close_sessions, start_sessions, Counters, Setup, FLAGS};
-use super::storm::worker::{next_word, say, slot_of, spawn_worker, words};
-use super::Args;
+use super::{close_sessions, start_sessions, Counters, Setup, FLAGS};
+use crate::bench::storm::worker::{next_word, say, slot_of, spawn_worker, words};
+use crate::bench::Args;
 
 /// The environment variable that makes `bench sessions` a child: `i/P`.
 pub const WORKER_ENV: &str = "UASCALE_SESSIONS_WORKER";

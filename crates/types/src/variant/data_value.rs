@@ -1,5 +1,6 @@
 //! DataValue (Part 6 §5.2.2.17): a value with status, timestamps and
-//! picoseconds, each present or absent (the encoding mask).
+//! picoseconds, each present or absent (the encoding mask). A part of
+//! `variant`: a DataValue holds a Variant and a Variant may hold a DataValue.
 
 use crate::date_time::DateTime;
 use crate::encoding::{BinaryDecode, BinaryEncode, DecodeError, DecodeErrorKind, Reader};

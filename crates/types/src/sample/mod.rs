@@ -6,6 +6,8 @@
 //! multi-dimensional arrays, nested ExtensionObjects of every generated type.
 //! Floats are never NaN, so that decoded values compare equal.
 
+mod structure;
+
 use crate::*;
 
 /// A small deterministic generator (xorshift64*) with a nesting budget.
@@ -327,27 +329,6 @@ impl Sample for DataValue {
             } else {
                 None
             },
-        }
-    }
-}
-
-impl Sample for ExtensionObject {
-    fn sample(g: &mut Gen) -> Self {
-        if !g.can_nest() {
-            return ExtensionObject::null();
-        }
-        match g.below(8) {
-            0 => ExtensionObject::null(),
-            1 => ExtensionObject::Opaque {
-                // Namespace 1: never decoded by the namespace-0 registry.
-                type_id: NodeId::numeric(1, 5001),
-                body: ByteString::new(vec![1, 2, 3]),
-            },
-            2 => ExtensionObject::Xml {
-                type_id: NodeId::numeric(1, 5002),
-                body: XmlElement::sample(g),
-            },
-            _ => ExtensionObject::Decoded(g.nested(crate::generated::samples::random_structure)),
         }
     }
 }
