@@ -1,7 +1,8 @@
 //! `cargo xtask ci`: everything CI checks, in one command that works on a
 //! fresh machine with the Rust toolchain and Python 3.
 //!
-//! Steps, cheapest first: rustfmt, clippy, codegen --check, the Python peers
+//! Steps, cheapest first: rustfmt, the references check (`refs.rs`),
+//! clippy, codegen --check, the Python peers
 //! in a venv under `target/venv` and the asyncua vectors check, each fuzz
 //! target for a bounded time (as many at once as there are cores), then the
 //! whole test suite last, its binaries a few at a time (`suite.rs`), so
@@ -243,6 +244,10 @@ pub fn ci(root: &Path) -> Result<(), String> {
         run(cargo()
             .current_dir(root)
             .args(["fmt", "--all", "--", "--check"]))?;
+    }
+    {
+        let _s = Step::new("references");
+        crate::refs::check(root)?;
     }
     {
         let _s = Step::new("clippy");

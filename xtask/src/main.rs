@@ -10,6 +10,9 @@
 //! `cargo xtask modules [SRC_DIR...]` lists the `use` cycles between the
 //! modules of each crate and fails when there is one (see `modules.rs`).
 //!
+//! `cargo xtask refs` fails when docs, help texts or comments cite issue
+//! numbers or files outside the repository (see `refs.rs`).
+//!
 //! `cargo xtask ci` runs everything CI checks (see `ci.rs`); `cargo xtask
 //! tests` only its tests step, the test binaries a few at a time (see
 //! `suite.rs`).
@@ -20,6 +23,7 @@ mod codegen;
 mod csv;
 mod modules;
 mod nodeset;
+mod refs;
 mod suite;
 
 use std::path::{Path, PathBuf};
@@ -27,7 +31,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask modules [SRC_DIR...]\n       cargo xtask ci\n       cargo xtask tests"
+        "usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask modules [SRC_DIR...]\n       cargo xtask refs\n       cargo xtask ci\n       cargo xtask tests"
     );
     ExitCode::from(2)
 }
@@ -59,6 +63,15 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("xtask modules: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some("refs") => {
+            return match refs::check(&root) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("xtask refs: {e}");
                     ExitCode::FAILURE
                 }
             };

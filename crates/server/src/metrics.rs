@@ -298,7 +298,7 @@ pub enum Stage {
     /// Session establishment (CreateSession, ActivateSession, the session
     /// count; `admission::Stage::Establishment`).
     Establishment,
-    /// An ordinary request (the request queue, issue 12).
+    /// An ordinary request (the request queue).
     Request,
 }
 

@@ -212,7 +212,7 @@ impl Collector for ServerCollector {
             }
         }
 
-        // The request queue and isolation (SCALABILITY.md §3).
+        // The request queue and isolation (docs/scalability.md §3).
         {
             use crate::scheduler::queue::{Reason, Stage as QStage};
             let q = &state.scheduler;

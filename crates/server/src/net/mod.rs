@@ -38,7 +38,7 @@ struct ConnectionSink {
     held_count: AtomicU32,
     /// Activated sessions bound to this connection's channel (kept by the
     /// session listener); while there is one, the connection may use the
-    /// whole reassembly budget (SCALABILITY.md §2).
+    /// whole reassembly budget (docs/scalability.md §2).
     activated_sessions: AtomicU32,
     /// Set when the secure channel opened (the `channels_open` gauge).
     channel_open: std::sync::atomic::AtomicBool,
@@ -479,7 +479,7 @@ impl Shared {
     }
 
     /// Keeps each connection's count of activated sessions (the budget
-    /// headroom of SCALABILITY.md §2).
+    /// headroom of docs/scalability.md §2).
     fn session_event(&self, event: &SessionEvent) {
         let (up, down) = match event {
             SessionEvent::Activated { channel_id, .. } => (Some(*channel_id), None),
@@ -717,7 +717,7 @@ impl Server {
                         tokio::spawn(accept_proxied(stream, peer, Arc::clone(&self.shared)));
                     }
                     Ok((stream, peer)) => {
-                        // Admission decides before any work (SCALABILITY.md §2).
+                        // Admission decides before any work (docs/scalability.md §2).
                         if let Some(refusal) = self.shared.admit(peer) {
                             tokio::spawn(refuse(stream, refusal));
                             continue;
@@ -1038,7 +1038,7 @@ fn serve(
 
 /// The asymmetric work of a secured OpenSecureChannel in `bytes`: a place
 /// among the handshakes in flight is asked for before anything is
-/// decrypted or verified (SCALABILITY.md §2; refused: ERR
+/// decrypted or verified (docs/scalability.md §2; refused: ERR
 /// `BadTcpServerTooBusy` with the hint, and `conn` closes), then the work
 /// runs where [`Shared::crypto`] says: in place in two turns of this task
 /// (receiving the request, then answering it), or on one of the crypto
