@@ -173,7 +173,8 @@ fn cites_bare_number(line: &str, markdown: bool) -> bool {
         let word = before
             .rsplit(|c: char| c.is_whitespace() || c == '(' || c == '[')
             .next()
-            .unwrap_or("");
+            .unwrap_or("")
+            .trim_matches(|c| c == '`' || c == '*' || c == '"');
         if markdown && b.get(start.wrapping_sub(1)) == Some(&b' ') && OTHER_PROJECTS.contains(&word)
         {
             continue;
@@ -266,7 +267,7 @@ mod tests {
 
     #[test]
     fn other_projects_may_be_cited_by_name_or_url() {
-        let text = "open62541 #5257 in docs\n\
+        let text = "open62541 #5257 in docs, and `open62541 #5257`\n\
                     see https://github.com/open62541/open62541/issues/5257\n\
                     [the bug](https://github.com/tokio-rs/tokio/issues/12)\n\
                     unknownproject #5\n";
