@@ -902,7 +902,7 @@ pub struct RuntimeSection {
     /// during one waits for at most that. On threads (1 or more) the
     /// kernel lets a worker with input preempt them, for a handoff and
     /// those preemptions: several context switches per handshake more
-    /// (docs/benchmarks.md, "RSA in place or on crypto threads" and what
+    /// (docs/notebook/benchmarks.md, "RSA in place or on crypto threads" and what
     /// follows it).
     pub crypto_threads: usize,
 }

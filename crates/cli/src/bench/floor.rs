@@ -11,7 +11,7 @@
 //! round trips per second, latency, and with `--server-pid` the server's
 //! CPU per round trip and per socket-second - directly comparable with
 //! `bench sessions --subscribe on --publishing-ms I`'s CPU per
-//! session-second while holding (docs/benchmarks.md).
+//! session-second while holding (docs/notebook/benchmarks.md).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
