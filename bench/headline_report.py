@@ -79,12 +79,14 @@ def floor_ms(path):
     except OSError:
         return out
     for line in text.splitlines():
-        m = re.match(r"rsa 2048 bits\s+([\d.]+)s\s+([\d.]+)s", line)
-        if m:
-            out["rsa_sign_ms"] = float(m.group(1)) * 1000
-        m = re.match(r"\s*256 bits ecdsa \(nistp256\)\s+([\d.]+)s", line)
-        if m:
-            out["ecdsa_sign_ms"] = float(m.group(1)) * 1000
+        # The rates (signs per second) keep their digits; the times are
+        # printed with four decimals of a second only.
+        m = re.match(r"rsa 2048 bits\s+[\d.]+s\s+[\d.]+s\s+([\d.]+)", line)
+        if m and float(m.group(1)) > 0:
+            out["rsa_sign_ms"] = 1000 / float(m.group(1))
+        m = re.match(r"\s*256 bits ecdsa \(nistp256\)\s+[\d.]+s\s+[\d.]+s\s+([\d.]+)", line)
+        if m and float(m.group(1)) > 0:
+            out["ecdsa_sign_ms"] = 1000 / float(m.group(1))
     return out
 
 
