@@ -93,6 +93,10 @@ skip() {
   echo "== skipped: $1: $2" >&2
 }
 step() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
+# A loopback port free now (others on the machine may hold fixed ones).
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 
 cpu_field() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
 {
@@ -158,7 +162,6 @@ bench/compare.sh --no-build --no-uabench --scale-sessions 0 --repeat "$ROUNDS" \
 # --- secured sessions against the OpenSSL floor: bench/session_table.sh -------
 step "sessions per security policy, with the OpenSSL floor (bench/session_table.sh)"
 floor rsa2048 ecdsap256 ecdhp256 >"$OUT/floor-before.txt" || skip floor "openssl speed did not run"
-port=48600
 mkdir -p "$OUT/sessions"
 for server in uascale async-opcua asyncua; do
   [[ ",$AVAILABLE," == *,$server,* ]] || continue
@@ -168,7 +171,7 @@ for server in uascale async-opcua asyncua; do
       continue
     fi
     for round in $(seq 1 "$ROUNDS"); do
-      port=$((port + 1))
+      port=$(free_port)
       dir="$OUT/sessions/$server-${policy%%:*}-$round"
       bench/session_table.sh --no-build --server "$server" --security "$policy" \
         --sizes "$SESSIONS" --modes off --port "$port" --out "$dir" >"$dir.log" 2>&1 \
@@ -185,7 +188,7 @@ floor rsa2048 ecdsap256 ecdhp256 >"$OUT/floor-after.txt" || true
 step "a secured connect storm (bench/storm.sh uascale-secured)"
 mkdir -p "$OUT/storm"
 for round in $(seq 1 "$ROUNDS"); do
-  port=$((port + 1))
+  port=$(free_port)
   if bench/storm.sh uascale-secured "$port" --behaviour mixed --max-retries 30 --timeout-s 3 \
     --security Basic256Sha256:SignAndEncrypt --trust-server --pki "$OUT/storm/client-pki" \
     "${STORM[@]}" >"$OUT/storm/run-$round.log" 2>&1 && [ -s target/storm/uascale-secured.json ]; then

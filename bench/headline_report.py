@@ -67,7 +67,7 @@ class Table:
         if server in cells and cells[server] is not None:
             return cells[server]
         if server not in self.servers:
-            return "not run here: " + self.skipped.get(server, "not requested")
+            return "not run here (see Skipped)" if server in self.skipped else "not requested"
         return "no result (see the logs)"
 
 
