@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rounds of Python asyncua secured sessions against uascale, each beside its
-# floors, as in docs/benchmarks.md ("Item 1 with asyncua: the floor at the
+# floors, as in docs/notebook/benchmarks.md ("Item 1 with asyncua: the floor at the
 # client's pace"):
 #   bench/asyncua_rounds.sh [ROUNDS [SESSIONS [PORT]]]
 # Per round: `openssl speed rsa2048`, the paced floor (bench/rsa_paced_floor.py:

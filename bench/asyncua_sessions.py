@@ -1,6 +1,6 @@
 """Secured (or None) sessions opened by Python asyncua against a server, to
 measure the server's CPU per session with a client nobody here wrote
-(docs/benchmarks.md, "Item 1, with Python asyncua as the client").
+(docs/notebook/benchmarks.md, "Item 1, with Python asyncua as the client").
 
 usage: asyncua_sessions.py URL N C PID none|secure [HOLD_S [PKI SERVER_PKI]]
 

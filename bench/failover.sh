@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's measurement (docs/cluster.md, "Measuring failover"): a cluster
+# The failover measurement (docs/cluster.md, "Measuring failover"): a cluster
 # on this machine's loopback - three nats-servers in one JetStream cluster
 # (buckets replicated 3 times), three `uascale serve --cluster` nodes sharing
 # one application instance certificate, HAProxy in front (mode tcp,

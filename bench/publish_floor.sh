@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The publish round trip against its floor (docs/benchmarks.md, "The
+# The publish round trip against its floor (docs/notebook/benchmarks.md, "The
 # publish round trip and its floor"), in rounds:
 #   bench/publish_floor.sh [ROUNDS [SESSIONS [BINARY ...]]]
 # Per round, for each BINARY (default target/release/uascale) a fresh

@@ -1,7 +1,7 @@
 """The RSA floor at a client's pace: CPU per RSA-2048 signature (OpenSSL,
 through the `cryptography` package) done back to back, and with the core
 left idle for GAP ms before each one, as a server that waits on a slow
-client is (docs/benchmarks.md, "Item 1, with Python asyncua as the
+client is (docs/notebook/benchmarks.md, "Item 1, with Python asyncua as the
 client").
 
 usage: rsa_paced_floor.py [N [GAP_MS ...]]

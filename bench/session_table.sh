@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The session-scaling table (docs/benchmarks.md, "Sessions at scale"):
+# The session-scaling table (docs/notebook/benchmarks.md, "Sessions at scale"):
 # N secured sessions established 50 at a time, bare (--subscribe off) and
 # with one subscription (1 s) and one item each, held 5 s and closed; a
 # fresh `uascale serve` per row pinned to core 0 (trust_all_client_certificates

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Server CPU and memory per session establishment for each security policy,
 # read against the machine's OpenSSL floors measured in the same run
-# (docs/benchmarks.md, "Session establishment against its floor").
+# (docs/notebook/benchmarks.md, "Session establishment against its floor").
 #
 # For each policy and round a fresh `uascale serve --security ecc` is
 # started pinned to core 0 (trust_all_client_certificates = true and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One connect storm against one server, as measured in docs/benchmarks.md
+# One connect storm against one server, as measured in docs/notebook/benchmarks.md
 # ("Connect storms"):
 #   bench/storm.sh uascale|uascale-secured|async-opcua|asyncua PORT [uascale bench storm flags...]
 # Needs `cargo build --release -p uascale` and, for async-opcua, the peer of

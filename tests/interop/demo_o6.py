@@ -1,5 +1,6 @@
 """The demo namespace and bad input with o6 (open62541's C client driven
-from Python) against a uascale server - issue 3's list for the second peer.
+from Python) against a uascale server - the demo checks of the first peer, repeated
+with the second.
 
 usage: demo_o6.py URL
 GetEndpoints; browse from Root down to the demo variables; ServerStatus;

@@ -1,7 +1,8 @@
 //! `cargo xtask ci`: everything CI checks, in one command that works on a
 //! fresh machine with the Rust toolchain and Python 3.
 //!
-//! Steps, cheapest first: rustfmt, clippy, codegen --check, the Python peers
+//! Steps, cheapest first: rustfmt, the references check (`refs.rs`),
+//! clippy, codegen --check, the Python peers
 //! in a venv under `target/venv` and the asyncua vectors check, each fuzz
 //! target for a bounded time (as many at once as there are cores), then the
 //! whole test suite last, its binaries a few at a time (`suite.rs`), so
@@ -206,8 +207,9 @@ fn on_path(binary: &str) -> bool {
 }
 
 /// Installs the missing [`SYSTEM_PACKAGES`] with apt-get (CI runs as
-/// root). A failure is reported, not fatal: the tests that need a package
-/// try once more and skip loudly.
+/// root). A failure is reported, not fatal here: the tests that need a
+/// package try once more and skip loudly; the tests step names every skip
+/// in its summary and, under `CI=true`, fails because of them.
 fn system_packages() {
     let missing: Vec<&str> = SYSTEM_PACKAGES
         .iter()
@@ -226,8 +228,14 @@ fn system_packages() {
         .is_ok_and(|s| s.success());
     if !ok {
         eprintln!(
-            "apt-get install -y {} failed: the tests that need them will skip",
-            missing.join(" ")
+            "apt-get install -y {} failed (not root?): the cluster tests that need them will \
+             skip{}",
+            missing.join(" "),
+            if crate::suite::skips_fail() {
+                ", and under CI=true a skipped test fails the run"
+            } else {
+                " (counted as SKIPPED in the tests summary)"
+            }
         );
     }
 }
@@ -243,6 +251,10 @@ pub fn ci(root: &Path) -> Result<(), String> {
         run(cargo()
             .current_dir(root)
             .args(["fmt", "--all", "--", "--check"]))?;
+    }
+    {
+        let _s = Step::new("references");
+        crate::refs::check(root)?;
     }
     {
         let _s = Step::new("clippy");

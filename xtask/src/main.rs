@@ -13,6 +13,9 @@
 //! `cargo xtask shell` fails when the server crate uses tokio outside its
 //! shell (see `shell.rs`).
 //!
+//! `cargo xtask refs` fails when docs, help texts or comments cite issue
+//! numbers or files outside the repository (see `refs.rs`).
+//!
 //! `cargo xtask ci` runs everything CI checks (see `ci.rs`); `cargo xtask
 //! tests` only its tests step, the test binaries a few at a time (see
 //! `suite.rs`).
@@ -23,6 +26,7 @@ mod codegen;
 mod csv;
 mod modules;
 mod nodeset;
+mod refs;
 mod shell;
 mod suite;
 
@@ -31,7 +35,7 @@ use std::process::ExitCode;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask modules [SRC_DIR...]\n       cargo xtask shell\n       cargo xtask ci\n       cargo xtask tests"
+        "usage: cargo xtask codegen [--check] [--schema DIR]\n       cargo xtask modules [SRC_DIR...]\n       cargo xtask shell\n       cargo xtask refs\n       cargo xtask ci\n       cargo xtask tests"
     );
     ExitCode::from(2)
 }
@@ -72,6 +76,15 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("xtask modules: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some("refs") => {
+            return match refs::check(&root) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("xtask refs: {e}");
                     ExitCode::FAILURE
                 }
             };

@@ -8,7 +8,10 @@
 //! folder as the working directory, `CARGO_MANIFEST_DIR` set), its output
 //! goes to `target/test-logs/` and is printed whole when it ends, so the
 //! outputs do not interleave. Every binary runs even after a failure; the
-//! step fails at the end, naming the binaries that failed. The fuzz step
+//! step fails at the end, naming the binaries that failed. A test that
+//! skipped because something it needs is missing (nats-server, HAProxy)
+//! prints a [`SKIP_MARKER`] line; the summary counts and names them, and
+//! under `CI=true` a skip fails the step. The fuzz step
 //! runs its targets through the same [`pool`].
 
 use std::fs::File;
@@ -39,6 +42,27 @@ const SLOW_FIRST: &[&str] = &[
     "server tests/cluster.rs",
     "client tests/against_uascale.rs",
 ];
+
+/// The line a test prints (past the harness's capture) when it skipped
+/// because something it needs is missing: `*** SKIPPED <test>: <reason>
+/// ***` (see `crates/server/tests/support/nats.rs`).
+pub const SKIP_MARKER: &str = "*** SKIPPED ";
+
+/// The skip lines of a test binary's output: `<test>: <reason>` each.
+pub fn skips(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(SKIP_MARKER))
+        .map(|rest| rest.trim_end_matches('*').trim().to_owned())
+        .collect()
+}
+
+/// Whether a skipped test fails the run: under CI (`CI` set to anything
+/// but `false` or `0`, as CI services set it), where a missing package is
+/// a broken machine, not a choice.
+pub fn skips_fail() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
 
 /// One test binary as `cargo test --no-run` reported it.
 #[derive(Debug, Clone, PartialEq)]
@@ -218,16 +242,42 @@ pub fn run(root: &Path, mut cargo_test: Command, mut doc: Command) -> Result<(),
         .take(5)
         .map(|d| format!("{} {:.1} s", d.name, d.secs))
         .collect();
+    let skipped: Vec<&String> = done.iter().flat_map(|d| &d.skipped).collect();
+    if !skipped.is_empty() {
+        println!("\nskipped (something they need is missing):");
+        for s in &skipped {
+            println!("  {s}");
+        }
+    }
+    let require = skips_fail();
     println!(
-        "\nall tests: {} passed; {} failed; {} ignored; {} binaries in {:.1} s, {jobs} at a time (slowest: {})",
+        "\nall tests: {} passed; {} failed; {} ignored; {} SKIPPED{}; {} binaries in {:.1} s, {jobs} at a time (slowest: {})",
         total.passed,
         total.failed,
         total.ignored,
+        skipped.len(),
+        match (skipped.is_empty(), require) {
+            (true, _) => "",
+            (false, true) => " (a failure under CI=true)",
+            (false, false) => " (passed as skipped: not under CI=true)",
+        },
         done.len(),
         started.elapsed().as_secs_f64(),
         slowest.join(", ")
     );
-    failures(&done)
+    failures(&done)?;
+    if require && !skipped.is_empty() {
+        return Err(format!(
+            "{} tests skipped under CI=true, which requires every suite: {}",
+            skipped.len(),
+            skipped
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+    Ok(())
 }
 
 /// One command [`pool`] ran.
@@ -238,6 +288,8 @@ pub struct Done {
     pub secs: f64,
     /// The test counts in its output.
     pub counts: Counts,
+    /// Its tests that skipped (see [`skips`]).
+    pub skipped: Vec<String>,
     /// If it failed (a non-zero exit, a failed test, or killed after
     /// [`TIMEOUT`]), its name as the failure is reported.
     pub failed: Option<String>,
@@ -293,6 +345,7 @@ pub fn pool(
             let secs = r.started.elapsed().as_secs_f64();
             let text = std::fs::read_to_string(&r.log).unwrap_or_default();
             let counts = Counts::parse(&text);
+            let skipped = skips(&text);
             println!("\n--- {} ({secs:.1} s, {status})", r.name);
             print!("{text}");
             let failed = if timed_out {
@@ -306,6 +359,7 @@ pub fn pool(
                 name: r.name,
                 secs,
                 counts,
+                skipped,
                 failed,
             });
         }
@@ -372,5 +426,18 @@ mod tests {
             }
         );
         assert_eq!(Counts::parse("no results"), Counts::default());
+    }
+
+    #[test]
+    fn skip_lines_are_found() {
+        let out = "running 2 tests\n\n\
+            *** SKIPPED a_session_moves: nats-server is not installed and `apt-get install -y nats-server` failed (run as root, or install nats-server) ***\n\n\
+            test a_session_moves ... ok\n";
+        assert_eq!(
+            skips(out),
+            ["a_session_moves: nats-server is not installed and `apt-get install -y nats-server` \
+              failed (run as root, or install nats-server)"]
+        );
+        assert!(skips("test x ... ok\nSKIPPED in prose\n").is_empty());
     }
 }

@@ -16,7 +16,7 @@ pub const USAGE: &str =
        uascale cert trust (FILE | THUMBPRINT) [--pki DIR] [--config FILE]
        uascale cert reject THUMBPRINT [--pki DIR] [--config FILE]
        uascale cert list [--pki DIR] [--config FILE]
-       uascale user hash            (reads the password from the first line of stdin)
+       uascale user hash
 
   The PKI directory is --pki, else security.pki_dir of --config, else ./pki.
   create   a self-signed application instance certificate (RSA 2048, SHA-256)
@@ -31,7 +31,8 @@ pub const USAGE: &str =
            rejected/certs by thumbprint; a running server picks it up itself
   reject   move a certificate from trusted/certs to rejected/certs
   list     the certificates and CRLs of every PKI directory
-  hash     print an argon2id hash for [[users]] password_hash";
+  hash     print an argon2id hash of the password on the first line of stdin,
+           for [[users]] password_hash";
 
 /// What the options say.
 struct Options {

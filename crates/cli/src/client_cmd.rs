@@ -24,8 +24,13 @@ pub const USAGE: &str = "       uascale endpoints URL [--json]
 
   client options (every client command; --timeout-ms MS):
     --security POLICY[:MODE]  secure channel, e.g. Basic256Sha256:SignAndEncrypt,
-             aes256:Sign (policies None, Basic256Sha256, Aes128_Sha256_RsaOaep,
-             Aes256_Sha256_RsaPss; mode Sign or SignAndEncrypt, the default)
+             aes256:Sign. POLICY (case-insensitive): None, Basic256Sha256 (b256),
+             Aes128_Sha256_RsaOaep (aes128), Aes256_Sha256_RsaPss (aes256),
+             ECC_nistP256, ECC_nistP384, ECC_curve25519, ECC_nistP256_AesGcm,
+             ECC_nistP256_ChaChaPoly (an ECC policy uses the client certificate
+             of its curve, created on first use like the RSA one); MODE Sign or
+             SignAndEncrypt (the default). Basic256 and Basic128Rsa15 are
+             deprecated and not supported
     --pki DIR        client PKI (default ./pki-client): own/ holds the client
              certificate (created on first use, urn:uascale:client), trusted/
              the server certificates trusted; untrusted ones go to rejected/

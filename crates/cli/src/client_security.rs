@@ -23,17 +23,31 @@ pub const CLIENT_URI: &str = "urn:uascale:client";
 /// The environment variable the password is read from.
 pub const PASSWORD_ENV: &str = "UASCALE_PASSWORD";
 
-/// Parses `POLICY[:MODE]`: the policy by its URI fragment or a short name
-/// (`None`, `Basic256Sha256`/`b256`, `Aes128_Sha256_RsaOaep`/`aes128`,
-/// `Aes256_Sha256_RsaPss`/`aes256`, and the ECC policies by their names,
-/// e.g. `ECC_nistP256_AesGcm`), the mode `Sign` or `SignAndEncrypt`
-/// (default) - case-insensitive.
+/// Every policy name `--security` takes, in the order `--help` lists them,
+/// with its short alias where it has one. `basic256` is deliberately not an
+/// alias: Basic256 is a different (deprecated) policy this stack does not
+/// implement, and quietly taking it for Basic256Sha256 would mislead.
+pub const POLICY_NAMES: &[(&str, Option<&str>)] = &[
+    ("None", None),
+    ("Basic256Sha256", Some("b256")),
+    ("Aes128_Sha256_RsaOaep", Some("aes128")),
+    ("Aes256_Sha256_RsaPss", Some("aes256")),
+    ("ECC_nistP256", None),
+    ("ECC_nistP384", None),
+    ("ECC_curve25519", None),
+    ("ECC_nistP256_AesGcm", None),
+    ("ECC_nistP256_ChaChaPoly", None),
+];
+
+/// Parses `POLICY[:MODE]`: the policy by its name (the URI fragment, as in
+/// [`POLICY_NAMES`]) or its short alias, the mode `Sign` or
+/// `SignAndEncrypt` (default) - case-insensitive, `_` and `-` ignored.
 pub fn parse_security(text: &str) -> Result<(SecurityPolicy, MessageSecurityMode), String> {
     let (p, m) = text.split_once(':').unwrap_or((text, ""));
     let key = p.to_ascii_lowercase().replace(['_', '-'], "");
     let policy = match key.as_str() {
         "none" => SecurityPolicy::None,
-        "basic256sha256" | "b256" | "basic256" => SecurityPolicy::Basic256Sha256,
+        "basic256sha256" | "b256" => SecurityPolicy::Basic256Sha256,
         "aes128sha256rsaoaep" | "aes128" => SecurityPolicy::Aes128Sha256RsaOaep,
         "aes256sha256rsapss" | "aes256" => SecurityPolicy::Aes256Sha256RsaPss,
         _ => match SecurityPolicy::ECC.into_iter().find(|e| {
@@ -42,12 +56,17 @@ pub fn parse_security(text: &str) -> Result<(SecurityPolicy, MessageSecurityMode
         }) {
             Some(ecc) => ecc,
             None => {
+                let names: Vec<&str> = POLICY_NAMES.iter().map(|(n, _)| *n).collect();
+                let deprecated = if matches!(key.as_str(), "basic256" | "basic128rsa15") {
+                    " (a deprecated policy this client does not implement)"
+                } else {
+                    ""
+                };
                 return Err(format!(
-                    "--security {text:?}: unknown policy {p:?}; use None, Basic256Sha256, \
-                     Aes128_Sha256_RsaOaep, Aes256_Sha256_RsaPss, ECC_nistP256, ECC_nistP384, \
-                     ECC_curve25519, ECC_nistP256_AesGcm or ECC_nistP256_ChaChaPoly \
-                     (`uascale endpoints URL` lists what the server offers)"
-                ))
+                    "--security {text:?}: unknown policy {p:?}{deprecated}; use one of {} \
+                     (`uascale endpoints URL` lists what the server offers)",
+                    names.join(", ")
+                ));
             }
         },
     };
@@ -309,6 +328,19 @@ mod tests {
             .unwrap_err()
             .contains("unknown policy"));
         assert!(parse_security("None:Sign").is_err());
+        // Basic256 is another policy, not a spelling of Basic256Sha256.
+        let e = parse_security("basic256").unwrap_err();
+        assert!(e.contains("deprecated"), "{e}");
+        // Every policy the crypto crate offers is listed, and every listed
+        // name and alias parses to the policy of that name.
+        assert_eq!(POLICY_NAMES.len(), SecurityPolicy::ALL.len());
+        for (name, alias) in POLICY_NAMES {
+            let (policy, _) = parse_security(name).unwrap();
+            assert!(policy.uri().ends_with(&format!("#{name}")), "{name}");
+            if let Some(alias) = alias {
+                assert_eq!(parse_security(alias).unwrap().0, policy, "{alias}");
+            }
+        }
         assert!(parse_security("b256:Encrypt2").is_err());
     }
 }

@@ -28,8 +28,6 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
                                                 [--advertise URL]]
                      [--proxy-protocol]
        uascale decode <HEX | @FILE>
-       uascale cert (create | show | trust | reject | list) ...   (uascale cert --help)
-       uascale user hash
 
   serve    run the OPC UA server on opc.tcp://NAME:N (default
            opc.tcp://localhost:4840, bound to 0.0.0.0); log level from
@@ -64,7 +62,15 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            NO_COLOR)
   decode   decode one binary OPC UA service message (the NodeId of its
            encoding followed by the body, as in a MSG chunk) and print it;
-           HEX may contain spaces, @FILE reads raw bytes from a file";
+           HEX may contain spaces, @FILE reads raw bytes from a file
+  --help   after serve, a client command, bench or cert: that group's usage";
+
+/// Every command's usage: `uascale --help` (docs/cli.md is checked
+/// against it by `tests/cli_doc.rs`).
+fn full_usage() -> String {
+    let cert = cert::USAGE.replacen("usage: ", "       ", 1);
+    format!("{USAGE}\n{cert}\n\n{}\n{}", client_cmd::USAGE, bench::USAGE)
+}
 
 fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
     let digits: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
@@ -402,11 +408,11 @@ fn main() -> ExitCode {
             }
         },
         ["-h" | "--help" | "help"] => {
-            println!("{USAGE}\n{}\n{}", client_cmd::USAGE, bench::USAGE);
+            println!("{}", full_usage());
             ExitCode::SUCCESS
         }
         _ => {
-            eprintln!("{USAGE}\n{}\n{}", client_cmd::USAGE, bench::USAGE);
+            eprintln!("{}", full_usage());
             ExitCode::from(2)
         }
     }

@@ -192,7 +192,7 @@ fn subscriptions_with_asyncua_and_open62541() {
     assert!(server.stop().success());
 }
 
-/// Out of file descriptors (SCALABILITY.md: the server must keep working
+/// Out of file descriptors (docs/scalability.md: the server must keep working
 /// when accept fails with EMFILE): with `ulimit -n 64`, 150 connections
 /// exhaust the process; accept failures pause instead of spinning (a bounded
 /// number of warnings, not a flood), and once the connections go the server

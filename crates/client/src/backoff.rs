@@ -1,4 +1,4 @@
-//! The reconnect and retry policy of SCALABILITY.md §7: exponential backoff
+//! The reconnect and retry policy of docs/scalability.md §7: exponential backoff
 //! from 1 s to 30 s with ±10 % jitter, multiplied by 4 after a busy signal
 //! or a timeout, never shorter than the server's retry-after hint.
 
@@ -24,7 +24,7 @@ pub fn is_busy_signal(status: StatusCode) -> bool {
 /// connection or channel that went away (the server restarting, a cut
 /// network). Everything else - a certificate not trusted, a user refused,
 /// a policy not offered, a malformed request - fails the same way again,
-/// so a retry only adds load (SCALABILITY.md §7: only transient statuses
+/// so a retry only adds load (docs/scalability.md §7: only transient statuses
 /// are retried).
 pub fn is_transient(status: StatusCode) -> bool {
     is_busy_signal(status)

@@ -49,7 +49,7 @@
 //!
 //! Many requests can be in flight on one channel at once (pipelining): every
 //! method takes `&self`, so a `Client` can be shared and called
-//! concurrently. Status (issue 6): every security policy and mode of the
+//! concurrently. Status: every security policy and mode of the
 //! server ([`SecurityOptions`]), the anonymous, user name and X.509
 //! identities ([`UserIdentity`]), subscriptions with a stream of
 //! notifications and events ([`Client::subscribe`], [`Subscription`]),

@@ -1,4 +1,4 @@
-//! The client and the server through a hostile network (issue 16): a chaos
+//! The client and the server through a hostile network: a chaos
 //! relay (`common::chaos`) between them cuts connections, resets them in
 //! the middle of a chunk, stalls, adds latency and delivers one byte at a
 //! time. Each test checks what the application saw and what the server

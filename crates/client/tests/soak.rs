@@ -1,4 +1,4 @@
-//! The chaos soak (issue 16): many secured sessions, each with a
+//! The chaos soak: many secured sessions, each with a
 //! subscription, held through the chaos relay for a long time while the
 //! relay now and then resets connections in the middle of a chunk and cuts
 //! all of them; the server's RSS and its session, channel and subscription

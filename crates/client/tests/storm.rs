@@ -1,4 +1,4 @@
-//! A connect storm against tight admission limits (SCALABILITY.md §1-2):
+//! A connect storm against tight admission limits (docs/scalability.md §1-2):
 //! Basic256Sha256 SignAndEncrypt clients connect at once, half of them
 //! naive (a 3 s timeout, an immediate retry with a new session each time),
 //! half cooperative (uascale's client: backoff honouring the hints, a

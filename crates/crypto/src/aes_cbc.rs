@@ -10,7 +10,7 @@
 //! twice.
 //!
 //! Measured (5,000 Basic256Sha256 SignAndEncrypt sessions, each notified
-//! every second, server RSS per session): see docs/benchmarks.md, "Memory
+//! every second, server RSS per session): see docs/notebook/benchmarks.md, "Memory
 //! per secured session". This is the crate's only `unsafe` code: three
 //! calls into aws-lc (linked already, through aws-lc-rs) with pointers to
 //! memory this module owns, and lengths it checked.

@@ -413,7 +413,7 @@ fn token_expiry_closes_the_channel() {
     expect_error(&take_out(&mut s), StatusCode::BadSecureChannelTokenUnknown);
 }
 
-/// Issue 16, finding 1: a chunked request that stalls past the assembly
+/// A hostile-input finding: a chunked request that stalls past the assembly
 /// deadline ends the channel with ERR BadTimeout; its leftover chunks are
 /// never read as a new request. One that keeps arriving, however slowly,
 /// is delivered whole.

@@ -524,7 +524,7 @@ mod tests {
         );
     }
 
-    /// Issue 16, finding 4: an OPN whose SecurityPolicyUri is cut short is a
+    /// A hostile-input finding: an OPN whose SecurityPolicyUri is cut short is a
     /// decoding error, not a rejected policy; one over 255 bytes is a
     /// rejected policy.
     #[test]

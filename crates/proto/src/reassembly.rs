@@ -1,5 +1,5 @@
 //! Reassembly of chunked messages (Part 6 §6.7.2) under a shared budget
-//! (SCALABILITY.md §2, "incomplete-message capacity").
+//! (docs/scalability.md §2, "incomplete-message capacity").
 //!
 //! One [`ReassemblyBudget`] is shared by every connection of a server and
 //! bounds the bytes retained for messages whose final chunk has not arrived.
@@ -458,7 +458,7 @@ mod tests {
         assert_eq!(a.poll_timeout(), None);
     }
 
-    /// Issue 16, finding 1: the deadline counts from the last chunk, so a
+    /// A hostile-input finding: the deadline counts from the last chunk, so a
     /// slow message that keeps arriving is not released.
     #[test]
     fn the_deadline_counts_from_the_last_chunk() {

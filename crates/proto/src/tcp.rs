@@ -511,7 +511,7 @@ mod tests {
         let cases: [(&[u8], StatusCode); 5] = [
             (b"XYZF\x08\0\0\0", StatusCode::BadTcpMessageTypeInvalid),
             (b"HELC\x08\0\0\0", StatusCode::BadTcpMessageTypeInvalid),
-            // Issue 16, finding 4: a size too small to hold the header is
+            // A hostile-input finding: a size too small to hold the header is
             // not a message (it was answered "too large").
             (b"MSGF\x04\0\0\0", StatusCode::BadTcpMessageTypeInvalid),
             (b"HELF\x07\0\0\0", StatusCode::BadTcpMessageTypeInvalid),

@@ -40,19 +40,19 @@ pub struct ServerConfig {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<UserConfig>,
     /// `[subscriptions]`: subscription and monitored-item limits
-    /// (SCALABILITY.md §4).
+    /// (docs/scalability.md §4).
     pub subscriptions: SubscriptionLimits,
-    /// `[admission]`: admission control (SCALABILITY.md §2).
+    /// `[admission]`: admission control (docs/scalability.md §2).
     pub admission: AdmissionSection,
     /// `[requests]`: request workers, the request queue and isolation
-    /// (SCALABILITY.md §3-4).
+    /// (docs/scalability.md §3-4).
     pub requests: RequestsSection,
-    /// `[runtime]`: the runtime's threads (SCALABILITY.md §6).
+    /// `[runtime]`: the runtime's threads (docs/scalability.md §6).
     pub runtime: RuntimeSection,
     /// `[metrics]`: the Prometheus endpoint and health probes
-    /// (SCALABILITY.md §9).
+    /// (docs/scalability.md §9).
     pub metrics: MetricsSection,
-    /// `[cluster]`: scale-out through NATS JetStream (SCALABILITY.md §8,
+    /// `[cluster]`: scale-out through NATS JetStream (docs/scalability.md §8,
     /// docs/cluster.md). Off unless `url` is set.
     pub cluster: ClusterSection,
 }
@@ -173,12 +173,12 @@ pub struct ServerSection {
     /// can hold connections for here (20,000 open files).
     pub max_session_count: usize,
     /// A session not activated this long after CreateSession is closed
-    /// (`activation_deadline_ms`; SCALABILITY.md "no orphans"). Default
+    /// (`activation_deadline_ms`; docs/scalability.md "no orphans"). Default
     /// 10 s.
     #[serde(rename = "activation_deadline_ms", with = "millis")]
     pub activation_deadline: Duration,
     /// The diagnostics arrays of the Server object (`diagnostics_enabled`,
-    /// SCALABILITY.md §5): rebuilt when read, at most once a second; with
+    /// docs/scalability.md §5): rebuilt when read, at most once a second; with
     /// false they read `BadOutOfService` and cost nothing. Default true.
     pub diagnostics_enabled: bool,
     /// Raise the Part 5 audit events of session establishment
@@ -230,7 +230,7 @@ impl ServerSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsSection {
-    /// Pending accepts the kernel keeps (`listen_backlog`, SCALABILITY.md
+    /// Pending accepts the kernel keeps (`listen_backlog`, docs/scalability.md
     /// §2). Default 512: tokio's 128 is too small for connect bursts; the
     /// kernel caps it at `somaxconn` (4096 here).
     pub listen_backlog: u32,
@@ -479,7 +479,7 @@ pub struct SecurityConfig {
     /// Offer the Anonymous user token (`allow_anonymous`). Default true.
     pub allow_anonymous: bool,
     /// Failed activations per client within a minute before a five-minute
-    /// lockout (`max_failed_authentication_attempts`, SCALABILITY.md §2).
+    /// lockout (`max_failed_authentication_attempts`, docs/scalability.md §2).
     /// Default 5; 0 disables.
     pub max_failed_authentication_attempts: u32,
 }
@@ -558,7 +558,7 @@ impl SecurityConfig {
     }
 }
 
-/// `[admission]`: admission control (SCALABILITY.md §2; the stages are
+/// `[admission]`: admission control (docs/scalability.md §2; the stages are
 /// [`crate::admission`]). On by default with conservative limits: orderly
 /// load, bulk connects included, must not notice it; storms are turned
 /// away early with a busy answer and a retry-after hint.
@@ -716,7 +716,7 @@ impl AdmissionSection {
     }
 }
 
-/// How the request queue is shared among its owners (SCALABILITY.md §3;
+/// How the request queue is shared among its owners (docs/scalability.md §3;
 /// `requests.isolation_profile`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -776,7 +776,7 @@ impl std::str::FromStr for IsolationProfile {
 }
 
 /// `[requests]`: request workers, the request queue and isolation
-/// profiles (SCALABILITY.md §3-4; [`crate::scheduler`]). A request runs at
+/// profiles (docs/scalability.md §3-4; [`crate::scheduler`]). A request runs at
 /// once, on its connection's task, while nothing waits and a worker is
 /// free; only under contention does it wait in the queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -882,7 +882,7 @@ impl RequestsSection {
     }
 }
 
-/// `[runtime]`: the async runtime that runs the connections (SCALABILITY.md
+/// `[runtime]`: the async runtime that runs the connections (docs/scalability.md
 /// §6).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -902,7 +902,7 @@ pub struct RuntimeSection {
     /// during one waits for at most that. On threads (1 or more) the
     /// kernel lets a worker with input preempt them, for a handoff and
     /// those preemptions: several context switches per handshake more
-    /// (docs/benchmarks.md, "RSA in place or on crypto threads" and what
+    /// (docs/notebook/benchmarks.md, "RSA in place or on crypto threads" and what
     /// follows it).
     pub crypto_threads: usize,
 }

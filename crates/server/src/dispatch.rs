@@ -119,7 +119,7 @@ requests! {
     DeleteMonitoredItems(DeleteMonitoredItemsRequest),
 }
 
-/// How a request is treated when the server is busy (SCALABILITY.md §3:
+/// How a request is treated when the server is busy (docs/scalability.md §3:
 /// what a flood of ordinary requests must not crowd out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RequestClass {
@@ -370,7 +370,7 @@ fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceEr
         R::DeleteMonitoredItems(r) => now(monitored_item::delete_monitored_items(ctx, &r)?),
         R::Publish(r) => {
             // Parked without a response: the subscription engine answers
-            // through the Responder (SCALABILITY.md §4), which holds a place
+            // through the Responder (docs/scalability.md §4), which holds a place
             // of the parked stage until then.
             let Some(to) = ctx.responder(r.request_header.request_handle) else {
                 return Err(ServiceError::server(StatusCode::BadWouldBlock));
@@ -388,7 +388,7 @@ fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceEr
     }
 }
 
-/// CreateSession behind the session-establishment stage (SCALABILITY.md
+/// CreateSession behind the session-establishment stage (docs/scalability.md
 /// §2): a place is taken before any certificate or signature work; none
 /// free - `BadServerTooBusy` with the hint, or a wait in the waiting room
 /// when `session_establishment_queue_limit` allows one.
@@ -479,7 +479,7 @@ mod tests {
         msg
     }
 
-    /// SCALABILITY.md §2: sessions created and not activated count against
+    /// docs/scalability.md §2: sessions created and not activated count against
     /// `max_concurrent_session_establishment`; over it CreateSession is
     /// refused BadServerTooBusy with the RetryAfterMs additionalHeader
     /// (and counted as a rejected session), until one settles.
@@ -524,7 +524,7 @@ mod tests {
             .unwrap_or(false));
     }
 
-    /// The load-based ServiceLevel follows the session count (SCALABILITY.md
+    /// The load-based ServiceLevel follows the session count (docs/scalability.md
     /// §2): 255 up to 20 % of max_session_count, then down.
     #[test]
     fn service_level_follows_the_session_count() {

@@ -5,7 +5,7 @@
 //! A handler returns `Result<Response, ServiceError>`. The status alone
 //! would lose what logging, metrics and the busy signal need: whether the
 //! client sent something wrong, the server failed, or the server is
-//! overloaded and says when to come back (SCALABILITY.md §2: every busy
+//! overloaded and says when to come back (docs/scalability.md §2: every busy
 //! answer carries a `RetryAfterMs` hint).
 
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! User identity (Part 4 §5.6.3, §7.41): the user database with argon2
 //! password hashes, the encrypted-secret format of UserName tokens, the
 //! signatures of ActivateSession and X509 tokens, and the lockout after
-//! failed authentications (SCALABILITY.md §2).
+//! failed authentications (docs/scalability.md §2).
 //!
 //! Everything here is synchronous and lock-free except the lockout table,
 //! whose lock is held for a hash-map update only; password hashing and RSA

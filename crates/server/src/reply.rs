@@ -5,7 +5,7 @@
 //! A handler that cannot answer at once takes a [`Responder`] from the
 //! [`ServiceContext`](crate::context::ServiceContext) (the connection the
 //! request came on plus the request id) and keeps it; the request then holds
-//! no worker while it waits (SCALABILITY.md §4). Whoever answers later calls
+//! no worker while it waits (docs/scalability.md §4). Whoever answers later calls
 //! [`Responder::send`]; if the connection has gone meanwhile, that returns
 //! false and nothing else happens.
 

@@ -230,7 +230,7 @@ impl Collector for ServerCollector {
             }
         }
 
-        // The request queue and isolation (SCALABILITY.md §3).
+        // The request queue and isolation (docs/scalability.md §3).
         {
             let q = &state.scheduler;
             let mut rejections = Vec::new();

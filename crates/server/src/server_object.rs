@@ -63,7 +63,7 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         v::Server_ServerStatus_BuildInfo_BuildDate => Variant::DateTime(build_info(ctx).build_date),
         v::Server_ServerStatus_SecondsTillShutdown => Variant::UInt32(0),
         v::Server_ServerStatus_ShutdownReason => Variant::from(LocalizedText::default()),
-        // Load-based (SCALABILITY.md §2): a capacity signal for clients.
+        // Load-based (docs/scalability.md §2): a capacity signal for clients.
         v::Server_ServiceLevel => Variant::Byte(ctx.state.service_level()),
         v::Server_Auditing => Variant::Boolean(ctx.state.auditing()),
         // A cluster node behind a front end: the client sees one server and
@@ -107,7 +107,7 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
                 .operation_limits
                 .max_browse_continuation_points,
         ),
-        // Subscription limits (SCALABILITY.md §4); 0 = no limit.
+        // Subscription limits (docs/scalability.md §4); 0 = no limit.
         v::Server_ServerCapabilities_MaxSubscriptions => Variant::UInt32(u32_of(
             ctx.state.subscriptions.limits.max_subscription_count,
         )),
@@ -253,7 +253,7 @@ fn u32_of64(n: u64) -> u32 {
 }
 
 /// With `diagnostics_enabled = false` the diagnostics arrays are not kept:
-/// reading them is `BadOutOfService` (SCALABILITY.md §5).
+/// reading them is `BadOutOfService` (docs/scalability.md §5).
 pub fn check_diagnostics(
     ctx: &ServiceContext,
     id: &NodeId,

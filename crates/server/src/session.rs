@@ -1,6 +1,6 @@
 //! The session table: sharded by authentication token so that creating,
 //! activating and looking up sessions never takes one global lock, and
-//! nothing in establishment scans all sessions (SCALABILITY.md §1-2).
+//! nothing in establishment scans all sessions (docs/scalability.md §1-2).
 //!
 //! Expiry is event-driven: a min-heap of deadlines per shard, re-checked
 //! lazily, so an idle server with 10,000 sessions does no per-session work
@@ -302,7 +302,7 @@ pub struct Activation {
 }
 
 /// A place for one more session, taken before any expensive work is done
-/// for it (SCALABILITY.md §2: limits are checked before RSA work); it is
+/// for it (docs/scalability.md §2: limits are checked before RSA work); it is
 /// given back when dropped unless [`SessionTable::create`] used it.
 #[derive(Debug)]
 pub struct SessionSlot<'a> {
@@ -757,7 +757,7 @@ impl SessionTable {
     }
 
     /// The SessionDiagnosticsArray: rebuilt when asked for, at most once a
-    /// second (SCALABILITY.md §5), walking every shard; nothing in session
+    /// second (docs/scalability.md §5), walking every shard; nothing in session
     /// establishment touches it. `now`/`instant` are the same moment on the
     /// wall and monotonic clocks; `per_session` gives a session's
     /// subscription and monitored-item counts (called with no shard lock
@@ -906,7 +906,7 @@ mod tests {
     use super::*;
 
     /// Every session holds one `Session` (boxed in the table), so its
-    /// size is memory per session (issue 17): what most sessions never
+    /// size is memory per session: what most sessions never
     /// use (locales, Browse continuation points, an X509 user) is kept
     /// behind a pointer.
     #[test]

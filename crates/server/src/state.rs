@@ -99,7 +99,7 @@ pub struct ServerState {
     pub admission: crate::admission::Admission,
     /// Request workers, the request queue and isolation (`[requests]`).
     pub scheduler: Arc<crate::scheduler::Scheduler>,
-    /// The load-based ServiceLevel (SCALABILITY.md §2), updated as
+    /// The load-based ServiceLevel (docs/scalability.md §2), updated as
     /// sessions come and go.
     service_level: std::sync::Mutex<crate::admission::service_level::ServiceLevel>,
     /// Its published value (what `Server.ServiceLevel` reads).
@@ -402,7 +402,7 @@ impl ServerState {
 
     /// `Server.ServiceLevel` now: 255 while sessions are at most 20 % of
     /// `max_session_count`, then down to 1 at 100 %, moving in steps of 5
-    /// or more (SCALABILITY.md §2).
+    /// or more (docs/scalability.md §2).
     pub fn service_level(&self) -> u8 {
         let level = self
             .service_level_now

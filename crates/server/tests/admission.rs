@@ -1,4 +1,4 @@
-//! Admission stages seen from a socket (SCALABILITY.md §2): at
+//! Admission stages seen from a socket (docs/scalability.md §2): at
 //! `max_channel_count` the oldest channel without an activated session is
 //! evicted with a busy ERR carrying a hint; when every channel has a
 //! session the new connection is refused the same way; and the buckets at

@@ -1,4 +1,4 @@
-//! SCALABILITY.md §2, the incomplete-message budget: channels without an
+//! docs/scalability.md §2, the incomplete-message budget: channels without an
 //! activated session may use only part of it, so headroom stays for
 //! activated sessions. The connection learns that its channel carries an
 //! activated session from the session table's transitions (ActivateSession,

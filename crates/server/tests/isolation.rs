@@ -1,5 +1,5 @@
 //! The request queue and isolation profiles through real sockets
-//! (SCALABILITY.md §3-4): one client's flood against the demo's slow
+//! (docs/scalability.md §3-4): one client's flood against the demo's slow
 //! asynchronous folder does not starve another client under `fair_share`
 //! and `balanced` (and does under `shared_only` - the test can fail);
 //! session management gets through a full queue under `balanced`; held
@@ -243,7 +243,7 @@ fn fairness_run(profile: IsolationProfile, tries: usize) -> (usize, usize, usize
     (a_during, good, busy)
 }
 
-/// SCALABILITY.md §3: with four workers, B (one Read at a time) competes
+/// docs/scalability.md §3: with four workers, B (one Read at a time) competes
 /// with A (150 in flight) for them. B's share: while B has a Read waiting it
 /// gets the next turn, so at best it completes one Read for every three of
 /// A's (it holds at most one of four workers). Stated fraction: under
@@ -318,7 +318,7 @@ fn close_session(c: &mut RawClient) -> Box<dyn DynStructure> {
     c.read_response().1
 }
 
-/// SCALABILITY.md §3: with the queue full of A's requests (one worker, each
+/// docs/scalability.md §3: with the queue full of A's requests (one worker, each
 /// Read taking 500 ms, so the queue cannot drain during the test), a new
 /// client's CreateSession + ActivateSession and an existing client's
 /// CloseSession take their protected entries under `balanced`, and are
@@ -396,7 +396,7 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// SCALABILITY.md §4: 10,000 held Publishes (100 sessions x 100) are parked
+/// docs/scalability.md §4: 10,000 held Publishes (100 sessions x 100) are parked
 /// and hold no worker: the busy-worker count stays small and another
 /// client's Read is served.
 #[test]

@@ -3,7 +3,7 @@
 //! slow asynchronous `ns=2;s=Demo.Slow.0`): what each client completes
 //! per second, how often it is refused, and the latency of what it
 //! completes. Run it against servers with different `isolation_profile`s
-//! to see who waits behind whom (docs/benchmarks.md).
+//! to see who waits behind whom (docs/notebook/benchmarks.md).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,7 +1,7 @@
 //! `bench floor`: the floor under a publish round trip - what a server
 //! that does nothing but one read and one write per small message costs
-//! (issue 17: the steady keep-alive/notification publish cost is compared
-//! with it in the same run).
+//! (the steady keep-alive/notification publish cost is compared with it in
+//! the same run).
 //!
 //! `uascale bench floor serve --port P` is that server: a tokio runtime
 //! like uascale's, one task per connection, each message read into a
@@ -11,7 +11,7 @@
 //! round trips per second, latency, and with `--server-pid` the server's
 //! CPU per round trip and per socket-second - directly comparable with
 //! `bench sessions --subscribe on --publishing-ms I`'s CPU per
-//! session-second while holding (docs/benchmarks.md).
+//! session-second while holding (docs/notebook/benchmarks.md).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -99,7 +99,7 @@ pub const USAGE: &str =
                   connection; library goes through Client::read_values
   bench sessions  N sessions (100), each on its own connection, established
                   C at a time (50), each retried up to R times (4) with
-                  the backoff of SCALABILITY.md §7 on failures, held
+                  the client's backoff on failures (docs/scalability.md §7), held
                   --hold-s (5), closed: rate, failures by status, busy
                   answers, retries, server CPU and memory per session.
                   --security/--user/--cert as for the client commands (the
@@ -123,7 +123,7 @@ pub const USAGE: &str =
                   OpenSecureChannel, CreateSession, ActivateSession) gets
                   --timeout-s (3); after any failure or timeout a new attempt
                   at once, until --duration-s (30); cooperative: the shipped
-                  client (Client::open): the backoff of SCALABILITY.md §7 with
+                  client (Client::open): the backoff of docs/scalability.md §7 with
                   retry-after hints as a lower bound, transient statuses only,
                   at most R retries (4), at most C connecting at once through
                   a connect gate (--gate, 50, split over the processes);

@@ -1,4 +1,4 @@
-//! The client-wide connect gate of SCALABILITY.md §7: a concurrency limit
+//! The client-wide connect gate of docs/scalability.md §7: a concurrency limit
 //! with a queue, shared by many clients, so that a bulk connect (or the
 //! reconnect of many clients after a network blip) ramps instead of
 //! stampeding the server.

@@ -79,7 +79,7 @@ pub struct ClientOptions {
     /// that takes the subscriptions over). Default true.
     pub reconnect: bool,
     /// The waits between reconnect attempts and between [`Client::open`]
-    /// attempts (SCALABILITY.md §7); each client draws its own jitter.
+    /// attempts (docs/scalability.md §7); each client draws its own jitter.
     pub backoff: Backoff,
     /// Attempts in all of [`Client::open`]. Default 5.
     pub connect_attempts: u32,
@@ -265,7 +265,7 @@ pub fn parse_url(url: &str) -> Result<(String, u16), ClientError> {
     Ok((host.to_owned(), port))
 }
 
-/// The `RetryAfterMs` hint of a response header (SCALABILITY.md §2).
+/// The `RetryAfterMs` hint of a response header (docs/scalability.md §2).
 pub fn retry_after_ms(header: &ResponseHeader) -> Option<u64> {
     let params = header
         .additional_header
@@ -366,7 +366,7 @@ impl Client {
     }
 
     /// Connects, creates and activates a session named `name`, retrying
-    /// failed attempts with the backoff of SCALABILITY.md §7 (busy signals
+    /// failed attempts with the backoff of docs/scalability.md §7 (busy signals
     /// wait four times longer, the server's retry-after hint is a lower
     /// bound; each call draws its own jitter) up to
     /// `options.connect_attempts` attempts in all. Each attempt holds a turn

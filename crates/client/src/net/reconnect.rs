@@ -1,4 +1,4 @@
-//! Reconnect after a lost connection (issue 6, SCALABILITY.md §7 and §8):
+//! Reconnect after a lost connection (docs/scalability.md §7 and §8):
 //! wait per the backoff, open a new channel (through the connect gate),
 //! activate the same session on it; if the server no longer has that
 //! session (or will not move it), create a new one and take the

@@ -1,4 +1,4 @@
-//! Admission control (SCALABILITY.md §2): decisions taken **before** the
+//! Admission control (docs/scalability.md §2): decisions taken **before** the
 //! work they protect, each refusal a fast busy answer with a retry-after
 //! hint.
 //!
@@ -132,7 +132,7 @@ struct Closes {
     jitter: Jitter,
 }
 
-/// The admission stages of a server (SCALABILITY.md §2), built from the
+/// The admission stages of a server (docs/scalability.md §2), built from the
 /// `[admission]` section. Shared by every connection task: `&self`
 /// methods, each stage behind its own short mutex.
 ///

@@ -1,4 +1,4 @@
-//! The load-based `Server.ServiceLevel` (SCALABILITY.md §2): 255 while
+//! The load-based `Server.ServiceLevel` (docs/scalability.md §2): 255 while
 //! sessions are at most 20 % of `max_session_count`, then falling linearly
 //! to 1 at 100 %, republished only when it moves by 5 or more, or reaches
 //! 255 or 1 - so clients can read or subscribe to it as a capacity signal

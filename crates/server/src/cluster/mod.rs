@@ -1,4 +1,4 @@
-//! Scale-out (SCALABILITY.md §8, docs/cluster.md): several nodes behind a
+//! Scale-out (docs/scalability.md §8, docs/cluster.md): several nodes behind a
 //! TCP front end, mirroring sessions, subscriptions, variable values and
 //! trusted certificates through an existing distributed engine (NATS
 //! JetStream), so that a client whose node dies carries on through

@@ -1,4 +1,4 @@
-//! Request workers, the request queue and isolation (SCALABILITY.md §3-4;
+//! Request workers, the request queue and isolation (docs/scalability.md §3-4;
 //! `[requests]`).
 //!
 //! A decoded request becomes a job ([`crate::job::Job`], queued as a

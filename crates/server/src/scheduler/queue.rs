@@ -1,5 +1,5 @@
 //! The request queue without a runtime: who may wait, in which stage, and
-//! whose request a free worker takes next (SCALABILITY.md §3).
+//! whose request a free worker takes next (docs/scalability.md §3).
 //!
 //! A request offered to the queue has an owner (the session, or the
 //! channel before a session exists), a [`Kind`] and a size. Under

@@ -230,7 +230,7 @@ mod tests {
     use super::*;
     use uascale_types::RequestHeader;
 
-    /// Issue 16, finding 2: a client that connected to 127.0.0.1 gets
+    /// A hostile-input finding: a client that connected to 127.0.0.1 gets
     /// endpoint URLs naming 127.0.0.1 (where it can reach the server), not
     /// `localhost`; a name, or an address the connection did not arrive
     /// on, gets the configured host_name.

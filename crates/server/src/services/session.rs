@@ -185,7 +185,7 @@ fn create_session_inner(
 ) -> Result<CreateSessionResponse, ServiceError> {
     // The place for the session is taken before any certificate or
     // signature work: a full server refuses at the cost of an atomic add
-    // (SCALABILITY.md §2).
+    // (docs/scalability.md §2).
     let slot = ctx.state.sessions.reserve().map_err(session_limit)?;
     check_client_nonce(ctx.channel.policy, req.client_nonce.as_bytes_or_empty())?;
     let requested = req.requested_session_timeout;
@@ -359,7 +359,7 @@ fn auth_failed(ctx: &ServiceContext, key: &str) {
     ctx.state.metrics.auth_failure(lockout);
 }
 
-/// The lockout key (SCALABILITY.md §2): client certificate thumbprint,
+/// The lockout key (docs/scalability.md §2): client certificate thumbprint,
 /// else application URI, else channel.
 fn lockout_key(ctx: &ServiceContext, snap: &Snapshot) -> String {
     if let Some(cert) = &ctx.channel.remote_certificate {
@@ -1090,7 +1090,7 @@ mod tests {
         assert_eq!(a.server_endpoints.as_ref().map(Vec::len), Some(1));
     }
 
-    /// Issue 16, finding 3: CreateSession refuses a client nonce shorter
+    /// A hostile-input finding: CreateSession refuses a client nonce shorter
     /// than 32 bytes or longer than the maximum on SecurityPolicy None too;
     /// an empty one stays accepted there.
     #[test]

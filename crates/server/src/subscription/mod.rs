@@ -55,7 +55,7 @@ pub use uascale_proto::Now;
 /// `GoodSubscriptionTransferred`: the StatusChange the old session gets.
 pub const GOOD_SUBSCRIPTION_TRANSFERRED: StatusCode = StatusCode(0x002D_0000);
 
-/// Bounds on what clients may ask for (SCALABILITY.md §4): the
+/// Bounds on what clients may ask for (docs/scalability.md §4): the
 /// `[subscriptions]` section of the configuration (the keys are the field
 /// names, durations in milliseconds under `..._ms`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -116,7 +116,7 @@ pub struct SubscriptionLimits {
 }
 
 impl Default for SubscriptionLimits {
-    /// The limits of SCALABILITY.md §4, sized for one process serving the
+    /// The limits of docs/scalability.md §4, sized for one process serving the
     /// 20,000 sessions of `max_session_count`.
     fn default() -> Self {
         SubscriptionLimits {

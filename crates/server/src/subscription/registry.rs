@@ -203,7 +203,7 @@ impl<P: PublishSink> Registry<P> {
     /// Part 5 PublishingIntervalCount: the number of distinct publishing
     /// intervals of the subscriptions in the server now (with those
     /// waiting for a transfer). Counted when asked for, at most once a
-    /// second (SCALABILITY.md §5): it visits every subscription.
+    /// second (docs/scalability.md §5): it visits every subscription.
     pub fn publishing_interval_count(&self, now: Instant) -> usize {
         let mut cache = lock(&self.intervals);
         if let Some((counted, n)) = *cache {
@@ -236,7 +236,7 @@ impl<P: PublishSink> Registry<P> {
     }
 
     /// The SubscriptionDiagnosticsArray: rebuilt when asked for, at most
-    /// once a second (SCALABILITY.md §5), so a burst of creates or of reads
+    /// once a second (docs/scalability.md §5), so a burst of creates or of reads
     /// does not rebuild it each time. Counters the engine does not keep
     /// (modify, republish, notification counts) read 0.
     pub fn subscription_diagnostics(&self, now: Instant) -> Variant {

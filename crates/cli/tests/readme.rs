@@ -1,0 +1,259 @@
+//! The README's tour works as written: its shell commands are taken from
+//! README.md itself, not copied here, and run in an empty directory
+//! against the `uascale` under test.
+//!
+//! Taken: the indented code blocks of "## A tour" (up to the cluster,
+//! which the cluster suites cover with real nats-server and HAProxy) and
+//! the production configuration of "## Security". Changed, so that the
+//! test is bounded and runs beside others: `U=target/release/uascale`
+//! becomes the binary under test; port 4840 and the metrics port 9464
+//! become free ports; every server listens on 127.0.0.1 only; the storm
+//! has 40 clients instead of 500. A line `$U serve ...` (not
+//! `--print-config`) starts that server in the background, after stopping
+//! the one before, and waits until it accepts connections. A line marked
+//! `# refused` must fail; every other command must succeed.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, TempDir, BIN};
+
+/// The indented code blocks of the README section starting with
+/// `## {title}`, each as its lines (indentation removed).
+fn blocks(readme: &str, title: &str) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    let mut inside = false;
+    let mut open = false;
+    for line in readme.lines() {
+        if let Some(h) = line.strip_prefix("## ") {
+            inside = h.starts_with(title);
+            open = false;
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        if let Some(code) = line.strip_prefix("    ") {
+            if !open {
+                out.push(Vec::new());
+                open = true;
+            }
+            out.last_mut().unwrap().push(code.to_owned());
+        } else if !line.trim().is_empty() {
+            open = false;
+        }
+    }
+    out
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `args` (after `uascale`) in `dir` as a server on `port`, once it
+/// accepts connections.
+fn start(dir: &Path, args: &[String], port: u16) -> Server {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .args(["--bind", "127.0.0.1"])
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start uascale serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("`uascale {}` exited: {status}", args.join(" "));
+        }
+        assert!(Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Server(child)
+}
+
+/// Runs a shell script in `dir` with `$U` the binary; its status.
+fn sh(dir: &Path, script: &str) -> (bool, String) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env("U", BIN)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sh");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Runs the README's blocks in `dir`, with the substitutions of the module
+/// comment; returns the server left running.
+fn run_blocks(
+    dir: &Path,
+    blocks: &[Vec<String>],
+    port: u16,
+    metrics: u16,
+    mut server: Option<Server>,
+) -> Option<Server> {
+    for block in blocks {
+        // Lines ending in `\` continue on the next.
+        let mut lines: Vec<String> = Vec::new();
+        let mut pending = String::new();
+        for line in block {
+            let line = line
+                .replace("localhost:4840", &format!("localhost:{port}"))
+                .replace("9464", &metrics.to_string())
+                .replace("--clients 500", "--clients 40");
+            if let Some(head) = line.strip_suffix('\\') {
+                pending.push_str(head);
+                continue;
+            }
+            pending.push_str(&line);
+            lines.push(std::mem::take(&mut pending));
+        }
+        // Heredocs and the lines between servers run as one script.
+        let mut script = String::new();
+        let flush = |script: &mut String| {
+            if script.trim().is_empty() {
+                return;
+            }
+            let (ok, out) = sh(dir, script);
+            assert!(ok, "README commands failed:\n{script}\n--- output:\n{out}");
+            script.clear();
+        };
+        let mut in_heredoc: Option<String> = None;
+        for line in lines {
+            if let Some(end) = &in_heredoc {
+                script.push_str(&line);
+                script.push('\n');
+                if line.trim() == end {
+                    in_heredoc = None;
+                }
+                continue;
+            }
+            if line.starts_with("U=") {
+                continue; // $U is the binary under test
+            }
+            if let Some(at) = line.find("<<") {
+                let end = line[at + 2..].trim().trim_matches('\'').to_owned();
+                in_heredoc = Some(end);
+                script.push_str(&line);
+                script.push('\n');
+                continue;
+            }
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if words.first() == Some(&"$U")
+                && words.get(1) == Some(&"serve")
+                && !line.contains("--print-config")
+            {
+                flush(&mut script);
+                drop(server.take());
+                let mut args: Vec<String> = words[1..].iter().map(|w| w.to_string()).collect();
+                args.extend(["--port".to_owned(), port.to_string()]);
+                server = Some(start(dir, &args, port));
+                // A user types the next command seconds later: by then a
+                // configured metrics endpoint listens too.
+                let config = args
+                    .iter()
+                    .position(|a| a == "--config")
+                    .and_then(|i| args.get(i + 1))
+                    .and_then(|f| std::fs::read_to_string(dir.join(f)).ok())
+                    .unwrap_or_default();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while config.contains(&metrics.to_string())
+                    && std::net::TcpStream::connect(("127.0.0.1", metrics)).is_err()
+                    && Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                continue;
+            }
+            if line.contains("# refused") {
+                flush(&mut script);
+                let (ok, out) = sh(dir, &line);
+                assert!(
+                    !ok,
+                    "README says this is refused, but it succeeded: {line}\n{out}"
+                );
+                continue;
+            }
+            script.push_str(&line);
+            script.push('\n');
+        }
+        flush(&mut script);
+    }
+    server
+}
+
+#[test]
+fn the_readme_tour_runs_as_written() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md");
+    let tour = blocks(&readme, "A tour");
+    let cluster = tour
+        .iter()
+        .position(|b| b.iter().any(|l| l.contains("nats-server")))
+        .expect("the tour has a cluster block");
+    let tour = &tour[..cluster];
+    assert!(tour.len() >= 4, "{tour:#?}");
+    let dir = TempDir::new("readme-tour");
+    let port = free_port();
+    let metrics = free_port();
+    // The README's first command: the server, in the directory the tour
+    // then runs in.
+    let first = start(
+        dir.as_ref(),
+        &["serve".into(), "--port".into(), port.to_string()],
+        port,
+    );
+    drop(run_blocks(dir.as_ref(), tour, port, metrics, Some(first)));
+
+    // The production configuration starts, with no None endpoint.
+    let security = blocks(&readme, "Security");
+    assert!(!security.is_empty());
+    let dir = TempDir::new("readme-production");
+    let server =
+        run_blocks(dir.as_ref(), &security, port, metrics, None).expect("a server started");
+    let (ok, out) = sh(
+        dir.as_ref(),
+        &format!(
+            "$U endpoints opc.tcp://localhost:{port} --security Basic256Sha256 --trust-server"
+        ),
+    );
+    // No unsecured channel at all, so the endpoints cannot be looked up
+    // (the README's known limitation); when this starts passing, the
+    // README's note is out of date.
+    assert!(!ok, "{out}");
+    assert!(out.contains("BadSecurityPolicyRejected"), "{out}");
+    drop(server);
+}
+
+/// The block parser finds the blocks, so the test cannot pass by running
+/// nothing.
+#[test]
+fn readme_blocks_are_found() {
+    let text = "## A tour\n\ntext\n\n    one\n    two\n\nmore\n\n    three\n## Next\n\n    four\n";
+    assert_eq!(
+        blocks(text, "A tour"),
+        vec![
+            vec!["one".to_owned(), "two".to_owned()],
+            vec!["three".to_owned()]
+        ]
+    );
+}
