@@ -135,6 +135,9 @@ fn page(
         let most = ctx.config.operation_limits.max_browse_continuation_points;
         let held = s.continuation_points.as_ref().map_or(0, |c| c.len());
         if held >= usize::from(most) {
+            ctx.subscriptions
+                .budget()
+                .count(crate::quota::Quota::ContinuationPoints);
             return BrowseResult {
                 status_code: StatusCode::BadNoContinuationPoints,
                 continuation_point: ByteString::null(),
