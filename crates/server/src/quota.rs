@@ -519,19 +519,18 @@ impl Account {
     fn sync(&self, stage: Stage, now: u64) {
         let i = stage as usize;
         let told = self.reported[i].load(Ordering::Relaxed);
-        if now.abs_diff(told) >= SYNC_STEP || (now == 0 && told != 0) {
-            if self.reported[i]
+        if (now.abs_diff(told) >= SYNC_STEP || (now == 0 && told != 0))
+            && self.reported[i]
                 .compare_exchange(told, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
-            {
-                let t = &self.budget.totals[i];
-                if now > told {
-                    t.fetch_add(now - told, Ordering::Relaxed);
-                } else {
-                    let _ = t.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                        Some(v.saturating_sub(told - now))
-                    });
-                }
+        {
+            let t = &self.budget.totals[i];
+            if now > told {
+                t.fetch_add(now - told, Ordering::Relaxed);
+            } else {
+                let _ = t.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(told - now))
+                });
             }
         }
         let keeping = now > 0 || self.kept() > 0;

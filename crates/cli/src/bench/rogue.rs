@@ -173,7 +173,12 @@ async fn raw_items(
 
 /// Keeps `window` Publish requests in flight on `c`, never acknowledging
 /// anything, counting the values and their overflow bits.
-async fn unacked_publishes(c: Arc<Client>, window: usize, stats: Arc<RogueStats>, stop: Arc<AtomicBool>) {
+async fn unacked_publishes(
+    c: Arc<Client>,
+    window: usize,
+    stats: Arc<RogueStats>,
+    stop: Arc<AtomicBool>,
+) {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..window.max(1) {
         let (c, stats, stop) = (Arc::clone(&c), Arc::clone(&stats), Arc::clone(&stop));
@@ -224,7 +229,10 @@ async fn park_continuation_point(c: &Client, node: &NodeId, stats: &RogueStats) 
     match c.request::<t::BrowseResponse>(&req).await {
         Ok(r) => match r.results.and_then(|r| r.into_iter().next()) {
             Some(res) if res.status_code.is_good() => {
-                let held = res.continuation_point.as_bytes().is_some_and(|b| !b.is_empty());
+                let held = res
+                    .continuation_point
+                    .as_bytes()
+                    .is_some_and(|b| !b.is_empty());
                 if held {
                     stats.continuation_points.fetch_add(1, Ordering::Relaxed);
                 }
@@ -245,7 +253,14 @@ async fn park_continuation_point(c: &Client, node: &NodeId, stats: &RogueStats) 
 
 /// An EventFilter of `n` select clauses (BaseEventType fields, repeated).
 fn huge_filter(n: usize) -> t::EventFilter {
-    let fields = ["EventId", "EventType", "SourceName", "Time", "Message", "Severity"];
+    let fields = [
+        "EventId",
+        "EventType",
+        "SourceName",
+        "Time",
+        "Message",
+        "Severity",
+    ];
     let names: Vec<&str> = (0..n.max(1)).map(|i| fields[i % fields.len()]).collect();
     uascale_client::subscription::event_filter(&names, t::ContentFilter::default())
 }
@@ -301,8 +316,13 @@ async fn rogue(a: RoguePlan, stats: Arc<RogueStats>, stop: Arc<AtomicBool>) -> R
                 )
                 .await;
             }
-            unacked_publishes(Arc::clone(&c), a.publishes, Arc::clone(&stats), Arc::clone(&stop))
-                .await;
+            unacked_publishes(
+                Arc::clone(&c),
+                a.publishes,
+                Arc::clone(&stats),
+                Arc::clone(&stop),
+            )
+            .await;
         }
         "continuation" => {
             let node = NodeId::ns0(85); // Objects
@@ -311,7 +331,9 @@ async fn rogue(a: RoguePlan, stats: Arc<RogueStats>, stop: Arc<AtomicBool>) -> R
                     break;
                 }
                 let c = open(&a.url, &format!("uascale bench rogue {s}")).await?;
-                while !stop.load(Ordering::Relaxed) && park_continuation_point(&c, &node, &stats).await {}
+                while !stop.load(Ordering::Relaxed)
+                    && park_continuation_point(&c, &node, &stats).await
+                {}
                 clients.push(c);
             }
         }
@@ -369,7 +391,10 @@ async fn victim(
         .filter(|s| !s.is_good())
         .collect();
     if let Some(s) = bad.first() {
-        return Err(format!("victim: {} of {items} items refused ({s})", bad.len()));
+        return Err(format!(
+            "victim: {} of {items} items refused ({s})",
+            bad.len()
+        ));
     }
     while !stop.load(Ordering::Relaxed) {
         let ev = tokio::time::timeout(Duration::from_millis(200), sub.recv()).await;
@@ -389,7 +414,9 @@ async fn victim(
                 }
             }
             Ok(Some(SubscriptionEvent::Lost { count, .. })) => {
-                stats.lost_messages.fetch_add(u64::from(count), Ordering::Relaxed);
+                stats
+                    .lost_messages
+                    .fetch_add(u64::from(count), Ordering::Relaxed);
             }
             Ok(Some(SubscriptionEvent::Ended(s))) => {
                 *stats.ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
@@ -430,7 +457,11 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         items: a.num("--items", 999_900)?,
         subscriptions: a.num(
             "--subscriptions",
-            if variant == "subscriptions" { 25_000 } else { 11 },
+            if variant == "subscriptions" {
+                25_000
+            } else {
+                11
+            },
         )?,
         queue: a.num("--queue", 1000)?,
         sessions: a.num("--sessions", 1000)?,
