@@ -168,8 +168,8 @@ pub const USAGE: &str =
                   subscriptions of one item, --publishes (20) Publishes
                   parked and never acknowledged; continuation: --sessions
                   (1000) sessions holding all the Browse continuation
-                  points they get; events: event items with --select
-                  (1000) select clauses. For --duration-s (30): server RSS
+                  points they get; events: --items (10000) event items
+                  with --select (1000) select clauses. For --duration-s (30): server RSS
                   baseline/peak/end (--server-pid), the rogue's refusals
                   by status, the victim's values/s, losses and lateness
   bench floor     the floor of a publish round trip: `floor serve` echoes

@@ -122,18 +122,21 @@ async fn raw_subscription(c: &Client, stats: &RogueStats) -> Option<u32> {
     }
 }
 
-/// Creates `items` on subscription `sub`, PER_CALL at a time, counting
-/// the results; stops at the first call where none was created.
+/// Creates `items` on subscription `sub`, `per_call` at a time (built as
+/// they go: an event item's filter can be large), counting the results;
+/// stops at the first call where none was created.
 async fn raw_items(
     c: &Client,
     sub: u32,
-    items: impl Iterator<Item = MonitorItem>,
+    mut items: impl Iterator<Item = MonitorItem>,
+    per_call: usize,
     stats: &RogueStats,
     stop: &AtomicBool,
 ) {
-    let items: Vec<MonitorItem> = items.collect();
-    for (k, chunk) in items.chunks(PER_CALL).enumerate() {
-        if stop.load(Ordering::Relaxed) {
+    let per_call = per_call.max(1);
+    for k in 0.. {
+        let chunk: Vec<MonitorItem> = items.by_ref().take(per_call).collect();
+        if chunk.is_empty() || stop.load(Ordering::Relaxed) {
             return;
         }
         let req = t::CreateMonitoredItemsRequest {
@@ -144,7 +147,7 @@ async fn raw_items(
                 chunk
                     .iter()
                     .enumerate()
-                    .map(|(i, m)| m.request(u32::try_from(k * PER_CALL + i).unwrap_or(0)))
+                    .map(|(i, m)| m.request(u32::try_from(k * per_call + i).unwrap_or(0)))
                     .collect(),
             ),
         };
@@ -286,13 +289,15 @@ async fn rogue(a: RoguePlan, stats: Arc<RogueStats>, stop: Arc<AtomicBool>) -> R
                             .sampling(0.0)
                             .queue(queue, true)
                     });
-                    raw_items(&c, id, items, &stats, &stop).await;
+                    raw_items(&c, id, items, PER_CALL, &stats, &stop).await;
                 } else {
                     let filter = huge_filter(a.select);
                     let items = (0..n).map(|_| {
                         MonitorItem::events(NodeId::ns0(2253), filter.clone()).queue(queue, true)
                     });
-                    raw_items(&c, id, items, &stats, &stop).await;
+                    // A few per call: each carries its whole filter.
+                    let per_call = (PER_CALL / a.select.max(1)).max(1);
+                    raw_items(&c, id, items, per_call, &stats, &stop).await;
                 }
             }
             clients.push(c);
@@ -311,6 +316,7 @@ async fn rogue(a: RoguePlan, stats: Arc<RogueStats>, stop: Arc<AtomicBool>) -> R
                     &c,
                     id,
                     std::iter::once(MonitorItem::value(node).sampling(0.0).queue(a.queue, true)),
+                    1,
                     &stats,
                     &stop,
                 )
@@ -454,7 +460,10 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let variant = a.last("--variant").unwrap_or("items").to_owned();
     let plan = RoguePlan {
         url: a.url.clone(),
-        items: a.num("--items", 999_900)?,
+        items: a.num(
+            "--items",
+            if variant == "events" { 10_000 } else { 999_900 },
+        )?,
         subscriptions: a.num(
             "--subscriptions",
             if variant == "subscriptions" {
