@@ -38,9 +38,12 @@ pub struct Quotas {
     /// Monitored items one client may hold across its sessions
     /// (`max_monitored_items_per_client`; a client is its certificate's
     /// thumbprint, else its ApplicationUri, else the session alone); over
-    /// it `BadTooManyMonitoredItems`. Default 500,000: half the server's
-    /// `subscriptions.max_monitored_item_count`, so one client never takes
-    /// the whole server-wide cap.
+    /// it `BadTooManyMonitoredItems`. Default 0 (none): without a
+    /// certificate the ApplicationUri is what the client says, shared by
+    /// every instance of a product and by a load generator's sessions, so
+    /// a default would refuse legitimate multi-session clients; set it
+    /// where clients are known (the per-session quota already keeps one
+    /// session from taking the server-wide cap).
     pub max_monitored_items_per_client: usize,
     /// Bytes of notifications one session may have queued for Publish
     /// beyond each item's latest value (`max_queued_notification_bytes_per_session`,
@@ -71,7 +74,7 @@ impl Default for Quotas {
             max_subscriptions_per_session: 1_000,
             // A large SCADA gateway monitors some 100,000 tags in a session.
             max_monitored_items_per_session: 250_000,
-            max_monitored_items_per_client: 500_000,
+            max_monitored_items_per_client: 0,
             // A client that publishes holds a few publishing intervals'
             // values; 64 MiB is some 500,000 queued doubles.
             max_queued_notification_bytes_per_session: 64 << 20,
