@@ -42,6 +42,9 @@ pub struct ServerConfig {
     /// `[subscriptions]`: subscription and monitored-item limits
     /// (docs/scalability.md §4).
     pub subscriptions: SubscriptionLimits,
+    /// `[quotas]`: what one session or client may make the server keep,
+    /// and the memory budget of all of it (docs/scalability.md).
+    pub quotas: crate::quota::Quotas,
     /// `[admission]`: admission control (docs/scalability.md §2).
     pub admission: AdmissionSection,
     /// `[requests]`: request workers, the request queue and isolation
@@ -1010,6 +1013,7 @@ impl ServerConfig {
             self.subscriptions.max_publish_request_count,
         );
         c.runtime.worker_threads = Some(self.runtime.worker_threads.unwrap_or(cpus.max(1)));
+        c.quotas = self.quotas.resolved(std::path::Path::new("/"));
         c
     }
 
@@ -1075,6 +1079,10 @@ impl ServerConfig {
 
         self.validate_security()?;
         self.validate_subscriptions()?;
+        let p = self.quotas.memory_budget_percent;
+        if !(1..=100).contains(&p) {
+            return fail("quotas.memory_budget_percent", p, "must be 1..=100");
+        }
         self.validate_admission()?;
         self.validate_requests()?;
         self.validate_cluster()

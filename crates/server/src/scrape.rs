@@ -507,8 +507,51 @@ impl Collector for ServerCollector {
             "Monitored items now",
             i64::try_from(state.subscriptions.monitored_item_count()).unwrap_or(i64::MAX),
         )?;
+        kept_state(&mut enc, state.subscriptions.budget())?;
         Ok(())
     }
+}
+
+/// What sessions make the server keep (`[quotas]`): bytes by stage, the
+/// budget, the sessions keeping anything, and the refusals and drops by
+/// quota. Labels are the stage and the quota, never the session.
+fn kept_state(enc: &mut DescriptorEncoder, b: &crate::quota::Budget) -> Result<(), Error> {
+    use crate::quota::{Quota, Stage as KeptStage};
+    let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    {
+        let mut family = enc.encode_descriptor(
+            "opcua_server_kept_bytes",
+            "Estimated bytes kept for clients, by stage: notifications queued for Publish beyond each item's latest value, NotificationMessages kept for Republish",
+            None,
+            MetricType::Gauge,
+        )?;
+        for stage in KeptStage::ALL {
+            ConstGauge::new(as_i64(b.kept(stage)))
+                .encode(family.encode_family(&[("stage", stage.label())])?)?;
+        }
+    }
+    gauge(
+        enc,
+        "opcua_server_kept_budget_bytes",
+        "The memory budget of kept state (quotas.memory_budget_bytes; 0: none)",
+        as_i64(b.limit()),
+    )?;
+    gauge(
+        enc,
+        "opcua_server_kept_sessions",
+        "Sessions keeping queued notifications or messages now (the fair share is the budget over these)",
+        i64::try_from(b.active_sessions()).unwrap_or(i64::MAX),
+    )?;
+    counters(
+        enc,
+        "opcua_server_quota_exceeded",
+        "Refusals (subscriptions, monitored items, continuation points) and drops (queued values, retained messages) by the quota that caused them",
+        &Quota::ALL
+            .iter()
+            .map(|q| (vec![("quota", q.label())], b.over_count(*q)))
+            .collect::<Vec<_>>(),
+        true,
+    )
 }
 
 #[cfg(test)]

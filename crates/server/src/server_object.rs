@@ -111,6 +111,10 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         v::Server_ServerCapabilities_MaxSubscriptions => Variant::UInt32(u32_of(
             ctx.state.subscriptions.limits.max_subscription_count,
         )),
+        // `[quotas]`: per session, the one Part 5 has a node for.
+        v::Server_ServerCapabilities_MaxSubscriptionsPerSession => Variant::UInt32(u32_of(
+            ctx.state.config.quotas.max_subscriptions_per_session,
+        )),
         v::Server_ServerCapabilities_MaxMonitoredItems => Variant::UInt32(u32_of(
             ctx.state.subscriptions.limits.max_monitored_item_count,
         )),

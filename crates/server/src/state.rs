@@ -188,7 +188,12 @@ impl ServerState {
         security: SecurityState,
         demo: Option<Demo>,
     ) -> Arc<ServerState> {
-        let subscriptions = Arc::new(SubscriptionRegistry::new(config.subscriptions.clone()));
+        let quotas = config.quotas.resolved(std::path::Path::new("/"));
+        let subscriptions = Arc::new(SubscriptionRegistry::with_quotas(
+            config.subscriptions.clone(),
+            quotas.clone(),
+            quotas.memory_budget_bytes.unwrap_or(0),
+        ));
         // Value changes reach monitored items as they happen (no sampling).
         let registry = Arc::clone(&subscriptions);
         let cluster: Arc<std::sync::OnceLock<Arc<crate::cluster::node::ClusterNode>>> =

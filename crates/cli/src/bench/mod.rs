@@ -19,6 +19,10 @@
 //!   victims on one node: per-client throughput, busy answers and
 //!   latency - who waits behind whom under the server's isolation profile.
 //!
+//! - `bench rogue` ([`rogue`]): one client making the server keep as much
+//!   as it will (items, queues, subscriptions, continuation points, event
+//!   filters), next to a victim subscription: the server's RSS growth and
+//!   what the victim still receives.
 //! - `bench floor` ([`floor`]): the floor under a publish round trip, an
 //!   echo server (`bench floor serve`) and N sockets sending a small
 //!   message every interval: server CPU per round trip and per
@@ -39,6 +43,7 @@ mod progress;
 mod publish;
 mod read;
 mod report;
+mod rogue;
 mod series;
 mod sessions;
 mod storm;
@@ -85,6 +90,11 @@ pub const USAGE: &str =
                           [--victims V] [--node NODE] [--warmup-s S]
                           [--duration-s S] [--server-pid PID] [--json]
                           [--report FILE.html]
+       uascale bench rogue URL [--variant items|subscriptions|continuation|events]
+                          [--items N] [--subscriptions S] [--queue Q] [--sessions N]
+                          [--publishes W] [--select K] [--node NODE]... [--load-nodes L]
+                          [--victim-items K] [--victim-ms MS] [--duration-s S]
+                          [--server-pid PID] [--json] [--report FILE.html]
        uascale bench floor serve --port P [--bind ADDR]
        uascale bench floor HOST:PORT [--sockets N] [--interval-ms I] [--size B]
                           [--concurrency C] [--warmup-s S] [--duration-s S]
@@ -150,6 +160,18 @@ pub const USAGE: &str =
                   --duration-s (10) measured: per role, Reads/s per client,
                   busy answers/s, latency p50/p99/max, errors; run it
                   against servers with each requests.isolation_profile
+  bench rogue     one client making the server keep all it will, next to a
+                  victim subscription (--victim-items 100 at --victim-ms
+                  100); --variant items (default): --items (999900) in
+                  --subscriptions (11) with queues of --queue (1000), the
+                  fastest sampling, no Publish; subscriptions: S (25000)
+                  subscriptions of one item, --publishes (20) Publishes
+                  parked and never acknowledged; continuation: --sessions
+                  (1000) sessions holding all the Browse continuation
+                  points they get; events: --items (10000) event items
+                  with --select (1000) select clauses. For --duration-s (30): server RSS
+                  baseline/peak/end (--server-pid), the rogue's refusals
+                  by status, the victim's values/s, losses and lateness
   bench floor     the floor of a publish round trip: `floor serve` echoes
                   every message with one read and one write; the client
                   opens N sockets (1000), C at a time (50), sends B bytes
@@ -432,6 +454,8 @@ pub fn run(args: &[&str]) -> ExitCode {
             .and_then(|a| Ok((runtime()?.block_on(failover::run(&a))?, a))),
         ["fairness", rest @ ..] => Args::parse("fairness", rest, fairness::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(fairness::run(&a))?, a))),
+        ["rogue", rest @ ..] => Args::parse("rogue", rest, rogue::FLAGS)
+            .and_then(|a| Ok((runtime()?.block_on(rogue::run(&a))?, a))),
         // A child process of `bench storm --processes P`.
         ["storm", rest @ ..] if std::env::var_os(storm::WORKER_ENV).is_some() => {
             return storm::child(rest);
@@ -439,7 +463,7 @@ pub fn run(args: &[&str]) -> ExitCode {
         ["storm", rest @ ..] => Args::parse("storm", rest, storm::FLAGS)
             .and_then(|a| Ok((runtime()?.block_on(storm::run(&a))?, a))),
         _ => Err(format!(
-            "unknown bench; one of: read, sessions, publish, storm, fairness, floor, failover\n{USAGE}"
+            "unknown bench; one of: read, sessions, publish, storm, fairness, rogue, floor, failover\n{USAGE}"
         )),
     };
     match result.and_then(|(mut outcome, a)| {

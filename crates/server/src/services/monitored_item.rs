@@ -241,6 +241,7 @@ pub fn create_monitored_items(
     check_call(items.len(), req.timestamps_to_return, ctx)?;
     let registry = &ctx.state.subscriptions;
     let interval = registry.with_subscription(&session, req.subscription_id, |s| s.interval)?;
+    super::subscription::identify_client(ctx, &session);
     let prepared: Vec<_> = items
         .iter()
         .map(|r| {
@@ -289,13 +290,21 @@ pub fn create_monitored_items(
                         }
                     }
                 };
-                if (max_per_sub != 0 && s.items().len() >= max_per_sub)
-                    || !registry.reserve_items(1)
-                {
-                    return MonitoredItemCreateResult {
-                        status_code: StatusCode::BadTooManyMonitoredItems,
-                        ..Default::default()
-                    };
+                // The subscription's, then the session's and the client's
+                // (`[quotas]`), then the server's limit.
+                let refused = || MonitoredItemCreateResult {
+                    status_code: StatusCode::BadTooManyMonitoredItems,
+                    ..Default::default()
+                };
+                if max_per_sub != 0 && s.items().len() >= max_per_sub {
+                    return refused();
+                }
+                if s.account().reserve_item().is_err() {
+                    return refused();
+                }
+                if !registry.reserve_items(1) {
+                    s.account().release_items(1);
+                    return refused();
                 }
                 let id = s.next_item_id();
                 let mut item = MonitoredItem::new(

@@ -38,6 +38,29 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// Ties the session to its client for `quotas.max_monitored_items_per_client`:
+/// the client certificate's thumbprint, else the ApplicationUri it gave in
+/// CreateSession; a session with neither is a client of its own (the
+/// source address is not known to the services).
+pub(crate) fn identify_client(ctx: &ServiceContext, session: &uascale_types::NodeId) {
+    let key = ctx
+        .with_session(|s| match (&s.client_thumbprint, &s.client_uri) {
+            (Some(t), _) => Some(format!(
+                "cert:{}",
+                t.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            )),
+            (None, uri) if !uri.is_null_or_empty() => {
+                Some(format!("uri:{}", uri.as_str_or_empty()))
+            }
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if let Some(key) = key {
+        ctx.state.subscriptions.identify(session, &key);
+    }
+}
+
 /// CreateSubscription: revised interval, lifetime and keep-alive counts.
 pub fn create_subscription(
     ctx: &ServiceContext,
@@ -51,6 +74,7 @@ pub fn create_subscription(
         max_notifications_per_publish: req.max_notifications_per_publish,
         priority: req.priority,
     };
+    identify_client(ctx, &session);
     let (id, revised) = ctx.state.subscriptions.create(
         ctx.instant,
         &session,

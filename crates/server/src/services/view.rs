@@ -139,6 +139,10 @@ fn page(
             .max_browse_continuation_points;
         let held = s.continuation_points.as_ref().map_or(0, |c| c.len());
         if held >= usize::from(most) {
+            ctx.state
+                .subscriptions
+                .budget()
+                .count(crate::quota::Quota::ContinuationPoints);
             return BrowseResult {
                 status_code: StatusCode::BadNoContinuationPoints,
                 continuation_point: ByteString::null(),

@@ -5,7 +5,6 @@
 //! or a simulation step: no timer at all) or by their sampling timer, which
 //! the subscription runs from the `now` it is given.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +14,8 @@ use uascale_types::{
 };
 
 pub use super::event::number;
+
+use crate::quota::{Account, KeptQueue, KeptSize, Stage};
 
 /// The Overflow bit with the DataValue info type (Part 4 §7.39.1, bits 10
 /// and 7 of the StatusCode): set on a value next to ones the queue dropped.
@@ -79,10 +80,10 @@ enum Pending {
     /// The item's last value waits (queue of one, data change).
     Last,
     /// Values or events waiting in a queue longer than one, or an event
-    /// item's queue. Boxed: inline, the deque would make every item 16
-    /// bytes larger for the few with such queues.
-    #[allow(clippy::box_collection)]
-    Queue(Box<VecDeque<Queued>>),
+    /// item's queue, counted against the session's account. Boxed:
+    /// inline, the queue would make every item larger for the few with
+    /// such queues.
+    Queue(Box<KeptQueue<Queued>>),
 }
 
 /// What [`MonitoredItem::drain`] hands out.
@@ -200,9 +201,9 @@ impl MonitoredItem {
 
     /// The waiting notifications as a queue (the mark becomes the last
     /// value it stands for).
-    fn queue_mut(&mut self) -> &mut VecDeque<Queued> {
+    fn queue_mut(&mut self) -> &mut KeptQueue<Queued> {
         if !matches!(self.pending, Pending::Queue(_)) {
-            let mut q = VecDeque::new();
+            let mut q = KeptQueue::new();
             if matches!(self.pending, Pending::Last) {
                 if let Some(v) = self.last.clone() {
                     q.push_back(Queued::Value(strip_timestamps(v, self.timestamps)));
@@ -331,13 +332,59 @@ impl MonitoredItem {
     fn push(&mut self, q: Queued) {
         let size = self.queue_size as usize;
         let queue = self.queue_mut();
-        if queue.len() < size {
-            queue.reserve_exact(1);
-        }
         queue.push_back(q);
         if queue.len() > size {
             self.drop_one();
+        } else if queue.len() > 1 && queue.must_shed() {
+            // The session is over its queued-bytes quota, or over its fair
+            // share of the memory budget: the item keeps its newest values
+            // and loses its oldest, marked (at most two a value, so that a
+            // queue over the line shrinks while it is fed).
+            self.drop_oldest();
+            if self.queued() > 1 && self.pending_queue().is_some_and(KeptQueue::must_shed) {
+                self.drop_oldest();
+            }
         }
+    }
+
+    fn pending_queue(&self) -> Option<&KeptQueue<Queued>> {
+        match &self.pending {
+            Pending::Queue(q) => Some(q),
+            _ => None,
+        }
+    }
+
+    /// Drops the oldest queued notification, the next one getting the
+    /// Overflow bit (a value; an event queue drops its oldest event).
+    fn drop_oldest(&mut self) {
+        let queue = self.queue_mut();
+        queue.pop_front();
+        if let Some(first) = queue.front_mut() {
+            set_overflow(first);
+        }
+    }
+
+    /// Counts the item's queue against `account` when it counts against
+    /// none yet (a queue is made where no account is at hand).
+    pub fn bind_if_unbound(&mut self, account: &Arc<Account>) {
+        if let Pending::Queue(q) = &mut self.pending {
+            if !q.is_bound() {
+                q.bind(account);
+            }
+        }
+    }
+
+    /// Counts the item's queue against `account` (its subscription moved
+    /// to another session).
+    pub fn bind(&mut self, account: &Arc<Account>) {
+        if let Pending::Queue(q) = &mut self.pending {
+            q.bind(account);
+        }
+    }
+
+    /// Estimated bytes of the notifications queued beyond the latest value.
+    pub fn queued_bytes(&self) -> u64 {
+        self.pending_queue().map_or(0, KeptQueue::bytes)
     }
 
     /// Drops one value from a full queue: the oldest (the next gets the
@@ -387,12 +434,11 @@ impl MonitoredItem {
                 Drained::One(v.map(Queued::Value))
             }
             Pending::Queue(mut q) => {
-                if n == q.len() {
-                    return Drained::Many(q.into_iter());
+                let taken = q.take_front(n);
+                if !q.is_empty() {
+                    self.pending = Pending::Queue(q);
                 }
-                let rest = q.split_off(n);
-                self.pending = Pending::Queue(Box::new(rest));
-                Drained::Many(q.into_iter())
+                Drained::Many(taken.into_iter())
             }
         }
     }
@@ -454,6 +500,57 @@ pub fn aligned_sample(now: Instant, interval: Duration, next_publish: Instant) -
         }
     } else {
         next_publish + steps(now - next_publish) + Duration::from_nanos(iv as u64)
+    }
+}
+
+impl KeptSize for Queued {
+    const STAGE: Stage = Stage::Queued;
+    fn kept_size(&self) -> u64 {
+        let own = std::mem::size_of::<Queued>() as u64;
+        match self {
+            Queued::Value(v) => own + v.value.as_ref().map_or(0, variant_heap),
+            Queued::Event(fields) => {
+                own + fields
+                    .iter()
+                    .map(|f| std::mem::size_of::<Variant>() as u64 + variant_heap(f))
+                    .sum::<u64>()
+            }
+        }
+    }
+}
+
+/// An estimate of the heap bytes a variant holds besides itself: string
+/// and byte lengths, boxed values by their size, arrays by their length.
+pub fn variant_heap(v: &Variant) -> u64 {
+    let boxed = |n: usize| n as u64 + 16;
+    match v {
+        Variant::String(s) => s.as_str().map_or(0, |s| s.len() as u64),
+        Variant::ByteString(b) => b.as_bytes().map_or(0, |b| b.len() as u64),
+        Variant::XmlElement(x) => x.0.as_str().map_or(0, |s| s.len() as u64),
+        Variant::NodeId(_) | Variant::ExpandedNodeId(_) | Variant::QualifiedName(_) => boxed(48),
+        Variant::LocalizedText(_) | Variant::DiagnosticInfo(_) => boxed(64),
+        Variant::ExtensionObject(_) => boxed(128),
+        Variant::DataValue(d) => {
+            boxed(std::mem::size_of::<DataValue>()) + d.value.as_ref().map_or(0, variant_heap)
+        }
+        Variant::Array(a) => {
+            let n = a.values().len() as u64;
+            let each = match a.values() {
+                ArrayValues::Boolean(_) | ArrayValues::SByte(_) | ArrayValues::Byte(_) => 1,
+                ArrayValues::Int16(_) | ArrayValues::UInt16(_) => 2,
+                ArrayValues::Int32(_)
+                | ArrayValues::UInt32(_)
+                | ArrayValues::Float(_)
+                | ArrayValues::StatusCode(_) => 4,
+                ArrayValues::Int64(_)
+                | ArrayValues::UInt64(_)
+                | ArrayValues::Double(_)
+                | ArrayValues::DateTime(_) => 8,
+                _ => 48,
+            };
+            boxed(64) + n * each
+        }
+        _ => 0,
     }
 }
 

@@ -34,6 +34,7 @@ pub mod registry;
 mod tests;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uascale_types::{
@@ -43,6 +44,8 @@ use uascale_types::{
 };
 
 use item::{Filter, ItemTarget, MonitoredItem, Queued};
+
+use crate::quota::{Account, KeptQueue, KeptSize, Stage};
 
 // Collections here grow one element at a time (`reserve_exact(1)`), not to
 // the 4 that `push` starts with: most sessions hold one subscription with
@@ -280,7 +283,10 @@ pub struct Subscription {
     /// last mirrored state: the sequence numbers move past it
     /// ([`Subscription::acknowledge`]).
     restored_seq: u32,
-    retransmission: VecDeque<NotificationMessage>,
+    /// The messages kept for Republish, counted against the session's
+    /// account (which holds its items too; unbound until the
+    /// subscription is in a session's set).
+    retransmission: KeptQueue<NotificationMessage>,
     items: Vec<MonitoredItem>,
     next_item_id: u32,
     /// The items with a sampling timer and when the next sample is due;
@@ -468,7 +474,13 @@ impl Subscription {
             next_publish: now + img.interval,
             next_seq: img.next_seq.max(1),
             restored_seq: img.next_seq.max(1),
-            retransmission: img.retransmission.iter().cloned().collect(),
+            retransmission: {
+                let mut q = KeptQueue::new();
+                for m in &img.retransmission {
+                    q.push_back(m.clone());
+                }
+                q
+            },
             next_item_id: img.next_item_id.max(1),
             items,
             sampling: None,
@@ -534,7 +546,7 @@ impl Subscription {
             next_publish: now + revised.publishing_interval,
             next_seq: 1,
             restored_seq: 0,
-            retransmission: VecDeque::new(),
+            retransmission: KeptQueue::new(),
             items: Vec::new(),
             next_item_id: 1,
             sampling: None,
@@ -604,6 +616,18 @@ impl Subscription {
         self.items.get_mut(i)
     }
 
+    /// [`Subscription::item_mut`] with the session's account beside it.
+    fn item_mut_with_account(&mut self, id: u32) -> Option<(&mut MonitoredItem, &Arc<Account>)> {
+        let i = self.index_of(id)?;
+        self.data_hint = true;
+        self.list(i);
+        let account = self
+            .retransmission
+            .account()
+            .unwrap_or_else(|| Account::detached_ref());
+        Some((self.items.get_mut(i)?, account))
+    }
+
     /// Makes room for `n` more items at once (CreateMonitoredItems with
     /// many items grows the list once, not once per item).
     pub fn reserve_items(&mut self, n: usize) {
@@ -616,8 +640,9 @@ impl Subscription {
     }
 
     /// Adds an item built with [`Subscription::next_item_id`]; returns its id.
-    pub fn add_item(&mut self, item: MonitoredItem) -> u32 {
+    pub fn add_item(&mut self, mut item: MonitoredItem) -> u32 {
         let id = item.id;
+        item.bind_if_unbound(self.account());
         self.next_item_id = id.wrapping_add(1).max(1);
         self.items.reserve_exact(1);
         self.items.push(item);
@@ -643,10 +668,45 @@ impl Subscription {
         id
     }
 
-    /// Removes an item and every triggering link to it.
+    /// The session's account (its item quotas).
+    pub fn account(&self) -> &Arc<Account> {
+        self.retransmission
+            .account()
+            .unwrap_or_else(|| Account::detached_ref())
+    }
+
+    /// Counts the subscription (items, queues, retained messages) against
+    /// `account` from now on, moving it from the account it counted
+    /// against: it was inserted into a session's set, created or
+    /// transferred.
+    pub fn bind(&mut self, account: &Arc<Account>) {
+        if Arc::ptr_eq(self.account(), account) {
+            return;
+        }
+        self.account().release_items(self.items.len());
+        account.adopt_items(self.items.len());
+        for i in &mut self.items {
+            i.bind(account);
+        }
+        self.retransmission.bind(account);
+    }
+
+    /// Estimated bytes kept: queued notifications and retained messages.
+    pub fn kept_bytes(&self) -> u64 {
+        self.retransmission.bytes()
+            + self
+                .items
+                .iter()
+                .map(MonitoredItem::queued_bytes)
+                .sum::<u64>()
+    }
+
+    /// Removes an item and every triggering link to it (its reservation
+    /// in the session's account goes with it).
     pub fn remove_item(&mut self, id: u32) -> Option<MonitoredItem> {
         let i = self.index_of(id)?;
         let item = self.items.remove(i);
+        self.account().release_items(1);
         for other in &mut self.items {
             other.links.retain(|l| *l != id);
         }
@@ -734,7 +794,7 @@ impl Subscription {
                 self.retransmission.remove(i);
                 if self.retransmission.is_empty() {
                     // All acknowledged: keep no buffer while idle.
-                    self.retransmission = VecDeque::new();
+                    self.retransmission.release_buffer();
                 }
                 StatusCode::Good
             }
@@ -783,24 +843,26 @@ impl Subscription {
 
     /// A value for item `id` (from a push); true when it was queued.
     pub fn offer(&mut self, id: u32, value: uascale_types::DataValue) -> bool {
-        let Some(item) = self.item_mut(id) else {
+        let Some((item, account)) = self.item_mut_with_account(id) else {
             return false;
         };
         if !item.offer(value) {
             return false;
         }
+        item.bind_if_unbound(account);
         self.trigger_links_of(id);
         true
     }
 
     /// An event's fields for item `id`; true when queued.
     pub fn offer_event(&mut self, id: u32, fields: Vec<uascale_types::Variant>) -> bool {
-        let Some(item) = self.item_mut(id) else {
+        let Some((item, account)) = self.item_mut_with_account(id) else {
             return false;
         };
         if !item.offer_event(fields) {
             return false;
         }
+        item.bind_if_unbound(account);
         self.trigger_links_of(id);
         true
     }
@@ -856,6 +918,11 @@ impl Subscription {
             if item.next_sample.is_some_and(|d| d <= now) {
                 let v = sample(&item.target);
                 if item.offer(v) {
+                    item.bind_if_unbound(
+                        self.retransmission
+                            .account()
+                            .unwrap_or_else(|| Account::detached_ref()),
+                    );
                     self.data_hint = true;
                     if !item.listed {
                         item.listed = true;
@@ -1060,8 +1127,15 @@ impl Subscription {
         while self.retransmission.len() >= keep {
             self.retransmission.pop_front();
         }
-        self.retransmission.reserve_exact(1);
         self.retransmission.push_back(msg);
+        // Over the session's retransmission quota or its fair share of the
+        // budget: the oldest unacknowledged messages go first (a Republish
+        // of one is BadMessageNotAvailable); the newest stays.
+        let mut shed = 0;
+        while self.retransmission.len() > 1 && shed < 2 && self.retransmission.must_shed() {
+            self.retransmission.pop_front();
+            shed += 1;
+        }
     }
 
     fn keep_alive(&self, utc: DateTime) -> NotificationMessage {
@@ -1088,6 +1162,11 @@ impl Subscription {
     pub fn requeue_last_values(&mut self) {
         for i in &mut self.items {
             i.requeue_last();
+            i.bind_if_unbound(
+                self.retransmission
+                    .account()
+                    .unwrap_or_else(|| Account::detached_ref()),
+            );
         }
         self.list_all();
     }
@@ -1174,10 +1253,20 @@ pub struct SubscriptionSet<P> {
     pub(crate) alive: bool,
     /// Who the session's user is (TransferSubscriptions: same user only).
     user: Option<crate::identity::UserIdentity>,
+    /// The session's account: quotas and kept bytes.
+    account: Arc<Account>,
 }
 
 impl<P> Default for SubscriptionSet<P> {
+    /// A set under no quota.
     fn default() -> Self {
+        SubscriptionSet::with_account(Account::detached())
+    }
+}
+
+impl<P> SubscriptionSet<P> {
+    /// An empty set counting against `account`.
+    pub fn with_account(account: Arc<Account>) -> Self {
         SubscriptionSet {
             subs: Vec::new(),
             queue: VecDeque::new(),
@@ -1186,11 +1275,15 @@ impl<P> Default for SubscriptionSet<P> {
             scheduled: None,
             alive: true,
             user: None,
+            account,
         }
     }
-}
 
-impl<P> SubscriptionSet<P> {
+    /// The session's account.
+    pub fn account(&self) -> &Arc<Account> {
+        &self.account
+    }
+
     /// Records the session's user (its subscriptions go only to sessions
     /// of the same user).
     pub fn set_user(&mut self, user: crate::identity::UserIdentity) {
@@ -1227,8 +1320,10 @@ impl<P> SubscriptionSet<P> {
         self.queue.len()
     }
 
-    /// Adds a subscription (created, or transferred in).
-    pub fn insert(&mut self, sub: Subscription) {
+    /// Adds a subscription (created, or transferred in); it counts
+    /// against this session's account from now on.
+    pub fn insert(&mut self, mut sub: Subscription) {
+        sub.bind(&self.account);
         self.subs.reserve_exact(1);
         self.subs.push(sub);
     }
@@ -1601,6 +1696,32 @@ fn fault<P>(w: Waiting<P>, status: StatusCode) -> Reply<P> {
             request_handle: w.handle,
             status,
         },
+    }
+}
+
+impl KeptSize for NotificationMessage {
+    const STAGE: Stage = Stage::Retransmission;
+    /// The notifications it carries, estimated as they were queued.
+    fn kept_size(&self) -> u64 {
+        let mut n = std::mem::size_of::<NotificationMessage>() as u64;
+        for eo in self.notification_data.iter().flatten() {
+            n += 64;
+            if let Some(d) = eo.downcast_ref::<DataChangeNotification>() {
+                for m in d.monitored_items.iter().flatten() {
+                    n += std::mem::size_of::<MonitoredItemNotification>() as u64
+                        + m.value.value.as_ref().map_or(0, item::variant_heap);
+                }
+            } else if let Some(e) = eo.downcast_ref::<EventNotificationList>() {
+                for f in e.events.iter().flatten() {
+                    n += Queued::Event(Vec::new()).kept_size();
+                    for v in f.event_fields.iter().flatten() {
+                        n += std::mem::size_of::<uascale_types::Variant>() as u64
+                            + item::variant_heap(v);
+                    }
+                }
+            }
+        }
+        n
     }
 }
 

@@ -25,6 +25,7 @@ use super::{
     SubscriptionSet, GOOD_SUBSCRIPTION_TRANSFERRED,
 };
 use crate::fxhash::FxHashMap;
+use crate::quota::{Account, Budget, Quota, Quotas, Stage};
 
 /// Where an answered Publish goes (the connection's outbound queue, in the
 /// server; a test's list, in tests).
@@ -123,6 +124,29 @@ pub struct Registry<P> {
     intervals: Mutex<Option<(Instant, usize)>>,
     /// What items watch, one shared copy each ([`Registry::intern_target`]).
     targets: Mutex<Targets>,
+    /// The `[quotas]` and the memory budget every session's account
+    /// counts against.
+    budget: Arc<Budget>,
+    /// When the last line about sessions over their share was logged, and
+    /// the drops counted then (the line is rate-limited).
+    over_logged: Mutex<(Option<Instant>, u64)>,
+}
+
+/// How often at most the line about sessions over a quota or their share
+/// of the memory budget is logged.
+pub const OVER_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// One session's kept state, for the top list ([`Registry::top_kept`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeptRow {
+    /// The session.
+    pub session: NodeId,
+    /// Its monitored items.
+    pub items: usize,
+    /// Bytes of notifications queued for Publish.
+    pub queued_bytes: u64,
+    /// Bytes of NotificationMessages kept for Republish.
+    pub retransmission_bytes: u64,
 }
 
 /// The shared [`ItemTarget`]s: held weakly, so a target no item watches any
@@ -157,8 +181,18 @@ fn shard_of_node(n: &NodeId) -> usize {
 }
 
 impl<P: PublishSink> Registry<P> {
-    /// An empty registry with these limits.
+    /// An empty registry with these limits, no quota and no memory budget.
     pub fn new(limits: SubscriptionLimits) -> Self {
+        Self::with_budget(limits, Arc::default())
+    }
+
+    /// An empty registry with these limits, the quotas `quotas` and a
+    /// memory budget of `budget_bytes` (0: none).
+    pub fn with_quotas(limits: SubscriptionLimits, quotas: Quotas, budget_bytes: u64) -> Self {
+        Self::with_budget(limits, Arc::new(Budget::new(quotas, budget_bytes)))
+    }
+
+    fn with_budget(limits: SubscriptionLimits, budget: Arc<Budget>) -> Self {
         Registry {
             limits,
             sessions: (0..SHARDS).map(|_| Mutex::default()).collect(),
@@ -176,6 +210,92 @@ impl<P: PublishSink> Registry<P> {
             diagnostics: Mutex::new(None),
             intervals: Mutex::new(None),
             targets: Mutex::new(Targets::default()),
+            budget,
+            over_logged: Mutex::new((None, 0)),
+        }
+    }
+
+    /// The quotas, the memory budget and what is kept against it.
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
+    /// Ties `session` to client `key` (certificate thumbprint, else
+    /// ApplicationUri) for `quotas.max_monitored_items_per_client`; a
+    /// session never tied is a client of its own. Only the first call per
+    /// session counts.
+    pub fn identify(&self, session: &NodeId, key: &str) {
+        let set = self.set_or_new(session);
+        let account = Arc::clone(lock(&set).account());
+        account.set_client(key);
+    }
+
+    /// The `n` sessions keeping the most bytes (queued notifications and
+    /// retained messages), most first. Visits every session: for the
+    /// diagnostics view and the log line, never per notification.
+    pub fn top_kept(&self, n: usize) -> Vec<KeptRow> {
+        let mut rows: Vec<KeptRow> = Vec::new();
+        for shard in &self.sessions {
+            let sets: Vec<SetRef<P>> = lock(shard).values().cloned().collect();
+            for set in sets {
+                let a = Arc::clone(lock(&set).account());
+                rows.push(KeptRow {
+                    session: a.session().clone(),
+                    items: a.items(),
+                    queued_bytes: a.bytes(Stage::Queued),
+                    retransmission_bytes: a.bytes(Stage::Retransmission),
+                });
+            }
+        }
+        rows.sort_by_key(|r| std::cmp::Reverse(r.queued_bytes + r.retransmission_bytes));
+        rows.truncate(n);
+        rows
+    }
+
+    /// Logs, at most once per [`OVER_LOG_INTERVAL`], that values or
+    /// messages were dropped for a quota or the budget since the last
+    /// line, naming the last session found over its share.
+    fn log_over(&self, now: Instant) {
+        let b = &self.budget;
+        let dropped = [
+            Quota::QueuedBytesPerSession,
+            Quota::RetransmissionBytesPerSession,
+            Quota::BudgetShare,
+        ]
+        .iter()
+        .map(|q| b.over_count(*q))
+        .sum::<u64>();
+        let Ok(mut logged) = self.over_logged.try_lock() else {
+            return;
+        };
+        if dropped == logged.1
+            || logged
+                .0
+                .is_some_and(|t| now.saturating_duration_since(t) < OVER_LOG_INTERVAL)
+        {
+            return;
+        }
+        let since = dropped - logged.1;
+        *logged = (Some(now), dropped);
+        drop(logged);
+        let kept = b.kept(Stage::Queued) + b.kept(Stage::Retransmission);
+        match b.take_last_over() {
+            Some((session, bytes)) => tracing::warn!(
+                dropped = since,
+                kept_bytes = kept,
+                budget_bytes = b.limit(),
+                fair_share_bytes = b.fair_share(),
+                %session,
+                session_kept_bytes = bytes,
+                "memory budget: sessions over their fair share lose their oldest queued \
+                 values and messages (Overflow bit set); the last one over is named"
+            ),
+            None => tracing::warn!(
+                dropped = since,
+                kept_bytes = kept,
+                "quotas: sessions over their queued or retransmission bytes quota lose their \
+                 oldest values and messages (Overflow bit set)"
+            ),
         }
     }
 
@@ -295,7 +415,10 @@ impl<P: PublishSink> Registry<P> {
     fn set_or_new(&self, session: &NodeId) -> SetRef<P> {
         lock(&self.sessions[shard_of_node(session)])
             .entry(session.clone())
-            .or_default()
+            .or_insert_with(|| {
+                let account = Account::new(Arc::clone(&self.budget), session.clone());
+                Arc::new(Mutex::new(SubscriptionSet::with_account(Arc::new(account))))
+            })
             .clone()
     }
 
@@ -404,7 +527,6 @@ impl<P: PublishSink> Registry<P> {
         {
             return Err(StatusCode::BadTooManySubscriptions);
         }
-        self.cumulated.fetch_add(1, Ordering::Relaxed);
         let revised = self.limits.revise(requested);
         let id = loop {
             // The low 24 bits count (0 skipped); the top byte is the
@@ -428,7 +550,16 @@ impl<P: PublishSink> Registry<P> {
             },
         );
         let mut g = lock(&set);
+        let per_session = self.budget.quotas().max_subscriptions_per_session;
+        if per_session != 0 && g.subscriptions().len() >= per_session {
+            drop(g);
+            self.owners(id).remove(&id);
+            self.subscription_count.fetch_sub(1, Ordering::AcqRel);
+            self.budget.count(Quota::SubscriptionsPerSession);
+            return Err(StatusCode::BadTooManySubscriptions);
+        }
         g.insert(Subscription::new(id, now, revised, requested, enabled));
+        self.cumulated.fetch_add(1, Ordering::Relaxed);
         self.schedule(&set, &mut g);
         Ok((id, revised))
     }
@@ -725,6 +856,7 @@ impl<P: PublishSink> Registry<P> {
             }
             self.deliver(out);
         }
+        self.log_over(now.instant);
     }
 
     /// Drops the registry's bookkeeping of a removed subscription.
@@ -741,6 +873,7 @@ impl<P: PublishSink> Registry<P> {
             }
         }
         self.release_items(s.items().len());
+        s.account().release_items(s.items().len());
         let _ = self
             .subscription_count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
@@ -1110,6 +1243,50 @@ mod tests {
         a.reg.next_id.store(ID_COUNTER_MASK, Ordering::Relaxed);
         assert_eq!(id(&a), 0x01FF_FFFF);
         assert_eq!(id(&a), 0x0100_0002, "0 skipped, 1 still in use");
+    }
+
+    #[test]
+    fn subscriptions_are_refused_over_the_per_session_quota_only_in_that_session() {
+        let reg: Registry<Sink> = Registry::with_quotas(
+            SubscriptionLimits::default(),
+            crate::quota::Quotas {
+                max_subscriptions_per_session: 2,
+                ..Default::default()
+            },
+            0,
+        );
+        let t0 = Instant::now();
+        let (a, b) = (NodeId::numeric(1, 1), NodeId::numeric(1, 2));
+        let req = every_100ms();
+        assert!(reg.create(t0, &a, &req, true).is_ok());
+        let second = reg.create(t0, &a, &req, true);
+        assert!(second.is_ok(), "at the quota");
+        assert_eq!(
+            reg.create(t0, &a, &req, true),
+            Err(StatusCode::BadTooManySubscriptions)
+        );
+        assert_eq!(
+            reg.subscription_count(),
+            2,
+            "the refused one is not counted"
+        );
+        assert_eq!(reg.cumulated_subscription_count(), 2);
+        assert_eq!(
+            reg.budget()
+                .over_count(crate::quota::Quota::SubscriptionsPerSession),
+            1
+        );
+        assert!(reg.create(t0, &b, &req, true).is_ok(), "another session");
+        // Deleting one makes room again.
+        let id = second.map(|(id, _)| id).unwrap_or(0);
+        let now = Now {
+            instant: t0,
+            utc: DateTime::from_ticks(0),
+        };
+        assert_eq!(reg.delete(now, &a, id), StatusCode::Good);
+        assert!(reg.create(t0, &a, &req, true).is_ok());
+        let top = reg.top_kept(10);
+        assert_eq!(top.len(), 2);
     }
 
     #[test]

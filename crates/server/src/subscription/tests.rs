@@ -1193,3 +1193,171 @@ fn the_restored_ack_window_is_bounded_and_only_for_restored_subscriptions() {
         ])
     );
 }
+
+/// A set of one subscription with one item of queue `queue` under
+/// `budget`, session number `n`; returns it and the item's id.
+fn quota_set(
+    clock: &Clock,
+    budget: &std::sync::Arc<crate::quota::Budget>,
+    n: u32,
+    queue: u32,
+) -> (Set, u32) {
+    let account = std::sync::Arc::new(crate::quota::Account::new(
+        std::sync::Arc::clone(budget),
+        NodeId::numeric(1, n),
+    ));
+    let mut set = Set::with_account(account);
+    let mut s = sub(clock, n, 100.0, 300, 10);
+    let id = s.add_item(item(&s, 1, queue, true, Filter::default()));
+    set.insert(s);
+    (set, id)
+}
+
+fn queued_values(set: &mut Set, n: u32, id: u32) -> Vec<DataValue> {
+    let it = set
+        .get_mut(n)
+        .and_then(|s| s.item_mut(id))
+        .expect("the item");
+    it.drain(0)
+        .filter_map(|q| match q {
+            item::Queued::Value(v) => Some(v),
+            item::Queued::Event(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn over_its_queued_bytes_quota_a_session_loses_its_oldest_values_marked() {
+    use crate::quota::{Budget, Quota, Quotas, Stage};
+    let clock = Clock::new();
+    let one = item::Queued::Value(dv(0.0));
+    let each = crate::quota::KeptSize::kept_size(&one);
+    let budget = std::sync::Arc::new(Budget::new(
+        Quotas {
+            max_queued_notification_bytes_per_session: 10 * each,
+            ..Quotas::default()
+        },
+        0,
+    ));
+    let (mut set, id) = quota_set(&clock, &budget, 1, 1000);
+    for x in 0..10 {
+        assert!(set.get_mut(1).unwrap().offer(id, dv(f64::from(x))));
+    }
+    let account = std::sync::Arc::clone(set.account());
+    assert_eq!(account.bytes(Stage::Queued), 10 * each, "at the quota");
+    assert_eq!(budget.over_count(Quota::QueuedBytesPerSession), 0);
+    for x in 10..20 {
+        set.get_mut(1).unwrap().offer(id, dv(f64::from(x)));
+    }
+    assert!(
+        account.bytes(Stage::Queued) <= 11 * each,
+        "over it by one value at most"
+    );
+    assert!(budget.over_count(Quota::QueuedBytesPerSession) > 0);
+    let values = queued_values(&mut set, 1, id);
+    // The newest are kept, the oldest went, and the first kept says so.
+    assert_eq!(
+        values.last().and_then(|v| v.value.clone()),
+        Some(Variant::Double(19.0))
+    );
+    assert_eq!(
+        values[0].status_or_good().0 & OVERFLOW_BITS,
+        OVERFLOW_BITS,
+        "{values:?}"
+    );
+    assert!(values[1..]
+        .iter()
+        .all(|v| v.status_or_good().0 & OVERFLOW_BITS == 0));
+    assert_eq!(account.bytes(Stage::Queued), 0, "drained: nothing kept");
+}
+
+#[test]
+fn near_the_budget_the_session_over_its_share_loses_values_and_the_other_keeps_them() {
+    use crate::quota::{Budget, Quota, Quotas, Stage, SYNC_STEP};
+    let clock = Clock::new();
+    let each = crate::quota::KeptSize::kept_size(&item::Queued::Value(dv(0.0)));
+    // Ten steps: less than the rogue's queue of 1000 values holds.
+    let budget = std::sync::Arc::new(Budget::new(Quotas::default(), 10 * SYNC_STEP));
+    assert!(1000 * each > 10 * SYNC_STEP);
+    let (mut rogue, rid) = quota_set(&clock, &budget, 1, 1000);
+    let (mut victim, vid) = quota_set(&clock, &budget, 2, 1000);
+    // The victim queues a little, the rogue all it can.
+    for x in 0..20 {
+        victim.get_mut(2).unwrap().offer(vid, dv(f64::from(x)));
+    }
+    let steps = 1000u64;
+    for x in 0..steps {
+        rogue.get_mut(1).unwrap().offer(rid, dv(x as f64));
+    }
+    let kept = rogue.account().bytes(Stage::Queued);
+    assert!(
+        kept < 10 * SYNC_STEP,
+        "the rogue stays under the budget: {kept}"
+    );
+    assert!(budget.over_count(Quota::BudgetShare) > 0);
+    // The victim, under its share, keeps every value and queues more.
+    for x in 20..40 {
+        victim.get_mut(2).unwrap().offer(vid, dv(f64::from(x)));
+    }
+    let v = queued_values(&mut victim, 2, vid);
+    assert_eq!(v.len(), 40);
+    assert!(v.iter().all(|v| v.status_or_good().0 & OVERFLOW_BITS == 0));
+    // The rogue kept its newest values, the first marked.
+    let r = queued_values(&mut rogue, 1, rid);
+    assert_eq!(
+        r.last().and_then(|v| v.value.clone()),
+        Some(Variant::Double((steps - 1) as f64))
+    );
+    assert_eq!(r[0].status_or_good().0 & OVERFLOW_BITS, OVERFLOW_BITS);
+}
+
+#[test]
+fn over_its_retransmission_quota_a_session_keeps_its_newest_messages() {
+    use crate::quota::{Budget, Quota, Quotas, Stage};
+    let mut clock = Clock::new();
+    let budget = std::sync::Arc::new(Budget::new(
+        Quotas {
+            max_retransmission_bytes_per_session: 1500,
+            ..Quotas::default()
+        },
+        0,
+    ));
+    let (mut set, id) = quota_set(&clock, &budget, 1, 1);
+    let mut out = Vec::new();
+    // Publishes never acknowledged: each message is retained.
+    for k in 0..10u32 {
+        set.get_mut(1).unwrap().offer(id, dv(f64::from(k)));
+        publish(&mut set, &clock, k, &[], &mut out);
+        run(&mut set, &mut clock, u64::from(k + 1) * 100, &mut out);
+    }
+    let kept = set.account().bytes(Stage::Retransmission);
+    let seqs = set.get(1).unwrap().available_sequence_numbers();
+    assert!(seqs.len() < 10, "{seqs:?}");
+    assert!(budget.over_count(Quota::RetransmissionBytesPerSession) > 0);
+    assert!(kept <= 1500 + 1000, "{kept}");
+    // The newest is kept; a Republish of a dropped one is refused.
+    let newest = *seqs.last().unwrap();
+    assert!(set.republish(1, newest).is_ok());
+    assert_eq!(set.republish(1, 1), Err(StatusCode::BadMessageNotAvailable));
+}
+
+#[test]
+fn a_transferred_subscription_takes_its_items_and_bytes_to_the_new_session() {
+    use crate::quota::{Budget, Quotas, Stage};
+    let clock = Clock::new();
+    let budget = std::sync::Arc::new(Budget::new(Quotas::default(), 0));
+    let (mut from, id) = quota_set(&clock, &budget, 1, 100);
+    for x in 0..5 {
+        from.get_mut(1).unwrap().offer(id, dv(f64::from(x)));
+    }
+    let a = std::sync::Arc::clone(from.account());
+    assert_eq!(a.items(), 1);
+    let queued = a.bytes(Stage::Queued);
+    assert!(queued > 0);
+    let (mut to, _) = quota_set(&clock, &budget, 2, 1);
+    let b = std::sync::Arc::clone(to.account());
+    let moved = from.remove(1).unwrap();
+    to.insert(moved);
+    assert_eq!((a.items(), a.bytes(Stage::Queued)), (0, 0));
+    assert_eq!((b.items(), b.bytes(Stage::Queued)), (2, queued));
+}
