@@ -53,6 +53,7 @@ pub mod security;
 pub mod server_object;
 pub mod services;
 pub mod session;
+pub mod shutdown;
 pub mod state;
 pub mod subscription;
 

@@ -3,8 +3,8 @@
 //! the operation limits this server enforces.
 
 use uascale_types::{
-    ids::variable as v, BuildInfo, ExtensionObject, LocalizedText, NodeId, ServerState,
-    ServerStatusDataType, UaString, Variant,
+    ids::variable as v, BuildInfo, ExtensionObject, NodeId, ServerState, ServerStatusDataType,
+    UaString, Variant,
 };
 
 use crate::context::ServiceContext;
@@ -25,13 +25,24 @@ pub fn build_info(ctx: &ServiceContext) -> BuildInfo {
 /// `None` for nodes whose value is the address space's.
 pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
     let n = id.as_ns0()?;
-    let status = || ServerStatusDataType {
-        start_time: ctx.start_time,
-        current_time: ctx.now,
-        state: ServerState::Running,
-        build_info: build_info(ctx),
-        seconds_till_shutdown: 0,
-        shutdown_reason: LocalizedText::default(),
+    // A planned shutdown (crate::shutdown) as the client should see it.
+    let planned = || ctx.presented_shutdown();
+    let state = |p: Option<&crate::shutdown::Planned>| match p {
+        Some(_) => ServerState::Shutdown,
+        None => ServerState::Running,
+    };
+    let seconds_till =
+        |p: Option<&crate::shutdown::Planned>| p.map_or(0, |p| p.seconds_till(ctx.instant));
+    let status = || {
+        let p = planned();
+        ServerStatusDataType {
+            start_time: ctx.start_time,
+            current_time: ctx.now,
+            state: state(p.as_ref()),
+            build_info: build_info(ctx),
+            seconds_till_shutdown: seconds_till(p.as_ref()),
+            shutdown_reason: crate::shutdown::reason_text(p.as_ref()),
+        }
     };
     Some(match n {
         v::Server_NamespaceArray => Variant::from(
@@ -44,7 +55,7 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         v::Server_ServerStatus => Variant::from(ExtensionObject::new(status())),
         v::Server_ServerStatus_StartTime => Variant::DateTime(ctx.start_time),
         v::Server_ServerStatus_CurrentTime => Variant::DateTime(ctx.now),
-        v::Server_ServerStatus_State => Variant::Int32(ServerState::Running.0),
+        v::Server_ServerStatus_State => Variant::Int32(state(planned().as_ref()).0),
         v::Server_ServerStatus_BuildInfo => Variant::from(ExtensionObject::new(build_info(ctx))),
         v::Server_ServerStatus_BuildInfo_ProductUri => Variant::String(build_info(ctx).product_uri),
         v::Server_ServerStatus_BuildInfo_ManufacturerName => {
@@ -60,9 +71,20 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
             Variant::String(build_info(ctx).build_number)
         }
         v::Server_ServerStatus_BuildInfo_BuildDate => Variant::DateTime(build_info(ctx).build_date),
-        v::Server_ServerStatus_SecondsTillShutdown => Variant::UInt32(0),
-        v::Server_ServerStatus_ShutdownReason => Variant::from(LocalizedText::default()),
-        // Load-based (SCALABILITY.md §2): a capacity signal for clients.
+        v::Server_ServerStatus_SecondsTillShutdown => {
+            Variant::UInt32(seconds_till(planned().as_ref()))
+        }
+        v::Server_ServerStatus_ShutdownReason => {
+            Variant::from(crate::shutdown::reason_text(planned().as_ref()))
+        }
+        // Part 5: when the server expects to serve again (null unknown).
+        v::Server_EstimatedReturnTime => Variant::DateTime(
+            planned()
+                .and_then(|p| p.estimated_return)
+                .unwrap_or(uascale_types::DateTime::MIN),
+        ),
+        // Part 4 Table 103: load inside 200-255, 2-199 degraded, 0 while
+        // shutting down (SCALABILITY.md §2).
         v::Server_ServiceLevel => Variant::Byte(ctx.service_level()),
         v::Server_Auditing => Variant::Boolean(ctx.auditing()),
         // A cluster node behind a front end: the client sees one server and
@@ -273,6 +295,11 @@ mod tests {
     /// The demo server with small, distinct operation limits and one
     /// activated session (token [`TOKEN`], channel 1).
     fn world() -> World {
+        world_with_admins(vec![])
+    }
+
+    /// [`world`] with `[server] admin_users` = `admins`.
+    fn world_with_admins(admins: Vec<String>) -> World {
         let mut space = AddressSpace::ns0().unwrap();
         let (demo, _) = crate::demo::build(&mut space, 0);
         let mut managers = NodeManagers::default();
@@ -291,6 +318,8 @@ mod tests {
             ..Default::default()
         };
         config.validate().unwrap();
+        let mut config = config;
+        config.server.admin_users = admins;
         let state = ServerState::from_parts(
             config,
             space,
@@ -665,5 +694,141 @@ mod tests {
             .with_session(|s| s.continuation_points.is_none())
             .unwrap());
         assert_eq!(browse().status_code, StatusCode::Good);
+    }
+
+    fn read_values(ctx: &ServiceContext, ids: &[u32]) -> Vec<Variant> {
+        attribute::read(ctx, &read_request(ids))
+            .unwrap()
+            .results
+            .unwrap()
+            .into_iter()
+            .map(|dv| dv.value.unwrap_or(Variant::Empty))
+            .collect()
+    }
+
+    fn state_change(ctx: &ServiceContext, state: t::ServerState, secs: u32) -> StatusCode {
+        let r = method::call(
+            ctx,
+            &t::CallRequest {
+                request_header: header(),
+                methods_to_call: Some(vec![t::CallMethodRequest {
+                    object_id: NodeId::ns0(t::ids::object::Server),
+                    method_id: NodeId::ns0(t::ids::method::Server_RequestServerStateChange),
+                    input_arguments: Some(vec![
+                        Variant::Int32(state.0),
+                        Variant::DateTime(t::DateTime::from_ticks(1_000_000_000)),
+                        Variant::UInt32(secs),
+                        Variant::from(t::LocalizedText::new("en", "upgrade to 2.0")),
+                        Variant::Boolean(false),
+                    ]),
+                }]),
+            },
+        )
+        .unwrap();
+        r.results.unwrap()[0].status_code
+    }
+
+    /// RequestServerStateChange by an administrator plans the shutdown:
+    /// ServerStatus reads Shutdown, SecondsTillShutdown counts down,
+    /// ShutdownReason and EstimatedReturnTime say why and until when,
+    /// ServiceLevel is 0 and the server is not ready; Running cancels it.
+    /// Anyone else is denied.
+    #[test]
+    fn request_server_state_change_shows_the_shutdown_in_server_status() {
+        use v::{
+            Server_EstimatedReturnTime as RETURN, Server_ServerStatus_SecondsTillShutdown as SECS,
+            Server_ServerStatus_ShutdownReason as REASON, Server_ServerStatus_State as STATE,
+            Server_ServiceLevel as LEVEL,
+        };
+        let ids = [STATE, SECS, REASON, LEVEL, RETURN];
+        let w = world_with_admins(vec!["ops".into()]);
+        w.state.set_listening(true);
+        let ctx = w.ctx();
+        let running = vec![
+            Variant::Int32(0),
+            Variant::UInt32(0),
+            Variant::from(t::LocalizedText::default()),
+            Variant::Byte(255),
+            Variant::DateTime(t::DateTime::MIN),
+        ];
+        assert_eq!(read_values(&ctx, &ids), running);
+        // Anonymous is no administrator.
+        assert_eq!(
+            state_change(&ctx, t::ServerState::Shutdown, 10),
+            StatusCode::BadUserAccessDenied
+        );
+        assert!(!w.state.shutdown.is_planned());
+        ctx.with_session(|s| s.user = crate::identity::UserIdentity::UserName("guest".into()))
+            .unwrap();
+        assert_eq!(
+            state_change(&ctx, t::ServerState::Shutdown, 10),
+            StatusCode::BadUserAccessDenied
+        );
+        ctx.with_session(|s| s.user = crate::identity::UserIdentity::UserName("ops".into()))
+            .unwrap();
+        assert!(w.state.readiness().is_ok());
+        assert_eq!(
+            state_change(&ctx, t::ServerState::Shutdown, 10),
+            StatusCode::Good
+        );
+        let at = |ms: u64| {
+            let mut c = w.ctx();
+            c.instant = ctx.instant + Duration::from_millis(ms);
+            read_values(&c, &ids)
+        };
+        let shutting = |secs: u32| {
+            vec![
+                Variant::Int32(t::ServerState::Shutdown.0),
+                Variant::UInt32(secs),
+                Variant::from(t::LocalizedText::new("en", "upgrade to 2.0")),
+                Variant::Byte(0),
+                Variant::DateTime(t::DateTime::from_ticks(1_000_000_000)),
+            ]
+        };
+        assert_eq!(at(0), shutting(10));
+        assert_eq!(at(1_500), shutting(9));
+        assert_eq!(at(9_999), shutting(1));
+        assert_eq!(at(10_000), shutting(0));
+        assert_eq!(w.state.readiness(), Err("shutting down"));
+        // The ServerStatus structure says the same.
+        let Some(Variant::ExtensionObject(status)) =
+            super::live_value(&ctx, &NodeId::ns0(v::Server_ServerStatus))
+        else {
+            panic!("ServerStatus is a structure");
+        };
+        let status = status
+            .downcast_ref::<t::ServerStatusDataType>()
+            .expect("ServerStatusDataType")
+            .clone();
+        assert_eq!(status.state, t::ServerState::Shutdown);
+        assert_eq!(status.seconds_till_shutdown, 10);
+        assert_eq!(status.shutdown_reason.text.as_str(), Some("upgrade to 2.0"));
+        // Not supported: a restart, or another state.
+        assert_eq!(
+            state_change(&ctx, t::ServerState::Suspended, 1),
+            StatusCode::BadNotSupported
+        );
+        // Running cancels.
+        assert_eq!(
+            state_change(&ctx, t::ServerState::Running, 0),
+            StatusCode::Good
+        );
+        assert_eq!(read_values(&ctx, &ids), running);
+        assert!(w.state.readiness().is_ok());
+    }
+
+    /// While a shutdown is planned CreateSession is refused.
+    #[test]
+    fn no_new_session_while_shutting_down() {
+        let w = world();
+        let ctx = w.ctx();
+        w.state
+            .shutdown
+            .plan(ctx.instant, Duration::from_secs(5), "test", None);
+        let r = crate::services::session::create_session(&ctx, &t::CreateSessionRequest::default());
+        assert_eq!(
+            r.err().map(|e| e.status_code()),
+            Some(StatusCode::BadServerHalted)
+        );
     }
 }

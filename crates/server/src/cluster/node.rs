@@ -528,6 +528,15 @@ impl ClusterNode {
         lock(&self.leases).alive_nodes(Instant::now())
     }
 
+    /// True while another node holds its lease: the sessions of this one
+    /// have somewhere to go.
+    pub fn peers_serving(&self) -> bool {
+        lock(&self.leases)
+            .alive_nodes(Instant::now())
+            .iter()
+            .any(|n| *n != self.me)
+    }
+
     fn set_degraded(&self, degraded: bool, why: Option<&StoreError>) {
         let was = self.degraded.swap(degraded, Ordering::Relaxed);
         match (was, degraded, why) {

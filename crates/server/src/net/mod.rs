@@ -302,6 +302,7 @@ struct Running {
 
 mod crypto;
 mod metrics_http;
+mod planned;
 pub mod proxy;
 mod timers;
 
@@ -685,7 +686,8 @@ impl Server {
         Ok(Some(tokio::spawn(node.run())))
     }
 
-    /// Serves until `shutdown` completes, then closes every connection with
+    /// Serves until `shutdown` completes or a planned shutdown is due
+    /// ([`crate::shutdown`]), then closes every connection with
     /// `BadShutdown` and waits (at most 5 s) for them to flush. The metrics
     /// endpoint, when configured, serves from the start until the
     /// connections are gone (`/readyz` answers 503 from shutdown on).
@@ -705,6 +707,8 @@ impl Server {
         let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shared.state)));
         let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shared.state)));
         let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(&self.shared.state)));
+        // A planned shutdown ends the loop too, once it is due.
+        let shutdown = planned::stop_or_due(Arc::clone(&self.shared.state), shutdown);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {

@@ -167,6 +167,18 @@ fn create_session_inner(
     ctx: &ServiceContext,
     req: &CreateSessionRequest,
 ) -> Result<CreateSessionResponse, ServiceError> {
+    // A server shutting down takes no new session: a cluster node's
+    // clients come back through the front end to a node that serves on,
+    // a single server's have nowhere else to go.
+    if ctx.shutdown.is_planned() {
+        return Err(match ctx.cluster() {
+            Some(c) if c.peers_serving() => ServiceError::busy(
+                StatusCode::BadServerTooBusy,
+                crate::admission::SESSION_FULL_RETRY_AFTER,
+            ),
+            _ => StatusCode::BadServerHalted.into(),
+        });
+    }
     // The place for the session is taken before any certificate or
     // signature work: a full server refuses at the cost of an atomic add
     // (SCALABILITY.md §2).
