@@ -817,18 +817,41 @@ mod tests {
         assert!(w.state.readiness().is_ok());
     }
 
-    /// While a shutdown is planned CreateSession is refused.
+    /// While a shutdown is planned a new session is refused at its first
+    /// activation (where its user is known).
     #[test]
     fn no_new_session_while_shutting_down() {
         let w = world();
         let ctx = w.ctx();
+        let created = crate::services::session::create_session(
+            &ctx,
+            &t::CreateSessionRequest {
+                requested_session_timeout: 60_000.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         w.state
             .shutdown
             .plan(ctx.instant, Duration::from_secs(5), "test", None);
-        let r = crate::services::session::create_session(&ctx, &t::CreateSessionRequest::default());
+        let r = crate::services::session::activate_session(
+            &ctx,
+            &t::ActivateSessionRequest {
+                request_header: t::RequestHeader {
+                    authentication_token: created.authentication_token,
+                    ..Default::default()
+                },
+                user_identity_token: t::ExtensionObject::new(t::AnonymousIdentityToken {
+                    policy_id: "anonymous".into(),
+                }),
+                ..Default::default()
+            },
+        );
         assert_eq!(
             r.err().map(|e| e.status_code()),
             Some(StatusCode::BadServerHalted)
         );
+        // The session already open goes on.
+        assert!(attribute::read(&ctx, &read_request(&[v::Server_ServerStatus_State])).is_ok());
     }
 }

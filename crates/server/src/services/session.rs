@@ -167,17 +167,15 @@ fn create_session_inner(
     ctx: &ServiceContext,
     req: &CreateSessionRequest,
 ) -> Result<CreateSessionResponse, ServiceError> {
-    // A server shutting down takes no new session: a cluster node's
-    // clients come back through the front end to a node that serves on,
-    // a single server's have nowhere else to go.
-    if ctx.shutdown.is_planned() {
-        return Err(match ctx.cluster() {
-            Some(c) if c.peers_serving() => ServiceError::busy(
-                StatusCode::BadServerTooBusy,
-                crate::admission::SESSION_FULL_RETRY_AFTER,
-            ),
-            _ => StatusCode::BadServerHalted.into(),
-        });
+    // A cluster node shutting down takes no new session: busy, so the
+    // client comes back through the front end to a node that serves on. A
+    // single server refuses at the first activation instead, where the user
+    // is known (an administrator may still cancel the shutdown).
+    if ctx.shutdown.is_planned() && ctx.cluster().is_some_and(|c| c.peers_serving()) {
+        return Err(ServiceError::busy(
+            StatusCode::BadServerTooBusy,
+            crate::admission::SESSION_FULL_RETRY_AFTER,
+        ));
     }
     // The place for the session is taken before any certificate or
     // signature work: a full server refuses at the cost of an atomic add
@@ -830,6 +828,14 @@ fn activate_session_inner(
             return Err(status);
         }
     };
+    // A server shutting down serves the sessions it has and lets no new one
+    // start, but an administrator's (who may move or cancel the shutdown).
+    if !snap.activated
+        && ctx.shutdown.is_planned()
+        && !crate::shutdown::is_admin(&ctx.config.server.admin_users, &user)
+    {
+        return Err(StatusCode::BadServerHalted);
+    }
     // On SecurityPolicy None nothing proves who sends the request: a session
     // changes channel only for the anonymous identity.
     if snap.channel_id != ctx.channel_id
