@@ -88,10 +88,23 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         v::Server_ServiceLevel => Variant::Byte(ctx.service_level()),
         v::Server_Auditing => Variant::Boolean(ctx.auditing()),
         // A cluster node behind a front end: the client sees one server and
-        // the nodes move its session (docs/cluster.md). Without a cluster
-        // the address space's value stands.
-        v::Server_ServerRedundancy_RedundancySupport if ctx.cluster().is_some() => {
-            Variant::Int32(uascale_types::RedundancySupport::Transparent.0)
+        // the nodes move its session (docs/cluster.md): Transparent, on a
+        // TransparentRedundancyType ([`make_transparent`]). A single
+        // server: None, as Part 5 requires of a plain ServerRedundancyType.
+        v::Server_ServerRedundancy_RedundancySupport => {
+            Variant::Int32(if ctx.transparent_redundancy() {
+                uascale_types::RedundancySupport::Transparent.0
+            } else {
+                uascale_types::RedundancySupport::None.0
+            })
+        }
+        // The node serving this session (Part 5 §6.3.9: per session; it
+        // changes when the session moves).
+        v::Server_ServerRedundancy_CurrentServerId if ctx.transparent_redundancy() => {
+            Variant::String(UaString::from(own_node_id(ctx).as_str()))
+        }
+        v::Server_ServerRedundancy_RedundantServerArray if ctx.transparent_redundancy() => {
+            redundant_server_array(ctx)
         }
         // The configured `[operation_limits]`.
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {
@@ -206,6 +219,92 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
     })
 }
 
+/// This node's id in the cluster (the configured or derived `node_id`).
+fn own_node_id(ctx: &ServiceContext) -> String {
+    match ctx.cluster() {
+        Some(c) => c.node_id().to_owned(),
+        None => ctx.config.cluster.node_id_or(ctx.config.server.port),
+    }
+}
+
+/// `RedundantServerArray`: every live node of the cluster with its
+/// ServiceLevel and ServerState as its heartbeat tells them (this node's
+/// own as it is now), sorted by id.
+fn redundant_server_array(ctx: &ServiceContext) -> Variant {
+    let members = match ctx.cluster() {
+        Some(c) => c.members(),
+        None => vec![crate::cluster::node::Member {
+            id: own_node_id(ctx),
+            service_level: ctx.own_service_level(),
+            state: ctx.own_server_state(),
+        }],
+    };
+    let rows = members
+        .into_iter()
+        .map(|m| {
+            ExtensionObject::new(uascale_types::RedundantServerDataType {
+                server_id: UaString::from(m.id.as_str()),
+                service_level: m.service_level,
+                server_state: m.state,
+            })
+        })
+        .collect();
+    Variant::from(uascale_types::Array::new(
+        uascale_types::ArrayValues::ExtensionObject(rows),
+    ))
+}
+
+/// Makes `Server.ServerRedundancy` a TransparentRedundancyType (i=2036,
+/// Part 5 §6.3.9) with its two mandatory properties, CurrentServerId and
+/// RedundantServerArray (their values are live: [`live_value`]). For a
+/// cluster node, before the address space is shared; an address space
+/// without the Server object is left alone.
+pub fn make_transparent(space: &mut crate::address_space::AddressSpace) {
+    use uascale_types::QualifiedName;
+    const HAS_TYPE_DEFINITION: u32 = 40;
+    const HAS_PROPERTY: u32 = 46;
+    const PROPERTY_TYPE: u32 = 68;
+    const STRING: u32 = 12;
+    const REDUNDANT_SERVER_DATA_TYPE: u32 = 853;
+    let redundancy = NodeId::ns0(uascale_types::ids::object::Server_ServerRedundancy);
+    let Some(node) = space.get_mut(&redundancy) else {
+        return;
+    };
+    let transparent = NodeId::ns0(uascale_types::ids::object_type::TransparentRedundancyType);
+    for r in &mut node.references {
+        if r.is_forward && r.reference_type == NodeId::ns0(HAS_TYPE_DEFINITION) {
+            r.target = transparent.clone();
+        }
+    }
+    let property = |id: u32, name: &str, data_type: u32, value_rank: i32| {
+        let mut n = crate::address_space::Node::new(
+            uascale_types::NodeClass::Variable,
+            NodeId::ns0(id),
+            QualifiedName::new(0, name),
+        )
+        .with_reference(HAS_PROPERTY, false, redundancy.clone())
+        .with_reference(HAS_TYPE_DEFINITION, true, NodeId::ns0(PROPERTY_TYPE));
+        n.data_type = NodeId::ns0(data_type);
+        n.value_rank = value_rank;
+        if value_rank == 1 {
+            n.array_dimensions = Some(vec![0]);
+        }
+        n
+    };
+    space.insert(property(
+        v::Server_ServerRedundancy_CurrentServerId,
+        "CurrentServerId",
+        STRING,
+        -1,
+    ));
+    space.insert(property(
+        v::Server_ServerRedundancy_RedundantServerArray,
+        "RedundantServerArray",
+        REDUNDANT_SERVER_DATA_TYPE,
+        1,
+    ));
+}
+
 /// The ServerDiagnosticsSummary structure, every field live (each the
 /// value its own variable reads):
 /// - sessions: current, cumulated, rejected and security-rejected
@@ -300,6 +399,12 @@ mod tests {
 
     /// [`world`] with `[server] admin_users` = `admins`.
     fn world_with_admins(admins: Vec<String>) -> World {
+        world_with(|c| c.server.admin_users = admins)
+    }
+
+    /// [`world`] with `change` made to its configuration (after it was
+    /// validated).
+    fn world_with(change: impl FnOnce(&mut ServerConfig)) -> World {
         let mut space = AddressSpace::ns0().unwrap();
         let (demo, _) = crate::demo::build(&mut space, 0);
         let mut managers = NodeManagers::default();
@@ -319,7 +424,7 @@ mod tests {
         };
         config.validate().unwrap();
         let mut config = config;
-        config.server.admin_users = admins;
+        change(&mut config);
         let state = ServerState::from_parts(
             config,
             space,
@@ -853,5 +958,102 @@ mod tests {
         );
         // The session already open goes on.
         assert!(attribute::read(&ctx, &read_request(&[v::Server_ServerStatus_State])).is_ok());
+    }
+
+    /// The Server object's HasTypeDefinition target of ServerRedundancy.
+    fn redundancy_type(w: &World) -> Option<NodeId> {
+        w.state
+            .address_space
+            .get(&NodeId::ns0(t::ids::object::Server_ServerRedundancy))?
+            .references
+            .iter()
+            .find(|r| r.is_forward && r.reference_type == NodeId::ns0(40))
+            .map(|r| r.target.clone())
+    }
+
+    /// The browse names of the properties of Server.ServerRedundancy.
+    fn redundancy_properties(w: &World) -> Vec<String> {
+        let space = &w.state.address_space;
+        space
+            .get(&NodeId::ns0(t::ids::object::Server_ServerRedundancy))
+            .unwrap()
+            .references
+            .iter()
+            .filter(|r| r.is_forward && r.reference_type == NodeId::ns0(46))
+            .filter_map(|r| space.get(&r.target))
+            .map(|n| n.browse_name.name.as_str_or_empty().to_owned())
+            .collect()
+    }
+
+    /// A single server: a plain ServerRedundancyType reading None, without
+    /// the transparent properties.
+    #[test]
+    fn a_single_server_has_plain_redundancy_none() {
+        let w = world();
+        assert_eq!(redundancy_type(&w), Some(NodeId::ns0(2034)));
+        assert_eq!(redundancy_properties(&w), ["RedundancySupport"]);
+        let ctx = w.ctx();
+        assert_eq!(
+            read_values(&ctx, &[v::Server_ServerRedundancy_RedundancySupport]),
+            [Variant::Int32(0)],
+            "None"
+        );
+    }
+
+    /// A cluster node: TransparentRedundancyType (i=2036) reading
+    /// Transparent, CurrentServerId this node, RedundantServerArray its
+    /// members (here, before it joined its store, itself alone). Shutting
+    /// down with no other node serving, the whole set goes: State Shutdown
+    /// and ServiceLevel 0, in the array as in ServerStatus.
+    #[test]
+    fn a_cluster_node_has_transparent_redundancy() {
+        let w = world_with(|c| {
+            c.cluster.url = Some("nats://127.0.0.1:4222".into());
+            c.cluster.node_id = Some("n7".into());
+        });
+        assert_eq!(redundancy_type(&w), Some(NodeId::ns0(2036)));
+        let ctx = w.ctx();
+        let ids = [
+            v::Server_ServerRedundancy_RedundancySupport,
+            v::Server_ServerRedundancy_CurrentServerId,
+            v::Server_ServerRedundancy_RedundantServerArray,
+            v::Server_ServerStatus_State,
+        ];
+        let array = |level: u8, state: t::ServerState| {
+            Variant::from(t::Array::new(t::ArrayValues::ExtensionObject(vec![
+                t::ExtensionObject::new(t::RedundantServerDataType {
+                    server_id: "n7".into(),
+                    service_level: level,
+                    server_state: state,
+                }),
+            ])))
+        };
+        assert_eq!(
+            read_values(&ctx, &ids),
+            [
+                Variant::Int32(4),
+                Variant::String("n7".into()),
+                array(255, t::ServerState::Running),
+                Variant::Int32(0),
+            ]
+        );
+        w.state
+            .shutdown
+            .plan(ctx.instant, Duration::from_secs(5), "test", None);
+        assert_eq!(
+            read_values(&ctx, &ids)[2..],
+            [array(0, t::ServerState::Shutdown), Variant::Int32(4)]
+        );
+        // ServerRedundancy has both properties.
+        let mut names = redundancy_properties(&w);
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "CurrentServerId",
+                "RedundancySupport",
+                "RedundantServerArray"
+            ]
+        );
     }
 }

@@ -185,11 +185,14 @@ impl ServerState {
 
     fn assemble(
         config: ServerConfig,
-        address_space: AddressSpace,
+        mut address_space: AddressSpace,
         managers: NodeManagers,
         security: SecurityState,
         demo: Option<Demo>,
     ) -> Arc<ServerState> {
+        if config.cluster.url.is_some() {
+            crate::server_object::make_transparent(&mut address_space);
+        }
         let subscriptions = Arc::new(SubscriptionRegistry::new(config.subscriptions.clone()));
         // Value changes reach monitored items as they happen (no sampling).
         let registry = Arc::clone(&subscriptions);
@@ -386,6 +389,14 @@ impl ServerState {
                 }
             }
         }));
+        let weak = Arc::downgrade(self);
+        node.set_own_status(Box::new(move || match weak.upgrade() {
+            Some(state) => (state.own_service_level(), state.own_server_state()),
+            None => (
+                crate::admission::ServiceLevel::MAINTENANCE,
+                uascale_types::ServerState::Shutdown,
+            ),
+        }));
         let mirror = Arc::clone(&node);
         self.sessions
             .set_mirror(Arc::new(move |event, token, session| {
@@ -405,14 +416,20 @@ impl ServerState {
 
     /// `Server.ServiceLevel` now, in Part 4's sub-ranges (Table 103): 0
     /// (Maintenance) while the server a client sees is shutting down
-    /// ([`ServerState::presented_shutdown`]); at most
+    /// ([`ServerState::presented_shutdown`]; a cluster node shutting down
+    /// while others serve on reads the best of theirs); at most
     /// [`DEGRADED_SERVICE_LEVEL`] while a cluster node cannot reach its
     /// store; else the load level, 255 idle down to 200 at
     /// `max_session_count`, moving in steps of 5 or more (SCALABILITY.md
     /// §2).
     pub fn service_level(&self) -> u8 {
-        if self.presented_shutdown().is_some() {
-            return crate::admission::ServiceLevel::MAINTENANCE;
+        if self.shutdown.is_planned() {
+            // A cluster node shutting down while others serve on shows
+            // theirs: its clients are about to move there.
+            return match self.cluster.get().and_then(|c| c.serving_peers_level()) {
+                Some(level) => level,
+                None => crate::admission::ServiceLevel::MAINTENANCE,
+            };
         }
         self.own_service_level()
     }
@@ -433,6 +450,24 @@ impl ServerState {
             Some(c) if c.degraded() => level.min(DEGRADED_SERVICE_LEVEL),
             _ => level,
         }
+    }
+
+    /// This process's own ServerState: Shutdown while a shutdown is
+    /// planned, else Running (its entry in the cluster's
+    /// `RedundantServerArray`).
+    pub fn own_server_state(&self) -> uascale_types::ServerState {
+        if self.shutdown.is_planned() {
+            uascale_types::ServerState::Shutdown
+        } else {
+            uascale_types::ServerState::Running
+        }
+    }
+
+    /// Whether `Server.ServerRedundancy` is a TransparentRedundancyType
+    /// (a cluster node, `[cluster] url` set) rather than a plain
+    /// ServerRedundancyType reading RedundancySupport None.
+    pub fn transparent_redundancy(&self) -> bool {
+        self.config.cluster.url.is_some()
     }
 
     /// The planned shutdown that clients of this server see in
