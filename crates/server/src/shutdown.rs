@@ -48,6 +48,9 @@ pub type Waker = Box<dyn Fn() + Send + Sync>;
 pub struct Shutdown {
     planned: Mutex<Option<Planned>>,
     waker: Mutex<Option<Waker>>,
+    /// Set when the server is told to stop at once (a second signal): no
+    /// drain then.
+    at_once: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Shutdown {
@@ -110,6 +113,18 @@ impl Shutdown {
     /// When the channels close, if planned.
     pub fn due(&self) -> Option<Instant> {
         lock(&self.planned).as_ref().map(|p| p.due)
+    }
+
+    /// Notes that the server stops at once, without draining.
+    pub fn stop_at_once(&self) {
+        self.at_once
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the server stops after its planned shutdown came due (and
+    /// may drain), rather than at once.
+    pub fn stops_as_planned(&self) -> bool {
+        self.is_planned() && !self.at_once.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sets what runs whenever the plan changes (one waker; a second call

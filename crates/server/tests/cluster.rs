@@ -859,3 +859,66 @@ fn a_node_shutting_down_marks_only_its_own_entry() {
         },
     );
 }
+
+/// A node draining (its planned shutdown due while another node serves
+/// on) writes each session's final state to the store before it closes
+/// the session's channel: the record holds every notification the client
+/// was sent, and on the other node the session and its subscription
+/// continue with the next sequence number - no gap, no number reused.
+#[test]
+fn a_draining_node_writes_the_final_state_before_it_closes() {
+    let Some((_nats, rt, url, mut n1, n2)) = two_nodes() else {
+        return;
+    };
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    c.send_create_subscription(600, 10);
+    let sub = c.read_subscription_id();
+    c.send_monitor(sub, NodeId::ns0(2258)); // CurrentTime: a new value each sample
+    let _ = c.read_response();
+    // The drain needs n2 serving, as n1's heartbeats tell it.
+    let start = Instant::now();
+    while n1.state.cluster().map(|n| n.serving_peer_count()) != Some(1) {
+        assert!(start.elapsed() < LIMIT, "n1 never saw n2");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seqs = notified_seqs(&mut c, 3);
+    let last = *seqs.last().unwrap();
+    // A second item, and no Publish after it: only the next answer would
+    // have written it to the store - the drain writes it.
+    c.send_monitor(sub, NodeId::ns0(2258));
+    let _ = c.read_response();
+
+    n1.state
+        .shutdown
+        .plan(Instant::now(), Duration::ZERO, "drain test", None);
+    assert_eq!(c.read_error(), StatusCode::BadShutdown);
+    // Written before the close: at once, no waiting for the mirror.
+    let record = subscriptions_record(&rt, &url, &c.auth).expect("mirrored");
+    let s = record.subscriptions.first().expect("the subscription");
+    assert_eq!(
+        (s.next_seq, s.items.len()),
+        (last + 1, 2),
+        "the final sequence number and both items were written before the close"
+    );
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
+    });
+
+    let mut moved = reactivate_on(n2.addr, &c.auth);
+    let acks = seqs
+        .iter()
+        .map(|s| SubscriptionAcknowledgement {
+            subscription_id: sub,
+            sequence_number: *s,
+        })
+        .collect();
+    let p = publish_response(&mut moved, acks);
+    assert_eq!(p.subscription_id, sub, "the same subscription id");
+    assert_eq!(
+        p.notification_message.sequence_number,
+        last + 1,
+        "no gap, no reuse"
+    );
+    drop(n2);
+}

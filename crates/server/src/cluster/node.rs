@@ -142,6 +142,10 @@ pub struct ClusterNode {
     wake: tokio::sync::Notify,
     /// Told after each batch of session records was written.
     written: tokio::sync::Notify,
+    /// Held by whoever writes the mirror (the writer task, or a drain
+    /// writing everything at once): once a drain holds it, no write of the
+    /// writer is still in flight.
+    write_turn: tokio::sync::Mutex<()>,
     leases: Mutex<Leases>,
     /// The last heartbeat of each node seen: its degraded flag and beat.
     beats: Mutex<HashMap<String, (bool, u64)>>,
@@ -260,6 +264,7 @@ impl ClusterNode {
             mirror: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             written: tokio::sync::Notify::new(),
+            write_turn: tokio::sync::Mutex::new(()),
             leases: Mutex::new(Leases::new(lease, Instant::now())),
             beats: Mutex::default(),
             statuses: Mutex::default(),
@@ -722,6 +727,23 @@ impl ClusterNode {
         }
     }
 
+    /// Writes now, in this task, everything the mirror holds back: the
+    /// session transitions queued, the subscriptions `subscriptions` (dirty
+    /// or not) and their sessions' records, and the values. False when the
+    /// store failed (what is left stays queued). A node that drains calls
+    /// it before it closes channels: what a survivor restores is then what
+    /// the clients were last sent.
+    pub async fn write_all_now(&self, subscriptions: impl IntoIterator<Item = u32>) -> bool {
+        lock(&self.mirror).dirty_subscriptions.extend(subscriptions);
+        let _turn = self.write_turn.lock().await;
+        self.write_pending().await && self.write_subscriptions().await && self.write_values().await
+    }
+
+    /// The other members that serve on now.
+    pub fn serving_peer_count(&self) -> usize {
+        self.serving_peers().count()
+    }
+
     async fn write_batch(&self, batch: HashMap<String, Pending>, oldest: Option<Instant>) -> bool {
         let mut failed: Option<StoreError> = None;
         let mut left = Vec::new();
@@ -1055,9 +1077,11 @@ impl ClusterNode {
             let node = Arc::clone(&self);
             async move {
                 loop {
+                    let turn = node.write_turn.lock().await;
                     let all = node.write_pending().await
                         && node.write_subscriptions().await
                         && node.write_values().await;
+                    drop(turn);
                     if all {
                         node.wake.notified().await;
                     } else {

@@ -742,6 +742,10 @@ impl Server {
             }
         }
         self.shared.state.set_listening(false);
+        // A cluster node draining: nothing more is published, the final
+        // records reach the store, then the channels close paced.
+        publisher.abort();
+        planned::drain(&self.shared).await;
         if let Some(task) = cluster {
             task.abort();
         }
