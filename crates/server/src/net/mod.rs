@@ -742,6 +742,9 @@ impl Server {
             }
         }
         self.shared.state.set_listening(false);
+        // New connections are refused from here on (the front end sends
+        // them elsewhere) rather than left in the backlog.
+        drop(self.listener);
         // A cluster node draining: nothing more is published, the final
         // records reach the store, then the channels close paced.
         publisher.abort();
