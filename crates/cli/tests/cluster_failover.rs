@@ -990,3 +990,72 @@ fn clients_of_a_draining_node_move_without_a_gap() {
         }
     });
 }
+
+/// `uascale bench failover --drain` against a small cluster whose front
+/// end checks `/readyz`: the node gets SIGTERM and drains; the bench's
+/// report agrees with the survivor, and nothing was lost, duplicated or
+/// recreated.
+#[test]
+fn bench_failover_drain_reports_what_the_cluster_did() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = TempDir::new("bench-drain");
+    let config = dir.join("drain.toml");
+    std::fs::write(&config, "[server]\nshutdown_delay_s = 1\n").unwrap();
+    let Some(mut c) = small_cluster_with(2, "e", &["--config", config.to_str().unwrap()], true)
+    else {
+        return;
+    };
+    let victim = c.nodes[0].as_ref().unwrap().pid();
+    let out = Command::new(common::BIN)
+        .args([
+            "bench",
+            "failover",
+            &format!("opc.tcp://127.0.0.1:{}", c.front),
+            "--sessions",
+            "8",
+            "--interval-ms",
+            "300",
+            "--kill-pid",
+            &victim,
+            "--drain",
+            "--kill-after-s",
+            "2",
+            "--duration-s",
+            "6",
+            "--json",
+        ])
+        .output()
+        .expect("run uascale bench failover --drain");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = c.nodes[0].take().map(|mut n| n.child.wait());
+    assert!(
+        status.is_some_and(|s| s.is_ok_and(|s| s.success())),
+        "the drained node exits cleanly"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let survivor = figures(c.metrics[1]);
+    assert_eq!(report["drain"], true, "{report}");
+    assert_eq!(
+        report["moved"].as_f64(),
+        Some(survivor.restored),
+        "{report}"
+    );
+    assert!(survivor.restored >= 1.0, "{report}");
+    for zero in [
+        "moved_not_resumed",
+        "lost",
+        "duplicates",
+        "ended",
+        "recreated",
+    ] {
+        assert_eq!(report[zero], 0, "{zero}: {report}");
+    }
+    assert!(
+        report["gap_ms"]["max"].as_f64().unwrap_or(0.0) > 0.0,
+        "{report}"
+    );
+}
