@@ -1059,3 +1059,38 @@ fn bench_failover_drain_reports_what_the_cluster_did() {
         "{report}"
     );
 }
+
+/// Python asyncua reads the redundancy surface through the front end
+/// (tests/interop/cluster_redundancy_asyncua.py): a
+/// TransparentRedundancyType, RedundancySupport Transparent, its session's
+/// CurrentServerId one of the nodes, RedundantServerArray both nodes,
+/// Running and Healthy.
+#[test]
+fn python_asyncua_reads_the_redundancy_surface() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = root.join("target/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `cargo xtask ci` first",
+        python.display()
+    );
+    let Some(c) = small_cluster(2, "r") else {
+        return;
+    };
+    let out = Command::new(&python)
+        .arg(root.join("tests/interop/cluster_redundancy_asyncua.py"))
+        .arg(format!("opc.tcp://127.0.0.1:{}", c.front))
+        .args(["r0", "r1"])
+        .current_dir(root.join("tests/interop"))
+        .output()
+        .expect("run the asyncua script");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let current = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(current == "r0" || current == "r1", "{current}");
+}
