@@ -11,6 +11,12 @@
 # and duplicated, and the steady publish delay (arrival minus a message's
 # publish time) and value lateness before the kill.
 #
+# --drain sends SIGTERM instead: n1 drains (its /readyz turns 503, which
+# HAProxy checks on the metrics port; after the nodes' shutdown_delay_s it
+# writes its sessions' final records and closes their channels in paced
+# batches) and the bench reports the same figures, with each moved
+# session's notification gap and the sessions recreated.
+#
 # --latency then compares the steady publish delay with mirroring on and
 # off: the same bench without a kill (for KILL_AFTER_S + DURATION_S), once
 # through the cluster (n1 started again) and once through the same HAProxy
@@ -19,7 +25,7 @@
 #
 # usage: bench/failover.sh [--sessions N] [--security POLICY[:MODE]]
 #            [--interval-ms MS] [--kill-after-s S] [--duration-s S]
-#            [--concurrency C] [--source-ips K] [--latency | --latency-only]
+#            [--concurrency C] [--source-ips K] [--drain] [--latency | --latency-only]
 #            [--off-nodes N] [--handshakes H] [--json] [--report FILE.html]
 #            [--out DIR] [--no-build]
 # --handshakes sets the nodes' [admission] max_concurrent_handshakes (by
@@ -51,6 +57,7 @@ JSON=
 REPORT=
 OUT=target/failover/$(date -u +%Y%m%dT%H%M%S)
 BUILD=1
+DRAIN=
 while [ $# -gt 0 ]; do
   case "$1" in
     --sessions) SESSIONS=$2; shift 2 ;;
@@ -60,6 +67,7 @@ while [ $# -gt 0 ]; do
     --duration-s) DURATION=$2; shift 2 ;;
     --concurrency) CONCURRENCY=$2; shift 2 ;;
     --source-ips) SOURCES=$2; shift 2 ;;
+    --drain) DRAIN=--drain; shift ;;
     --latency) LATENCY=1; shift ;;
     --latency-only) LATENCY=1; FAILOVER=0; shift ;;
     --off-nodes) OFF_NODES=$2; shift 2 ;;
@@ -68,7 +76,7 @@ while [ $# -gt 0 ]; do
     --report) REPORT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -184,10 +192,10 @@ start_haproxy() { # node count
     printf 'defaults\n  mode tcp\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n'
     printf '  retries 3\n  option redispatch\n'
     printf 'frontend opcua\n  bind 127.0.0.1:%s\n  default_backend nodes\n' "$FRONT"
-    printf 'backend nodes\n  balance leastconn\n'
+    printf 'backend nodes\n  balance leastconn\n  option httpchk GET /readyz\n'
     for ((i = 1; i <= $1; i++)); do
-      printf '  server n%s 127.0.0.1:%s send-proxy-v2 check inter 300ms fall 1 rise 2\n' \
-        "$i" "${NODE_PORTS[$((i - 1))]}"
+      printf '  server n%s 127.0.0.1:%s send-proxy-v2 check port %s inter 300ms fall 1 rise 2\n' \
+        "$i" "${NODE_PORTS[$((i - 1))]}" "${METRICS_PORTS[$((i - 1))]}"
     done
   } >"$cfg"
   if [ -n "$HAPROXY_PID" ]; then kill "$HAPROXY_PID" 2>/dev/null || true; wait "$HAPROXY_PID" 2>/dev/null || true; fi
@@ -219,8 +227,10 @@ echo "cluster up: front $FRONT_URL, nodes ${NODE_PORTS[*]} (PIDs ${NODE_PIDS[*]}
 if [ "$FAILOVER" = 1 ]; then
   # The victim is n1, the first node: leastconn spreads the sessions evenly,
   # and the bench reports how many it had (sessions moved).
-  echo "killing n1 (PID ${NODE_PIDS[0]}) after $KILL_AFTER s" >&2
-  bench failover --kill-pid "${NODE_PIDS[0]}" --kill-after-s "$KILL_AFTER" --duration-s "$DURATION"
+  verb=killing
+  [ -n "$DRAIN" ] && verb=draining
+  echo "$verb n1 (PID ${NODE_PIDS[0]}) after $KILL_AFTER s" >&2
+  bench failover --kill-pid "${NODE_PIDS[0]}" $DRAIN --kill-after-s "$KILL_AFTER" --duration-s "$DURATION"
   wait "${NODE_PIDS[0]}" 2>/dev/null || true
   NODE_PIDS[0]=""
   # The survivors' view: takeovers, admission's busy answers by stage.

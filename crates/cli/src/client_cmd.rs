@@ -18,6 +18,7 @@ pub const USAGE: &str = "       uascale endpoints URL [--json]
        uascale read URL NODE... [--attr NAME] [--json]
        uascale write URL NODE VALUE [--type TYPE] [--json]
        uascale call URL OBJECT METHOD [ARG...] [--json]
+       uascale shutdown URL [--delay S] [--reason TEXT] [--return-at TIME] [--cancel]
        uascale subscribe URL [NODE...] [--events NOTIFIER] [--fields F,F,...]
                          [--min-severity N] [--interval-ms MS] [--sampling-ms MS]
                          [--count N] [--duration-s S] [--json]
@@ -47,6 +48,12 @@ pub const USAGE: &str = "       uascale endpoints URL [--json]
   write      VALUE (text; [a, b] for arrays) typed by the node's DataType,
              or by --type (Boolean, Int32, Double, String, DateTime, ...)
   call       METHOD on OBJECT, ARGs typed by the method's InputArguments
+  shutdown   asks the server to shut down in --delay seconds (default 5)
+             for --reason (Server.RequestServerStateChange; the user, given
+             with --user or --cert, must be in the server's
+             server.admin_users); --return-at is the expected return
+             (RFC 3339, e.g. 2026-01-31T12:00:00Z); --cancel cancels a
+             planned shutdown instead
   subscribe  data changes of each NODE and/or the events of NOTIFIER (i=2253
              is the Server object) as they come, one line each (--json: one
              JSON object per line); event --fields by browse name (default
@@ -187,9 +194,17 @@ pub fn run(cmd: &str, args: &[&str]) -> ExitCode {
         "read" => &["--attr"],
         "write" => &["--type"],
         "subscribe" => crate::subscribe::FLAGS,
+        "shutdown" => &["--delay", "--reason", "--return-at"],
         _ => &[],
     };
-    let common = match parse_common(args, with_value) {
+    // `shutdown --cancel` is the one flag without a value.
+    let cancel = cmd == "shutdown" && args.contains(&"--cancel");
+    let args: Vec<&str> = args
+        .iter()
+        .copied()
+        .filter(|a| !(cancel && *a == "--cancel"))
+        .collect();
+    let common = match parse_common(&args, with_value) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("uascale {cmd}: {e}\n(uascale --help for usage)");
@@ -224,6 +239,10 @@ pub fn run(cmd: &str, args: &[&str]) -> ExitCode {
             "subscribe" => {
                 client.create_session("uascale subscribe").await?;
                 crate::subscribe::subscribe(&client, &common).await
+            }
+            "shutdown" => {
+                client.create_session("uascale shutdown").await?;
+                shutdown(&client, &common, cancel).await
             }
             _ => Err(Failure::Usage(format!("unknown command {cmd:?}"))),
         };
@@ -594,6 +613,66 @@ async fn call(client: &Client, c: &Common) -> Result<(), Failure> {
     }
     if r.status_code.is_bad() {
         return Err(Failure::Bad(format!("the call failed: {}", r.status_code)));
+    }
+    Ok(())
+}
+
+/// `uascale shutdown`: `Server.RequestServerStateChange` with State
+/// Shutdown (or Running for `--cancel`).
+async fn shutdown(client: &Client, c: &Common, cancel: bool) -> Result<(), Failure> {
+    if let Some(extra) = c.rest.first() {
+        return Err(Failure::Usage(format!("unexpected argument {extra:?}")));
+    }
+    let delay: u32 = match c.flag("--delay") {
+        Some(d) => d
+            .parse()
+            .map_err(|_| Failure::Usage(format!("--delay {d:?} is not a number of seconds")))?,
+        None => 5,
+    };
+    let return_at = match c.flag("--return-at") {
+        Some(text) => text.parse::<t::DateTime>().map_err(|e| {
+            Failure::Usage(format!(
+                "--return-at {text:?}: {e} (RFC 3339 UTC, e.g. 2026-01-31T12:00:00Z)"
+            ))
+        })?,
+        None => t::DateTime::MIN,
+    };
+    let state = if cancel {
+        t::ServerState::Running
+    } else {
+        t::ServerState::Shutdown
+    };
+    let reason = c.flag("--reason").unwrap_or("");
+    let results = client
+        .call(vec![t::CallMethodRequest {
+            object_id: NodeId::ns0(t::ids::object::Server),
+            method_id: NodeId::ns0(t::ids::method::Server_RequestServerStateChange),
+            input_arguments: Some(vec![
+                Variant::Int32(state.0),
+                Variant::DateTime(return_at),
+                Variant::UInt32(delay),
+                Variant::LocalizedText(Box::new(t::LocalizedText::new("en", reason))),
+                Variant::Boolean(false),
+            ]),
+        }])
+        .await?;
+    let status = results
+        .first()
+        .map(|r| r.status_code)
+        .ok_or_else(|| Failure::Bad("no result".into()))?;
+    if status == StatusCode::BadUserAccessDenied {
+        return Err(Failure::Bad(format!(
+            "{status}: the server lets only the users of its server.admin_users change its \
+             state (--user NAME or --cert FILE --key FILE)"
+        )));
+    }
+    if status.is_bad() {
+        return Err(Failure::Bad(format!("the server refused: {status}")));
+    }
+    if cancel {
+        outln!("planned shutdown cancelled");
+    } else {
+        outln!("the server shuts down in {delay} s");
     }
     Ok(())
 }

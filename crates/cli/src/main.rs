@@ -31,7 +31,9 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
 
   serve    run the OPC UA server on opc.tcp://NAME:N (default
            opc.tcp://localhost:4840, bound to 0.0.0.0); log level from
-           RUST_LOG (default info); Ctrl-C shuts down; --nodes N adds N
+           RUST_LOG (default info); SIGTERM or Ctrl-C shuts down after
+           server.shutdown_delay_s (clients see the countdown), a second
+           one at once; --nodes N adds N
            changing load-test nodes, --rate-ms how often demo values change;
            --slow-ms how long the demo's slow asynchronous nodes
            (ns=2;s=Demo.Slow.0..9) take per Read and Write (default 2);
@@ -319,9 +321,26 @@ fn serve(config: ServerConfig, format: LogFormat) -> ExitCode {
             .local_addr()
             .map_or_else(|_| "?".into(), |a| a.to_string());
         tracing::info!(url = %server.endpoint_url(), %addr, "listening");
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("shutting down");
+        // A first signal plans the shutdown (`server.shutdown_delay_s`):
+        // clients see it coming, balancers stop sending new ones. A second
+        // one stops at once.
+        let state = std::sync::Arc::clone(server.state());
+        let shutdown = async move {
+            let mut signals = Signals::new();
+            let first = signals.next().await;
+            let delay = std::time::Duration::from_secs(state.config.server.shutdown_delay_s.into());
+            state.shutdown.plan(
+                std::time::Instant::now(),
+                delay,
+                &format!("{first} received: the server is shutting down"),
+                None,
+            );
+            tracing::info!(
+                "{first}: shutting down in {} s ({first} again to stop now)",
+                delay.as_secs()
+            );
+            let second = signals.next().await;
+            tracing::info!("{second} again: shutting down now");
         };
         match server.run(shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -331,6 +350,35 @@ fn serve(config: ServerConfig, format: LogFormat) -> ExitCode {
             }
         }
     })
+}
+
+/// SIGINT (Ctrl-C) and, on Unix, SIGTERM (what service managers and
+/// Kubernetes send).
+struct Signals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        Signals {
+            #[cfg(unix)]
+            term: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
+        }
+    }
+
+    /// The name of the next signal received.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        if let Some(term) = self.term.as_mut() {
+            return tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            };
+        }
+        let _ = tokio::signal::ctrl_c().await;
+        "SIGINT"
+    }
 }
 
 fn main() -> ExitCode {
@@ -351,7 +399,8 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        [cmd @ ("endpoints" | "browse" | "read" | "write" | "call" | "subscribe"), rest @ ..] => {
+        [cmd @ ("endpoints" | "browse" | "read" | "write" | "call" | "subscribe" | "shutdown"), rest @ ..] =>
+        {
             if rest.iter().any(|a| *a == "-h" || *a == "--help") {
                 println!("{USAGE}\n{}", client_cmd::USAGE);
                 return ExitCode::SUCCESS;

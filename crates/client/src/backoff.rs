@@ -111,6 +111,15 @@ impl Backoff {
         Duration::from_secs_f64(jittered.max(0.0)).max(hint)
     }
 
+    /// A wait drawn uniformly from [0, `max`): for a reconnect that need
+    /// not back off (the server closed the channel because it shuts down,
+    /// and another server takes the session at once), spread so that its
+    /// clients do not all come back in the same instant. The failure count
+    /// does not move.
+    pub fn prompt_delay(&mut self, max: Duration) -> Duration {
+        max.mul_f64(self.unit())
+    }
+
     /// A uniform number in [0, 1) (xorshift64*).
     fn unit(&mut self) -> f64 {
         let mut x = self.rng;
@@ -204,5 +213,17 @@ mod tests {
         let a = Backoff::new(1).next_delay(StatusCode::BadTimeout, None);
         let b = Backoff::new(2).next_delay(StatusCode::BadTimeout, None);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_prompt_delay_stays_under_its_bound_and_spreads() {
+        let mut b = Backoff::new(7);
+        let waits: Vec<Duration> = (0..100)
+            .map(|_| b.prompt_delay(Duration::from_millis(200)))
+            .collect();
+        assert!(waits.iter().all(|w| *w < Duration::from_millis(200)));
+        assert!(waits.iter().any(|w| *w < Duration::from_millis(50)));
+        assert!(waits.iter().any(|w| *w > Duration::from_millis(150)));
+        assert_eq!(b.attempts(), 0);
     }
 }

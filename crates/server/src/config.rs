@@ -192,6 +192,18 @@ pub struct ServerSection {
     /// Companion NodeSet2 XML files loaded at start, in order (`nodesets`,
     /// `--nodeset`, [`crate::nodeset`]). Default none.
     pub nodesets: Vec<PathBuf>,
+    /// Seconds from a shutdown signal (SIGTERM, Ctrl-C) to the channels
+    /// closing (`shutdown_delay_s`, [`crate::shutdown`]): meanwhile
+    /// `ServerStatus` counts `SecondsTillShutdown` down, ServiceLevel is 0,
+    /// `/readyz` answers 503 and new sessions are refused. Default 5: one
+    /// readiness check of a balancer, and a client sees the countdown. A
+    /// second signal closes at once.
+    pub shutdown_delay_s: u32,
+    /// Who may call `Server.RequestServerStateChange` (`admin_users`): the
+    /// names of `[[users]]` accounts, and X509 user certificates as
+    /// `x509:` and the certificate's SHA-1 thumbprint in hex. Default none:
+    /// only the signal shuts the server down.
+    pub admin_users: Vec<String>,
 }
 
 impl Default for ServerSection {
@@ -216,6 +228,9 @@ impl Default for ServerSection {
             // Off: the events cost work per session for no reader.
             auditing: false,
             nodesets: Vec::new(),
+            // One balancer readiness check, and a countdown a client sees.
+            shutdown_delay_s: 5,
+            admin_users: Vec::new(),
         }
     }
 }
@@ -1281,6 +1296,23 @@ impl ServerConfig {
                           allow_security_none = false)"
                     .into(),
             });
+        }
+        for (i, a) in self.server.admin_users.iter().enumerate() {
+            let key = format!("server.admin_users[{i}]");
+            match a.strip_prefix("x509:") {
+                Some(t) if t.len() != 40 || !t.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                    return fail(
+                        &key,
+                        format!("{a:?}"),
+                        "an X509 user is x509: and 40 hex digits (its SHA-1 thumbprint)",
+                    );
+                }
+                Some(_) => {}
+                None if !self.users.iter().any(|u| &u.name == a) => {
+                    return fail(&key, format!("{a:?}"), "names no [[users]] account");
+                }
+                None => {}
+            }
         }
         let mut names = std::collections::HashSet::new();
         for (i, u) in self.users.iter().enumerate() {

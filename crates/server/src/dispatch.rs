@@ -525,7 +525,8 @@ mod tests {
     }
 
     /// The load-based ServiceLevel follows the session count (docs/scalability.md
-    /// §2): 255 up to 20 % of max_session_count, then down.
+    /// §2) inside Part 4's Healthy range: 255 idle, 200 at
+    /// max_session_count.
     #[test]
     fn service_level_follows_the_session_count() {
         let mut config = crate::ServerConfig::default();
@@ -536,11 +537,15 @@ mod tests {
         for _ in 0..2 {
             dispatch(&mut c, &msg).now().unwrap();
         }
-        assert_eq!(c.state.service_level(), 255, "20 %: full service");
+        assert_eq!(
+            c.state.service_level(),
+            244,
+            "20 %: a fifth of the way down"
+        );
         for _ in 0..8 {
             dispatch(&mut c, &msg).now().unwrap();
         }
-        assert_eq!(c.state.service_level(), 1, "full: the lowest level");
+        assert_eq!(c.state.service_level(), 200, "full: still healthy");
     }
 
     fn fault_of(bytes: &[u8]) -> ServiceFault {

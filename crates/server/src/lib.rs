@@ -55,6 +55,7 @@ pub mod server_object;
 pub mod services;
 pub mod session;
 pub mod shed;
+pub mod shutdown;
 pub mod state;
 pub mod subscription;
 

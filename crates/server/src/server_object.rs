@@ -3,8 +3,8 @@
 //! the operation limits this server enforces.
 
 use uascale_types::{
-    ids::variable as v, BuildInfo, ExtensionObject, LocalizedText, NodeId, ServerState,
-    ServerStatusDataType, UaString, Variant,
+    ids::variable as v, BuildInfo, ExtensionObject, NodeId, ServerState, ServerStatusDataType,
+    UaString, Variant,
 };
 
 use crate::context::ServiceContext;
@@ -25,13 +25,24 @@ pub fn build_info(ctx: &ServiceContext) -> BuildInfo {
 /// `None` for nodes whose value is the address space's.
 pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
     let n = id.as_ns0()?;
-    let status = || ServerStatusDataType {
-        start_time: ctx.state.start_time,
-        current_time: ctx.now,
-        state: ServerState::Running,
-        build_info: build_info(ctx),
-        seconds_till_shutdown: 0,
-        shutdown_reason: LocalizedText::default(),
+    // A planned shutdown (crate::shutdown) as the client should see it.
+    let planned = || ctx.state.presented_shutdown();
+    let state = |p: Option<&crate::shutdown::Planned>| match p {
+        Some(_) => ServerState::Shutdown,
+        None => ServerState::Running,
+    };
+    let seconds_till =
+        |p: Option<&crate::shutdown::Planned>| p.map_or(0, |p| p.seconds_till(ctx.instant));
+    let status = || {
+        let p = planned();
+        ServerStatusDataType {
+            start_time: ctx.state.start_time,
+            current_time: ctx.now,
+            state: state(p.as_ref()),
+            build_info: build_info(ctx),
+            seconds_till_shutdown: seconds_till(p.as_ref()),
+            shutdown_reason: crate::shutdown::reason_text(p.as_ref()),
+        }
     };
     Some(match n {
         v::Server_NamespaceArray => Variant::from(
@@ -45,7 +56,7 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
         v::Server_ServerStatus => Variant::from(ExtensionObject::new(status())),
         v::Server_ServerStatus_StartTime => Variant::DateTime(ctx.state.start_time),
         v::Server_ServerStatus_CurrentTime => Variant::DateTime(ctx.now),
-        v::Server_ServerStatus_State => Variant::Int32(ServerState::Running.0),
+        v::Server_ServerStatus_State => Variant::Int32(state(planned().as_ref()).0),
         v::Server_ServerStatus_BuildInfo => Variant::from(ExtensionObject::new(build_info(ctx))),
         v::Server_ServerStatus_BuildInfo_ProductUri => Variant::String(build_info(ctx).product_uri),
         v::Server_ServerStatus_BuildInfo_ManufacturerName => {
@@ -61,16 +72,40 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
             Variant::String(build_info(ctx).build_number)
         }
         v::Server_ServerStatus_BuildInfo_BuildDate => Variant::DateTime(build_info(ctx).build_date),
-        v::Server_ServerStatus_SecondsTillShutdown => Variant::UInt32(0),
-        v::Server_ServerStatus_ShutdownReason => Variant::from(LocalizedText::default()),
-        // Load-based (docs/scalability.md §2): a capacity signal for clients.
+        v::Server_ServerStatus_SecondsTillShutdown => {
+            Variant::UInt32(seconds_till(planned().as_ref()))
+        }
+        v::Server_ServerStatus_ShutdownReason => {
+            Variant::from(crate::shutdown::reason_text(planned().as_ref()))
+        }
+        // Part 5: when the server expects to serve again (null unknown).
+        v::Server_EstimatedReturnTime => Variant::DateTime(
+            planned()
+                .and_then(|p| p.estimated_return)
+                .unwrap_or(uascale_types::DateTime::MIN),
+        ),
+        // Part 4 Table 103: load inside 200-255, 2-199 degraded, 0 while
+        // shutting down (docs/scalability.md §2).
         v::Server_ServiceLevel => Variant::Byte(ctx.state.service_level()),
         v::Server_Auditing => Variant::Boolean(ctx.state.auditing()),
         // A cluster node behind a front end: the client sees one server and
-        // the nodes move its session (docs/cluster.md). Without a cluster
-        // the address space's value stands.
-        v::Server_ServerRedundancy_RedundancySupport if ctx.state.cluster().is_some() => {
-            Variant::Int32(uascale_types::RedundancySupport::Transparent.0)
+        // the nodes move its session (docs/cluster.md): Transparent, on a
+        // TransparentRedundancyType ([`make_transparent`]). A single
+        // server: None, as Part 5 requires of a plain ServerRedundancyType.
+        v::Server_ServerRedundancy_RedundancySupport => {
+            Variant::Int32(if ctx.state.transparent_redundancy() {
+                uascale_types::RedundancySupport::Transparent.0
+            } else {
+                uascale_types::RedundancySupport::None.0
+            })
+        }
+        // The node serving this session (Part 5 §6.3.9: per session; it
+        // changes when the session moves).
+        v::Server_ServerRedundancy_CurrentServerId if ctx.state.transparent_redundancy() => {
+            Variant::String(UaString::from(own_node_id(ctx).as_str()))
+        }
+        v::Server_ServerRedundancy_RedundantServerArray if ctx.state.transparent_redundancy() => {
+            redundant_server_array(ctx)
         }
         // The configured `[operation_limits]`.
         v::Server_ServerCapabilities_OperationLimits_MaxNodesPerRead => {
@@ -211,6 +246,96 @@ pub fn live_value(ctx: &ServiceContext, id: &NodeId) -> Option<Variant> {
     })
 }
 
+/// This node's id in the cluster (the configured or derived `node_id`).
+fn own_node_id(ctx: &ServiceContext) -> String {
+    match ctx.state.cluster() {
+        Some(c) => c.node_id().to_owned(),
+        None => ctx
+            .state
+            .config
+            .cluster
+            .node_id_or(ctx.state.config.server.port),
+    }
+}
+
+/// `RedundantServerArray`: every live node of the cluster with its
+/// ServiceLevel and ServerState as its heartbeat tells them (this node's
+/// own as it is now), sorted by id.
+fn redundant_server_array(ctx: &ServiceContext) -> Variant {
+    let members = match ctx.state.cluster() {
+        Some(c) => c.members(),
+        None => vec![crate::cluster::node::Member {
+            id: own_node_id(ctx),
+            service_level: ctx.state.own_service_level(),
+            state: ctx.state.own_server_state(),
+        }],
+    };
+    let rows = members
+        .into_iter()
+        .map(|m| {
+            ExtensionObject::new(uascale_types::RedundantServerDataType {
+                server_id: UaString::from(m.id.as_str()),
+                service_level: m.service_level,
+                server_state: m.state,
+            })
+        })
+        .collect();
+    Variant::from(uascale_types::Array::new(
+        uascale_types::ArrayValues::ExtensionObject(rows),
+    ))
+}
+
+/// Makes `Server.ServerRedundancy` a TransparentRedundancyType (i=2036,
+/// Part 5 §6.3.9) with its two mandatory properties, CurrentServerId and
+/// RedundantServerArray (their values are live: [`live_value`]). For a
+/// cluster node, before the address space is shared; an address space
+/// without the Server object is left alone.
+pub fn make_transparent(space: &mut crate::address_space::AddressSpace) {
+    use uascale_types::QualifiedName;
+    const HAS_TYPE_DEFINITION: u32 = 40;
+    const HAS_PROPERTY: u32 = 46;
+    const PROPERTY_TYPE: u32 = 68;
+    const STRING: u32 = 12;
+    const REDUNDANT_SERVER_DATA_TYPE: u32 = 853;
+    let redundancy = NodeId::ns0(uascale_types::ids::object::Server_ServerRedundancy);
+    let Some(node) = space.get_mut(&redundancy) else {
+        return;
+    };
+    let transparent = NodeId::ns0(uascale_types::ids::object_type::TransparentRedundancyType);
+    for r in &mut node.references {
+        if r.is_forward && r.reference_type == NodeId::ns0(HAS_TYPE_DEFINITION) {
+            r.target = transparent.clone();
+        }
+    }
+    let property = |id: u32, name: &str, data_type: u32, value_rank: i32| {
+        let mut n = crate::address_space::Node::new(
+            uascale_types::NodeClass::Variable,
+            NodeId::ns0(id),
+            QualifiedName::new(0, name),
+        )
+        .with_reference(HAS_PROPERTY, false, redundancy.clone())
+        .with_reference(HAS_TYPE_DEFINITION, true, NodeId::ns0(PROPERTY_TYPE));
+        n.data_type = NodeId::ns0(data_type);
+        n.value_rank = value_rank;
+        if value_rank == 1 {
+            n.array_dimensions = Some(vec![0]);
+        }
+        n
+    };
+    space.insert(property(
+        v::Server_ServerRedundancy_CurrentServerId,
+        "CurrentServerId",
+        STRING,
+        -1,
+    ));
+    space.insert(property(
+        v::Server_ServerRedundancy_RedundantServerArray,
+        "RedundantServerArray",
+        REDUNDANT_SERVER_DATA_TYPE,
+        1,
+    ));
+}
+
 /// The ServerDiagnosticsSummary structure, every field live (each the
 /// value its own variable reads):
 /// - sessions: current, cumulated, rejected and security-rejected
@@ -306,6 +431,17 @@ mod tests {
     /// The demo server with small, distinct operation limits and one
     /// activated session (token [`TOKEN`], channel 1).
     fn world() -> World {
+        world_with_admins(vec![])
+    }
+
+    /// [`world`] with `[server] admin_users` = `admins`.
+    fn world_with_admins(admins: Vec<String>) -> World {
+        world_with(|c| c.server.admin_users = admins)
+    }
+
+    /// [`world`] with `change` made to its configuration (after it was
+    /// validated).
+    fn world_with(change: impl FnOnce(&mut ServerConfig)) -> World {
         let mut space = AddressSpace::ns0().unwrap();
         let (demo, _) = crate::demo::build(&mut space, 0);
         let mut managers = NodeManagers::default();
@@ -324,6 +460,8 @@ mod tests {
             ..Default::default()
         };
         config.validate().unwrap();
+        let mut config = config;
+        change(&mut config);
         let state = ServerState::from_parts(
             config,
             space,
@@ -698,5 +836,261 @@ mod tests {
             .with_session(|s| s.continuation_points.is_none())
             .unwrap());
         assert_eq!(browse().status_code, StatusCode::Good);
+    }
+
+    fn read_values(ctx: &ServiceContext, ids: &[u32]) -> Vec<Variant> {
+        attribute::read(ctx, &read_request(ids))
+            .unwrap()
+            .results
+            .unwrap()
+            .into_iter()
+            .map(|dv| dv.value.unwrap_or(Variant::Empty))
+            .collect()
+    }
+
+    fn state_change(ctx: &ServiceContext, state: t::ServerState, secs: u32) -> StatusCode {
+        let r = method::call(
+            ctx,
+            &t::CallRequest {
+                request_header: header(),
+                methods_to_call: Some(vec![t::CallMethodRequest {
+                    object_id: NodeId::ns0(t::ids::object::Server),
+                    method_id: NodeId::ns0(t::ids::method::Server_RequestServerStateChange),
+                    input_arguments: Some(vec![
+                        Variant::Int32(state.0),
+                        Variant::DateTime(t::DateTime::from_ticks(1_000_000_000)),
+                        Variant::UInt32(secs),
+                        Variant::from(t::LocalizedText::new("en", "upgrade to 2.0")),
+                        Variant::Boolean(false),
+                    ]),
+                }]),
+            },
+        )
+        .unwrap();
+        r.results.unwrap()[0].status_code
+    }
+
+    /// RequestServerStateChange by an administrator plans the shutdown:
+    /// ServerStatus reads Shutdown, SecondsTillShutdown counts down,
+    /// ShutdownReason and EstimatedReturnTime say why and until when,
+    /// ServiceLevel is 0 and the server is not ready; Running cancels it.
+    /// Anyone else is denied.
+    #[test]
+    fn request_server_state_change_shows_the_shutdown_in_server_status() {
+        use v::{
+            Server_EstimatedReturnTime as RETURN, Server_ServerStatus_SecondsTillShutdown as SECS,
+            Server_ServerStatus_ShutdownReason as REASON, Server_ServerStatus_State as STATE,
+            Server_ServiceLevel as LEVEL,
+        };
+        let ids = [STATE, SECS, REASON, LEVEL, RETURN];
+        let w = world_with_admins(vec!["ops".into()]);
+        w.state.set_listening(true);
+        let ctx = w.ctx();
+        let running = vec![
+            Variant::Int32(0),
+            Variant::UInt32(0),
+            Variant::from(t::LocalizedText::default()),
+            Variant::Byte(255),
+            Variant::DateTime(t::DateTime::MIN),
+        ];
+        assert_eq!(read_values(&ctx, &ids), running);
+        // Anonymous is no administrator.
+        assert_eq!(
+            state_change(&ctx, t::ServerState::Shutdown, 10),
+            StatusCode::BadUserAccessDenied
+        );
+        assert!(!w.state.shutdown.is_planned());
+        ctx.with_session(|s| s.user = crate::identity::UserIdentity::UserName("guest".into()))
+            .unwrap();
+        assert_eq!(
+            state_change(&ctx, t::ServerState::Shutdown, 10),
+            StatusCode::BadUserAccessDenied
+        );
+        ctx.with_session(|s| s.user = crate::identity::UserIdentity::UserName("ops".into()))
+            .unwrap();
+        assert!(w.state.readiness().is_ok());
+        assert_eq!(
+            state_change(&ctx, t::ServerState::Shutdown, 10),
+            StatusCode::Good
+        );
+        let at = |ms: u64| {
+            let mut c = w.ctx();
+            c.instant = ctx.instant + Duration::from_millis(ms);
+            read_values(&c, &ids)
+        };
+        let shutting = |secs: u32| {
+            vec![
+                Variant::Int32(t::ServerState::Shutdown.0),
+                Variant::UInt32(secs),
+                Variant::from(t::LocalizedText::new("en", "upgrade to 2.0")),
+                Variant::Byte(0),
+                Variant::DateTime(t::DateTime::from_ticks(1_000_000_000)),
+            ]
+        };
+        assert_eq!(at(0), shutting(10));
+        assert_eq!(at(1_500), shutting(9));
+        assert_eq!(at(9_999), shutting(1));
+        assert_eq!(at(10_000), shutting(0));
+        assert_eq!(w.state.readiness(), Err("shutting down"));
+        // The ServerStatus structure says the same.
+        let Some(Variant::ExtensionObject(status)) =
+            super::live_value(&ctx, &NodeId::ns0(v::Server_ServerStatus))
+        else {
+            panic!("ServerStatus is a structure");
+        };
+        let status = status
+            .downcast_ref::<t::ServerStatusDataType>()
+            .expect("ServerStatusDataType")
+            .clone();
+        assert_eq!(status.state, t::ServerState::Shutdown);
+        assert_eq!(status.seconds_till_shutdown, 10);
+        assert_eq!(status.shutdown_reason.text.as_str(), Some("upgrade to 2.0"));
+        // Not supported: a restart, or another state.
+        assert_eq!(
+            state_change(&ctx, t::ServerState::Suspended, 1),
+            StatusCode::BadNotSupported
+        );
+        // Running cancels.
+        assert_eq!(
+            state_change(&ctx, t::ServerState::Running, 0),
+            StatusCode::Good
+        );
+        assert_eq!(read_values(&ctx, &ids), running);
+        assert!(w.state.readiness().is_ok());
+    }
+
+    /// While a shutdown is planned a new session is refused at its first
+    /// activation (where its user is known).
+    #[test]
+    fn no_new_session_while_shutting_down() {
+        let w = world();
+        let ctx = w.ctx();
+        let created = crate::services::session::create_session(
+            &ctx,
+            &t::CreateSessionRequest {
+                requested_session_timeout: 60_000.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        w.state
+            .shutdown
+            .plan(ctx.instant, Duration::from_secs(5), "test", None);
+        let r = crate::services::session::activate_session(
+            &ctx,
+            &t::ActivateSessionRequest {
+                request_header: t::RequestHeader {
+                    authentication_token: created.authentication_token,
+                    ..Default::default()
+                },
+                user_identity_token: t::ExtensionObject::new(t::AnonymousIdentityToken {
+                    policy_id: "anonymous".into(),
+                }),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            r.err().map(|e| e.status_code()),
+            Some(StatusCode::BadServerHalted)
+        );
+        // The session already open goes on.
+        assert!(attribute::read(&ctx, &read_request(&[v::Server_ServerStatus_State])).is_ok());
+    }
+
+    /// The Server object's HasTypeDefinition target of ServerRedundancy.
+    fn redundancy_type(w: &World) -> Option<NodeId> {
+        w.state
+            .address_space
+            .get(&NodeId::ns0(t::ids::object::Server_ServerRedundancy))?
+            .references
+            .iter()
+            .find(|r| r.is_forward && r.reference_type == NodeId::ns0(40))
+            .map(|r| r.target.clone())
+    }
+
+    /// The browse names of the properties of Server.ServerRedundancy.
+    fn redundancy_properties(w: &World) -> Vec<String> {
+        let space = &w.state.address_space;
+        space
+            .get(&NodeId::ns0(t::ids::object::Server_ServerRedundancy))
+            .unwrap()
+            .references
+            .iter()
+            .filter(|r| r.is_forward && r.reference_type == NodeId::ns0(46))
+            .filter_map(|r| space.get(&r.target))
+            .map(|n| n.browse_name.name.as_str_or_empty().to_owned())
+            .collect()
+    }
+
+    /// A single server: a plain ServerRedundancyType reading None, without
+    /// the transparent properties.
+    #[test]
+    fn a_single_server_has_plain_redundancy_none() {
+        let w = world();
+        assert_eq!(redundancy_type(&w), Some(NodeId::ns0(2034)));
+        assert_eq!(redundancy_properties(&w), ["RedundancySupport"]);
+        let ctx = w.ctx();
+        assert_eq!(
+            read_values(&ctx, &[v::Server_ServerRedundancy_RedundancySupport]),
+            [Variant::Int32(0)],
+            "None"
+        );
+    }
+
+    /// A cluster node: TransparentRedundancyType (i=2036) reading
+    /// Transparent, CurrentServerId this node, RedundantServerArray its
+    /// members (here, before it joined its store, itself alone). Shutting
+    /// down with no other node serving, the whole set goes: State Shutdown
+    /// and ServiceLevel 0, in the array as in ServerStatus.
+    #[test]
+    fn a_cluster_node_has_transparent_redundancy() {
+        let w = world_with(|c| {
+            c.cluster.url = Some("nats://127.0.0.1:4222".into());
+            c.cluster.node_id = Some("n7".into());
+        });
+        assert_eq!(redundancy_type(&w), Some(NodeId::ns0(2036)));
+        let ctx = w.ctx();
+        let ids = [
+            v::Server_ServerRedundancy_RedundancySupport,
+            v::Server_ServerRedundancy_CurrentServerId,
+            v::Server_ServerRedundancy_RedundantServerArray,
+            v::Server_ServerStatus_State,
+        ];
+        let array = |level: u8, state: t::ServerState| {
+            Variant::from(t::Array::new(t::ArrayValues::ExtensionObject(vec![
+                t::ExtensionObject::new(t::RedundantServerDataType {
+                    server_id: "n7".into(),
+                    service_level: level,
+                    server_state: state,
+                }),
+            ])))
+        };
+        assert_eq!(
+            read_values(&ctx, &ids),
+            [
+                Variant::Int32(4),
+                Variant::String("n7".into()),
+                array(255, t::ServerState::Running),
+                Variant::Int32(0),
+            ]
+        );
+        w.state
+            .shutdown
+            .plan(ctx.instant, Duration::from_secs(5), "test", None);
+        assert_eq!(
+            read_values(&ctx, &ids)[2..],
+            [array(0, t::ServerState::Shutdown), Variant::Int32(4)]
+        );
+        // ServerRedundancy has both properties.
+        let mut names = redundancy_properties(&w);
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "CurrentServerId",
+                "RedundancySupport",
+                "RedundantServerArray"
+            ]
+        );
     }
 }

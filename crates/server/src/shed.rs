@@ -115,11 +115,14 @@ pub enum Reason {
     Reserved,
     /// The cluster's store did not answer (a session takeover).
     StoreUnavailable,
+    /// A cluster node shutting down takes no new session (its clients go
+    /// to a node that serves on).
+    ShuttingDown,
 }
 
 impl Reason {
     /// Every reason, in index order.
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::Rate,
         Reason::AddressRate,
         Reason::OpenFiles,
@@ -134,6 +137,7 @@ impl Reason {
         Reason::RetainedBytes,
         Reason::Reserved,
         Reason::StoreUnavailable,
+        Reason::ShuttingDown,
     ];
 
     /// The label value.
@@ -153,6 +157,7 @@ impl Reason {
             Reason::RetainedBytes => "retained_bytes",
             Reason::Reserved => "reserved",
             Reason::StoreUnavailable => "store_unavailable",
+            Reason::ShuttingDown => "shutting_down",
         }
     }
 }

@@ -116,6 +116,8 @@ pub struct ServerState {
     /// The cluster node, once this server joined a cluster
     /// ([`ServerState::join_cluster`]); unset without `[cluster]`.
     cluster: Arc<std::sync::OnceLock<Arc<crate::cluster::node::ClusterNode>>>,
+    /// The planned shutdown, if any ([`crate::shutdown`]).
+    pub shutdown: crate::shutdown::Shutdown,
 }
 
 impl ServerState {
@@ -183,11 +185,14 @@ impl ServerState {
 
     fn assemble(
         config: ServerConfig,
-        address_space: AddressSpace,
+        mut address_space: AddressSpace,
         managers: NodeManagers,
         security: SecurityState,
         demo: Option<Demo>,
     ) -> Arc<ServerState> {
+        if config.cluster.url.is_some() {
+            crate::server_object::make_transparent(&mut address_space);
+        }
         let quotas = config.quotas.resolved(std::path::Path::new("/"));
         let subscriptions = Arc::new(SubscriptionRegistry::with_quotas(
             config.subscriptions.clone(),
@@ -245,6 +250,7 @@ impl ServerState {
             listening: false.into(),
             shedding_all: false.into(),
             cluster,
+            shutdown: crate::shutdown::Shutdown::default(),
             config,
         });
         Self::listen_to_sessions(&state);
@@ -388,6 +394,14 @@ impl ServerState {
                 }
             }
         }));
+        let weak = Arc::downgrade(self);
+        node.set_own_status(Box::new(move || match weak.upgrade() {
+            Some(state) => (state.own_service_level(), state.own_server_state()),
+            None => (
+                crate::admission::ServiceLevel::MAINTENANCE,
+                uascale_types::ServerState::Shutdown,
+            ),
+        }));
         let mirror = Arc::clone(&node);
         self.sessions
             .set_mirror(Arc::new(move |event, token, session| {
@@ -405,18 +419,73 @@ impl ServerState {
         }
     }
 
-    /// `Server.ServiceLevel` now: 255 while sessions are at most 20 % of
-    /// `max_session_count`, then down to 1 at 100 %, moving in steps of 5
-    /// or more (docs/scalability.md §2).
+    /// `Server.ServiceLevel` now, in Part 4's sub-ranges (Table 103): 0
+    /// (Maintenance) while the server a client sees is shutting down
+    /// ([`ServerState::presented_shutdown`]; a cluster node shutting down
+    /// while others serve on reads the best of theirs); at most
+    /// [`DEGRADED_SERVICE_LEVEL`] while a cluster node cannot reach its
+    /// store; else the load level, 255 idle down to 200 at
+    /// `max_session_count`, moving in steps of 5 or more (docs/scalability.md
+    /// §2).
     pub fn service_level(&self) -> u8 {
+        if self.shutdown.is_planned() {
+            // A cluster node shutting down while others serve on shows
+            // theirs: its clients are about to move there.
+            return match self.cluster.get().and_then(|c| c.serving_peers_level()) {
+                Some(level) => level,
+                None => crate::admission::ServiceLevel::MAINTENANCE,
+            };
+        }
+        self.own_service_level()
+    }
+
+    /// This server's own ServiceLevel: like [`ServerState::service_level`],
+    /// but 0 whenever this process is shutting down, also in a cluster
+    /// whose other nodes serve on (its entry in `RedundantServerArray`).
+    pub fn own_service_level(&self) -> u8 {
+        if self.shutdown.is_planned() {
+            return crate::admission::ServiceLevel::MAINTENANCE;
+        }
         let level = self
             .service_level_now
             .load(std::sync::atomic::Ordering::Relaxed);
         // A cluster node whose store is away serves, but degraded (Part 4
-        // §6.6.2.4.2: 1..=199).
+        // §6.6.2.4.2: 2..=199).
         match self.cluster.get() {
             Some(c) if c.degraded() => level.min(DEGRADED_SERVICE_LEVEL),
             _ => level,
+        }
+    }
+
+    /// This process's own ServerState: Shutdown while a shutdown is
+    /// planned, else Running (its entry in the cluster's
+    /// `RedundantServerArray`).
+    pub fn own_server_state(&self) -> uascale_types::ServerState {
+        if self.shutdown.is_planned() {
+            uascale_types::ServerState::Shutdown
+        } else {
+            uascale_types::ServerState::Running
+        }
+    }
+
+    /// Whether `Server.ServerRedundancy` is a TransparentRedundancyType
+    /// (a cluster node, `[cluster] url` set) rather than a plain
+    /// ServerRedundancyType reading RedundancySupport None.
+    pub fn transparent_redundancy(&self) -> bool {
+        self.config.cluster.url.is_some()
+    }
+
+    /// The planned shutdown that clients of this server see in
+    /// `ServerStatus`: this process's own, unless it is a node of a
+    /// cluster whose other nodes serve on - their sessions move there
+    /// (docs/cluster.md), and a client told the server goes away would wait
+    /// for it instead of reconnecting. Then only this node's `/readyz` and
+    /// its own entry in the redundancy array say it.
+    pub fn presented_shutdown(&self) -> Option<crate::shutdown::Planned> {
+        let planned = self.shutdown.planned()?;
+        match self.cluster.get() {
+            Some(c) if c.peers_serving() => None,
+            _ => Some(planned),
         }
     }
 
@@ -458,6 +527,9 @@ impl ServerState {
         }
         if self.shedding_all.load(Relaxed) {
             return Err("shedding every new connection");
+        }
+        if self.shutdown.is_planned() {
+            return Err("shutting down");
         }
         Ok(())
     }

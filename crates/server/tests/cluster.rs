@@ -138,6 +138,7 @@ fn the_nats_store_keeps_the_store_contract() {
 /// A running in-process node: its address and what stops it.
 struct Node {
     addr: std::net::SocketAddr,
+    state: std::sync::Arc<uascale_server::state::ServerState>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -192,12 +193,14 @@ fn start_node(rt: &tokio::runtime::Runtime, url: &str, id: &str) -> Node {
     let _guard = rt.enter();
     let server = Server::bind(config).expect("bind");
     let addr = server.local_addr().unwrap();
+    let state = std::sync::Arc::clone(server.state());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = rt.spawn(server.run(async move {
         let _ = rx.await;
     }));
     Node {
         addr,
+        state,
         stop: Some(tx),
         task,
     }
@@ -718,4 +721,204 @@ fn a_write_on_one_node_is_read_on_the_other() {
         std::thread::sleep(Duration::from_millis(50));
     }
     drop((n1, n2));
+}
+
+/// The Value of `node_id` as a session reads it.
+fn value_of(c: &mut RawClient, node_id: u32) -> Option<uascale_types::Variant> {
+    let r = read_node(c, NodeId::ns0(node_id));
+    let r = r.as_any().downcast_ref::<ReadResponse>().expect("a Read");
+    r.results.as_ref()?.first()?.value.clone()
+}
+
+/// `RedundantServerArray` as a session reads it: (ServerId, ServiceLevel,
+/// ServerState) of each member.
+fn members(c: &mut RawClient) -> Vec<(String, u8, i32)> {
+    let Some(uascale_types::Variant::Array(a)) = value_of(c, 11313) else {
+        panic!("RedundantServerArray is an array");
+    };
+    let uascale_types::ArrayValues::ExtensionObject(rows) = a.values() else {
+        panic!("of structures");
+    };
+    rows.iter()
+        .map(|e| {
+            let r = e
+                .downcast_ref::<uascale_types::RedundantServerDataType>()
+                .expect("RedundantServerDataType");
+            (
+                r.server_id.as_str_or_empty().to_owned(),
+                r.service_level,
+                r.server_state.0,
+            )
+        })
+        .collect()
+}
+
+/// Reads `what` through `c` until `done` holds (within [`LIMIT`]).
+fn until<T: std::fmt::Debug>(
+    c: &mut RawClient,
+    what: impl Fn(&mut RawClient) -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let start = Instant::now();
+    loop {
+        let v = what(c);
+        if done(&v) {
+            return v;
+        }
+        assert!(start.elapsed() < LIMIT, "never reached: {v:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The transparent redundancy surface: TransparentRedundancyType with
+/// CurrentServerId (the serving node) and RedundantServerArray built from
+/// the heartbeats. A node shutting down while the other serves on marks
+/// only its own entry and its own readiness, and refuses new sessions busy;
+/// its sessions still read Running and a healthy ServiceLevel. When every
+/// node shuts down, the set does: State Shutdown, ServiceLevel 0.
+#[test]
+fn a_node_shutting_down_marks_only_its_own_entry() {
+    let Some((_nats, _rt, _url, n1, n2)) = two_nodes() else {
+        return;
+    };
+    let mut c1 = RawClient::connect(n1.addr);
+    c1.session();
+    let mut c2 = RawClient::connect(n2.addr);
+    c2.session();
+    // HasTypeDefinition TransparentRedundancyType, CurrentServerId.
+    assert_eq!(
+        value_of(&mut c1, 11312),
+        Some(uascale_types::Variant::String("n1".into()))
+    );
+    assert_eq!(
+        value_of(&mut c2, 11312),
+        Some(uascale_types::Variant::String("n2".into()))
+    );
+    let both_running =
+        |m: &Vec<(String, u8, i32)>| m.len() == 2 && m.iter().all(|(_, l, s)| *l >= 200 && *s == 0);
+    let m = until(&mut c1, members, both_running);
+    assert_eq!(
+        m.iter().map(|(id, _, _)| id.as_str()).collect::<Vec<_>>(),
+        ["n1", "n2"]
+    );
+    until(&mut c2, members, both_running);
+
+    // n1 shuts down; n2 serves on.
+    n1.state
+        .shutdown
+        .plan(Instant::now(), Duration::from_secs(60), "maintenance", None);
+    assert_eq!(n1.state.readiness(), Err("shutting down"));
+    assert_eq!(n2.state.readiness(), Ok(()));
+    let n1_down = |m: &Vec<(String, u8, i32)>| {
+        m.iter().any(|(id, l, s)| id == "n1" && *l == 0 && *s == 4)
+            && m.iter()
+                .any(|(id, l, s)| id == "n2" && *l >= 200 && *s == 0)
+    };
+    until(&mut c2, members, n1_down);
+    until(&mut c1, members, n1_down);
+    // n1's own session reads the set's state, not n1's.
+    assert_eq!(
+        value_of(&mut c1, 2259),
+        Some(uascale_types::Variant::Int32(0)),
+        "State Running"
+    );
+    match value_of(&mut c1, 2267) {
+        Some(uascale_types::Variant::Byte(l)) => assert!(l >= 200, "ServiceLevel {l}"),
+        other => panic!("ServiceLevel {other:?}"),
+    }
+    // A new session on n1 is refused busy: the front end sends it to n2.
+    let mut late = RawClient::connect(n1.addr);
+    let h = late.header();
+    late.send(&uascale_types::CreateSessionRequest {
+        request_header: h,
+        requested_session_timeout: 60_000.0,
+        ..Default::default()
+    });
+    let (_, m) = late.read_response();
+    let fault = m
+        .as_any()
+        .downcast_ref::<ServiceFault>()
+        .unwrap_or_else(|| panic!("a fault: {m:?}"));
+    assert_eq!(
+        fault.response_header.service_result,
+        StatusCode::BadServerTooBusy
+    );
+
+    // n2 shuts down too: now the whole set goes, and n1's session says so.
+    n2.state
+        .shutdown
+        .plan(Instant::now(), Duration::from_secs(60), "maintenance", None);
+    until(
+        &mut c1,
+        |c| (value_of(c, 2259), value_of(c, 2267)),
+        |v| {
+            *v == (
+                Some(uascale_types::Variant::Int32(4)),
+                Some(uascale_types::Variant::Byte(0)),
+            )
+        },
+    );
+}
+
+/// A node draining (its planned shutdown due while another node serves
+/// on) writes each session's final state to the store before it closes
+/// the session's channel: the record holds every notification the client
+/// was sent, and on the other node the session and its subscription
+/// continue with the next sequence number - no gap, no number reused.
+#[test]
+fn a_draining_node_writes_the_final_state_before_it_closes() {
+    let Some((_nats, rt, url, mut n1, n2)) = two_nodes() else {
+        return;
+    };
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    c.send_create_subscription(600, 10);
+    let sub = c.read_subscription_id();
+    c.send_monitor(sub, NodeId::ns0(2258)); // CurrentTime: a new value each sample
+    let _ = c.read_response();
+    // The drain needs n2 serving, as n1's heartbeats tell it.
+    let start = Instant::now();
+    while n1.state.cluster().map(|n| n.serving_peer_count()) != Some(1) {
+        assert!(start.elapsed() < LIMIT, "n1 never saw n2");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seqs = notified_seqs(&mut c, 3);
+    let last = *seqs.last().unwrap();
+    // A second item, and no Publish after it: only the next answer would
+    // have written it to the store - the drain writes it.
+    c.send_monitor(sub, NodeId::ns0(2258));
+    let _ = c.read_response();
+
+    n1.state
+        .shutdown
+        .plan(Instant::now(), Duration::ZERO, "drain test", None);
+    assert_eq!(c.read_error(), StatusCode::BadShutdown);
+    // Written before the close: at once, no waiting for the mirror.
+    let record = subscriptions_record(&rt, &url, &c.auth).expect("mirrored");
+    let s = record.subscriptions.first().expect("the subscription");
+    assert_eq!(
+        (s.next_seq, s.items.len()),
+        (last + 1, 2),
+        "the final sequence number and both items were written before the close"
+    );
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut n1.task).await;
+    });
+
+    let mut moved = reactivate_on(n2.addr, &c.auth);
+    let acks = seqs
+        .iter()
+        .map(|s| SubscriptionAcknowledgement {
+            subscription_id: sub,
+            sequence_number: *s,
+        })
+        .collect();
+    let p = publish_response(&mut moved, acks);
+    assert_eq!(p.subscription_id, sub, "the same subscription id");
+    assert_eq!(
+        p.notification_message.sequence_number,
+        last + 1,
+        "no gap, no reuse"
+    );
+    drop(n2);
 }

@@ -1,10 +1,13 @@
 //! `bench failover`: S sessions, each with a subscription on a changing
 //! value, through a cluster's front end (docs/cluster.md); after
-//! `--kill-after-s` the node `--kill-pid` is killed (SIGKILL) and the
-//! clients carry on through the others. Reports how many sessions moved,
-//! the time from the kill to each moved session's first new notification
-//! (p50/p99/max), the notifications lost (gaps Republish could not fill)
-//! and duplicated (a sequence number twice), and between the end of the
+//! `--kill-after-s` the node `--kill-pid` is killed (SIGKILL; with
+//! `--drain` it gets SIGTERM and drains) and the clients carry on through
+//! the others. Reports how many sessions moved, the time from the kill to
+//! each moved session's first new notification (p50/p99/max), each moved
+//! session's notification gap (its last notification before the kill to
+//! its first after, p50/p99/max), the notifications lost (gaps Republish
+//! could not fill) and duplicated (a sequence number twice), the sessions
+//! recreated instead of reactivated, and between the end of the
 //! setup and the kill the lateness of values (arrival minus source
 //! timestamp) and the delay of messages (arrival minus publish time) - run
 //! once against a cluster node and
@@ -43,6 +46,7 @@ pub const FLAGS: &[&str] = &[
     "--concurrency",
     "--source-ips",
     "--kill-pid",
+    "--drain",
     "--kill-after-s",
     "--duration-s",
     "--security",
@@ -67,6 +71,8 @@ struct Log {
     restored: Option<Restore>,
     /// When its first notification after the kill arrived.
     resumed: Option<Instant>,
+    /// When its last notification before the kill arrived.
+    last_before: Option<Instant>,
     ended: bool,
 }
 
@@ -158,6 +164,9 @@ fn watch(
                         log.duplicates += 1;
                     }
                     let now = Instant::now();
+                    if window.killed.get().is_none_or(|at| now <= *at) {
+                        log.last_before = Some(now);
+                    }
                     match (window.killed.get(), window.steady.get()) {
                         (Some(at), _) if now > *at => {
                             log.resumed.get_or_insert(now);
@@ -207,6 +216,8 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let concurrency: usize = a.num("--concurrency", 20)?;
     let kill_after = a.seconds("--kill-after-s", 5.0)?;
     let duration = a.seconds("--duration-s", 15.0)?;
+    let drain = a.last("--drain").is_some();
+    let signal = if drain { "-TERM" } else { "-9" };
     let pid: Option<u32> = a
         .last("--kill-pid")
         .map(|v| {
@@ -313,20 +324,21 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     if let Some(pid) = pid {
         let _ = window.killed.set(Instant::now());
         let status = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
+            .args([signal, &pid.to_string()])
             .status()
-            .map_err(|e| format!("kill -9 {pid}: {e}"))?;
+            .map_err(|e| format!("kill {signal} {pid}: {e}"))?;
         if !status.success() {
-            return Err(format!("kill -9 {pid}: {status}"));
+            return Err(format!("kill {signal} {pid}: {status}"));
         }
-        eprintln!("killed {pid}; watching for {duration:?}");
+        eprintln!("kill {signal} {pid}; watching for {duration:?}");
     }
     tokio::time::sleep(duration).await;
 
     let at = window.killed.get().copied();
-    let (mut moved, mut lost, mut duplicates, mut ended, mut silent) =
-        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut moved, mut lost, mut duplicates, mut ended, mut silent, mut recreated) =
+        (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     let mut resume = Vec::new();
+    let mut gaps = Vec::new();
     for log in &logs {
         let Ok(log) = log.lock() else { continue };
         lost += log.lost;
@@ -334,13 +346,25 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         ended += u64::from(log.ended);
         if log.restored.is_some() {
             moved += 1;
+            recreated += u64::from(log.restored != Some(Restore::Reactivated));
             match (log.resumed, at) {
-                (Some(r), Some(at)) => resume.push(r.saturating_duration_since(at)),
+                (Some(r), Some(at)) => {
+                    resume.push(r.saturating_duration_since(at));
+                    if let Some(before) = log.last_before {
+                        gaps.push(r.saturating_duration_since(before));
+                    }
+                }
                 _ => silent += 1,
             }
         }
     }
     resume.sort();
+    gaps.sort();
+    let (gap50, gap99, gap_max) = (
+        percentile(&gaps, 0.5),
+        percentile(&gaps, 0.99),
+        gaps.last().copied().unwrap_or_default(),
+    );
     let within = resume.iter().filter(|d| **d <= RESUME_BOUND).count() as u64;
     let within_percent = percent(within, moved);
     // Closed after counting (a close ends the subscriptions), all at once.
@@ -373,10 +397,10 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         ),
         ("setup failures".to_owned(), list_counts(&failures)),
         (
-            "killed".to_owned(),
+            if drain { "drained" } else { "killed" }.to_owned(),
             pid.map_or_else(
                 || "none".to_owned(),
-                |p| format!("PID {p} after {kill_after:?}"),
+                |p| format!("PID {p} after {kill_after:?} (kill {signal})"),
             ),
         ),
         ("sessions moved".to_owned(), moved.to_string()),
@@ -393,7 +417,17 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             "resumed within 5 s".to_owned(),
             format!("{within} of {moved} moved ({within_percent:.1} %)"),
         ),
+        (
+            "notification gap".to_owned(),
+            format!(
+                "p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+                ms(gap50),
+                ms(gap99),
+                ms(gap_max)
+            ),
+        ),
         ("moved, not resumed".to_owned(), silent.to_string()),
+        ("sessions recreated".to_owned(), recreated.to_string()),
         ("notifications lost".to_owned(), lost.to_string()),
         ("duplicates".to_owned(), duplicates.to_string()),
         ("subscriptions ended".to_owned(), ended.to_string()),
@@ -426,13 +460,16 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             "concurrency": concurrency,
             "interval_ms": interval_ms,
             "killed_pid": pid,
+            "drain": drain,
             "kill_after_s": kill_after.as_secs_f64(),
             "duration_s": duration.as_secs_f64(),
             "moved": moved,
             "resume_ms": { "p50": ms(p50), "p99": ms(p99), "max": ms(max) },
             "resumed_within_5s": within,
             "resumed_within_5s_percent": within_percent,
+            "gap_ms": { "p50": ms(gap50), "p99": ms(gap99), "max": ms(gap_max) },
             "moved_not_resumed": silent,
+            "recreated": recreated,
             "lost": lost,
             "duplicates": duplicates,
             "ended": ended,

@@ -84,7 +84,7 @@ pub const USAGE: &str =
                           [--concurrency C] [--source-ips IP,IP,...]
                           [--security POLICY[:MODE]] [--pki DIR] [--trust-server]
                           [--user NAME | --cert FILE --key FILE]
-                          [--kill-pid PID] [--kill-after-s T]
+                          [--kill-pid PID [--drain]] [--kill-after-s T]
                           [--duration-s D] [--json] [--report FILE.html]
        uascale bench fairness URL [--flooders F] [--flood-inflight W]
                           [--victims V] [--node NODE] [--warmup-s S]
@@ -182,9 +182,11 @@ pub const USAGE: &str =
   bench failover  S sessions (50) through a cluster's front end, set up C at
                   a time (20), each with a subscription (--interval-ms,
                   500) on NODE (i=2258); after --kill-after-s (5) kills
-                  --kill-pid with SIGKILL, watches --duration-s (15):
-                  sessions moved, time to resume p50/p99/max, resumed
-                  within 5 s, notifications lost, duplicates, the steady
+                  --kill-pid with SIGKILL (with --drain: SIGTERM, the
+                  node drains), watches --duration-s (15): sessions moved,
+                  time to resume p50/p99/max, each moved session's
+                  notification gap p50/p99/max, resumed within 5 s,
+                  notifications lost, duplicates, sessions recreated, the steady
                   lateness from the setup to the kill (run against nodes
                   without --cluster for mirroring off). Security, identity
                   and --source-ips as for bench sessions. No series
@@ -282,7 +284,7 @@ impl Args {
             match *a {
                 "--json" => json = true,
                 // Switches without a value.
-                "--trust-server" if known.contains(&"--trust-server") => {
+                "--trust-server" | "--drain" if known.contains(a) => {
                     flags
                         .entry((*a).to_owned())
                         .or_default()

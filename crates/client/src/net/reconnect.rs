@@ -15,6 +15,10 @@ use crate::subscription::Restore;
 
 use super::{subscription, Link, Shared};
 
+/// The longest wait before the first reconnect after a server closed the
+/// channel with `BadShutdown`.
+const PROMPT_RECONNECT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// A jitter seed that differs between clients and between runs.
 pub(crate) fn jitter_seed(shared: &Shared) -> u64 {
     let nanos = SystemTime::now()
@@ -29,7 +33,16 @@ pub(crate) async fn run(shared: Arc<Shared>, failure: ClientError) {
     let mut backoff = shared.options.backoff.reseeded(jitter_seed(&shared));
     let mut last = failure;
     loop {
-        let wait = backoff.next_delay(last.status_code(), last.retry_after_ms());
+        let wait = if backoff.attempts() == 0
+            && last.status_code() == uascale_types::StatusCode::BadShutdown
+        {
+            // The server closed the channel because it shuts down: a
+            // cluster node that drains has written the session for another
+            // node to take at once - come back now, not after a second.
+            backoff.prompt_delay(PROMPT_RECONNECT)
+        } else {
+            backoff.next_delay(last.status_code(), last.retry_after_ms())
+        };
         tokio::time::sleep(wait).await;
         if shared.closing.load(Ordering::SeqCst) {
             return;

@@ -1,8 +1,14 @@
-//! The load-based `Server.ServiceLevel` (docs/scalability.md §2): 255 while
-//! sessions are at most 20 % of `max_session_count`, then falling linearly
-//! to 1 at 100 %, republished only when it moves by 5 or more, or reaches
-//! 255 or 1 - so clients can read or subscribe to it as a capacity signal
-//! without a change per session.
+//! The load part of `Server.ServiceLevel` (docs/scalability.md §2), inside Part
+//! 4's Healthy sub-range (Table 103): 255 with no session, falling
+//! linearly to 200 at `max_session_count`, republished only when it moves
+//! by 5 or more, or reaches 255 or 200 - so clients can read or subscribe
+//! to it as a capacity signal without a change per session.
+//!
+//! Load never leaves the Healthy range: a busy node is still a healthy one
+//! (admission refuses what it cannot take). The other sub-ranges are for
+//! what load is not ([`crate::state::ServerState::service_level`]): 2-199
+//! Degraded (a cluster node whose store is unreachable), 1 NoData, 0
+//! Maintenance (shutting down).
 
 /// The ServiceLevel published, with its hysteresis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,13 +18,26 @@ pub struct ServiceLevel {
 
 impl Default for ServiceLevel {
     fn default() -> Self {
-        ServiceLevel { published: 255 }
+        ServiceLevel {
+            published: Self::IDLE,
+        }
     }
 }
 
 impl ServiceLevel {
-    /// The smallest move republished (other than reaching 255 or 1).
+    /// The smallest move republished (other than reaching an end).
     pub const STEP: u8 = 5;
+    /// No session: the top of the Healthy range.
+    pub const IDLE: u8 = 255;
+    /// At `max_session_count`: the bottom of the Healthy range.
+    pub const FULL: u8 = 200;
+    /// Part 4 Table 103: Degraded is 2..=199.
+    pub const DEGRADED_MAX: u8 = 199;
+    /// Part 4 Table 103: the server has no data to serve.
+    pub const NO_DATA: u8 = 1;
+    /// Part 4 Table 103: the server is in maintenance (shutting down, or
+    /// taken out by an administrator): new clients go elsewhere.
+    pub const MAINTENANCE: u8 = 0;
 
     /// 255: no session yet.
     pub fn new() -> Self {
@@ -30,34 +49,31 @@ impl ServiceLevel {
         self.published
     }
 
-    /// The level for `sessions` of `max` without hysteresis: 255 up to
-    /// 20 % of `max`, 1 at `max` and above, linear (rounded) between.
-    /// With `max` 0 no session can be opened: 1.
+    /// The level for `sessions` of `max` without hysteresis: 255 with no
+    /// session, 200 at `max` and above, linear (rounded) between. With
+    /// `max` 0 no session can be opened: 200.
     pub fn level(sessions: usize, max: usize) -> u8 {
-        if max == 0 {
-            return 1;
+        if sessions >= max {
+            return Self::FULL;
         }
         let (s, m) = (sessions as u128, max as u128);
-        if s * 5 <= m {
-            return 255;
-        }
-        if s >= m {
-            return 1;
-        }
-        // 255 - 254 * (s/m - 1/5) / (4/5) = 255 - 254 * (5s - m) / (4m)
-        let drop = (254 * (5 * s - m) + 2 * m) / (4 * m); // rounded
-        (255 - drop) as u8
+        let span = u128::from(Self::IDLE - Self::FULL);
+        let drop = (span * s * 2 + m) / (2 * m); // rounded, < span
+        Self::IDLE - drop as u8
     }
 
     /// Updates for `sessions` of `max`: the new value to publish when the
     /// level moved by [`Self::STEP`] or more from the published one, or
-    /// reached 255 or 1; else `None` (the published value stands).
+    /// reached 255 or 200; else `None` (the published value stands).
     pub fn update(&mut self, sessions: usize, max: usize) -> Option<u8> {
         let level = Self::level(sessions, max);
         if level == self.published {
             return None;
         }
-        if level.abs_diff(self.published) >= Self::STEP || level == 255 || level == 1 {
+        if level.abs_diff(self.published) >= Self::STEP
+            || level == Self::IDLE
+            || level == Self::FULL
+        {
             self.published = level;
             return Some(level);
         }
@@ -70,19 +86,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_level_is_flat_then_linear() {
+    fn the_level_stays_in_the_healthy_range() {
         assert_eq!(ServiceLevel::level(0, 1000), 255);
-        assert_eq!(ServiceLevel::level(200, 1000), 255);
-        assert_eq!(ServiceLevel::level(201, 1000), 255); // 254.68 rounds up
-        assert_eq!(ServiceLevel::level(203, 1000), 254);
-        assert_eq!(ServiceLevel::level(600, 1000), 128);
-        assert_eq!(ServiceLevel::level(999, 1000), 1); // 1.32
-        assert_eq!(ServiceLevel::level(1000, 1000), 1);
-        assert_eq!(ServiceLevel::level(5000, 1000), 1);
-        assert_eq!(ServiceLevel::level(0, 0), 1);
-        // Monotonic.
+        assert_eq!(ServiceLevel::level(9, 1000), 255); // 254.5 rounds up
+        assert_eq!(ServiceLevel::level(10, 1000), 254);
+        assert_eq!(ServiceLevel::level(370, 1000), 235); // 37 %: healthy
+        assert_eq!(ServiceLevel::level(500, 1000), 227); // 227.5 rounds down
+        assert_eq!(ServiceLevel::level(999, 1000), 200); // 200.06
+        assert_eq!(ServiceLevel::level(1000, 1000), 200);
+        assert_eq!(ServiceLevel::level(5000, 1000), 200);
+        assert_eq!(ServiceLevel::level(0, 0), 200);
+        assert_eq!(ServiceLevel::level(usize::MAX - 1, usize::MAX), 200);
+        // Monotonic, and never below Healthy.
         let levels: Vec<u8> = (0..=1000).map(|s| ServiceLevel::level(s, 1000)).collect();
         assert!(levels.windows(2).all(|w| w[1] <= w[0]));
+        assert!(levels.iter().all(|l| *l >= 200));
     }
 
     #[test]
@@ -95,18 +113,17 @@ mod tests {
                 published.push(v);
             }
         }
-        // Down in steps of at least 5, ending at 1.
-        assert_eq!(published.last(), Some(&1));
-        assert!(published.windows(2).all(|w| w[0] - w[1] >= 5 || w[1] == 1));
-        assert!(
-            published.len() >= 45 && published.len() <= 51,
-            "{}",
-            published.len()
-        );
+        // Down in steps of at least 5, ending at 200.
+        assert_eq!(published.last(), Some(&200));
+        assert!(published
+            .windows(2)
+            .all(|w| w[0] - w[1] >= 5 || w[1] == 200));
+        assert_eq!(published.len(), 11, "{published:?}");
         // A session more or less around a published value does not flap.
         let mut sl = ServiceLevel::new();
-        let at = 12_000; // level 128
-        assert_eq!(sl.update(at, max), Some(128));
+        let at = 10_000; // level 227 or 228
+        let v = sl.update(at, max).expect("a move of more than 5");
+        assert!((227..=228).contains(&v), "{v}");
         for _ in 0..100 {
             assert_eq!(sl.update(at + 1, max), None);
             assert_eq!(sl.update(at - 1, max), None);
@@ -117,18 +134,18 @@ mod tests {
                 .find(|s| ServiceLevel::level(*s, max) <= v)
                 .unwrap()
         };
-        // Back below 20 %: 255 at once, even from less than 5 away.
+        // Back to no session: 255 at once, even from less than 5 away.
         let mut sl = ServiceLevel::new();
         assert_eq!(sl.update(at_level(252), max), None);
         assert_eq!(sl.published(), 255);
         assert_eq!(sl.update(at_level(250), max), Some(250));
         assert_eq!(sl.update(at_level(253), max), None);
-        assert_eq!(sl.update(max / 5, max), Some(255));
-        // Reaching 1 is published even from less than 5 away.
+        assert_eq!(sl.update(0, max), Some(255));
+        // Reaching 200 is published even from less than 5 away.
         let mut sl = ServiceLevel::new();
-        assert_eq!(sl.update(at_level(4), max), Some(4));
-        assert_eq!(sl.update(at_level(2), max), None);
-        assert_eq!(sl.update(max, max), Some(1));
+        assert_eq!(sl.update(at_level(203), max), Some(203));
+        assert_eq!(sl.update(at_level(201), max), None);
+        assert_eq!(sl.update(max, max), Some(200));
         assert_eq!(sl.update(max + 10, max), None);
     }
 }

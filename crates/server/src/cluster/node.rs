@@ -20,13 +20,17 @@ use uascale_types::{NodeId, Variant};
 
 use super::record::{
     is_plain_file_name, session_key, trust_key, value_key, EccRecord, NodeRecord, SessionRecord,
-    SubscriptionsRecord, TrustRecord, ValueRecord,
+    StatusRecord, SubscriptionsRecord, TrustRecord, ValueRecord,
 };
 use super::store::{Bucket, Store, StoreError};
 use super::takeover::{self, ClaimError, Claimed, Leases};
 use crate::config::ClusterSection;
 use crate::session::{Session, SessionEvent};
 use crate::subscription::SubscriptionImage;
+
+/// How far a node's status record's beat may be from its heartbeat's and
+/// still count (it is written right after the heartbeat).
+const STATUS_BEATS_APART: u64 = 2;
 
 /// How long the writer waits before trying again after a store error.
 const RETRY: Duration = Duration::from_millis(500);
@@ -39,6 +43,22 @@ pub type Evict = Box<dyn Fn(&NodeId) + Send + Sync>;
 /// by subscription id: the session and its images (set by the server
 /// state).
 pub type Images = Box<dyn Fn(u32) -> Option<(NodeId, Vec<SubscriptionImage>)> + Send + Sync>;
+
+/// This node's own ServiceLevel and ServerState now (set by the server
+/// state): what its heartbeat tells the others.
+pub type OwnStatus = Box<dyn Fn() -> (u8, uascale_types::ServerState) + Send + Sync>;
+
+/// One node of the cluster as its last heartbeat described it: an entry of
+/// `Server.ServerRedundancy.RedundantServerArray`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its node id (the `ServerId`).
+    pub id: String,
+    /// Its ServiceLevel.
+    pub service_level: u8,
+    /// Its ServerState.
+    pub state: uascale_types::ServerState,
+}
 
 /// Applies a value another node wrote to this node's variable (set by the
 /// server state: through the node managers, so subscriptions hear it).
@@ -122,7 +142,17 @@ pub struct ClusterNode {
     wake: tokio::sync::Notify,
     /// Told after each batch of session records was written.
     written: tokio::sync::Notify,
+    /// Held by whoever writes the mirror (the writer task, or a drain
+    /// writing everything at once): once a drain holds it, no write of the
+    /// writer is still in flight.
+    write_turn: tokio::sync::Mutex<()>,
     leases: Mutex<Leases>,
+    /// The last heartbeat of each node seen: its degraded flag and beat.
+    beats: Mutex<HashMap<String, (bool, u64)>>,
+    /// The last status record of each node seen.
+    statuses: Mutex<HashMap<String, StatusRecord>>,
+    /// This node's own status, for its heartbeat.
+    own_status: std::sync::OnceLock<OwnStatus>,
     /// Adopted sessions of dead nodes: key -> (deadline, revision).
     orphans: Mutex<HashMap<String, (Instant, u64)>>,
     degraded: AtomicBool,
@@ -234,7 +264,11 @@ impl ClusterNode {
             mirror: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             written: tokio::sync::Notify::new(),
+            write_turn: tokio::sync::Mutex::new(()),
             leases: Mutex::new(Leases::new(lease, Instant::now())),
+            beats: Mutex::default(),
+            statuses: Mutex::default(),
+            own_status: std::sync::OnceLock::new(),
             orphans: Mutex::default(),
             degraded: AtomicBool::new(false),
             evict,
@@ -528,6 +562,84 @@ impl ClusterNode {
         lock(&self.leases).alive_nodes(Instant::now())
     }
 
+    /// Sets what this node's heartbeat says about it (once).
+    pub fn set_own_status(&self, status: OwnStatus) {
+        let _ = self.own_status.set(status);
+    }
+
+    /// This node's own ServiceLevel and ServerState now (Running at 255
+    /// before the server state set them).
+    fn own(&self) -> (u8, uascale_types::ServerState) {
+        self.own_status
+            .get()
+            .map_or((255, uascale_types::ServerState::Running), |f| f())
+    }
+
+    /// The cluster's members now: this node with its own status, and
+    /// every other node holding its lease with what its status record
+    /// says; sorted by id. A node without a fresh status record (an older
+    /// build that does not write one) reads Running, at 200 (healthy) or
+    /// [`crate::state::DEGRADED_SERVICE_LEVEL`] when its heartbeat says it
+    /// is degraded. A dead node is gone once its lease ran out.
+    pub fn members(&self) -> Vec<Member> {
+        let alive = lock(&self.leases).alive_nodes(Instant::now());
+        let beats = lock(&self.beats);
+        let statuses = lock(&self.statuses);
+        let (level, state) = self.own();
+        let mut members = vec![Member {
+            id: self.me.clone(),
+            service_level: level,
+            state,
+        }];
+        for id in alive.into_iter().filter(|n| *n != self.me) {
+            let (degraded, beat) = beats.get(&id).copied().unwrap_or((false, 0));
+            // Written right after the heartbeat: a beat or two apart.
+            let status = statuses
+                .get(&id)
+                .filter(|s| s.beat.abs_diff(beat) <= STATUS_BEATS_APART);
+            let (service_level, state) = match status {
+                Some(s) => (s.service_level, s.state),
+                None if degraded => (
+                    crate::state::DEGRADED_SERVICE_LEVEL,
+                    uascale_types::ServerState::Running,
+                ),
+                None => (
+                    crate::admission::ServiceLevel::FULL,
+                    uascale_types::ServerState::Running,
+                ),
+            };
+            members.push(Member {
+                id,
+                service_level,
+                state,
+            });
+        }
+        members.sort_by(|a, b| a.id.cmp(&b.id));
+        members
+    }
+
+    /// The other members that serve on (Running): where the sessions of
+    /// this one go when it shuts down.
+    fn serving_peers(&self) -> impl Iterator<Item = Member> + '_ {
+        self.members()
+            .into_iter()
+            .filter(move |m| m.id != self.me && m.state == uascale_types::ServerState::Running)
+    }
+
+    /// True while another member serves on (holds its lease and is not
+    /// shutting down itself): the sessions of this one have somewhere to
+    /// go.
+    pub fn peers_serving(&self) -> bool {
+        self.serving_peers().next().is_some()
+    }
+
+    /// The highest ServiceLevel among the other members that serve on:
+    /// what the client of a node shutting down is offered through the
+    /// front end.
+    pub fn serving_peers_level(&self) -> Option<u8> {
+        self.serving_peers().map(|m| m.service_level).max()
+    }
+
     fn set_degraded(&self, degraded: bool, why: Option<&StoreError>) {
         let was = self.degraded.swap(degraded, Ordering::Relaxed);
         match (was, degraded, why) {
@@ -613,6 +725,23 @@ impl ClusterNode {
                 return false;
             }
         }
+    }
+
+    /// Writes now, in this task, everything the mirror holds back: the
+    /// session transitions queued, the subscriptions `subscriptions` (dirty
+    /// or not) and their sessions' records, and the values. False when the
+    /// store failed (what is left stays queued). A node that drains calls
+    /// it before it closes channels: what a survivor restores is then what
+    /// the clients were last sent.
+    pub async fn write_all_now(&self, subscriptions: impl IntoIterator<Item = u32>) -> bool {
+        lock(&self.mirror).dirty_subscriptions.extend(subscriptions);
+        let _turn = self.write_turn.lock().await;
+        self.write_pending().await && self.write_subscriptions().await && self.write_values().await
+    }
+
+    /// The other members that serve on now.
+    pub fn serving_peer_count(&self) -> usize {
+        self.serving_peers().count()
     }
 
     async fn write_batch(&self, batch: HashMap<String, Pending>, oldest: Option<Instant>) -> bool {
@@ -721,6 +850,17 @@ impl ClusterNode {
         };
         self.store
             .put(Bucket::Nodes, &self.me, rec.encode())
+            .await?;
+        let (service_level, state) = self.own();
+        let status = StatusRecord {
+            node_id: self.me.clone(),
+            beat,
+            service_level,
+            state,
+            reads: super::record::READS,
+        };
+        self.store
+            .put(Bucket::Status, &self.me, status.encode())
             .await
             .map(|_| ())
     }
@@ -729,11 +869,32 @@ impl ClusterNode {
     fn heartbeat_seen(&self, key: &str, value: Option<&[u8]>, now: Instant) {
         let mut leases = lock(&self.leases);
         match value.map(NodeRecord::decode) {
-            Some(Ok(r)) => leases.observe(&r.node_id, r.beat, now),
+            Some(Ok(r)) => {
+                leases.observe(&r.node_id, r.beat, now);
+                lock(&self.beats).insert(r.node_id, (r.degraded, r.beat));
+            }
             Some(Err(e)) => {
                 tracing::warn!(key, error = %e, "undecodable heartbeat record ignored");
             }
-            None => leases.forget(key, now),
+            None => {
+                leases.forget(key, now);
+                lock(&self.beats).remove(key);
+            }
+        }
+    }
+
+    /// Notes a status record seen in the store.
+    fn status_seen(&self, key: &str, value: Option<&[u8]>) {
+        match value.map(StatusRecord::decode) {
+            Some(Ok(r)) => {
+                lock(&self.statuses).insert(r.node_id.clone(), r);
+            }
+            Some(Err(e)) => {
+                tracing::warn!(key, error = %e, "undecodable status record ignored");
+            }
+            None => {
+                lock(&self.statuses).remove(key);
+            }
         }
     }
 
@@ -916,9 +1077,11 @@ impl ClusterNode {
             let node = Arc::clone(&self);
             async move {
                 loop {
+                    let turn = node.write_turn.lock().await;
                     let all = node.write_pending().await
                         && node.write_subscriptions().await
                         && node.write_values().await;
+                    drop(turn);
                     if all {
                         node.wake.notified().await;
                     } else {
@@ -985,6 +1148,13 @@ impl ClusterNode {
                 return;
             }
         };
+        let mut status = match self.store.watch(Bucket::Status).await {
+            Ok(w) => w,
+            Err(e) => {
+                self.store_failed(&e);
+                return;
+            }
+        };
         let (mut nodes, mut sessions, mut values, mut trust) = (nodes, sessions, values, trust);
         loop {
             tokio::select! {
@@ -1002,6 +1172,10 @@ impl ClusterNode {
                 },
                 c = trust.recv() => match c {
                     Some(c) => self.trust_seen(&c.key, c.value.as_deref()),
+                    None => return,
+                },
+                c = status.recv() => match c {
+                    Some(c) => self.status_seen(&c.key, c.value.as_deref()),
                     None => return,
                 },
             }
@@ -1279,5 +1453,113 @@ mod tests {
         let plain = record_of("a", &token, &session);
         assert_eq!(plain.ecc, None);
         assert!(session_of(&plain, t0).ecc.is_none());
+    }
+
+    fn beat_of(id: &str, beat: u64) -> Vec<u8> {
+        NodeRecord {
+            node_id: id.into(),
+            beat,
+            degraded: false,
+        }
+        .encode()
+    }
+
+    fn status_of(
+        id: &str,
+        beat: u64,
+        service_level: u8,
+        state: uascale_types::ServerState,
+    ) -> Vec<u8> {
+        StatusRecord {
+            node_id: id.into(),
+            beat,
+            service_level,
+            state,
+            reads: crate::cluster::record::READS,
+        }
+        .encode()
+    }
+
+    /// The members come from the heartbeats and status records: each
+    /// node's ServiceLevel and ServerState (this node's own as it is now);
+    /// a node shutting down does not count as serving; a dead node is gone
+    /// after its lease; a stale status does not count.
+    #[test]
+    fn members_follow_the_heartbeats() {
+        use uascale_types::ServerState as S;
+        let store = Arc::new(MemoryStore::new());
+        let (a, _) = node(&store, "a");
+        let own = Arc::new(Mutex::new((230u8, S::Running)));
+        let o = Arc::clone(&own);
+        a.set_own_status(Box::new(move || *lock(&o)));
+        let t0 = Instant::now();
+        for (id, level, state) in [
+            ("a", 1, S::Running),
+            ("b", 210, S::Running),
+            ("c", 0, S::Shutdown),
+        ] {
+            a.heartbeat_seen(id, Some(&beat_of(id, 7)), t0);
+            a.status_seen(id, Some(&status_of(id, 7, level, state)));
+        }
+        let m = |id: &str, service_level: u8, state: S| Member {
+            id: id.into(),
+            service_level,
+            state,
+        };
+        assert_eq!(
+            a.members(),
+            [
+                m("a", 230, S::Running),
+                m("b", 210, S::Running),
+                m("c", 0, S::Shutdown)
+            ]
+        );
+        assert!(a.peers_serving());
+        assert_eq!(a.serving_peers_level(), Some(210));
+        // b goes away (its record deleted): only c, shutting down, is left.
+        a.heartbeat_seen("b", None, t0);
+        assert!(!a.peers_serving());
+        assert_eq!(a.serving_peers_level(), None);
+        *lock(&own) = (0, S::Shutdown);
+        assert_eq!(
+            a.members(),
+            [m("a", 0, S::Shutdown), m("c", 0, S::Shutdown)]
+        );
+        // A node whose heartbeat last changed a lease ago is gone.
+        if let Some(long_ago) = t0.checked_sub(Duration::from_secs(60)) {
+            a.heartbeat_seen("e", Some(&beat_of("e", 1)), long_ago);
+            assert!(a.members().iter().all(|m| m.id != "e"));
+        }
+        // A node of an older build (no status record) reads Running and
+        // healthy; so does one whose status is stale (restarted on an older
+        // build: its heartbeat counter started again).
+        a.heartbeat_seen("d", Some(&beat_of("d", 1)), t0);
+        assert_eq!(a.members()[2], m("d", 200, S::Running));
+        a.status_seen("d", Some(&status_of("d", 900, 0, S::Shutdown)));
+        assert_eq!(a.members()[2], m("d", 200, S::Running));
+        assert!(a.peers_serving());
+    }
+
+    /// A beat writes the heartbeat and, beside it, the node's status.
+    #[test]
+    fn a_beat_writes_the_status_beside_the_heartbeat() {
+        use uascale_types::ServerState as S;
+        let store = Arc::new(MemoryStore::new());
+        let (a, _) = node(&store, "a");
+        a.set_own_status(Box::new(|| (0, S::Shutdown)));
+        now(a.beat(3)).unwrap();
+        let e = now(store.get(Bucket::Nodes, "a")).unwrap().unwrap();
+        assert_eq!(NodeRecord::decode(&e.value).unwrap().beat, 3);
+        let e = now(store.get(Bucket::Status, "a")).unwrap().unwrap();
+        assert_eq!(
+            StatusRecord::decode(&e.value).unwrap(),
+            StatusRecord {
+                node_id: "a".into(),
+                beat: 3,
+                service_level: 0,
+                state: S::Shutdown,
+                reads: crate::cluster::record::READS
+            }
+        );
     }
 }

@@ -20,6 +20,8 @@ use crate::subscription::{ItemImage, SubscriptionImage};
 const SESSION_TAG: &[u8; 4] = b"UASs";
 /// The first bytes of a node (heartbeat) record.
 const NODE_TAG: &[u8; 4] = b"UASn";
+/// The first bytes of a node's status record.
+const STATUS_TAG: &[u8; 4] = b"UASt";
 /// The record layout this code writes and reads.
 const FORMAT: u8 = 1;
 /// The session record layout with the ECC state appended; written only for
@@ -31,6 +33,10 @@ const FORMAT_ECC: u8 = 2;
 /// an event item, so the other records stay readable by nodes that know
 /// format 1 only.
 const FORMAT_EVENTS: u8 = 2;
+
+/// The newest record format of any kind this build reads, told to the
+/// other nodes in its status record ([`StatusRecord::reads`]).
+pub const READS: u8 = 2;
 
 /// Why a record from the store was refused.
 #[derive(Debug, Clone, PartialEq)]
@@ -675,6 +681,59 @@ impl NodeRecord {
     }
 }
 
+/// A node's status, beside its heartbeat (in a bucket of its own, which
+/// nodes of older builds neither watch nor meet): its entry in the
+/// cluster's `RedundantServerArray` (Part 5 §6.3.9), and the newest record
+/// format it reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusRecord {
+    /// The node.
+    pub node_id: String,
+    /// The heartbeat counter when it was written (a status whose beat is
+    /// far from the node's heartbeat is stale: the node runs a build that
+    /// does not write it).
+    pub beat: u64,
+    /// Its own ServiceLevel (0 while it shuts down).
+    pub service_level: u8,
+    /// Its own ServerState (Shutdown while it shuts down).
+    pub state: uascale_types::ServerState,
+    /// The newest record format it reads ([`READS`] of its build).
+    pub reads: u8,
+}
+
+impl StatusRecord {
+    /// The record's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(40);
+        header(&mut w, STATUS_TAG, &self.node_id, self.beat);
+        self.service_level.encode(&mut w);
+        self.state.0.encode(&mut w);
+        self.reads.encode(&mut w);
+        w
+    }
+
+    /// Decodes a record read from the store.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
+        let limits = limits();
+        let mut r = Reader::new(bytes, &limits)?;
+        let (node_id, beat) = read_header(&mut r, STATUS_TAG)?;
+        let service_level = u8::decode(&mut r)?;
+        let state = uascale_types::ServerState(i32::decode(&mut r)?);
+        let reads = u8::decode(&mut r)?;
+        if reads < FORMAT {
+            return Err(RecordError::Field("reads"));
+        }
+        r.finish()?;
+        Ok(StatusRecord {
+            node_id,
+            beat,
+            service_level,
+            state,
+            reads,
+        })
+    }
+}
+
 /// The store key of the session whose authentication token is `token`:
 /// `s.` and the hex of the token's 32 bytes. `None` for a token this
 /// server does not issue (such a session cannot exist anywhere).
@@ -768,6 +827,23 @@ pub(crate) mod tests {
             degraded: true,
         };
         assert_eq!(NodeRecord::decode(&n.encode()).unwrap(), n);
+        let st = StatusRecord {
+            node_id: "n2".into(),
+            beat: 9,
+            service_level: 0,
+            state: uascale_types::ServerState::Shutdown,
+            reads: READS,
+        };
+        assert_eq!(StatusRecord::decode(&st.encode()).unwrap(), st);
+        damaged_fail_cleanly(&st.encode(), 0xa5, StatusRecord::decode);
+        assert_eq!(
+            StatusRecord::decode(&n.encode()),
+            Err(RecordError::WrongKind)
+        );
+        assert_eq!(
+            StatusRecord::decode(&StatusRecord { reads: 0, ..st }.encode()),
+            Err(RecordError::Field("reads"))
+        );
     }
 
     /// The ECC state rides in format 2; a session without it is still

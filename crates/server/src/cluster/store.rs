@@ -35,16 +35,20 @@ pub enum Bucket {
     Values,
     /// The trusted certificates (the PKI's `trusted/certs`), by file name.
     Trust,
+    /// One status record per node beside its heartbeat, keyed by node id
+    /// (its ServiceLevel, ServerState and the record formats it reads).
+    Status,
 }
 
 impl Bucket {
     /// Every bucket.
-    pub const ALL: [Bucket; 5] = [
+    pub const ALL: [Bucket; 6] = [
         Bucket::Sessions,
         Bucket::Nodes,
         Bucket::Subscriptions,
         Bucket::Values,
         Bucket::Trust,
+        Bucket::Status,
     ];
 
     /// Its name in the store.
@@ -55,6 +59,7 @@ impl Bucket {
             Bucket::Subscriptions => "uascale_subscriptions",
             Bucket::Values => "uascale_values",
             Bucket::Trust => "uascale_trust",
+            Bucket::Status => "uascale_status",
         }
     }
 }

@@ -359,6 +359,20 @@ impl Endpoint {
         }
     }
 
+    /// The ids of the channels open now, in no particular order.
+    pub fn channel_ids(&self) -> Vec<u32> {
+        lock(&self.connections).keys().copied().collect()
+    }
+
+    /// Tells channel `id`, if it is still open, to close with
+    /// `BadShutdown` (a drain closing the channels in batches).
+    pub fn stop_channel(&self, id: u32) {
+        let channel = lock(&self.connections).get(&id).and_then(Weak::upgrade);
+        if let Some(c) = channel {
+            c.close_with(StatusCode::BadShutdown, "server shutting down".into());
+        }
+    }
+
     /// Shutdown began: every connection is told to close with
     /// `BadShutdown`, and so is every one that registers later.
     pub fn stop_all(&self) {

@@ -19,6 +19,7 @@ use connection::{refuse, serve, Shell};
 mod connection;
 mod crypto;
 mod metrics_http;
+mod planned;
 pub mod proxy;
 mod timers;
 mod workers;
@@ -158,7 +159,8 @@ impl Server {
         Ok(Some(tokio::spawn(node.run())))
     }
 
-    /// Serves until `shutdown` completes, then closes every connection with
+    /// Serves until `shutdown` completes or a planned shutdown is due
+    /// ([`crate::shutdown`]), then closes every connection with
     /// `BadShutdown` and waits (at most 5 s) for them to flush. The metrics
     /// endpoint, when configured, serves from the start until the
     /// connections are gone (`/readyz` answers 503 from shutdown on).
@@ -181,6 +183,8 @@ impl Server {
         let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(
             &self.shell.endpoint.state(),
         )));
+        // A planned shutdown ends the loop too, once it is due.
+        let shutdown = planned::stop_or_due(Arc::clone(&state), shutdown);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -205,6 +209,13 @@ impl Server {
             }
         }
         self.shell.endpoint.state().set_listening(false);
+        // New connections are refused from here on (the front end sends
+        // them elsewhere) rather than left in the backlog.
+        drop(self.listener);
+        // A cluster node draining: nothing more is published, the final
+        // records reach the store, then the channels close paced.
+        publisher.abort();
+        planned::drain(&self.shell.endpoint).await;
         if let Some(task) = cluster {
             task.abort();
         }

@@ -68,6 +68,9 @@ fn call_one(ctx: &ServiceContext, m: &CallMethodRequest) -> CallMethodResult {
         Err(failed) => return failed,
     };
     let given = m.input_arguments.as_deref().unwrap_or(&[]);
+    if m.method_id == NodeId::ns0(uascale_types::ids::method::Server_RequestServerStateChange) {
+        return finish(checks, request_server_state_change(ctx, given));
+    }
     // Methods without a handler (the namespace-0 ones such as
     // GetMonitoredItems arrive with the services they belong to).
     let result = ctx
@@ -140,6 +143,22 @@ fn check_call(
         });
     }
     Ok(checks)
+}
+
+/// `Server.RequestServerStateChange`: for the users of `[server]
+/// admin_users` only ([`crate::shutdown::is_admin`]).
+fn request_server_state_change(
+    ctx: &ServiceContext,
+    given: &[Variant],
+) -> Result<Vec<Variant>, StatusCode> {
+    let admins = &ctx.state.config.server.admin_users;
+    let admin = ctx
+        .with_session(|s| crate::shutdown::is_admin(admins, &s.user))
+        .unwrap_or(false);
+    if !admin {
+        return Err(StatusCode::BadUserAccessDenied);
+    }
+    crate::shutdown::request_state_change(&ctx.state.shutdown, ctx.instant, given)
 }
 
 fn finish(checks: Vec<StatusCode>, result: Result<Vec<Variant>, StatusCode>) -> CallMethodResult {

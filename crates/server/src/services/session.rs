@@ -183,6 +183,17 @@ fn create_session_inner(
     ctx: &ServiceContext,
     req: &CreateSessionRequest,
 ) -> Result<CreateSessionResponse, ServiceError> {
+    // A cluster node shutting down takes no new session: busy, so the
+    // client comes back through the front end to a node that serves on. A
+    // single server refuses at the first activation instead, where the user
+    // is known (an administrator may still cancel the shutdown).
+    if ctx.state.shutdown.is_planned() && ctx.state.cluster().is_some_and(|c| c.peers_serving()) {
+        return Err(ServiceError::shed(crate::shed::Shed::new(
+            crate::shed::Stage::Establishment,
+            crate::shed::Reason::ShuttingDown,
+            crate::admission::SESSION_FULL_RETRY_AFTER,
+        )));
+    }
     // The place for the session is taken before any certificate or
     // signature work: a full server refuses at the cost of an atomic add
     // (docs/scalability.md §2).
@@ -850,6 +861,14 @@ fn activate_session_inner(
             return Err(status);
         }
     };
+    // A server shutting down serves the sessions it has and lets no new one
+    // start, but an administrator's (who may move or cancel the shutdown).
+    if !snap.activated
+        && ctx.state.shutdown.is_planned()
+        && !crate::shutdown::is_admin(&ctx.state.config.server.admin_users, &user)
+    {
+        return Err(StatusCode::BadServerHalted);
+    }
     // On SecurityPolicy None nothing proves who sends the request: a session
     // changes channel only for the anonymous identity.
     if snap.channel_id != ctx.channel_id

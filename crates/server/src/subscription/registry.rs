@@ -564,6 +564,16 @@ impl<P: PublishSink> Registry<P> {
         Ok((id, revised))
     }
 
+    /// The ids of every subscription in the server now (a cluster node
+    /// writes them all to its store before it drains).
+    pub fn subscription_ids(&self) -> Vec<u32> {
+        let mut ids = Vec::with_capacity(self.subscription_count());
+        for shard in &self.owners {
+            ids.extend(lock(shard).keys().copied());
+        }
+        ids
+    }
+
     /// The session subscription `id` belongs to, if it exists.
     pub fn session_of(&self, id: u32) -> Option<NodeId> {
         self.owners(id).get(&id).map(|o| o.session.clone())
