@@ -397,31 +397,40 @@ fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceEr
 
 /// CreateSession behind the session-establishment stage (SCALABILITY.md
 /// §2): a place is taken before any certificate or signature work; none
-/// free - `BadServerTooBusy` with the hint, or a wait in the waiting room
-/// when `session_establishment_queue_limit` allows one.
+/// free - a wait in the waiting room when it would be short
+/// (`establishment_wait_ms`, `session_establishment_queue_limit`), else
+/// `BadServerTooBusy` with the hint and a retry ticket. A ticket the
+/// client echoed (`RetryTicket` in the additionalHeader) puts it ahead of
+/// clients without one.
 fn create_session(
     ctx: &ServiceContext,
     r: uascale_types::CreateSessionRequest,
 ) -> Result<Routed, ServiceError> {
-    let gate = ctx.admission.establishment();
+    use crate::admission::StageDecision;
     let state = std::sync::Arc::clone(&ctx.state);
     // A refusal is a rejected session (RejectedSessionCount).
     let busy = move |refusal: crate::admission::hint::Refusal| {
         state.sessions.note_rejected(false);
-        ServiceError::busy(refusal.status, refusal.retry_after)
+        ServiceError::refused(refusal)
     };
-    match gate.try_enter(ctx.instant) {
-        Ok(place) => {
+    let ticket = crate::error::retry_ticket_of(&r.request_header);
+    match ctx
+        .admission
+        .establish(ctx.peer_ip, ticket.as_deref(), ctx.instant)
+    {
+        StageDecision::Admit(place) => {
             let response = session::create_session(ctx, &r);
             drop(place);
             now(response?)
         }
-        Err(refusal) if gate.queue_limit() == 0 => Err(busy(refusal)),
-        Err(_) => {
-            let enter = gate.enter(ctx.instant);
+        StageDecision::Refuse(refusal) => Err(busy(refusal)),
+        // The wait is bounded by the room's admission (a wait predicted
+        // within `establishment_wait_ms`); `until` is for a shell with a
+        // timer.
+        StageDecision::Wait { waiting, .. } => {
             let mut ctx = ctx.clone();
             Ok(Routed::Waiting(Box::pin(async move {
-                let place = enter.await.map_err(busy)?;
+                let place = waiting.await.map_err(busy)?;
                 // The request runs now, not when it arrived.
                 let now = crate::state::clock();
                 ctx.now = now.utc;

@@ -1054,15 +1054,13 @@ async fn run_handshake(
 ) -> Option<(ServerConnection, Vec<u8>)> {
     use crate::metrics::{ShedReason, Stage};
     let metrics = &shared.state.metrics;
-    let place = match handshake_place(shared, queue.peer, Instant::now()) {
+    let ticket = conn.hello_retry_ticket().map(str::to_owned);
+    let place = match handshake_place(shared, queue.peer, ticket.as_deref(), Instant::now()).await {
         Ok(place) => place,
         Err(refusal) => {
             metrics.connection_shed(Stage::Handshake, ShedReason::HandshakeLimit);
             metrics.busy_answer(Stage::Handshake, refusal.retry_after);
-            conn.close_with(
-                refusal.status,
-                &crate::admission::busy_reason(refusal.retry_after),
-            );
+            conn.close_with(refusal.status, &crate::admission::refusal_reason(&refusal));
             flush(&mut conn, stream).await;
             return Some((conn, Vec::new()));
         }
@@ -1153,14 +1151,27 @@ async fn flush(conn: &mut ServerConnection, stream: &TcpStream) {
     }
 }
 
-/// Asks admission for a place among the handshakes in flight for `peer`.
-fn handshake_place(
+/// Asks admission for a place among the handshakes in flight for `peer`
+/// (with the retry `ticket` of its Hello), waiting for it as long as
+/// admission says.
+async fn handshake_place(
     shared: &Shared,
     peer: Option<std::net::IpAddr>,
+    ticket: Option<&str>,
     now: Instant,
 ) -> Result<crate::admission::gate::HandshakeGuard, crate::admission::Refusal> {
-    let peer = peer.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-    shared.state.admission.handshakes().try_begin(peer, now)
+    use crate::admission::StageDecision;
+    let admission = &shared.state.admission;
+    match admission.handshake(peer, ticket, now) {
+        StageDecision::Admit(place) => Ok(place),
+        StageDecision::Wait { waiting, until } => {
+            match tokio::time::timeout_at(until.into(), waiting).await {
+                Ok(place) => Ok(place),
+                Err(_) => Err(admission.handshake_timed_out(peer, Instant::now())),
+            }
+        }
+        StageDecision::Refuse(refusal) => Err(refusal),
+    }
 }
 
 /// Answers a connection refused at accept: the ERR (`BadTcpServerTooBusy`
@@ -1369,6 +1380,7 @@ fn handle_events(
                 Some(Arc::clone(queue) as Arc<dyn ResponseSink>),
             );
             ctx.local_ip = queue.local;
+            ctx.peer_ip = queue.peer;
             ctx
         });
         ctx.request_id = request_id;
