@@ -941,6 +941,69 @@ mod tests {
     }
 
     #[test]
+    fn tickets_put_returning_clients_first_and_early_ones_back() {
+        let t0 = Instant::now();
+        let a = Admission::with_seed(
+            &config(|a| {
+                a.max_concurrent_handshakes = Some(1);
+                a.handshake_wait_ms = 0;
+            }),
+            2,
+            7,
+        );
+        let ip: IpAddr = "192.0.2.9".parse().unwrap();
+        let StageDecision::Admit(held) = a.handshake(Some(ip), None, t0) else {
+            panic!("a free place")
+        };
+        // 30 refused: the last one's slot is 30 slots (10 ms each, nothing
+        // measured yet) away.
+        let mut last = None;
+        for _ in 0..30 {
+            let StageDecision::Refuse(r) = a.handshake(Some(ip), None, t0) else {
+                panic!("full")
+            };
+            last = Some(r);
+        }
+        let r = last.unwrap();
+        assert!(r.retry_after >= ms(350), "{r:?}");
+        assert_eq!(r.status, StatusCode::BadTcpServerTooBusy);
+        let ticket = r.ticket.expect("a ticket").to_string();
+        let reason = refusal_reason(&r);
+        assert!(reason.contains(&format!("RetryTicket={ticket}")), "{reason}");
+        assert_eq!(ticket_in_url(&format!("opc.tcp://h:4840/x?a=1&RetryTicket={ticket}")), Some(ticket.as_str()));
+        // Back far too early: a longer hint at once, the same ticket, and
+        // no slot booked (the next refusal's hint did not grow).
+        let hint_before = a.handshakes().hint(t0);
+        let StageDecision::Refuse(early) = a.handshake(Some(ip), Some(&ticket), t0) else {
+            panic!("early")
+        };
+        assert!(early.retry_after > r.retry_after, "{early:?} {r:?}");
+        assert_eq!(early.ticket.map(|t| t.to_string()), Some(ticket.clone()));
+        assert_eq!(a.handshakes().hint(t0), hint_before);
+        // Back at its (moved) slot while the place is still taken: a ticket
+        // holder waits for it even with no waiting room for the others.
+        let back = t0 + early.retry_after;
+        let StageDecision::Wait { waiting, .. } = a.handshake(Some(ip), Some(&ticket), back) else {
+            panic!("a ticket holder waits")
+        };
+        assert!(matches!(a.handshake(Some(ip), None, back), StageDecision::Refuse(_)));
+        // Replayed: no priority.
+        assert!(matches!(a.handshake(Some(ip), Some(&ticket), back), StageDecision::Refuse(_)));
+        // Forged: no priority either.
+        assert!(matches!(a.handshake(Some(ip), Some("00"), back), StageDecision::Refuse(_)));
+        drop((held, waiting));
+        let c = a.stage_counts(Stage::Handshake);
+        assert_eq!(c.returns_at_hint, 1);
+        assert_eq!(c.returns_admitted, 1);
+        assert_eq!(c.waited, 1);
+        assert_eq!(c.tickets.honoured, 1);
+        assert_eq!(c.tickets.replayed, 1);
+        assert_eq!(c.tickets.forged, 1);
+        assert_eq!(c.tickets.early, 1);
+        assert_eq!(a.stage_counts(Stage::Accept), StageCounts::default());
+    }
+
+    #[test]
     fn every_stage_has_a_hint_in_range() {
         let t0 = Instant::now();
         let a = Admission::with_seed(&ServerConfig::default(), 2, 7);
