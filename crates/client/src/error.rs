@@ -76,6 +76,20 @@ impl ClientError {
         }
     }
 
+    /// The server's `RetryTicket` in a busy ERR's reason, if any (what
+    /// the next connect echoes).
+    pub fn retry_ticket(&self) -> Option<&str> {
+        match self {
+            ClientError::Channel { reason, .. } => reason
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("RetryTicket="))
+                .filter(|t| {
+                    !t.is_empty() && t.len() <= 64 && t.bytes().all(|b| b.is_ascii_hexdigit())
+                }),
+            _ => None,
+        }
+    }
+
     pub(crate) fn decode(e: DecodeError) -> Self {
         ClientError::Decode(e.to_string())
     }

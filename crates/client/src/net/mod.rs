@@ -93,6 +93,11 @@ pub struct ClientOptions {
     /// generator counts busy answers, hints and stages with it). Default
     /// none.
     pub on_open_attempt: Option<OpenObserver>,
+    /// A retry ticket to echo, once, in the next Hello's endpoint URL
+    /// (`?RetryTicket=...`; docs/scalability.md, "Retry tickets"):
+    /// [`Client::open`] sets it from the busy ERR of the attempt before.
+    /// Default none.
+    pub retry_ticket: Option<String>,
 }
 
 /// The secure channel a client asks for.
@@ -148,6 +153,7 @@ impl Default for ClientOptions {
             connect_gate: None,
             publish_requests: 2,
             on_open_attempt: None,
+            retry_ticket: None,
         }
     }
 }
@@ -226,6 +232,8 @@ pub(crate) struct Shared {
     pub subscriptions: Mutex<subscription::Registry>,
     /// Security tokens renewed, over every channel of the client.
     pub renewals: Arc<AtomicU64>,
+    /// The retry ticket the first Hello echoes (taken by it).
+    pub retry_ticket: Mutex<Option<String>>,
 }
 
 /// A connection to one server, with at most one session. With
@@ -382,6 +390,8 @@ impl Client {
     ) -> Result<Client, ClientError> {
         let mut backoff = options.backoff.reseeded(open_jitter_seed());
         let mut number = 0u32;
+        // The ticket of the last busy ERR, echoed by the next attempt.
+        let mut ticket: Option<String> = None;
         loop {
             number += 1;
             let asked = Instant::now();
@@ -393,7 +403,11 @@ impl Client {
                     None => None,
                 };
                 entered = Instant::now();
-                let client = Self::connect_ungated(url, options.clone()).await?;
+                let attempt_options = ClientOptions {
+                    retry_ticket: ticket.take(),
+                    ..options.clone()
+                };
+                let client = Self::connect_ungated(url, attempt_options).await?;
                 stage = OpenStage::CreateSession;
                 client.shared.create_session(None, name).await?;
                 stage = OpenStage::ActivateSession;
@@ -437,6 +451,7 @@ impl Client {
             let Some(wait) = told.retry_in else {
                 return Err(failure);
             };
+            ticket = failure.retry_ticket().map(str::to_owned);
             report.retries += 1;
             if crate::backoff::is_busy_signal(failure.status_code()) {
                 report.busy_answers += 1;
@@ -459,6 +474,7 @@ impl Client {
             endpoint_url: url.to_owned(),
             session: Mutex::new(SessionState::default()),
             next_handle: AtomicU32::new(1),
+            retry_ticket: Mutex::new(options.retry_ticket.clone()),
             options,
             security,
             subscriptions: Mutex::new(Default::default()),
@@ -831,7 +847,15 @@ impl Shared {
             .map_err(|e| ClientError::Io(format!("{host}:{port}: {e}")))?;
         let _ = stream.set_nodelay(true);
         let mut config = options.channel.clone();
-        config.endpoint_url = url.to_owned();
+        // A ticket is echoed once: a reconnect sends none.
+        let ticket = self.retry_ticket.lock().ok().and_then(|mut t| t.take());
+        config.endpoint_url = match ticket {
+            Some(t) => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}RetryTicket={t}")
+            }
+            None => url.to_owned(),
+        };
         config.handshake_timeout = deadline;
         config.security = self.security.clone();
         let conn = ClientConnection::new(now(), Arc::new(config));

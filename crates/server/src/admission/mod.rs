@@ -969,8 +969,14 @@ mod tests {
         assert_eq!(r.status, StatusCode::BadTcpServerTooBusy);
         let ticket = r.ticket.expect("a ticket").to_string();
         let reason = refusal_reason(&r);
-        assert!(reason.contains(&format!("RetryTicket={ticket}")), "{reason}");
-        assert_eq!(ticket_in_url(&format!("opc.tcp://h:4840/x?a=1&RetryTicket={ticket}")), Some(ticket.as_str()));
+        assert!(
+            reason.contains(&format!("RetryTicket={ticket}")),
+            "{reason}"
+        );
+        assert_eq!(
+            ticket_in_url(&format!("opc.tcp://h:4840/x?a=1&RetryTicket={ticket}")),
+            Some(ticket.as_str())
+        );
         // Back far too early: a longer hint at once, the same ticket, and
         // no slot booked (the next refusal's hint did not grow).
         let hint_before = a.handshakes().hint(t0);
@@ -986,11 +992,20 @@ mod tests {
         let StageDecision::Wait { waiting, .. } = a.handshake(Some(ip), Some(&ticket), back) else {
             panic!("a ticket holder waits")
         };
-        assert!(matches!(a.handshake(Some(ip), None, back), StageDecision::Refuse(_)));
+        assert!(matches!(
+            a.handshake(Some(ip), None, back),
+            StageDecision::Refuse(_)
+        ));
         // Replayed: no priority.
-        assert!(matches!(a.handshake(Some(ip), Some(&ticket), back), StageDecision::Refuse(_)));
+        assert!(matches!(
+            a.handshake(Some(ip), Some(&ticket), back),
+            StageDecision::Refuse(_)
+        ));
         // Forged: no priority either.
-        assert!(matches!(a.handshake(Some(ip), Some("00"), back), StageDecision::Refuse(_)));
+        assert!(matches!(
+            a.handshake(Some(ip), Some("00"), back),
+            StageDecision::Refuse(_)
+        ));
         drop((held, waiting));
         let c = a.stage_counts(Stage::Handshake);
         assert_eq!(c.returns_at_hint, 1);
