@@ -499,6 +499,8 @@ mod tests {
     fn establishment_over_the_limit_is_busy_with_a_hint() {
         let mut config = crate::ServerConfig::default();
         config.admission.max_concurrent_session_establishment = Some(2);
+        // No waiting room: refused at once.
+        config.admission.establishment_wait_ms = 0;
         let mut c = ctx_with(config);
         let msg = create_session_message();
         let mut tokens = Vec::new();
@@ -520,6 +522,16 @@ mod tests {
         assert_eq!(f.response_header.request_handle, 5);
         let hint = crate::error::retry_after_of(&f.response_header).expect("a hint");
         assert!(hint > std::time::Duration::ZERO);
+        // And a retry ticket beside it.
+        let params = f
+            .response_header
+            .additional_header
+            .downcast_ref::<uascale_types::AdditionalParametersType>()
+            .expect("parameters");
+        assert!(params.parameters.iter().flatten().any(|p| {
+            p.key.name.as_str_or_empty() == crate::error::RETRY_TICKET_KEY
+                && matches!(&p.value, uascale_types::Variant::String(t) if t.as_str_or_empty().len() == 34)
+        }));
         assert_eq!(c.sessions.rejected_count(), 1);
         // One closes without activation: a place frees.
         c.sessions.close(&tokens[0], true);
