@@ -98,6 +98,10 @@ pub struct ClientOptions {
     /// [`Client::open`] sets it from the busy ERR of the attempt before.
     /// Default none.
     pub retry_ticket: Option<String>,
+    /// A retry ticket to echo, once, in the next CreateSession's
+    /// additionalHeader: [`Client::open`] sets it from the busy
+    /// ServiceFault of the attempt before. Default none.
+    pub session_retry_ticket: Option<String>,
 }
 
 /// The secure channel a client asks for.
@@ -154,6 +158,7 @@ impl Default for ClientOptions {
             publish_requests: 2,
             on_open_attempt: None,
             retry_ticket: None,
+            session_retry_ticket: None,
         }
     }
 }
@@ -234,6 +239,8 @@ pub(crate) struct Shared {
     pub renewals: Arc<AtomicU64>,
     /// The retry ticket the first Hello echoes (taken by it).
     pub retry_ticket: Mutex<Option<String>>,
+    /// The retry ticket the first CreateSession echoes (taken by it).
+    pub session_retry_ticket: Mutex<Option<String>>,
 }
 
 /// A connection to one server, with at most one session. With
@@ -271,6 +278,26 @@ pub fn parse_url(url: &str) -> Result<(String, u16), ClientError> {
     }
     let port = port.parse().map_err(|_| bad())?;
     Ok((host.to_owned(), port))
+}
+
+/// The `RetryTicket` of a response header (docs/scalability.md, "Retry
+/// tickets"): 34 hex digits at most 64 long, else none.
+pub fn retry_ticket(header: &ResponseHeader) -> Option<String> {
+    let params = header
+        .additional_header
+        .downcast_ref::<t::AdditionalParametersType>()?;
+    params.parameters.as_ref()?.iter().find_map(|kv| {
+        if kv.key.namespace_index != 0 || kv.key.name != "RetryTicket" {
+            return None;
+        }
+        match &kv.value {
+            t::Variant::String(s) => s
+                .as_str()
+                .filter(|t| !t.is_empty() && t.len() <= 64)
+                .map(str::to_owned),
+            _ => None,
+        }
+    })
 }
 
 /// The `RetryAfterMs` hint of a response header (SCALABILITY.md §2).
@@ -390,8 +417,10 @@ impl Client {
     ) -> Result<Client, ClientError> {
         let mut backoff = options.backoff.reseeded(open_jitter_seed());
         let mut number = 0u32;
-        // The ticket of the last busy ERR, echoed by the next attempt.
+        // The ticket of the last busy answer, echoed by the next attempt
+        // where it came from: the Hello (an ERR) or CreateSession.
         let mut ticket: Option<String> = None;
+        let mut session_ticket: Option<String> = None;
         loop {
             number += 1;
             let asked = Instant::now();
@@ -405,6 +434,7 @@ impl Client {
                 entered = Instant::now();
                 let attempt_options = ClientOptions {
                     retry_ticket: ticket.take(),
+                    session_retry_ticket: session_ticket.take(),
                     ..options.clone()
                 };
                 let client = Self::connect_ungated(url, attempt_options).await?;
@@ -451,7 +481,12 @@ impl Client {
             let Some(wait) = told.retry_in else {
                 return Err(failure);
             };
-            ticket = failure.retry_ticket().map(str::to_owned);
+            match &failure {
+                ClientError::Service { retry_ticket, .. } => {
+                    session_ticket.clone_from(retry_ticket)
+                }
+                _ => ticket = failure.retry_ticket().map(str::to_owned),
+            }
             report.retries += 1;
             if crate::backoff::is_busy_signal(failure.status_code()) {
                 report.busy_answers += 1;
@@ -475,6 +510,7 @@ impl Client {
             session: Mutex::new(SessionState::default()),
             next_handle: AtomicU32::new(1),
             retry_ticket: Mutex::new(options.retry_ticket.clone()),
+            session_retry_ticket: Mutex::new(options.session_retry_ticket.clone()),
             options,
             security,
             subscriptions: Mutex::new(Default::default()),
@@ -748,6 +784,7 @@ impl Client {
                 return Err(ClientError::Service {
                     status: result.status_code,
                     retry_after_ms: None,
+                    retry_ticket: None,
                 });
             }
             refs.extend(result.references.take().unwrap_or_default());
@@ -1062,8 +1099,29 @@ impl Shared {
             Some(l) if policy.secure_channel_enhancements() => link_thumbprint(l).await,
             _ => Vec::new(),
         };
+        let mut params: Vec<t::KeyValuePair> = Vec::new();
         if self.wants_ecdh_key() {
-            header.additional_header = ecc_secret::ecdh_request(policy);
+            let ecdh = ecc_secret::ecdh_request(policy);
+            if let Some(p) = ecdh.downcast_ref::<t::AdditionalParametersType>() {
+                params.extend(p.parameters.iter().flatten().cloned());
+            }
+        }
+        // A busy answer's ticket is echoed once (docs/scalability.md).
+        let ticket = self
+            .session_retry_ticket
+            .lock()
+            .ok()
+            .and_then(|mut t| t.take());
+        if let Some(ticket) = ticket {
+            params.push(t::KeyValuePair {
+                key: t::QualifiedName::new(0, "RetryTicket"),
+                value: t::Variant::String(UaString::from(ticket.as_str())),
+            });
+        }
+        if !params.is_empty() {
+            header.additional_header = t::ExtensionObject::new(t::AdditionalParametersType {
+                parameters: Some(params),
+            });
         }
         let created: t::CreateSessionResponse = self
             .request(
@@ -1487,6 +1545,7 @@ pub(crate) fn decode_response<R: DynStructure>(
         return Err(ClientError::Service {
             status: header.service_result,
             retry_after_ms: retry_after_ms(&header),
+            retry_ticket: retry_ticket(&header),
         });
     }
     let mut r = Reader::new(body, limits).map_err(ClientError::decode)?;
@@ -1600,6 +1659,7 @@ async fn drive(
                         let _ = reply.send(Err(ClientError::Service {
                             status,
                             retry_after_ms: None,
+                            retry_ticket: None,
                         }));
                     }
                 }
@@ -1756,5 +1816,46 @@ mod tests {
         };
         assert_eq!(retry_after_ms(&header), Some(2500));
         assert_eq!(retry_after_ms(&ResponseHeader::default()), None);
+        assert_eq!(retry_ticket(&header), None);
+    }
+
+    #[test]
+    fn retry_tickets_from_the_header_and_the_err_reason() {
+        let t = "0123456789abcdef0123456789abcdef01";
+        let header = ResponseHeader {
+            additional_header: t::ExtensionObject::new(t::AdditionalParametersType {
+                parameters: Some(vec![
+                    t::KeyValuePair {
+                        key: t::QualifiedName::new(0, "RetryAfterMs"),
+                        value: t::Variant::Int64(300),
+                    },
+                    t::KeyValuePair {
+                        key: t::QualifiedName::new(0, "RetryTicket"),
+                        value: t::Variant::String(UaString::from(t)),
+                    },
+                ]),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(retry_ticket(&header).as_deref(), Some(t));
+        let e = ClientError::Service {
+            status: StatusCode::BadServerTooBusy,
+            retry_after_ms: Some(300),
+            retry_ticket: retry_ticket(&header),
+        };
+        assert_eq!(e.retry_ticket(), Some(t));
+        let e = ClientError::Channel {
+            status: StatusCode::BadTcpServerTooBusy,
+            reason: format!("server too busy; RetryAfterMs=300 RetryTicket={t}"),
+            retry_after_ms: Some(300),
+        };
+        assert_eq!(e.retry_ticket(), Some(t));
+        // Not hex: no ticket.
+        let e = ClientError::Channel {
+            status: StatusCode::BadTcpServerTooBusy,
+            reason: "server too busy; RetryTicket=<script>".into(),
+            retry_after_ms: None,
+        };
+        assert_eq!(e.retry_ticket(), None);
     }
 }
