@@ -433,8 +433,8 @@ impl Client {
                 };
                 entered = Instant::now();
                 let attempt_options = ClientOptions {
-                    retry_ticket: ticket.take(),
-                    session_retry_ticket: session_ticket.take(),
+                    retry_ticket: ticket.clone(),
+                    session_retry_ticket: session_ticket.clone(),
                     ..options.clone()
                 };
                 let client = Self::connect_ungated(url, attempt_options).await?;
@@ -481,11 +481,22 @@ impl Client {
             let Some(wait) = told.retry_in else {
                 return Err(failure);
             };
-            match &failure {
-                ClientError::Service { retry_ticket, .. } => {
-                    session_ticket.clone_from(retry_ticket)
+            // A new ticket replaces the old; without one, a ticket is kept
+            // only while the attempt failed before the stage it is for (a
+            // refusal at accept comes before the Hello's ticket is read).
+            match stage {
+                OpenStage::Connect => {}
+                OpenStage::CreateSession => ticket = None,
+                OpenStage::ActivateSession => {
+                    ticket = None;
+                    session_ticket = None;
                 }
-                _ => ticket = failure.retry_ticket().map(str::to_owned),
+            }
+            if let Some(fresh) = failure.retry_ticket().map(str::to_owned) {
+                match failure {
+                    ClientError::Service { .. } => session_ticket = Some(fresh),
+                    _ => ticket = Some(fresh),
+                }
             }
             report.retries += 1;
             if crate::backoff::is_busy_signal(failure.status_code()) {
