@@ -1,6 +1,8 @@
 //! The reconnect and retry policy of docs/scalability.md §7: exponential backoff
 //! from 1 s to 30 s with ±10 % jitter, multiplied by 4 after a busy signal
-//! or a timeout, never shorter than the server's retry-after hint.
+//! or a timeout, never shorter than the server's retry-after hint. A busy
+//! signal that carries a hint is retried at the hint: the server computed
+//! it as the client's slot, and coming later would leave its place idle.
 
 use std::time::Duration;
 
@@ -97,8 +99,14 @@ impl Backoff {
     }
 
     /// How long to wait after a failure with `status` (and the server's
-    /// `retry_after_ms` hint, if any).
+    /// `retry_after_ms` hint, if any): the hint itself after a busy signal
+    /// with one (at most `max`; the attempt still counts), else the
+    /// backoff, never shorter than a hint.
     pub fn next_delay(&mut self, status: StatusCode, retry_after_ms: Option<u64>) -> Duration {
+        if let (true, Some(ms)) = (is_busy_signal(status), retry_after_ms) {
+            self.attempt = self.attempt.saturating_add(1);
+            return Duration::from_millis(ms).min(self.max);
+        }
         let exp = 2f64.powi(self.attempt.min(16) as i32);
         self.attempt = self.attempt.saturating_add(1);
         let mut secs = self.initial.as_secs_f64() * exp;
@@ -199,11 +207,18 @@ mod tests {
     }
 
     #[test]
-    fn the_server_hint_is_a_lower_bound() {
+    fn a_busy_hint_is_honoured_and_other_hints_are_a_lower_bound() {
         let mut b = Backoff::new(9);
+        // A busy answer's hint is the wait, short or long (up to `max`).
+        let w = b.next_delay(StatusCode::BadTcpServerTooBusy, Some(250));
+        assert_eq!(w, Duration::from_millis(250));
+        let w = b.next_delay(StatusCode::BadServerTooBusy, Some(12_000));
+        assert_eq!(w, Duration::from_secs(12));
         let w = b.next_delay(StatusCode::BadTcpServerTooBusy, Some(45_000));
-        assert_eq!(w, Duration::from_secs(45));
-        // A small hint does not shorten the policy's wait.
+        assert_eq!(w, Duration::from_secs(30));
+        assert_eq!(b.attempts(), 3);
+        // A small hint does not shorten the policy's wait after anything
+        // else.
         let w = b.next_delay(StatusCode::BadCommunicationError, Some(10));
         assert!(secs(w) >= 1.8);
     }

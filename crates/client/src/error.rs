@@ -28,6 +28,9 @@ pub enum ClientError {
         status: StatusCode,
         /// The `RetryAfterMs` hint of the response header, if any.
         retry_after_ms: Option<u64>,
+        /// The `RetryTicket` of the response header, if any (what the next
+        /// CreateSession echoes).
+        retry_ticket: Option<String>,
     },
     /// No answer within the request timeout.
     Timeout,
@@ -72,6 +75,22 @@ impl ClientError {
         match self {
             ClientError::Channel { retry_after_ms, .. }
             | ClientError::Service { retry_after_ms, .. } => *retry_after_ms,
+            _ => None,
+        }
+    }
+
+    /// The server's `RetryTicket`, if any: in a busy ERR's reason (what
+    /// the next Hello echoes) or a ServiceFault's header (what the next
+    /// CreateSession echoes).
+    pub fn retry_ticket(&self) -> Option<&str> {
+        match self {
+            ClientError::Service { retry_ticket, .. } => retry_ticket.as_deref(),
+            ClientError::Channel { reason, .. } => reason
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("RetryTicket="))
+                .filter(|t| {
+                    !t.is_empty() && t.len() <= 64 && t.bytes().all(|b| b.is_ascii_hexdigit())
+                }),
             _ => None,
         }
     }

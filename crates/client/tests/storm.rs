@@ -251,3 +251,85 @@ async fn a_connect_storm_is_shed_with_hints_and_leaves_no_orphans() {
     running.await.unwrap().unwrap();
     let _ = std::fs::remove_dir_all(pki);
 }
+
+/// The retry tickets' wiring: with one handshake and one establishment at
+/// a time and no waiting room, a burst of uascale clients is refused with
+/// tickets at both stages, echoes them (Hello URL, CreateSession header),
+/// and every client ends established. Counted, not timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_clients_come_back_with_their_tickets() {
+    const CLIENTS: usize = 24;
+    let pki = std::env::temp_dir().join(format!("uascale-tickets-{}", std::process::id()));
+    let config = ServerConfig {
+        server: ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            host_name: "127.0.0.1".into(),
+            ..Default::default()
+        },
+        security: SecurityConfig {
+            pki_dir: pki.clone(),
+            trust_all_client_certificates: true,
+            ..Default::default()
+        },
+        admission: AdmissionSection {
+            max_concurrent_handshakes: Some(1),
+            handshake_wait_ms: 0,
+            max_concurrent_session_establishment: Some(1),
+            establishment_wait_ms: 0,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let server = Server::bind(config).unwrap();
+    let state = Arc::clone(server.state());
+    let url = format!("opc.tcp://{}", server.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    let identity = common::client_identity("ticket client");
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        let options = ClientOptions {
+            security: secured(&identity),
+            connect_attempts: 60,
+            ..Default::default()
+        };
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut report = ConnectReport::default();
+            let r = Client::open(&url, options, &format!("ticket {i}"), &mut report).await;
+            (r, report)
+        }));
+    }
+    let mut clients = Vec::new();
+    let mut busy = 0;
+    for t in tasks {
+        let (r, report) = t.await.unwrap();
+        busy += report.busy_answers;
+        clients.push(r.expect("every client ends established"));
+    }
+    let hs = state
+        .admission
+        .stage_counts(uascale_server::admission::Stage::Handshake);
+    let es = state
+        .admission
+        .stage_counts(uascale_server::admission::Stage::Establishment);
+    println!("tickets: {busy} busy answers; handshake {hs:?}; establishment {es:?}");
+    assert!(busy > 0, "the burst was refused at least once");
+    let t = |c: &uascale_server::admission::StageCounts| c.tickets;
+    assert!(t(&hs).issued + t(&es).issued > 0, "refusals carry tickets");
+    // Echoed tickets reached the server, none taken for forged.
+    let presented = |c: &uascale_server::admission::StageCounts| {
+        c.tickets.honoured + c.tickets.early + c.tickets.replayed
+    };
+    assert!(presented(&hs) + presented(&es) > 0, "tickets were echoed");
+    assert_eq!(t(&hs).forged + t(&es).forged, 0);
+    for c in clients {
+        c.close().await;
+    }
+    let _ = stop.send(());
+    let _ = running.await;
+    let _ = std::fs::remove_dir_all(pki);
+}

@@ -257,7 +257,9 @@ struct Open {
 #[derive(Debug)]
 enum State {
     ExpectHello,
-    ExpectOpenSecureChannel,
+    /// With the `RetryTicket` of the Hello's endpoint URL, if any (what a
+    /// client refused busy echoes; the server's admission reads it).
+    ExpectOpenSecureChannel(Option<Box<str>>),
     Open(Open),
     Closed(StatusCode),
 }
@@ -327,7 +329,27 @@ fn check_sequence(legacy: bool, last: u32, received: u32) -> Result<(), ChannelE
     }
 }
 
+/// The value of `RetryTicket=` in the query of the Hello's endpoint URL
+/// (at most 64 bytes; anything longer is no ticket).
+fn retry_ticket(hello: &Hello) -> Option<Box<str>> {
+    let url = hello.endpoint_url.as_str()?;
+    let (_, query) = url.split_once('?')?;
+    let t = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("RetryTicket="))?;
+    (!t.is_empty() && t.len() <= 64).then(|| t.into())
+}
+
 impl ServerConnection {
+    /// The `RetryTicket` the client put in its Hello's endpoint URL query,
+    /// while the channel waits for its first OpenSecureChannel.
+    pub fn hello_retry_ticket(&self) -> Option<&str> {
+        match &self.state {
+            State::ExpectOpenSecureChannel(t) => t.as_deref(),
+            _ => None,
+        }
+    }
+
     /// The secure channel id.
     pub fn channel_id(&self) -> u32 {
         self.channel_id
@@ -505,7 +527,7 @@ impl ServerConnection {
                     .then_some(negotiated.recv_max_chunk_count);
                 self.assembler.set_limits(limits);
                 self.negotiated = Some(negotiated);
-                self.state = State::ExpectOpenSecureChannel;
+                self.state = State::ExpectOpenSecureChannel(retry_ticket(&hello));
                 self.deadline = Some(now.instant + self.config.handshake_timeout);
                 Ok(None)
             }
@@ -528,7 +550,7 @@ impl ServerConnection {
                 }
                 self.open_answer(now, received).map(|()| None)
             }
-            (State::ExpectOpenSecureChannel, _) => Err(peer(
+            (State::ExpectOpenSecureChannel(_), _) => Err(peer(
                 StatusCode::BadTcpMessageTypeInvalid,
                 "expected OpenSecureChannel",
             )),
@@ -681,7 +703,7 @@ impl ServerConnection {
             self.config.max_token_lifetime,
         );
         let (token_id, first_seq) = match (&self.state, req.request_type) {
-            (State::ExpectOpenSecureChannel, SecurityTokenRequestType::Issue) => {
+            (State::ExpectOpenSecureChannel(_), SecurityTokenRequestType::Issue) => {
                 if chunk.channel_id != 0 && chunk.channel_id != self.channel_id {
                     return Err(peer(
                         StatusCode::BadSecureChannelIdInvalid,

@@ -689,3 +689,27 @@ fn fuzz_seed_for_server_channel() {
         "regenerate with UASCALE_WRITE_FUZZ_SEED=1"
     );
 }
+
+#[test]
+fn the_hellos_retry_ticket_is_read_from_its_url_query() {
+    let hello = |url: &str| Hello {
+        protocol_version: 0,
+        receive_buffer_size: 8192,
+        send_buffer_size: 8192,
+        max_message_size: 0,
+        max_chunk_count: 0,
+        endpoint_url: UaString::from(url),
+    };
+    assert_eq!(
+        retry_ticket(&hello("opc.tcp://h:4840/ua?RetryTicket=00ff")).as_deref(),
+        Some("00ff")
+    );
+    assert_eq!(
+        retry_ticket(&hello("opc.tcp://h:4840?a=b&RetryTicket=ab")).as_deref(),
+        Some("ab")
+    );
+    assert_eq!(retry_ticket(&hello("opc.tcp://h:4840")), None);
+    assert_eq!(retry_ticket(&hello("opc.tcp://h:4840?RetryTicket=")), None);
+    let long = format!("opc.tcp://h:4840?RetryTicket={}", "a".repeat(65));
+    assert_eq!(retry_ticket(&hello(&long)), None);
+}

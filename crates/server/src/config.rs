@@ -642,10 +642,28 @@ pub struct AdmissionSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_concurrent_session_establishment: Option<usize>,
     /// Establishment requests that may wait for a place when all are taken
-    /// (`session_establishment_queue_limit`, the waiting room). Default 0:
-    /// refuse at once - a busy answer with a hint costs the client less
-    /// than a wait that may end in its own timeout.
+    /// (`session_establishment_queue_limit`, the waiting room's size; 0:
+    /// no waiting room, refuse at once). Default 1024: bounds what a storm
+    /// parks in the room (a request each, about 1 KB) whatever
+    /// `establishment_wait_ms` says.
     pub session_establishment_queue_limit: usize,
+    /// How long an establishment request may wait for a place, in
+    /// milliseconds (`establishment_wait_ms`): one that would wait longer
+    /// (from the stage's measured rate and the requests ahead of it) is
+    /// refused at once with its slot as the hint. Default 500: a refusal
+    /// costs the client at least the shortest hint (100 ms) plus a new
+    /// connection and handshake, so a wait of a few times that is cheaper
+    /// for both sides; longer waits would only hold requests the client
+    /// may time out. 0: never wait.
+    pub establishment_wait_ms: u32,
+    /// How long a secured OpenSecureChannel may wait for a handshake place,
+    /// in milliseconds (`handshake_wait_ms`): one that would wait longer
+    /// is refused at once (ERR `BadTcpServerTooBusy`) with its slot as the
+    /// hint and a retry ticket. Default 200: twice the shortest hint, about
+    /// a hundred handshakes of a core's work - a bulk connect of 50 at a
+    /// time waits a few milliseconds instead of being sent away. 0: never
+    /// wait.
+    pub handshake_wait_ms: u32,
     /// File descriptors kept free (`open_files_headroom`): a new
     /// connection is refused busy when fewer than this many would remain
     /// below the soft open-files limit (which the server raises to the
@@ -667,7 +685,9 @@ impl Default for AdmissionSection {
             max_unfinished_handshakes_per_address: 64,
             max_channel_count: None,
             max_concurrent_session_establishment: None,
-            session_establishment_queue_limit: 0,
+            session_establishment_queue_limit: 1024,
+            establishment_wait_ms: 500,
+            handshake_wait_ms: 200,
             open_files_headroom: 64,
         }
     }

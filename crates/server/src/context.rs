@@ -46,6 +46,9 @@ pub struct ServiceContext {
     /// the server's own work): endpoint URLs name it to a client that used
     /// it.
     pub local_ip: Option<std::net::IpAddr>,
+    /// The client's address (`None` for the server's own work): retry
+    /// tickets are bound to it.
+    pub peer_ip: Option<std::net::IpAddr>,
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -79,6 +82,7 @@ impl ServiceContext {
             sink,
             session: None,
             local_ip: None,
+            peer_ip: None,
         }
     }
 

@@ -390,35 +390,45 @@ fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceEr
 
 /// CreateSession behind the session-establishment stage (docs/scalability.md
 /// §2): a place is taken before any certificate or signature work; none
-/// free - `BadServerTooBusy` with the hint, or a wait in the waiting room
-/// when `session_establishment_queue_limit` allows one.
+/// free - a wait in the waiting room when it would be short
+/// (`establishment_wait_ms`, `session_establishment_queue_limit`), else
+/// `BadServerTooBusy` with the hint and a retry ticket. A ticket the
+/// client echoed (`RetryTicket` in the additionalHeader) puts it ahead of
+/// clients without one.
 fn create_session(
     ctx: &ServiceContext,
     r: uascale_types::CreateSessionRequest,
 ) -> Result<Routed, ServiceError> {
-    let gate = ctx.state.admission.establishment();
+    use crate::admission::StageDecision;
     let state = std::sync::Arc::clone(&ctx.state);
     // A refusal is a rejected session (RejectedSessionCount).
     let busy = move |refusal: crate::admission::hint::Refusal| {
         state.sessions.note_rejected(false);
-        ServiceError::shed(crate::shed::Shed::new(
+        ServiceError::shed(crate::shed::Shed::refused(
             crate::shed::Stage::Establishment,
             crate::shed::Reason::EstablishmentLimit,
-            refusal.retry_after,
+            &refusal,
         ))
     };
-    match gate.try_enter(ctx.instant) {
-        Ok(place) => {
+    let ticket = crate::error::retry_ticket_of(&r.request_header);
+    match ctx
+        .state
+        .admission
+        .establish(ctx.peer_ip, ticket.as_deref(), ctx.instant)
+    {
+        StageDecision::Admit(place) => {
             let response = session::create_session(ctx, &r);
             drop(place);
             now(response?)
         }
-        Err(refusal) if gate.queue_limit() == 0 => Err(busy(refusal)),
-        Err(_) => {
-            let enter = gate.enter(ctx.instant);
+        StageDecision::Refuse(refusal) => Err(busy(refusal)),
+        // The wait is bounded by the room's admission (a wait predicted
+        // within `establishment_wait_ms`); `until` is for a shell with a
+        // timer.
+        StageDecision::Wait { waiting, .. } => {
             let mut ctx = ctx.clone();
             Ok(Routed::Waiting(Box::pin(async move {
-                let place = enter.await.map_err(busy)?;
+                let place = waiting.await.map_err(busy)?;
                 // The request runs now, not when it arrived.
                 let now = crate::state::clock();
                 ctx.now = now.utc;
@@ -487,6 +497,8 @@ mod tests {
     fn establishment_over_the_limit_is_busy_with_a_hint() {
         let mut config = crate::ServerConfig::default();
         config.admission.max_concurrent_session_establishment = Some(2);
+        // No waiting room: refused at once.
+        config.admission.establishment_wait_ms = 0;
         let mut c = ctx_with(config);
         let msg = create_session_message();
         let mut tokens = Vec::new();
@@ -508,6 +520,16 @@ mod tests {
         assert_eq!(f.response_header.request_handle, 5);
         let hint = crate::error::retry_after_of(&f.response_header).expect("a hint");
         assert!(hint > std::time::Duration::ZERO);
+        // And a retry ticket beside it.
+        let params = f
+            .response_header
+            .additional_header
+            .downcast_ref::<uascale_types::AdditionalParametersType>()
+            .expect("parameters");
+        assert!(params.parameters.iter().flatten().any(|p| {
+            p.key.name.as_str_or_empty() == crate::error::RETRY_TICKET_KEY
+                && matches!(&p.value, uascale_types::Variant::String(t) if t.as_str_or_empty().len() == 34)
+        }));
         assert_eq!(c.state.sessions.rejected_count(), 1);
         // One closes without activation: a place frees.
         c.state.sessions.close(&tokens[0], true);

@@ -21,6 +21,12 @@ use uascale_types::{
 /// (namespace 0; the value is an Int64 of milliseconds).
 pub const RETRY_AFTER_KEY: &str = "RetryAfterMs";
 
+/// The key of a retry ticket (namespace 0; a String): in a busy
+/// ServiceFault's additionalHeader, beside the hint, and echoed by the
+/// client in its next CreateSession's RequestHeader.additionalHeader
+/// (docs/scalability.md, "Retry tickets").
+pub const RETRY_TICKET_KEY: &str = "RetryTicket";
+
 /// Who caused a failed request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -98,12 +104,28 @@ impl ServiceError {
 
     /// The ServiceFault answering `request_handle` at `now`: the status,
     /// and for a busy answer the `RetryAfterMs` hint in the
-    /// additionalHeader (an `AdditionalParametersType` with one
-    /// KeyValuePair, Int64 milliseconds rounded up).
+    /// additionalHeader (an `AdditionalParametersType` with the
+    /// KeyValuePair `RetryAfterMs`, Int64 milliseconds rounded up, and for
+    /// an admission refusal `RetryTicket`, a String).
     pub fn to_fault(&self, now: DateTime, request_handle: u32) -> ServiceFault {
         let mut fault = service_fault(now, request_handle, self.status);
         if let Some(after) = self.retry_after() {
             fault.response_header.additional_header = retry_after_header(after);
+            if let Some(t) = self.shed.and_then(|s| s.ticket) {
+                fault.response_header.additional_header =
+                    ExtensionObject::new(AdditionalParametersType {
+                        parameters: Some(vec![
+                            KeyValuePair {
+                                key: QualifiedName::new(0, RETRY_AFTER_KEY),
+                                value: Variant::Int64(ceil_ms(after)),
+                            },
+                            KeyValuePair {
+                                key: QualifiedName::new(0, RETRY_TICKET_KEY),
+                                value: Variant::String(t.to_string().into()),
+                            },
+                        ]),
+                    });
+            }
         }
         fault
     }
@@ -194,6 +216,23 @@ pub fn retry_after_header(after: Duration) -> ExtensionObject {
             key: QualifiedName::new(0, RETRY_AFTER_KEY),
             value: Variant::Int64(ceil_ms(after)),
         }]),
+    })
+}
+
+/// The retry ticket a client echoed in a request header's
+/// additionalHeader, when it has one.
+pub fn retry_ticket_of(header: &uascale_types::RequestHeader) -> Option<String> {
+    let params = header
+        .additional_header
+        .downcast_ref::<AdditionalParametersType>()?;
+    params.parameters.as_ref()?.iter().find_map(|p| {
+        if p.key.namespace_index != 0 || p.key.name.as_str_or_empty() != RETRY_TICKET_KEY {
+            return None;
+        }
+        match &p.value {
+            Variant::String(s) => s.as_str().map(str::to_owned),
+            _ => None,
+        }
     })
 }
 

@@ -230,6 +230,66 @@ impl Collector for ServerCollector {
             }
         }
 
+        // Waiting rooms, returns at the hint and retry tickets, by stage.
+        let stages = [
+            ("handshake", crate::admission::Stage::Handshake),
+            ("establishment", crate::admission::Stage::Establishment),
+        ]
+        .map(|(name, stage)| (name, state.admission.stage_counts(stage)));
+        {
+            let mut family = enc.encode_descriptor(
+                "opcua_server_admission_tickets",
+                "Retry tickets by stage and outcome: issued with a refusal; honoured (back within their window); expired unused; replayed; forged (not this process's, this stage's or this address's); early (back well before their slot, sent away with a longer hint)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (name, c) in &stages {
+                let t = c.tickets;
+                for (outcome, v) in [
+                    ("issued", t.issued),
+                    ("honoured", t.honoured),
+                    ("expired", t.expired),
+                    ("replayed", t.replayed),
+                    ("forged", t.forged),
+                    ("early", t.early),
+                ] {
+                    ConstCounter::new(v)
+                        .encode(family.encode_family(&[("stage", *name), ("outcome", outcome)])?)?;
+                }
+            }
+        }
+        {
+            let mut family = enc.encode_descriptor(
+                "opcua_server_admission_waits",
+                "Requests that waited in a stage's waiting room, and waits given up at their limit, by stage",
+                None,
+                MetricType::Counter,
+            )?;
+            for (name, c) in &stages {
+                for (outcome, v) in [("waited", c.waited), ("timed_out", c.wait_timeouts)] {
+                    ConstCounter::new(v)
+                        .encode(family.encode_family(&[("stage", *name), ("outcome", outcome)])?)?;
+                }
+            }
+        }
+        {
+            let mut family = enc.encode_descriptor(
+                "opcua_server_admission_returns",
+                "Clients back at their hint with their ticket (outcome at_hint), and of those the ones admitted at once or to the waiting room (outcome admitted): admitted / at_hint is the hints' accuracy",
+                None,
+                MetricType::Counter,
+            )?;
+            for (name, c) in &stages {
+                for (outcome, v) in [
+                    ("at_hint", c.returns_at_hint),
+                    ("admitted", c.returns_admitted),
+                ] {
+                    ConstCounter::new(v)
+                        .encode(family.encode_family(&[("stage", *name), ("outcome", outcome)])?)?;
+                }
+            }
+        }
+
         // The request queue and isolation (docs/scalability.md §3).
         {
             let q = &state.scheduler;

@@ -171,6 +171,9 @@ pub struct Shed {
     pub reason: Reason,
     /// When the client may try again.
     pub retry_after: Duration,
+    /// The retry ticket of the slot promised at `retry_after`, when the
+    /// stage issues them (docs/scalability.md, "Retry tickets").
+    pub ticket: Option<crate::admission::ticket::Ticket>,
 }
 
 impl Shed {
@@ -180,6 +183,21 @@ impl Shed {
             stage,
             reason,
             retry_after,
+            ticket: None,
+        }
+    }
+
+    /// Admission's `refusal` at `stage` for `reason`: its hint and ticket.
+    pub const fn refused(
+        stage: Stage,
+        reason: Reason,
+        refusal: &crate::admission::Refusal,
+    ) -> Self {
+        Shed {
+            stage,
+            reason,
+            retry_after: refusal.retry_after,
+            ticket: refusal.ticket,
         }
     }
 
@@ -197,7 +215,11 @@ impl Shed {
     /// The reason text of the ERR a transport stage sends: the hint as the
     /// token `RetryAfterMs=N` (milliseconds, rounded up) that clients parse.
     pub fn err_reason(&self) -> String {
-        busy_reason(self.retry_after)
+        let mut r = busy_reason(self.retry_after);
+        if let Some(t) = &self.ticket {
+            r.push_str(&format!(" RetryTicket={t}"));
+        }
+        r
     }
 }
 

@@ -78,24 +78,48 @@ async fn at_the_channel_limit_the_oldest_sessionless_channel_makes_room() {
     let _ = stop.send(());
 }
 
+/// A connection from `from` (a loopback address) to `addr`.
+fn connect_from(from: [u8; 4], addr: std::net::SocketAddr) -> TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&std::net::SocketAddr::from((from, 0)).into())
+        .unwrap();
+    s.connect(&addr.into()).unwrap();
+    s.into()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_per_address_burst_connections_get_a_busy_err_at_once() {
+    // The per-address buckets apply once the global bucket is under half
+    // full: 12 tokens, refilled at 1 a second.
     let (addr, stop) = start(AdmissionSection {
-        connections_per_second: 1000,
-        connection_burst: 1000,
+        connections_per_second: 1,
+        connection_burst: 12,
         connections_per_second_per_address: Some(1),
         connection_burst_per_address: Some(3),
         ..Default::default()
     });
-    let refusals = tokio::task::spawn_blocking(move || {
-        // Three pass (and stay open); the next ones are refused before a
-        // byte is read from them.
-        let held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
-        let refused: Vec<_> = (0..3)
-            .map(|_| read_err(&mut TcpStream::connect(addr).unwrap()))
+    let (refusals, other) = tokio::task::spawn_blocking(move || {
+        // Seven pass on the global bucket alone (12 down to 5), three more
+        // on the address's bucket (and stay open); the next ones from the
+        // same address are refused before a byte is read from them.
+        let held: Vec<TcpStream> = (0..10)
+            .map(|_| connect_from([127, 0, 0, 1], addr))
             .collect();
+        let refused: Vec<_> = (0..3)
+            .map(|_| read_err(&mut connect_from([127, 0, 0, 1], addr)))
+            .collect();
+        // Another address still gets in (no ERR comes).
+        let mut other = connect_from([127, 0, 0, 2], addr);
+        other
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut b = [0u8; 8];
+        let served = matches!(other.read(&mut b), Err(e) if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ));
         drop(held);
-        refused
+        (refused, served)
     })
     .await
     .unwrap();
@@ -107,6 +131,7 @@ async fn over_the_per_address_burst_connections_get_a_busy_err_at_once() {
             "hint {ms} ms within the documented range"
         );
     }
+    assert!(other, "another address is not limited by this one's bucket");
     let _ = stop.send(());
 }
 

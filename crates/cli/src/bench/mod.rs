@@ -419,6 +419,7 @@ async fn subscribe_one(
         Some(status) => Err(ClientError::Service {
             status,
             retry_after_ms: None,
+            retry_ticket: None,
         }),
         None => Err(ClientError::Decode("no monitored item result".into())),
     }

@@ -535,6 +535,7 @@ async fn set_up(
             return Err(ClientError::Service {
                 status: bad.result.status_code,
                 retry_after_ms: None,
+                retry_ticket: None,
             });
         }
         subs.push(sub);

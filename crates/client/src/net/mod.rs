@@ -93,6 +93,15 @@ pub struct ClientOptions {
     /// generator counts busy answers, hints and stages with it). Default
     /// none.
     pub on_open_attempt: Option<OpenObserver>,
+    /// A retry ticket to echo, once, in the next Hello's endpoint URL
+    /// (`?RetryTicket=...`; docs/scalability.md, "Retry tickets"):
+    /// [`Client::open`] sets it from the busy ERR of the attempt before.
+    /// Default none.
+    pub retry_ticket: Option<String>,
+    /// A retry ticket to echo, once, in the next CreateSession's
+    /// additionalHeader: [`Client::open`] sets it from the busy
+    /// ServiceFault of the attempt before. Default none.
+    pub session_retry_ticket: Option<String>,
 }
 
 /// The secure channel a client asks for.
@@ -148,6 +157,8 @@ impl Default for ClientOptions {
             connect_gate: None,
             publish_requests: 2,
             on_open_attempt: None,
+            retry_ticket: None,
+            session_retry_ticket: None,
         }
     }
 }
@@ -226,6 +237,10 @@ pub(crate) struct Shared {
     pub subscriptions: Mutex<subscription::Registry>,
     /// Security tokens renewed, over every channel of the client.
     pub renewals: Arc<AtomicU64>,
+    /// The retry ticket the first Hello echoes (taken by it).
+    pub retry_ticket: Mutex<Option<String>>,
+    /// The retry ticket the first CreateSession echoes (taken by it).
+    pub session_retry_ticket: Mutex<Option<String>>,
 }
 
 /// A connection to one server, with at most one session. With
@@ -263,6 +278,26 @@ pub fn parse_url(url: &str) -> Result<(String, u16), ClientError> {
     }
     let port = port.parse().map_err(|_| bad())?;
     Ok((host.to_owned(), port))
+}
+
+/// The `RetryTicket` of a response header (docs/scalability.md, "Retry
+/// tickets"): 34 hex digits at most 64 long, else none.
+pub fn retry_ticket(header: &ResponseHeader) -> Option<String> {
+    let params = header
+        .additional_header
+        .downcast_ref::<t::AdditionalParametersType>()?;
+    params.parameters.as_ref()?.iter().find_map(|kv| {
+        if kv.key.namespace_index != 0 || kv.key.name != "RetryTicket" {
+            return None;
+        }
+        match &kv.value {
+            t::Variant::String(s) => s
+                .as_str()
+                .filter(|t| !t.is_empty() && t.len() <= 64)
+                .map(str::to_owned),
+            _ => None,
+        }
+    })
 }
 
 /// The `RetryAfterMs` hint of a response header (docs/scalability.md §2).
@@ -382,6 +417,10 @@ impl Client {
     ) -> Result<Client, ClientError> {
         let mut backoff = options.backoff.reseeded(open_jitter_seed());
         let mut number = 0u32;
+        // The ticket of the last busy answer, echoed by the next attempt
+        // where it came from: the Hello (an ERR) or CreateSession.
+        let mut ticket: Option<String> = None;
+        let mut session_ticket: Option<String> = None;
         loop {
             number += 1;
             let asked = Instant::now();
@@ -393,7 +432,12 @@ impl Client {
                     None => None,
                 };
                 entered = Instant::now();
-                let client = Self::connect_ungated(url, options.clone()).await?;
+                let attempt_options = ClientOptions {
+                    retry_ticket: ticket.clone(),
+                    session_retry_ticket: session_ticket.clone(),
+                    ..options.clone()
+                };
+                let client = Self::connect_ungated(url, attempt_options).await?;
                 stage = OpenStage::CreateSession;
                 client.shared.create_session(None, name).await?;
                 stage = OpenStage::ActivateSession;
@@ -437,6 +481,23 @@ impl Client {
             let Some(wait) = told.retry_in else {
                 return Err(failure);
             };
+            // A new ticket replaces the old; without one, a ticket is kept
+            // only while the attempt failed before the stage it is for (a
+            // refusal at accept comes before the Hello's ticket is read).
+            match stage {
+                OpenStage::Connect => {}
+                OpenStage::CreateSession => ticket = None,
+                OpenStage::ActivateSession => {
+                    ticket = None;
+                    session_ticket = None;
+                }
+            }
+            if let Some(fresh) = failure.retry_ticket().map(str::to_owned) {
+                match failure {
+                    ClientError::Service { .. } => session_ticket = Some(fresh),
+                    _ => ticket = Some(fresh),
+                }
+            }
             report.retries += 1;
             if crate::backoff::is_busy_signal(failure.status_code()) {
                 report.busy_answers += 1;
@@ -459,6 +520,8 @@ impl Client {
             endpoint_url: url.to_owned(),
             session: Mutex::new(SessionState::default()),
             next_handle: AtomicU32::new(1),
+            retry_ticket: Mutex::new(options.retry_ticket.clone()),
+            session_retry_ticket: Mutex::new(options.session_retry_ticket.clone()),
             options,
             security,
             subscriptions: Mutex::new(Default::default()),
@@ -732,6 +795,7 @@ impl Client {
                 return Err(ClientError::Service {
                     status: result.status_code,
                     retry_after_ms: None,
+                    retry_ticket: None,
                 });
             }
             refs.extend(result.references.take().unwrap_or_default());
@@ -831,7 +895,15 @@ impl Shared {
             .map_err(|e| ClientError::Io(format!("{host}:{port}: {e}")))?;
         let _ = stream.set_nodelay(true);
         let mut config = options.channel.clone();
-        config.endpoint_url = url.to_owned();
+        // A ticket is echoed once: a reconnect sends none.
+        let ticket = self.retry_ticket.lock().ok().and_then(|mut t| t.take());
+        config.endpoint_url = match ticket {
+            Some(t) => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}RetryTicket={t}")
+            }
+            None => url.to_owned(),
+        };
         config.handshake_timeout = deadline;
         config.security = self.security.clone();
         let conn = ClientConnection::new(now(), Arc::new(config));
@@ -1038,8 +1110,29 @@ impl Shared {
             Some(l) if policy.secure_channel_enhancements() => link_thumbprint(l).await,
             _ => Vec::new(),
         };
+        let mut params: Vec<t::KeyValuePair> = Vec::new();
         if self.wants_ecdh_key() {
-            header.additional_header = ecc_secret::ecdh_request(policy);
+            let ecdh = ecc_secret::ecdh_request(policy);
+            if let Some(p) = ecdh.downcast_ref::<t::AdditionalParametersType>() {
+                params.extend(p.parameters.iter().flatten().cloned());
+            }
+        }
+        // A busy answer's ticket is echoed once (docs/scalability.md).
+        let ticket = self
+            .session_retry_ticket
+            .lock()
+            .ok()
+            .and_then(|mut t| t.take());
+        if let Some(ticket) = ticket {
+            params.push(t::KeyValuePair {
+                key: t::QualifiedName::new(0, "RetryTicket"),
+                value: t::Variant::String(UaString::from(ticket.as_str())),
+            });
+        }
+        if !params.is_empty() {
+            header.additional_header = t::ExtensionObject::new(t::AdditionalParametersType {
+                parameters: Some(params),
+            });
         }
         let created: t::CreateSessionResponse = self
             .request(
@@ -1463,6 +1556,7 @@ pub(crate) fn decode_response<R: DynStructure>(
         return Err(ClientError::Service {
             status: header.service_result,
             retry_after_ms: retry_after_ms(&header),
+            retry_ticket: retry_ticket(&header),
         });
     }
     let mut r = Reader::new(body, limits).map_err(ClientError::decode)?;
@@ -1576,6 +1670,7 @@ async fn drive(
                         let _ = reply.send(Err(ClientError::Service {
                             status,
                             retry_after_ms: None,
+                            retry_ticket: None,
                         }));
                     }
                 }
@@ -1732,5 +1827,46 @@ mod tests {
         };
         assert_eq!(retry_after_ms(&header), Some(2500));
         assert_eq!(retry_after_ms(&ResponseHeader::default()), None);
+        assert_eq!(retry_ticket(&header), None);
+    }
+
+    #[test]
+    fn retry_tickets_from_the_header_and_the_err_reason() {
+        let t = "0123456789abcdef0123456789abcdef01";
+        let header = ResponseHeader {
+            additional_header: t::ExtensionObject::new(t::AdditionalParametersType {
+                parameters: Some(vec![
+                    t::KeyValuePair {
+                        key: t::QualifiedName::new(0, "RetryAfterMs"),
+                        value: t::Variant::Int64(300),
+                    },
+                    t::KeyValuePair {
+                        key: t::QualifiedName::new(0, "RetryTicket"),
+                        value: t::Variant::String(UaString::from(t)),
+                    },
+                ]),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(retry_ticket(&header).as_deref(), Some(t));
+        let e = ClientError::Service {
+            status: StatusCode::BadServerTooBusy,
+            retry_after_ms: Some(300),
+            retry_ticket: retry_ticket(&header),
+        };
+        assert_eq!(e.retry_ticket(), Some(t));
+        let e = ClientError::Channel {
+            status: StatusCode::BadTcpServerTooBusy,
+            reason: format!("server too busy; RetryAfterMs=300 RetryTicket={t}"),
+            retry_after_ms: Some(300),
+        };
+        assert_eq!(e.retry_ticket(), Some(t));
+        // Not hex: no ticket.
+        let e = ClientError::Channel {
+            status: StatusCode::BadTcpServerTooBusy,
+            reason: "server too busy; RetryTicket=<script>".into(),
+            retry_after_ms: None,
+        };
+        assert_eq!(e.retry_ticket(), None);
     }
 }

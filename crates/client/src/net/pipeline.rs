@@ -31,7 +31,7 @@ use uascale_types::{
     ResponseHeader, StatusCode, UaString,
 };
 
-use super::{now, open_tcp, parse_url, retry_after_ms, ClientOptions};
+use super::{now, open_tcp, parse_url, retry_after_ms, retry_ticket, ClientOptions};
 use crate::error::ClientError;
 
 /// How often outstanding requests are checked against the request timeout
@@ -281,6 +281,7 @@ impl Pipeline {
                     return Err(ClientError::Service {
                         status,
                         retry_after_ms: None,
+                        retry_ticket: None,
                     });
                 }
                 ClientEvent::Closed {
@@ -443,6 +444,7 @@ impl Pipeline {
                                 result: Err(ClientError::Service {
                                     status,
                                     retry_after_ms: None,
+                                    retry_ticket: None,
                                 }),
                             });
                         }
@@ -545,6 +547,7 @@ pub fn read_statuses(
         return Err(ClientError::Service {
             status: header.service_result,
             retry_after_ms: retry_after_ms(&header),
+            retry_ticket: retry_ticket(&header),
         });
     }
     if id != NodeId::ns0(t::ids::object::ReadResponse_Encoding_DefaultBinary) {

@@ -415,6 +415,7 @@ fn first_status(results: Option<Vec<StatusCode>>) -> Result<(), ClientError> {
         Some(s) if s.is_bad() => Err(ClientError::Service {
             status: *s,
             retry_after_ms: None,
+            retry_ticket: None,
         }),
         Some(_) => Ok(()),
         None => Err(ClientError::Decode("a result list without results".into())),

@@ -1,21 +1,25 @@
 //! Concurrency gates: OpenSecureChannel handshakes in flight
-//! ([`HandshakeGate`]) and session establishment ([`EstablishmentGate`]),
-//! each refusing with a [`Refusal`] when full. Plain data behind a mutex
-//! (std, no runtime); the places are RAII guards, `Send + 'static`, so they
-//! can travel with the work to another thread.
+//! ([`HandshakeGate`]) and session establishment ([`EstablishmentGate`]).
+//! Each has a waiting room ([`super::room`]) for requests that would wait
+//! less than the stage's wait limit, ticket holders first, and a
+//! [`SlotSchedule`] whose slots are the hints of the requests it refuses.
+//! Plain data behind a mutex (std, no runtime); the places are RAII guards
+//! and the waits runtime-free futures, `Send + 'static`, so they can
+//! travel with the work to another thread.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use uascale_types::StatusCode;
 
 use super::address::{AddressKey, PerAddressCount};
-use super::hint::{retry_after, CompletionRate, Jitter, Refusal};
+use super::hint::{Jitter, Refusal};
+use super::room::{wake_all, Room};
+use super::schedule::SlotSchedule;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The state stays consistent between statements; a panic elsewhere
@@ -23,18 +27,58 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A ticket holder back at its slot may wait this many times the stage's
+/// wait limit (at least [`PRIORITY_WAIT_MIN`]): it was promised the place.
+pub const PRIORITY_WAIT_FACTOR: u32 = 4;
+
+/// The least wait of a ticket holder back at its slot.
+pub const PRIORITY_WAIT_MIN: Duration = Duration::from_secs(1);
+
+/// What a gate decided on a request.
+#[derive(Debug)]
+pub enum Verdict<G, W> {
+    /// A place now.
+    Admit(G),
+    /// A place within the wait limit: await `waiting` (which yields the
+    /// place), giving up at `until` (then ask the gate's `timed_out` for
+    /// the refusal).
+    Wait {
+        /// The future of the place.
+        waiting: W,
+        /// When the shell stops waiting.
+        until: Instant,
+    },
+    /// No place within the wait limit: the client's promised slot (its
+    /// hint is `slot - now`).
+    Refuse {
+        /// The slot booked for the client.
+        slot: Instant,
+    },
+}
+
+/// The wait a request of `priority` may make at a stage whose limit is
+/// `limit`.
+fn wait_limit(limit: Duration, priority: bool) -> Duration {
+    if priority {
+        (limit * PRIORITY_WAIT_FACTOR).max(PRIORITY_WAIT_MIN)
+    } else {
+        limit
+    }
+}
+
 /// The concurrent OpenSecureChannel handshakes (`max_concurrent_handshakes`)
 /// and the share one source address may hold
-/// (`max_unfinished_handshakes_per_address`).
+/// (`max_unfinished_handshakes_per_address`), with the waiting room of
+/// `handshake_wait_ms`.
 ///
-/// The network layer calls [`HandshakeGate::try_begin`] when a secured
+/// The network layer asks [`HandshakeGate::decide`] when a secured
 /// OpenSecureChannel request (Issue or Renew) arrives, before anything is
 /// decrypted, and moves the asymmetric work to the crypto workers with the
 /// guard; "in flight" is waiting for a worker plus running. The guard is
 /// finished ([`HandshakeGuard::finish`]) when the work completes, which
-/// feeds the stage's completion rate (the hint); dropped without that, it
-/// frees its place without a rate sample (the connection went away, the
-/// work failed). Cloning gives another handle on the same gate.
+/// feeds the stage's service rate (the hint); dropped without that, it
+/// frees its place without a sample (the connection went away, the work
+/// failed). Cloning gives another handle on the same gate.
 #[derive(Debug, Clone)]
 pub struct HandshakeGate {
     inner: Arc<HandshakeInner>,
@@ -44,29 +88,59 @@ pub struct HandshakeGate {
 struct HandshakeInner {
     capacity: usize,
     per_address: u32,
+    wait: Duration,
     state: Mutex<HandshakeState>,
 }
 
 #[derive(Debug)]
 struct HandshakeState {
     in_flight: usize,
+    /// In flight and waiting, per address.
     by_address: PerAddressCount,
-    rate: CompletionRate,
+    room: Room,
+    schedule: SlotSchedule,
     jitter: Jitter,
+}
+
+impl HandshakeState {
+    fn ahead(&self, priority: bool) -> usize {
+        self.in_flight + self.room.ahead_of(priority)
+    }
+
+    /// Hands free places to waiters; the wakers to wake once unlocked.
+    fn hand_over(&mut self, capacity: usize) -> Vec<Option<std::task::Waker>> {
+        let mut wake = Vec::new();
+        while self.in_flight < capacity {
+            let Some(w) = self.room.grant_next() else {
+                break;
+            };
+            self.in_flight += 1;
+            wake.push(w);
+        }
+        wake
+    }
 }
 
 impl HandshakeGate {
     /// At most `capacity` handshakes in flight, `per_address` of them from
-    /// one source address; `seed` seeds the hint's jitter.
+    /// one source address, no waiting; `seed` seeds the hint's jitter.
     pub fn new(capacity: usize, per_address: u32, seed: u64) -> Self {
+        Self::with_wait(capacity, per_address, Duration::ZERO, seed)
+    }
+
+    /// [`HandshakeGate::new`] with a waiting room: a request waits for a
+    /// place when it would wait at most `wait`.
+    pub fn with_wait(capacity: usize, per_address: u32, wait: Duration, seed: u64) -> Self {
         HandshakeGate {
             inner: Arc::new(HandshakeInner {
                 capacity,
                 per_address,
+                wait,
                 state: Mutex::new(HandshakeState {
                     in_flight: 0,
                     by_address: PerAddressCount::new(),
-                    rate: CompletionRate::default(),
+                    room: Room::default(),
+                    schedule: SlotSchedule::default(),
                     jitter: Jitter::new(seed),
                 }),
             }),
@@ -83,50 +157,142 @@ impl HandshakeGate {
         self.inner.capacity
     }
 
+    /// The waiting room's limit (`handshake_wait_ms`).
+    pub fn wait_limit(&self) -> Duration {
+        self.inner.wait
+    }
+
     /// Handshakes in flight now.
     pub fn in_flight(&self) -> usize {
         lock(&self.inner.state).in_flight
     }
 
-    /// Handshakes in flight from `peer`'s address.
+    /// Handshakes waiting for a place now.
+    pub fn waiting(&self) -> usize {
+        lock(&self.inner.state).room.len()
+    }
+
+    /// Handshakes in flight or waiting from `peer`'s address.
     pub fn in_flight_from(&self, peer: IpAddr) -> u32 {
         lock(&self.inner.state).by_address.get(AddressKey::of(peer))
     }
 
-    /// A place for a handshake from `peer` at `now`, or a refusal
-    /// (`BadTcpServerTooBusy` and the hint) when the gate or the address's
-    /// share is full.
-    pub fn try_begin(&self, peer: IpAddr, now: Instant) -> Result<HandshakeGuard, Refusal> {
+    /// Decides on a handshake from `peer` at `now`; `priority` for a ticket
+    /// holder back at its slot (it queues ahead of the others and may wait
+    /// longer). Over the address's share or the wait limit: a slot is
+    /// promised and booked.
+    pub fn decide(
+        &self,
+        peer: IpAddr,
+        priority: bool,
+        now: Instant,
+    ) -> Verdict<HandshakeGuard, HandshakeWait> {
         let key = AddressKey::of(peer);
+        let cap = self.inner.capacity;
         let mut s = lock(&self.inner.state);
-        if s.in_flight >= self.inner.capacity || !s.by_address.try_add(key, self.inner.per_address)
-        {
-            return Err(Refusal {
-                status: StatusCode::BadTcpServerTooBusy,
-                retry_after: Self::hint_locked(&mut s, now),
+        let s = &mut *s;
+        if !s.by_address.try_add(key, self.inner.per_address) {
+            let ahead = s.ahead(false);
+            let slot = s.schedule.promise(now, ahead, s.in_flight, cap);
+            return Verdict::Refuse { slot };
+        }
+        if s.in_flight < cap && s.room.is_empty() {
+            s.in_flight += 1;
+            return Verdict::Admit(HandshakeGuard {
+                inner: Some(Arc::clone(&self.inner)),
+                key,
+                since: Some(now),
             });
         }
-        s.in_flight += 1;
-        Ok(HandshakeGuard {
-            inner: Some(Arc::clone(&self.inner)),
-            key,
-        })
+        let ahead = s.ahead(priority);
+        let rate = s.schedule.rate(now, s.in_flight, cap);
+        let wait = SlotSchedule::wait(ahead, cap, rate);
+        let limit = wait_limit(self.inner.wait, priority);
+        if !limit.is_zero() && wait <= limit {
+            let id = s.room.push(priority);
+            return Verdict::Wait {
+                waiting: HandshakeWait {
+                    gate: self.clone(),
+                    id: Some(id),
+                    key,
+                },
+                until: now + limit * 2,
+            };
+        }
+        s.by_address.remove(key);
+        let slot = s.schedule.promise(now, ahead, s.in_flight, cap);
+        Verdict::Refuse { slot }
     }
 
-    /// The stage's hint at `now`: the handshakes in flight over their
-    /// completion rate (docs/scalability.md).
+    /// A wait given up at `now` (the shell's `until` passed): the slot
+    /// promised instead.
+    pub fn timed_out(&self, now: Instant) -> Instant {
+        let mut s = lock(&self.inner.state);
+        let ahead = s.ahead(false);
+        let in_flight = s.in_flight;
+        s.schedule
+            .promise(now, ahead, in_flight, self.inner.capacity)
+    }
+
+    /// A place for a handshake from `peer` at `now`, or at once a refusal
+    /// (`BadTcpServerTooBusy` and the hint, no ticket); never waits.
+    pub fn try_begin(&self, peer: IpAddr, now: Instant) -> Result<HandshakeGuard, Refusal> {
+        match self.decide(peer, false, now) {
+            Verdict::Admit(g) => Ok(g),
+            Verdict::Wait { waiting, .. } => {
+                drop(waiting);
+                Err(self.refusal(self.timed_out(now), now))
+            }
+            Verdict::Refuse { slot } => Err(self.refusal(slot, now)),
+        }
+    }
+
+    fn refusal(&self, slot: Instant, now: Instant) -> Refusal {
+        Refusal::new(
+            StatusCode::BadTcpServerTooBusy,
+            slot.saturating_duration_since(now),
+        )
+    }
+
+    /// The stage's hint at `now`, without booking a slot: the time until
+    /// the next slot a refusal would be promised (docs/scalability.md).
     pub fn hint(&self, now: Instant) -> Duration {
-        Self::hint_locked(&mut lock(&self.inner.state), now)
+        let s = lock(&self.inner.state);
+        s.schedule
+            .next_slot(now, s.ahead(false), s.in_flight, self.inner.capacity)
+            .saturating_duration_since(now)
     }
 
-    fn hint_locked(s: &mut HandshakeState, now: Instant) -> Duration {
-        let rate = s.rate.per_second(now);
-        retry_after(s.in_flight as f64, rate, &mut s.jitter)
+    /// The stage's hint at `now`, jittered (for refusals that promise no
+    /// slot: the per-address count of unfinished connections at accept).
+    pub fn jittered_hint(&self, now: Instant) -> Duration {
+        let base = self.hint(now);
+        let mut s = lock(&self.inner.state);
+        super::hint::jittered(base, &mut s.jitter)
+    }
+
+    /// The estimated service rate at `now`, handshakes a second.
+    pub fn service_rate(&self, now: Instant) -> f64 {
+        let s = lock(&self.inner.state);
+        s.schedule.rate(now, s.in_flight, self.inner.capacity)
     }
 
     /// Handshakes completed per second at `now`, when measured.
     pub fn completion_rate(&self, now: Instant) -> Option<f64> {
-        lock(&self.inner.state).rate.per_second(now)
+        let s = lock(&self.inner.state);
+        s.schedule.measured_completions(now)
+    }
+
+    /// A ticket of this stage was honoured.
+    pub fn ticket_returned(&self) {
+        lock(&self.inner.state).schedule.returned();
+    }
+
+    /// `n` tickets of this stage expired unused.
+    pub fn tickets_unused(&self, n: u64) {
+        if n > 0 {
+            lock(&self.inner.state).schedule.unused(n);
+        }
     }
 }
 
@@ -136,17 +302,26 @@ impl HandshakeGate {
 pub struct HandshakeGuard {
     inner: Option<Arc<HandshakeInner>>,
     key: AddressKey,
+    /// When it got its place (`None`: handed over by a drop, not known).
+    since: Option<Instant>,
 }
 
 impl HandshakeGuard {
     /// The handshake's work completed at `now`: frees the place and feeds
-    /// the completion rate.
+    /// the service rate.
     pub fn finish(mut self, now: Instant) {
         if let Some(inner) = self.inner.take() {
-            let mut s = lock(&inner.state);
-            s.rate.record(now);
-            s.in_flight -= 1;
-            s.by_address.remove(self.key);
+            let wake = {
+                let mut s = lock(&inner.state);
+                match self.since {
+                    Some(since) => s.schedule.completed(since, now),
+                    None => s.schedule.completed_now(now),
+                }
+                s.in_flight -= 1;
+                s.by_address.remove(self.key);
+                s.hand_over(inner.capacity)
+            };
+            wake_all(wake);
         }
     }
 }
@@ -155,22 +330,82 @@ impl Drop for HandshakeGuard {
     /// Frees the place without a rate sample.
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
-            let mut s = lock(&inner.state);
-            s.in_flight -= 1;
-            s.by_address.remove(self.key);
+            let wake = {
+                let mut s = lock(&inner.state);
+                s.in_flight -= 1;
+                s.by_address.remove(self.key);
+                s.hand_over(inner.capacity)
+            };
+            wake_all(wake);
         }
     }
 }
 
+/// A handshake waiting for a place ([`Verdict::Wait`]): a future yielding
+/// the place, woken when one is handed to it; no runtime needed. Dropping
+/// it gives up its turn (or the place it was just handed).
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct HandshakeWait {
+    gate: HandshakeGate,
+    id: Option<u64>,
+    key: AddressKey,
+}
+
+impl Future for HandshakeWait {
+    type Output = HandshakeGuard;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<HandshakeGuard> {
+        let this = self.get_mut();
+        let Some(id) = this.id else {
+            return Poll::Pending;
+        };
+        let inner = &this.gate.inner;
+        if lock(&inner.state).room.poll(id, cx.waker()) {
+            this.id = None;
+            // Counted in flight when it was handed over.
+            return Poll::Ready(HandshakeGuard {
+                inner: Some(Arc::clone(inner)),
+                key: this.key,
+                since: None,
+            });
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for HandshakeWait {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        let inner = &self.gate.inner;
+        let wake = {
+            let mut s = lock(&inner.state);
+            s.by_address.remove(self.key);
+            if s.room.leave(id) {
+                // Handed a place it will not use: pass it on.
+                s.in_flight -= 1;
+                s.hand_over(inner.capacity)
+            } else {
+                Vec::new()
+            }
+        };
+        wake_all(wake);
+    }
+}
+
 /// Session establishment (`max_concurrent_session_establishment`, with a
-/// waiting room of `session_establishment_queue_limit`).
+/// waiting room of at most `session_establishment_queue_limit` requests
+/// that would wait at most `establishment_wait_ms`).
 ///
 /// Occupancy counts sessions created and not yet settled
 /// ([`session_created`](Self::session_created) /
 /// [`session_settled`](Self::session_settled)) plus establishment calls in
 /// progress (an [`EstablishmentGuard`] each). The services take a guard
-/// with [`try_enter`](Self::try_enter) (refuse at once) or
-/// [`enter`](Self::enter) (wait in the room when it has space) before any
+/// with [`decide`](Self::decide) (a place, a wait, or a promised slot),
+/// [`try_enter`](Self::try_enter) (refuse at once) or
+/// [`enter`](Self::enter) (wait when the room has space) before any
 /// certificate check or signature of CreateSession - and of an
 /// ActivateSession that moves a session to a new channel. The first
 /// ActivateSession of a session counted by `session_created` is already
@@ -179,8 +414,9 @@ impl Drop for HandshakeGuard {
 /// sample: the stage's completions are activations) or closed or timed
 /// out before that (no sample).
 ///
-/// Places go to waiters first come, first served; a newcomer never
-/// overtakes a waiter. Cloning gives another handle on the same gate.
+/// Places go to waiters ticket holders first, then first come, first
+/// served; a newcomer never overtakes a waiter. Cloning gives another
+/// handle on the same gate.
 #[derive(Debug, Clone)]
 pub struct EstablishmentGate {
     inner: Arc<EstablishmentInner>,
@@ -190,6 +426,7 @@ pub struct EstablishmentGate {
 struct EstablishmentInner {
     capacity: usize,
     queue_limit: usize,
+    wait: Duration,
     state: Mutex<EstablishmentState>,
 }
 
@@ -199,13 +436,8 @@ struct EstablishmentState {
     created: usize,
     /// Guards out, including places handed to waiters not yet polled.
     in_progress: usize,
-    /// Waiters without a place, first come first.
-    waiting: VecDeque<(u64, Waker)>,
-    /// Waiters given a place they have not collected yet.
-    granted: Vec<u64>,
-    next_id: u64,
-    rate: CompletionRate,
-    jitter: Jitter,
+    room: Room,
+    schedule: SlotSchedule,
 }
 
 impl EstablishmentState {
@@ -213,56 +445,52 @@ impl EstablishmentState {
         self.created.saturating_add(self.in_progress)
     }
 
+    fn ahead(&self, priority: bool) -> usize {
+        self.occupancy()
+            .saturating_add(self.room.ahead_of(priority))
+    }
+
     /// Hands free places to waiters; the wakers to wake once unlocked.
-    fn hand_over(&mut self, capacity: usize) -> Vec<Waker> {
+    fn hand_over(&mut self, capacity: usize) -> Vec<Option<std::task::Waker>> {
         let mut wake = Vec::new();
         while self.occupancy() < capacity {
-            let Some((id, waker)) = self.waiting.pop_front() else {
+            let Some(w) = self.room.grant_next() else {
                 break;
             };
             self.in_progress += 1;
-            self.granted.push(id);
-            wake.push(waker);
+            wake.push(w);
         }
         wake
     }
 
-    fn hint(&mut self, now: Instant) -> Duration {
-        let backlog = self.occupancy().saturating_add(self.waiting.len());
-        let rate = self.rate.per_second(now);
-        retry_after(backlog as f64, rate, &mut self.jitter)
-    }
-
-    fn refusal(&mut self, now: Instant) -> Refusal {
-        Refusal {
-            status: StatusCode::BadServerTooBusy,
-            retry_after: self.hint(now),
-        }
-    }
-}
-
-fn wake_all(wakers: Vec<Waker>) {
-    for w in wakers {
-        w.wake();
+    fn promise(&mut self, now: Instant, capacity: usize) -> Instant {
+        let ahead = self.ahead(false);
+        let occupancy = self.occupancy();
+        self.schedule.promise(now, ahead, occupancy, capacity)
     }
 }
 
 impl EstablishmentGate {
     /// At most `capacity` establishments at once, `queue_limit` waiting
-    /// (0: refuse at once); `seed` seeds the hint's jitter.
-    pub fn new(capacity: usize, queue_limit: usize, seed: u64) -> Self {
+    /// (0: refuse at once) whatever their wait; `seed` is kept for the
+    /// signature of the other gates (the hints are slots, not jittered).
+    pub fn new(capacity: usize, queue_limit: usize, _seed: u64) -> Self {
+        Self::with_wait(capacity, queue_limit, Duration::MAX)
+    }
+
+    /// At most `capacity` establishments at once, at most `queue_limit`
+    /// waiting, each only when it would wait at most `wait`.
+    pub fn with_wait(capacity: usize, queue_limit: usize, wait: Duration) -> Self {
         EstablishmentGate {
             inner: Arc::new(EstablishmentInner {
                 capacity,
                 queue_limit,
+                wait,
                 state: Mutex::new(EstablishmentState {
                     created: 0,
                     in_progress: 0,
-                    waiting: VecDeque::new(),
-                    granted: Vec::new(),
-                    next_id: 0,
-                    rate: CompletionRate::default(),
-                    jitter: Jitter::new(seed),
+                    room: Room::default(),
+                    schedule: SlotSchedule::default(),
                 }),
             }),
         }
@@ -291,24 +519,71 @@ impl EstablishmentGate {
 
     /// Calls waiting for a place.
     pub fn waiting(&self) -> usize {
-        lock(&self.inner.state).waiting.len()
+        lock(&self.inner.state).room.len()
     }
 
-    fn enter_now(&self, s: &mut EstablishmentState) -> Option<EstablishmentGuard> {
-        if s.occupancy() < self.inner.capacity && s.waiting.is_empty() {
-            s.in_progress += 1;
-            return Some(EstablishmentGuard {
-                inner: Arc::clone(&self.inner),
-            });
+    fn guard(&self) -> EstablishmentGuard {
+        EstablishmentGuard {
+            inner: Arc::clone(&self.inner),
         }
-        None
+    }
+
+    /// Decides on an establishment call at `now`; `priority` for a ticket
+    /// holder back at its slot. Beyond the wait limit (or a full room): a
+    /// slot is promised and booked.
+    pub fn decide(&self, priority: bool, now: Instant) -> Verdict<EstablishmentGuard, Enter> {
+        let cap = self.inner.capacity;
+        let mut s = lock(&self.inner.state);
+        if s.occupancy() < cap && s.room.is_empty() {
+            s.in_progress += 1;
+            return Verdict::Admit(self.guard());
+        }
+        let ahead = s.ahead(priority);
+        let rate = s.schedule.rate(now, s.occupancy(), cap);
+        let wait = SlotSchedule::wait(ahead, cap, rate);
+        let limit = wait_limit(self.inner.wait, priority);
+        let room =
+            s.room.len() < self.inner.queue_limit || (priority && self.inner.queue_limit > 0);
+        if room && !limit.is_zero() && wait <= limit {
+            let id = s.room.push(priority);
+            return Verdict::Wait {
+                waiting: Enter {
+                    gate: self.clone(),
+                    now,
+                    queued: Some(id),
+                },
+                until: now
+                    .checked_add(limit.saturating_mul(2))
+                    .unwrap_or(now + wait * 2),
+            };
+        }
+        Verdict::Refuse {
+            slot: s.promise(now, cap),
+        }
+    }
+
+    /// A wait given up at `now`: the slot promised instead.
+    pub fn timed_out(&self, now: Instant) -> Instant {
+        lock(&self.inner.state).promise(now, self.inner.capacity)
+    }
+
+    fn refusal(slot: Instant, now: Instant) -> Refusal {
+        Refusal::new(
+            StatusCode::BadServerTooBusy,
+            slot.saturating_duration_since(now),
+        )
     }
 
     /// A place at `now`, or at once a refusal (`BadServerTooBusy` and the
     /// hint) when none is free; never waits.
     pub fn try_enter(&self, now: Instant) -> Result<EstablishmentGuard, Refusal> {
+        let cap = self.inner.capacity;
         let mut s = lock(&self.inner.state);
-        self.enter_now(&mut s).ok_or_else(|| s.refusal(now))
+        if s.occupancy() < cap && s.room.is_empty() {
+            s.in_progress += 1;
+            return Ok(self.guard());
+        }
+        Err(Self::refusal(s.promise(now, cap), now))
     }
 
     /// A place, waiting for one in the waiting room when none is free; a
@@ -337,22 +612,43 @@ impl EstablishmentGate {
             let mut s = lock(&self.inner.state);
             s.created = s.created.saturating_sub(1);
             if activated {
-                s.rate.record(now);
+                s.schedule.completed_now(now);
             }
             s.hand_over(self.inner.capacity)
         };
         wake_all(wake);
     }
 
-    /// The stage's hint at `now`: occupancy plus waiters over the
-    /// activation rate (docs/scalability.md).
+    /// The stage's hint at `now`, without booking a slot
+    /// (docs/scalability.md).
     pub fn hint(&self, now: Instant) -> Duration {
-        lock(&self.inner.state).hint(now)
+        let s = lock(&self.inner.state);
+        s.schedule
+            .next_slot(now, s.ahead(false), s.occupancy(), self.inner.capacity)
+            .saturating_duration_since(now)
     }
 
     /// Sessions activated per second at `now`, when measured.
     pub fn completion_rate(&self, now: Instant) -> Option<f64> {
-        lock(&self.inner.state).rate.per_second(now)
+        lock(&self.inner.state).schedule.measured_completions(now)
+    }
+
+    /// A ticket of this stage was honoured.
+    pub fn ticket_returned(&self) {
+        lock(&self.inner.state).schedule.returned();
+    }
+
+    /// `n` tickets of this stage expired unused.
+    pub fn tickets_unused(&self, n: u64) {
+        if n > 0 {
+            lock(&self.inner.state).schedule.unused(n);
+        }
+    }
+
+    /// The share of this stage's promised slots that are used, as
+    /// estimated.
+    pub fn returns(&self) -> f64 {
+        lock(&self.inner.state).schedule.returns()
     }
 }
 
@@ -375,7 +671,8 @@ impl Drop for EstablishmentGuard {
     }
 }
 
-/// The future of [`EstablishmentGate::enter`].
+/// The future of [`EstablishmentGate::enter`] and of an establishment's
+/// [`Verdict::Wait`].
 #[derive(Debug)]
 #[must_use = "futures do nothing unless polled"]
 pub struct Enter {
@@ -394,31 +691,24 @@ impl Future for Enter {
         let mut s = lock(&inner.state);
         match this.queued {
             None => {
-                if let Some(guard) = this.gate.enter_now(&mut s) {
-                    return Poll::Ready(Ok(guard));
+                if s.occupancy() < inner.capacity && s.room.is_empty() {
+                    s.in_progress += 1;
+                    return Poll::Ready(Ok(this.gate.guard()));
                 }
-                if s.waiting.len() >= inner.queue_limit {
-                    return Poll::Ready(Err(s.refusal(this.now)));
+                if s.room.len() >= inner.queue_limit {
+                    let slot = s.promise(this.now, inner.capacity);
+                    return Poll::Ready(Err(EstablishmentGate::refusal(slot, this.now)));
                 }
-                let id = s.next_id;
-                s.next_id += 1;
-                s.waiting.push_back((id, cx.waker().clone()));
+                let id = s.room.push(false);
+                s.room.poll(id, cx.waker());
                 this.queued = Some(id);
                 Poll::Pending
             }
             Some(id) => {
-                if let Some(i) = s.granted.iter().position(|g| *g == id) {
-                    s.granted.swap_remove(i);
+                if s.room.poll(id, cx.waker()) {
                     this.queued = None;
                     // The place was counted when it was handed over.
-                    return Poll::Ready(Ok(EstablishmentGuard {
-                        inner: Arc::clone(inner),
-                    }));
-                }
-                if let Some((_, w)) = s.waiting.iter_mut().find(|(w_id, _)| *w_id == id) {
-                    if !w.will_wake(cx.waker()) {
-                        *w = cx.waker().clone();
-                    }
+                    return Poll::Ready(Ok(this.gate.guard()));
                 }
                 Poll::Pending
             }
@@ -434,13 +724,11 @@ impl Drop for Enter {
         let inner = &self.gate.inner;
         let wake = {
             let mut s = lock(&inner.state);
-            if let Some(i) = s.granted.iter().position(|g| *g == id) {
+            if s.room.leave(id) {
                 // Handed a place it will not use: pass it on.
-                s.granted.swap_remove(i);
                 s.in_progress -= 1;
                 s.hand_over(inner.capacity)
             } else {
-                s.waiting.retain(|(w_id, _)| *w_id != id);
                 Vec::new()
             }
         };
@@ -451,8 +739,9 @@ impl Drop for Enter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::VecDeque;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::Wake;
+    use std::task::{Wake, Waker};
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -506,9 +795,11 @@ mod tests {
             .try_begin("192.0.2.4".parse().unwrap(), t0)
             .unwrap_err();
         assert_eq!(r.status, StatusCode::BadTcpServerTooBusy);
-        // No rate measured yet: the fallback, jittered.
+        // No rate measured yet: places of 10 ms assumed, so the shortest
+        // hint.
+        // (the per-address refusal before it booked one slot, 2.5 ms).
         assert!(
-            r.retry_after >= ms(800) && r.retry_after <= ms(1200),
+            r.retry_after >= ms(100) && r.retry_after <= ms(105),
             "{r:?}"
         );
         // A finished handshake frees its place; so does a dropped one.
@@ -543,14 +834,17 @@ mod tests {
         }
         let rate = gate.completion_rate(t).unwrap();
         assert!((rate - 20.0).abs() < 1.0, "{rate}");
-        // 8 ahead at 20 a second: 400 ms, +-20 % jitter.
-        for _ in 0..100 {
-            let r = gate.try_begin(ip, t).unwrap_err();
-            assert!(
-                r.retry_after >= ms(300) && r.retry_after <= ms(500),
-                "{r:?}"
-            );
+        // 8 in flight at 20 a second: the first refused gets the next
+        // place, 50 ms away (the shortest hint, 100 ms); each later one a
+        // slot 50 ms after the one before (every refused client is still
+        // expected back).
+        let mut hints = Vec::new();
+        for _ in 0..20 {
+            hints.push(gate.try_begin(ip, t).unwrap_err().retry_after);
         }
+        assert_eq!(hints[0], ms(100));
+        let step = hints[19] - hints[18];
+        assert!(step >= ms(45) && step <= ms(55), "{hints:?}");
         // A dropped guard is no completion.
         let before = gate.completion_rate(t).unwrap();
         drop(held.pop_front());
@@ -569,7 +863,7 @@ mod tests {
         assert_eq!(gate.occupancy(), 3);
         let r = gate.try_enter(t0).unwrap_err();
         assert_eq!(r.status, StatusCode::BadServerTooBusy);
-        assert!(r.retry_after >= ms(800) && r.retry_after <= ms(1200));
+        assert!(r.retry_after >= ms(100) && r.retry_after <= ms(1200));
         // Queue limit 0: enter refuses at once too.
         let (_, w) = waker();
         let mut f = gate.enter(t0);
@@ -658,8 +952,98 @@ mod tests {
         for f in &mut waiting {
             assert!(poll(f, &w).is_pending());
         }
-        // 10 in progress and 10 waiting at 10 a second: 2 s.
+        // 10 in progress and 10 waiting at 10 a second: a newcomer's
+        // place is the 11th to free, 1.1 s away.
         let h = gate.hint(t);
-        assert!(h >= ms(1600) && h <= ms(2400), "{h:?}");
+        assert!(h >= ms(1050) && h <= ms(1150), "{h:?}");
+    }
+
+    fn poll_wait(f: &mut HandshakeWait, w: &Waker) -> Poll<HandshakeGuard> {
+        Pin::new(f).poll(&mut Context::from_waker(w))
+    }
+
+    #[test]
+    fn a_short_wait_waits_and_a_long_one_is_refused_with_a_slot() {
+        let t0 = Instant::now();
+        // 2 places, a wait of at most 100 ms, 10 ms a handshake measured.
+        let gate = HandshakeGate::with_wait(2, 64, ms(100), 1);
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let mut t = t0;
+        for _ in 0..50 {
+            let g = match gate.decide(ip, false, t) {
+                Verdict::Admit(g) => g,
+                _ => panic!("room"),
+            };
+            t += ms(5);
+            g.finish(t + ms(5));
+        }
+        let t = t + ms(5);
+        let _a = gate.try_begin(ip, t).unwrap();
+        let _b = gate.try_begin(ip, t).unwrap();
+        // About 200 a second: up to ~20 may wait 100 ms.
+        let mut waits = Vec::new();
+        let slot = loop {
+            match gate.decide(ip, false, t) {
+                Verdict::Wait { waiting, until } => {
+                    assert!(until > t);
+                    waits.push(waiting);
+                }
+                Verdict::Refuse { slot } => break slot,
+                Verdict::Admit(_) => panic!("full"),
+            }
+        };
+        assert!((10..=30).contains(&waits.len()), "{}", waits.len());
+        assert_eq!(gate.waiting(), waits.len());
+        // Its slot is behind every waiter.
+        assert!(slot - t >= ms(100), "{:?}", slot - t);
+        // A ticket holder still gets in line, ahead of them.
+        let Verdict::Wait {
+            waiting: mut vip, ..
+        } = gate.decide(ip, true, t)
+        else {
+            panic!("a ticket holder waits longer")
+        };
+        let (count, w) = waker();
+        assert!(poll_wait(&mut vip, &w).is_pending());
+        let (_, w0) = waker();
+        assert!(poll_wait(&mut waits[0], &w0).is_pending());
+        // A place frees: the ticket holder is woken and has it.
+        drop(_a);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert!(poll_wait(&mut waits[0], &w0).is_pending());
+        let Poll::Ready(g) = poll_wait(&mut vip, &w) else {
+            panic!("the ticket holder has the place")
+        };
+        assert_eq!(gate.in_flight(), 2);
+        // A waiter that leaves frees its address's count.
+        let before = gate.in_flight_from(ip);
+        drop(waits.pop());
+        assert_eq!(gate.in_flight_from(ip), before - 1);
+        drop(g);
+        drop(waits);
+        assert_eq!(gate.waiting(), 0);
+        assert_eq!(gate.in_flight(), 1);
+    }
+
+    #[test]
+    fn establishment_waits_within_its_limit() {
+        let t0 = Instant::now();
+        let gate = EstablishmentGate::with_wait(1, 8, ms(500));
+        let _held = gate.try_enter(t0).unwrap();
+        // Nothing measured: places of 10 ms, so up to 8 (the room) wait.
+        let mut waiting = Vec::new();
+        let refused = loop {
+            match gate.decide(false, t0) {
+                Verdict::Wait { waiting: w, .. } => waiting.push(w),
+                Verdict::Refuse { slot } => break slot,
+                Verdict::Admit(_) => panic!("full"),
+            }
+        };
+        assert_eq!(waiting.len(), 8);
+        assert!(refused > t0);
+        // No wait limit at all: refused at once.
+        let none = EstablishmentGate::with_wait(1, 8, Duration::ZERO);
+        let _h = none.try_enter(t0).unwrap();
+        assert!(matches!(none.decide(false, t0), Verdict::Refuse { .. }));
     }
 }

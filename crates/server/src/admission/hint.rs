@@ -54,6 +54,25 @@ pub struct Refusal {
     pub status: StatusCode,
     /// When the client may try again.
     pub retry_after: Duration,
+    /// The retry ticket of the slot promised at `retry_after`, when the
+    /// stage issues them (docs/scalability.md, "Retry tickets").
+    pub ticket: Option<super::ticket::Ticket>,
+}
+
+impl Refusal {
+    /// This refusal answered with `status`.
+    pub fn with_status(self, status: StatusCode) -> Self {
+        Refusal { status, ..self }
+    }
+
+    /// A refusal with `status` and the hint `retry_after`, no ticket.
+    pub fn new(status: StatusCode, retry_after: Duration) -> Self {
+        Refusal {
+            status,
+            retry_after,
+            ticket: None,
+        }
+    }
 }
 
 /// A count whose every unit fades as `exp(-age / tau)`: with events at a

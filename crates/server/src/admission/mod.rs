@@ -12,8 +12,12 @@
 //!   ([`HandshakeGate`]) and session establishment ([`EstablishmentGate`],
 //!   with its waiting room);
 //! - [`channels`]: the `max_channel_count` policy ([`ChannelCount`]);
-//! - [`hint`]: the retry-after hint (backlog over measured completion rate,
-//!   clamped, jittered) and the [`Refusal`] that carries it;
+//! - [`schedule`]: a stage's measured service rate and the slots promised
+//!   to refused clients (the hints);
+//! - [`room`]: the waiting room of the handshake and establishment stages;
+//! - [`ticket`]: retry tickets (keyed, single use, bounded);
+//! - [`hint`]: the retry-after hint's clamps, the completion-rate average,
+//!   the jitter and the [`Refusal`] that carries a hint;
 //! - [`service_level`]: the load-based `Server.ServiceLevel`;
 //! - [`host`]: the CPUs the process may use and the open-files limit.
 //!
@@ -28,10 +32,14 @@
 //! CreateSession (the session-count check of
 //! [`crate::session::SessionTable::reserve`] stays where it is).
 //!
-//! Status: built and tested here, not yet wired into the network layer and
-//! the services (`ServerState` holds [`Admission::disabled`]).
+//! The handshake and establishment stages are asked through
+//! [`Admission::handshake`] and [`Admission::establish`]: each answers
+//! [`StageDecision::Admit`], [`StageDecision::Wait`] (await the future,
+//! at most until the instant given; then [`Admission::handshake_timed_out`]
+//! or [`Admission::establishment_timed_out`]) or
+//! [`StageDecision::Refuse`] with the hint and a retry ticket.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -45,7 +53,10 @@ pub mod channels;
 pub mod gate;
 pub mod hint;
 pub mod host;
+pub mod room;
+pub mod schedule;
 pub mod service_level;
+pub mod ticket;
 
 pub use channels::{ChannelCount, ChannelDecision};
 pub use gate::{EstablishmentGate, EstablishmentGuard, HandshakeGate, HandshakeGuard};
@@ -54,7 +65,9 @@ pub use service_level::ServiceLevel;
 
 use address::{AddressBuckets, AddressVerdict, DEFAULT_ADDRESS_TABLE_CAPACITY};
 use bucket::TokenBucket;
-use hint::{CompletionRate, DecayingCount, Jitter, RATE_TIME_CONSTANT};
+use gate::{Enter, HandshakeWait, Verdict};
+use hint::{CompletionRate, Jitter};
+use ticket::{Presented, Ticket, TicketBook, TicketCounts, TicketStage, DEFAULT_TICKET_CAPACITY};
 
 /// The retry-after hint of `BadTooManySessions` (the server holds
 /// `max_session_count` sessions): sessions end at no rate the server can
@@ -120,10 +133,66 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 struct AcceptState {
     global: TokenBucket,
-    /// Refusals by the global bucket, fading: the demand that comes back.
-    refused: DecayingCount,
+    /// The global bucket's next token not yet promised to a refused
+    /// connection (slots at the bucket's rate, each refusal booking the
+    /// share of refused clients that come back).
+    next_free: Option<Instant>,
     addresses: AddressBuckets,
     jitter: Jitter,
+}
+
+/// What a handshake or establishment stage decided.
+#[derive(Debug)]
+pub enum StageDecision<G, W> {
+    /// A place now.
+    Admit(G),
+    /// Await `waiting` for the place, at most until `until`; then ask the
+    /// stage's `timed_out` for the refusal.
+    Wait {
+        /// The future of the place (runtime-free).
+        waiting: W,
+        /// When to stop waiting.
+        until: Instant,
+    },
+    /// Refused: the status, the hint (the time until the client's slot)
+    /// and its retry ticket.
+    Refuse(Refusal),
+}
+
+/// A stage's counts of waits and returns (the metrics read them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageCounts {
+    /// Requests that waited in the room.
+    pub waited: u64,
+    /// Waits given up at their limit (then refused with a ticket).
+    pub wait_timeouts: u64,
+    /// Tickets presented within their window (returns at the hint).
+    pub returns_at_hint: u64,
+    /// Of those, admitted at once or to the waiting room.
+    pub returns_admitted: u64,
+    /// The stage's tickets.
+    pub tickets: TicketCounts,
+}
+
+#[derive(Debug)]
+struct TicketDesk {
+    book: TicketBook,
+    waited: u64,
+    wait_timeouts: u64,
+    returns_at_hint: u64,
+    returns_admitted: u64,
+}
+
+impl TicketDesk {
+    fn new() -> Self {
+        TicketDesk {
+            book: TicketBook::random(DEFAULT_TICKET_CAPACITY),
+            waited: 0,
+            wait_timeouts: 0,
+            returns_at_hint: 0,
+            returns_admitted: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -148,6 +217,8 @@ pub struct Admission {
     channels: ChannelCount,
     open_files_headroom: u64,
     closes: Mutex<Closes>,
+    handshake_desk: Mutex<TicketDesk>,
+    establishment_desk: Mutex<TicketDesk>,
 }
 
 impl Default for Admission {
@@ -179,7 +250,7 @@ impl Admission {
             enabled: false,
             accept: Mutex::new(AcceptState {
                 global: TokenBucket::new(u32::MAX, u32::MAX),
-                refused: DecayingCount::new(RATE_TIME_CONSTANT),
+                next_free: None,
                 addresses: AddressBuckets::new(u32::MAX, u32::MAX, 8),
                 jitter: Jitter::new(1),
             }),
@@ -191,6 +262,8 @@ impl Admission {
                 rate: CompletionRate::default(),
                 jitter: Jitter::new(1),
             }),
+            handshake_desk: Mutex::new(TicketDesk::new()),
+            establishment_desk: Mutex::new(TicketDesk::new()),
         }
     }
 
@@ -215,7 +288,7 @@ impl Admission {
             enabled: true,
             accept: Mutex::new(AcceptState {
                 global: TokenBucket::new(a.connections_per_second, a.connection_burst),
-                refused: DecayingCount::new(RATE_TIME_CONSTANT),
+                next_free: None,
                 addresses: AddressBuckets::new(
                     per_address_rate,
                     per_address_burst,
@@ -223,15 +296,16 @@ impl Admission {
                 ),
                 jitter: Jitter::new(stage_seed(seed, 1)),
             }),
-            handshakes: HandshakeGate::new(
+            handshakes: HandshakeGate::with_wait(
                 derived(a.max_concurrent_handshakes, 2),
                 a.max_unfinished_handshakes_per_address,
+                Duration::from_millis(a.handshake_wait_ms.into()),
                 stage_seed(seed, 2),
             ),
-            establishment: EstablishmentGate::new(
+            establishment: EstablishmentGate::with_wait(
                 derived(a.max_concurrent_session_establishment, 128),
                 a.session_establishment_queue_limit,
-                stage_seed(seed, 3),
+                Duration::from_millis(a.establishment_wait_ms.into()),
             ),
             channels: ChannelCount::new(derived(
                 a.max_channel_count,
@@ -242,6 +316,8 @@ impl Admission {
                 rate: CompletionRate::default(),
                 jitter: Jitter::new(stage_seed(seed, 4)),
             }),
+            handshake_desk: Mutex::new(TicketDesk::new()),
+            establishment_desk: Mutex::new(TicketDesk::new()),
         }
     }
 
@@ -259,11 +335,16 @@ impl Admission {
     /// 1. open files: refused when fewer than `open_files_headroom`
     ///    descriptors would remain (`open_connections` stands for the
     ///    descriptors in use; the headroom covers the rest);
-    /// 2. the bucket of `peer`'s address (IPv4 address, IPv6 /64);
+    /// 2. the bucket of `peer`'s address (IPv4 address, IPv6 /64), only
+    ///    while the global bucket is contended (less than half its burst
+    ///    left): alone, one host may connect at the global rate;
     /// 3. the global bucket (a refusal here gives the address its token
     ///    back).
     ///
-    /// A refusal is `BadTcpServerTooBusy` with the stage's hint.
+    /// A refusal is `BadTcpServerTooBusy` with the stage's hint: the time
+    /// until a token of the bucket not yet promised to an earlier refused
+    /// connection (each refusal books the share of refused clients that
+    /// come back, as the establishment stage's tickets measure it).
     pub fn on_accept(
         &self,
         peer: SocketAddr,
@@ -285,30 +366,45 @@ impl Admission {
                 return Decision::refuse(self.closes_refusal(backlog, now), AcceptCheck::OpenFiles);
             }
         }
+        let returns = self.establishment.returns();
         let mut s = lock(&self.accept);
         let s = &mut *s;
-        if let AddressVerdict::Refuse { wait, refused } = s.addresses.try_take(peer.ip(), now) {
-            let rate = s.addresses.rate_per_s();
-            return Decision::refuse(
-                Refusal {
-                    status: StatusCode::BadTcpServerTooBusy,
-                    retry_after: bucket_hint(wait, refused, rate, &mut s.jitter),
-                },
-                AcceptCheck::AddressRate,
-            );
+        let contended = s.global.tokens(now) < f64::from(s.global.burst()) / 2.0;
+        let mut took_address = false;
+        if contended {
+            match s.addresses.try_take(peer.ip(), now) {
+                AddressVerdict::Refuse { wait, refused } => {
+                    let rate = s.addresses.rate_per_s();
+                    return Decision::refuse(
+                        Refusal::new(
+                            StatusCode::BadTcpServerTooBusy,
+                            bucket_hint(wait, refused * returns, rate, &mut s.jitter),
+                        ),
+                        AcceptCheck::AddressRate,
+                    );
+                }
+                AddressVerdict::Admit => took_address = true,
+            }
         }
         match s.global.try_take(now) {
             Ok(()) => Decision::Admit,
             Err(wait) => {
-                s.addresses.give_back(peer.ip());
-                s.refused.add(now, 1.0);
-                let refused = s.refused.value(now);
-                let rate = s.global.rate_per_s();
+                if took_address {
+                    s.addresses.give_back(peer.ip());
+                }
+                let rate = f64::from(s.global.rate_per_s().max(1));
+                let earliest = now + wait.clamp(hint::HINT_MIN, hint::HINT_MAX);
+                let slot = s
+                    .next_free
+                    .map_or(earliest, |f| f.max(earliest))
+                    .min(now + hint::HINT_MAX);
+                s.next_free = Some(slot + Duration::from_secs_f64(returns / rate));
+                let base = slot.saturating_duration_since(now);
                 Decision::refuse(
-                    Refusal {
-                        status: StatusCode::BadTcpServerTooBusy,
-                        retry_after: bucket_hint(wait, refused, rate, &mut s.jitter),
-                    },
+                    Refusal::new(
+                        StatusCode::BadTcpServerTooBusy,
+                        hint::jittered(base, &mut s.jitter),
+                    ),
                     AcceptCheck::Rate,
                 )
             }
@@ -342,10 +438,10 @@ impl Admission {
         let mut c = lock(&self.closes);
         let c = &mut *c;
         let rate = c.rate.per_second(now);
-        Refusal {
-            status: StatusCode::BadTcpServerTooBusy,
-            retry_after: hint::retry_after(backlog, rate, &mut c.jitter),
-        }
+        Refusal::new(
+            StatusCode::BadTcpServerTooBusy,
+            hint::retry_after(backlog, rate, &mut c.jitter),
+        )
     }
 
     /// The OpenSecureChannel gate (`max_concurrent_handshakes`,
@@ -361,6 +457,209 @@ impl Admission {
         &self.establishment
     }
 
+    /// Decides on the asymmetric work of a secured OpenSecureChannel from
+    /// `peer` at `now`, before anything is decrypted; `ticket` is the
+    /// `RetryTicket` the client echoed in its Hello's endpoint URL, if any.
+    /// A ticket back within its window queues ahead of clients without
+    /// one; one back well before its slot is refused at once with the time
+    /// left until its slot - moved later by as much as it came early - and
+    /// the same ticket, consuming nothing. A refusal is
+    /// `BadTcpServerTooBusy` with the time until the client's promised slot
+    /// and a new ticket for it.
+    pub fn handshake(
+        &self,
+        peer: Option<IpAddr>,
+        ticket: Option<&str>,
+        now: Instant,
+    ) -> StageDecision<HandshakeGuard, HandshakeWait> {
+        let peer = peer.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let gate = &self.handshakes;
+        let mut desk = lock(&self.handshake_desk);
+        gate.tickets_unused(desk.book.take_expired());
+        let priority = match self.present(&mut desk, TicketStage::Handshake, ticket, peer, now) {
+            Err(early) => {
+                return StageDecision::Refuse(early.with_status(StatusCode::BadTcpServerTooBusy))
+            }
+            Ok(p) => p,
+        };
+        if priority {
+            gate.ticket_returned();
+        }
+        // Disabled, the gate is unlimited: counted, never refused.
+        let verdict = gate.decide(peer, priority, now);
+        Self::settle(
+            &mut desk,
+            TicketStage::Handshake,
+            StatusCode::BadTcpServerTooBusy,
+            peer,
+            priority,
+            now,
+            verdict,
+        )
+    }
+
+    /// A handshake's wait given up at `now` (its `until` passed): the
+    /// refusal, with a slot and a ticket.
+    pub fn handshake_timed_out(&self, peer: Option<IpAddr>, now: Instant) -> Refusal {
+        let peer = peer.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let slot = self.handshakes.timed_out(now);
+        let mut desk = lock(&self.handshake_desk);
+        desk.wait_timeouts += 1;
+        Self::refuse_with_ticket(
+            &mut desk,
+            TicketStage::Handshake,
+            StatusCode::BadTcpServerTooBusy,
+            peer,
+            now,
+            slot,
+        )
+    }
+
+    /// Decides on a CreateSession from `peer` at `now`, before any
+    /// certificate or signature work; `ticket` is the `RetryTicket` the
+    /// client echoed in the request header's additionalHeader, if any.
+    /// As [`Admission::handshake`]; a refusal is `BadServerTooBusy`.
+    pub fn establish(
+        &self,
+        peer: Option<IpAddr>,
+        ticket: Option<&str>,
+        now: Instant,
+    ) -> StageDecision<EstablishmentGuard, Enter> {
+        let peer = peer.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let gate = &self.establishment;
+        let mut desk = lock(&self.establishment_desk);
+        gate.tickets_unused(desk.book.take_expired());
+        let priority = match self.present(&mut desk, TicketStage::Establishment, ticket, peer, now)
+        {
+            Err(early) => {
+                return StageDecision::Refuse(early.with_status(StatusCode::BadServerTooBusy))
+            }
+            Ok(p) => p,
+        };
+        if priority {
+            gate.ticket_returned();
+        }
+        let verdict = gate.decide(priority, now);
+        Self::settle(
+            &mut desk,
+            TicketStage::Establishment,
+            StatusCode::BadServerTooBusy,
+            peer,
+            priority,
+            now,
+            verdict,
+        )
+    }
+
+    /// An establishment's wait given up at `now`: the refusal, with a slot
+    /// and a ticket.
+    pub fn establishment_timed_out(&self, peer: Option<IpAddr>, now: Instant) -> Refusal {
+        let peer = peer.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let slot = self.establishment.timed_out(now);
+        let mut desk = lock(&self.establishment_desk);
+        desk.wait_timeouts += 1;
+        Self::refuse_with_ticket(
+            &mut desk,
+            TicketStage::Establishment,
+            StatusCode::BadServerTooBusy,
+            peer,
+            now,
+            slot,
+        )
+    }
+
+    /// Whether `ticket` makes the request a ticket holder back in its
+    /// window (`Ok(true)`), counts as none (`Ok(false)`), or came early
+    /// (`Err`: the refusal to answer at once, status set by the caller).
+    fn present(
+        &self,
+        desk: &mut TicketDesk,
+        stage: TicketStage,
+        ticket: Option<&str>,
+        peer: IpAddr,
+        now: Instant,
+    ) -> Result<bool, Refusal> {
+        let Some(text) = ticket else {
+            return Ok(false);
+        };
+        let Some(t) = Ticket::parse(text) else {
+            desk.book.note_forged();
+            return Ok(false);
+        };
+        match desk.book.present(stage, &t, peer, now) {
+            Presented::Honoured => {
+                desk.returns_at_hint += 1;
+                Ok(true)
+            }
+            Presented::Early { wait } => Err(Refusal {
+                status: StatusCode::BadServerTooBusy,
+                retry_after: wait,
+                ticket: Some(t),
+            }),
+            Presented::Expired | Presented::Replayed | Presented::Forged => Ok(false),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn settle<G, W>(
+        desk: &mut TicketDesk,
+        stage: TicketStage,
+        status: StatusCode,
+        peer: IpAddr,
+        priority: bool,
+        now: Instant,
+        verdict: Verdict<G, W>,
+    ) -> StageDecision<G, W> {
+        match verdict {
+            Verdict::Admit(g) => {
+                desk.returns_admitted += u64::from(priority);
+                StageDecision::Admit(g)
+            }
+            Verdict::Wait { waiting, until } => {
+                desk.returns_admitted += u64::from(priority);
+                desk.waited += 1;
+                StageDecision::Wait { waiting, until }
+            }
+            Verdict::Refuse { slot } => StageDecision::Refuse(Self::refuse_with_ticket(
+                desk, stage, status, peer, now, slot,
+            )),
+        }
+    }
+
+    fn refuse_with_ticket(
+        desk: &mut TicketDesk,
+        stage: TicketStage,
+        status: StatusCode,
+        peer: IpAddr,
+        now: Instant,
+        slot: Instant,
+    ) -> Refusal {
+        let ticket = desk.book.issue(stage, peer, now, slot);
+        Refusal {
+            status,
+            retry_after: slot.saturating_duration_since(now),
+            ticket: Some(ticket),
+        }
+    }
+
+    /// The counts of the handshake (`Stage::Handshake`) or establishment
+    /// (`Stage::Establishment`) stage; zeros for the others.
+    pub fn stage_counts(&self, stage: Stage) -> StageCounts {
+        let desk = match stage {
+            Stage::Handshake => &self.handshake_desk,
+            Stage::Establishment => &self.establishment_desk,
+            _ => return StageCounts::default(),
+        };
+        let d = lock(desk);
+        StageCounts {
+            waited: d.waited,
+            wait_timeouts: d.wait_timeouts,
+            returns_at_hint: d.returns_at_hint,
+            returns_admitted: d.returns_admitted,
+            tickets: d.book.counts(),
+        }
+    }
+
     /// The `max_channel_count` policy.
     pub fn channels(&self) -> ChannelCount {
         self.channels
@@ -373,12 +672,14 @@ impl Admission {
             Stage::Accept => {
                 let mut s = lock(&self.accept);
                 let s = &mut *s;
-                let wait = s.global.wait(now);
-                let refused = s.refused.value(now);
-                let rate = s.global.rate_per_s();
-                bucket_hint(wait, refused, rate, &mut s.jitter)
+                let earliest = now + s.global.wait(now).clamp(hint::HINT_MIN, hint::HINT_MAX);
+                let slot = s
+                    .next_free
+                    .map_or(earliest, |f| f.max(earliest))
+                    .min(now + hint::HINT_MAX);
+                hint::jittered(slot.saturating_duration_since(now), &mut s.jitter)
             }
-            Stage::Handshake => self.handshakes.hint(now),
+            Stage::Handshake => self.handshakes.jittered_hint(now),
             Stage::Establishment => self.establishment.hint(now),
             Stage::Connections => self.closes_refusal(1.0, now).retry_after,
         }
@@ -400,6 +701,25 @@ fn bucket_hint(wait: Duration, refused: f64, rate_per_s: u32, jitter: &mut Jitte
 pub fn busy_reason(retry_after: Duration) -> String {
     let ms = retry_after.as_nanos().div_ceil(1_000_000);
     format!("server too busy; RetryAfterMs={ms}")
+}
+
+/// The reason text of a busy ERR for `refusal`: [`busy_reason`], and when
+/// it has a ticket the token `RetryTicket=<34 hex digits>` after it.
+pub fn refusal_reason(refusal: &Refusal) -> String {
+    let mut r = busy_reason(refusal.retry_after);
+    if let Some(t) = &refusal.ticket {
+        r.push_str(&format!(" RetryTicket={t}"));
+    }
+    r
+}
+
+/// The value of `RetryTicket=` in the query of an endpoint URL (where a
+/// client echoes its ticket in the Hello), if any.
+pub fn ticket_in_url(url: &str) -> Option<&str> {
+    let (_, query) = url.split_once('?')?;
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("RetryTicket="))
 }
 
 #[cfg(test)]
@@ -510,14 +830,15 @@ mod tests {
     #[test]
     fn one_address_gets_its_share_and_the_rest_the_global_bucket() {
         let t0 = Instant::now();
-        // Defaults: 500/s burst 1000 overall; 62/s burst 125 per address.
+        // Defaults: 500/s burst 1000 overall; 62/s burst 125 per address,
+        // applied once the global bucket is under half full.
         let a = Admission::with_seed(&ServerConfig::default(), 2, 7);
         let one = peer("198.51.100.7");
         let admitted = (0..1000)
             .filter(|_| a.on_connection(one, t0) == Decision::Admit)
             .count();
-        assert_eq!(admitted, 125);
-        // Other addresses still get in: 1000 - 125 from the global bucket.
+        assert_eq!(admitted, 501 + 125);
+        // Other addresses still get in: the rest of the global bucket.
         let mut admitted = 0;
         for i in 0..2000u32 {
             let p = SocketAddr::new(std::net::Ipv4Addr::from(0xC633_6400 + i).into(), 1);
@@ -525,7 +846,7 @@ mod tests {
                 admitted += 1;
             }
         }
-        assert_eq!(admitted, 875);
+        assert_eq!(admitted, 374);
         // Refilled at 500/s: a second later 500 more.
         let t1 = t0 + Duration::from_secs(1);
         let mut admitted = 0;
@@ -620,6 +941,84 @@ mod tests {
     }
 
     #[test]
+    fn tickets_put_returning_clients_first_and_early_ones_back() {
+        let t0 = Instant::now();
+        let a = Admission::with_seed(
+            &config(|a| {
+                a.max_concurrent_handshakes = Some(1);
+                a.handshake_wait_ms = 0;
+            }),
+            2,
+            7,
+        );
+        let ip: IpAddr = "192.0.2.9".parse().unwrap();
+        let StageDecision::Admit(held) = a.handshake(Some(ip), None, t0) else {
+            panic!("a free place")
+        };
+        // 30 refused: the last one's slot is 30 slots (10 ms each, nothing
+        // measured yet) away.
+        let mut last = None;
+        for _ in 0..30 {
+            let StageDecision::Refuse(r) = a.handshake(Some(ip), None, t0) else {
+                panic!("full")
+            };
+            last = Some(r);
+        }
+        let r = last.unwrap();
+        assert!(r.retry_after >= ms(350), "{r:?}");
+        assert_eq!(r.status, StatusCode::BadTcpServerTooBusy);
+        let ticket = r.ticket.expect("a ticket").to_string();
+        let reason = refusal_reason(&r);
+        assert!(
+            reason.contains(&format!("RetryTicket={ticket}")),
+            "{reason}"
+        );
+        assert_eq!(
+            ticket_in_url(&format!("opc.tcp://h:4840/x?a=1&RetryTicket={ticket}")),
+            Some(ticket.as_str())
+        );
+        // Back far too early: a longer hint at once, the same ticket, and
+        // no slot booked (the next refusal's hint did not grow).
+        let hint_before = a.handshakes().hint(t0);
+        let StageDecision::Refuse(early) = a.handshake(Some(ip), Some(&ticket), t0) else {
+            panic!("early")
+        };
+        assert!(early.retry_after > r.retry_after, "{early:?} {r:?}");
+        assert_eq!(early.ticket.map(|t| t.to_string()), Some(ticket.clone()));
+        assert_eq!(a.handshakes().hint(t0), hint_before);
+        // Back at its (moved) slot while the place is still taken: a ticket
+        // holder waits for it even with no waiting room for the others.
+        let back = t0 + early.retry_after;
+        let StageDecision::Wait { waiting, .. } = a.handshake(Some(ip), Some(&ticket), back) else {
+            panic!("a ticket holder waits")
+        };
+        assert!(matches!(
+            a.handshake(Some(ip), None, back),
+            StageDecision::Refuse(_)
+        ));
+        // Replayed: no priority.
+        assert!(matches!(
+            a.handshake(Some(ip), Some(&ticket), back),
+            StageDecision::Refuse(_)
+        ));
+        // Forged: no priority either.
+        assert!(matches!(
+            a.handshake(Some(ip), Some("00"), back),
+            StageDecision::Refuse(_)
+        ));
+        drop((held, waiting));
+        let c = a.stage_counts(Stage::Handshake);
+        assert_eq!(c.returns_at_hint, 1);
+        assert_eq!(c.returns_admitted, 1);
+        assert_eq!(c.waited, 1);
+        assert_eq!(c.tickets.honoured, 1);
+        assert_eq!(c.tickets.replayed, 1);
+        assert_eq!(c.tickets.forged, 1);
+        assert_eq!(c.tickets.early, 1);
+        assert_eq!(a.stage_counts(Stage::Accept), StageCounts::default());
+    }
+
+    #[test]
     fn every_stage_has_a_hint_in_range() {
         let t0 = Instant::now();
         let a = Admission::with_seed(&ServerConfig::default(), 2, 7);
@@ -637,10 +1036,7 @@ mod tests {
         }
         assert_eq!(
             Decision::refuse(
-                Refusal {
-                    status: StatusCode::BadTcpServerTooBusy,
-                    retry_after: ms(5)
-                },
+                Refusal::new(StatusCode::BadTcpServerTooBusy, ms(5)),
                 AcceptCheck::Rate
             ),
             Decision::Refuse {

@@ -204,31 +204,55 @@ impl Endpoint {
             .map(|(_, c)| c)
     }
 
-    /// A place among the OpenSecureChannel handshakes in flight for the
-    /// connection of `channel`, asked for before anything is decrypted or
-    /// verified. Refused: the [`Shed`] (counted) to close it with.
-    pub fn handshake_place(&self, channel: &Channel, now: Instant) -> Result<HandshakePlace, Shed> {
-        let peer = channel
-            .peer
-            .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-        match self.state.admission.handshakes().try_begin(peer, now) {
-            Ok(guard) => {
-                self.state.metrics.handshakes_in_flight(1);
-                Ok(HandshakePlace {
-                    guard: Some(guard),
-                    state: Arc::clone(&self.state),
-                })
-            }
-            Err(refusal) => {
-                let shed = Shed::new(
-                    Stage::Handshake,
-                    Reason::HandshakeLimit,
-                    refusal.retry_after,
-                );
-                self.state.metrics.shed(&shed);
-                Err(shed)
+    /// Decides on the OpenSecureChannel handshake of `channel`'s connection
+    /// at `now`, before anything is decrypted or verified; `ticket` is the
+    /// `RetryTicket` its Hello echoed, if any. Admitted: the place. To
+    /// wait: the future of the place and the instant to give up at (then
+    /// [`Endpoint::handshake_timed_out`]), for the shell to await with its
+    /// timer. Refused: the [`Shed`] (counted) to close it with.
+    pub fn handshake(
+        &self,
+        channel: &Channel,
+        ticket: Option<&str>,
+        now: Instant,
+    ) -> HandshakeDecision {
+        use crate::admission::StageDecision;
+        match self.state.admission.handshake(channel.peer, ticket, now) {
+            StageDecision::Admit(guard) => HandshakeDecision::Admit(self.place(guard)),
+            StageDecision::Wait { waiting, until } => HandshakeDecision::Wait {
+                waiting: Box::pin(waiting),
+                until,
+            },
+            StageDecision::Refuse(refusal) => {
+                HandshakeDecision::Refuse(self.handshake_shed(&refusal))
             }
         }
+    }
+
+    /// The place a handshake that waited got (`guard`).
+    pub fn handshake_admitted(&self, guard: crate::admission::HandshakeGuard) -> HandshakePlace {
+        self.place(guard)
+    }
+
+    /// A handshake's wait given up at `now` (its `until` passed): the
+    /// refusal (counted), with a slot and a ticket.
+    pub fn handshake_timed_out(&self, channel: &Channel, now: Instant) -> Shed {
+        let refusal = self.state.admission.handshake_timed_out(channel.peer, now);
+        self.handshake_shed(&refusal)
+    }
+
+    fn place(&self, guard: crate::admission::HandshakeGuard) -> HandshakePlace {
+        self.state.metrics.handshakes_in_flight(1);
+        HandshakePlace {
+            guard: Some(guard),
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    fn handshake_shed(&self, refusal: &crate::admission::Refusal) -> Shed {
+        let shed = Shed::refused(Stage::Handshake, Reason::HandshakeLimit, refusal);
+        self.state.metrics.shed(&shed);
+        shed
     }
 
     /// Hands each event `conn` yielded to its place: requests to
@@ -273,6 +297,7 @@ impl Endpoint {
                     Some(Arc::clone(channel) as Arc<dyn ResponseSink>),
                 );
                 ctx.local_ip = channel.local;
+                ctx.peer_ip = channel.peer;
                 ctx
             });
             ctx.request_id = request_id;
@@ -383,6 +408,35 @@ impl Endpoint {
             .collect();
         for c in all {
             c.close_with(StatusCode::BadShutdown, "server shutting down".into());
+        }
+    }
+}
+
+/// What [`Endpoint::handshake`] decided.
+pub enum HandshakeDecision {
+    /// The handshake's work may run now.
+    Admit(HandshakePlace),
+    /// A place is expected soon: await `waiting`
+    /// ([`Endpoint::handshake_admitted`]) until `until`.
+    Wait {
+        /// Ready with the place.
+        waiting: std::pin::Pin<Box<crate::admission::gate::HandshakeWait>>,
+        /// When to give up ([`Endpoint::handshake_timed_out`]).
+        until: Instant,
+    },
+    /// Refused: close the connection with the shed's ERR.
+    Refuse(Shed),
+}
+
+impl std::fmt::Debug for HandshakeDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandshakeDecision::Admit(p) => f.debug_tuple("Admit").field(p).finish(),
+            HandshakeDecision::Wait { until, .. } => f
+                .debug_struct("Wait")
+                .field("until", until)
+                .finish_non_exhaustive(),
+            HandshakeDecision::Refuse(s) => f.debug_tuple("Refuse").field(s).finish(),
         }
     }
 }

@@ -161,7 +161,22 @@ async fn run_handshake(
     mut conn: ServerConnection,
     bytes: Vec<u8>,
 ) -> Option<(ServerConnection, Vec<u8>)> {
-    let place = match shell.endpoint.handshake_place(channel, Instant::now()) {
+    use crate::endpoint::HandshakeDecision;
+    let ticket = conn.hello_retry_ticket().map(str::to_owned);
+    let decision = shell
+        .endpoint
+        .handshake(channel, ticket.as_deref(), Instant::now());
+    let decided = match decision {
+        HandshakeDecision::Admit(place) => Ok(place),
+        HandshakeDecision::Wait { waiting, until } => {
+            match tokio::time::timeout_at(until.into(), waiting).await {
+                Ok(guard) => Ok(shell.endpoint.handshake_admitted(guard)),
+                Err(_) => Err(shell.endpoint.handshake_timed_out(channel, Instant::now())),
+            }
+        }
+        HandshakeDecision::Refuse(shed) => Err(shed),
+    };
+    let place = match decided {
         Ok(place) => place,
         Err(shed) => {
             conn.close_with(shed.status(), &shed.err_reason());

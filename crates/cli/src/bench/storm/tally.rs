@@ -322,6 +322,7 @@ mod tests {
         ClientError::Service {
             status,
             retry_after_ms: hint,
+            retry_ticket: None,
         }
     }
 
