@@ -495,6 +495,57 @@ impl AddressSpace {
     }
 }
 
+/// Makes `Server.ServerRedundancy` a TransparentRedundancyType (i=2036,
+/// Part 5 §6.3.9) with its two mandatory properties, CurrentServerId and
+/// RedundantServerArray (their values are live: `server_object::live_value`). For a
+/// cluster node, before the address space is shared; an address space
+/// without the Server object is left alone.
+pub fn make_transparent(space: &mut AddressSpace) {
+    use uascale_types::QualifiedName;
+    const HAS_TYPE_DEFINITION: u32 = 40;
+    const HAS_PROPERTY: u32 = 46;
+    const PROPERTY_TYPE: u32 = 68;
+    const STRING: u32 = 12;
+    const REDUNDANT_SERVER_DATA_TYPE: u32 = 853;
+    let redundancy = NodeId::ns0(uascale_types::ids::object::Server_ServerRedundancy);
+    let Some(node) = space.get_mut(&redundancy) else {
+        return;
+    };
+    let transparent = NodeId::ns0(uascale_types::ids::object_type::TransparentRedundancyType);
+    for r in &mut node.references {
+        if r.is_forward && r.reference_type == NodeId::ns0(HAS_TYPE_DEFINITION) {
+            r.target = transparent.clone();
+        }
+    }
+    let property = |id: u32, name: &str, data_type: u32, value_rank: i32| {
+        let mut n = Node::new(
+            uascale_types::NodeClass::Variable,
+            NodeId::ns0(id),
+            QualifiedName::new(0, name),
+        )
+        .with_reference(HAS_PROPERTY, false, redundancy.clone())
+        .with_reference(HAS_TYPE_DEFINITION, true, NodeId::ns0(PROPERTY_TYPE));
+        n.data_type = NodeId::ns0(data_type);
+        n.value_rank = value_rank;
+        if value_rank == 1 {
+            n.array_dimensions = Some(vec![0]);
+        }
+        n
+    };
+    space.insert(property(
+        uascale_types::ids::variable::Server_ServerRedundancy_CurrentServerId,
+        "CurrentServerId",
+        STRING,
+        -1,
+    ));
+    space.insert(property(
+        uascale_types::ids::variable::Server_ServerRedundancy_RedundantServerArray,
+        "RedundantServerArray",
+        REDUNDANT_SERVER_DATA_TYPE,
+        1,
+    ));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -402,7 +402,7 @@ fn create_session(
     use crate::admission::StageDecision;
     let state = std::sync::Arc::clone(&ctx.state);
     // A refusal is a rejected session (RejectedSessionCount).
-    let busy = move |refusal: crate::admission::hint::Refusal| {
+    let busy = move |refusal: crate::admission::Refusal| {
         state.sessions.note_rejected(false);
         ServiceError::shed(crate::shed::Shed::refused(
             crate::shed::Stage::Establishment,

@@ -62,9 +62,7 @@ impl From<StateError> for std::io::Error {
     }
 }
 
-/// The ServiceLevel ceiling of a cluster node that cannot reach its
-/// store: in Part 4's Degraded range.
-pub const DEGRADED_SERVICE_LEVEL: u8 = 100;
+pub use crate::admission::service_level::DEGRADED_SERVICE_LEVEL;
 
 /// The server: its configuration and all its state.
 #[derive(Debug)]
@@ -191,7 +189,7 @@ impl ServerState {
         demo: Option<Demo>,
     ) -> Arc<ServerState> {
         if config.cluster.url.is_some() {
-            crate::server_object::make_transparent(&mut address_space);
+            crate::address_space::make_transparent(&mut address_space);
         }
         let quotas = config.quotas.resolved(std::path::Path::new("/"));
         let subscriptions = Arc::new(SubscriptionRegistry::with_quotas(

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use uascale_types::StatusCode;
 
 use super::address::{AddressKey, PerAddressCount};
-use super::hint::{Jitter, Refusal};
+use super::hint::Jitter;
+use super::refusal::Refusal;
 use super::room::{wake_all, Room};
 use super::schedule::SlotSchedule;
 

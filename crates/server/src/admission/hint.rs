@@ -21,8 +21,6 @@
 
 use std::time::{Duration, Instant};
 
-use uascale_types::StatusCode;
-
 /// The shortest hint before jitter: retrying sooner would only meet the
 /// same full stage.
 pub const HINT_MIN: Duration = Duration::from_millis(100);
@@ -44,36 +42,6 @@ pub const STALE_AFTER: Duration = Duration::from_secs(20);
 /// The jitter's half-width: hints are multiplied by a factor uniform in
 /// `[1 - JITTER, 1 + JITTER]`, so a hint ends in 80 ms ..= 36 s.
 pub const JITTER: f64 = 0.2;
-
-/// A busy refusal: the status to answer with and the retry-after hint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refusal {
-    /// `BadTcpServerTooBusy` for an ERR at the transport (connections,
-    /// channels, OpenSecureChannel), `BadServerTooBusy` for a ServiceFault
-    /// (session establishment).
-    pub status: StatusCode,
-    /// When the client may try again.
-    pub retry_after: Duration,
-    /// The retry ticket of the slot promised at `retry_after`, when the
-    /// stage issues them (docs/scalability.md, "Retry tickets").
-    pub ticket: Option<super::ticket::Ticket>,
-}
-
-impl Refusal {
-    /// This refusal answered with `status`.
-    pub fn with_status(self, status: StatusCode) -> Self {
-        Refusal { status, ..self }
-    }
-
-    /// A refusal with `status` and the hint `retry_after`, no ticket.
-    pub fn new(status: StatusCode, retry_after: Duration) -> Self {
-        Refusal {
-            status,
-            retry_after,
-            ticket: None,
-        }
-    }
-}
 
 /// A count whose every unit fades as `exp(-age / tau)`: with events at a
 /// steady rate r it settles at r x tau.

@@ -53,6 +53,7 @@ pub mod channels;
 pub mod gate;
 pub mod hint;
 pub mod host;
+pub mod refusal;
 pub mod room;
 pub mod schedule;
 pub mod service_level;
@@ -60,7 +61,7 @@ pub mod ticket;
 
 pub use channels::{ChannelCount, ChannelDecision};
 pub use gate::{EstablishmentGate, EstablishmentGuard, HandshakeGate, HandshakeGuard};
-pub use hint::Refusal;
+pub use refusal::Refusal;
 pub use service_level::ServiceLevel;
 
 use address::{AddressBuckets, AddressVerdict, DEFAULT_ADDRESS_TABLE_CAPACITY};

@@ -10,6 +10,10 @@
 //! Degraded (a cluster node whose store is unreachable), 1 NoData, 0
 //! Maintenance (shutting down).
 
+/// The ServiceLevel ceiling of a cluster node that cannot reach its
+/// store: in Part 4's Degraded range.
+pub const DEGRADED_SERVICE_LEVEL: u8 = 100;
+
 /// The ServiceLevel published, with its hysteresis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServiceLevel {

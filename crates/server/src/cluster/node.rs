@@ -579,7 +579,7 @@ impl ClusterNode {
     /// every other node holding its lease with what its status record
     /// says; sorted by id. A node without a fresh status record (an older
     /// build that does not write one) reads Running, at 200 (healthy) or
-    /// [`crate::state::DEGRADED_SERVICE_LEVEL`] when its heartbeat says it
+    /// [`crate::admission::service_level::DEGRADED_SERVICE_LEVEL`] when its heartbeat says it
     /// is degraded. A dead node is gone once its lease ran out.
     pub fn members(&self) -> Vec<Member> {
         let alive = lock(&self.leases).alive_nodes(Instant::now());
@@ -600,7 +600,7 @@ impl ClusterNode {
             let (service_level, state) = match status {
                 Some(s) => (s.service_level, s.state),
                 None if degraded => (
-                    crate::state::DEGRADED_SERVICE_LEVEL,
+                    crate::admission::service_level::DEGRADED_SERVICE_LEVEL,
                     uascale_types::ServerState::Running,
                 ),
                 None => (
