@@ -172,16 +172,16 @@ impl Server {
             }
             tokio::spawn(metrics_http::serve(
                 listener,
-                Arc::clone(&self.shell.endpoint.state()),
+                Arc::clone(self.shell.endpoint.state()),
             ))
         });
         let state = Arc::clone(self.shell.endpoint.state());
         state.set_listening(true);
         workers::start(&state.scheduler);
-        let reaper = tokio::spawn(reap_sessions(Arc::clone(&self.shell.endpoint.state())));
-        let ticker = tokio::spawn(tick_demo(Arc::clone(&self.shell.endpoint.state())));
+        let reaper = tokio::spawn(reap_sessions(Arc::clone(self.shell.endpoint.state())));
+        let ticker = tokio::spawn(tick_demo(Arc::clone(self.shell.endpoint.state())));
         let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(
-            &self.shell.endpoint.state(),
+            self.shell.endpoint.state(),
         )));
         // A planned shutdown ends the loop too, once it is due.
         let shutdown = planned::stop_or_due(Arc::clone(&state), shutdown);
