@@ -179,8 +179,15 @@ fn fixture() -> &'static Fixture {
             space.insert(var);
         }
         managers.register_async(ASYNC_NS, Arc::new(Deferred::default()));
+        // Sessions the inputs create and never activate hold their places
+        // in the establishment stage; once it is full a CreateSession
+        // would wait in the waiting room for a place only the session
+        // reaper (not run here) frees. Refused at once instead, it stays
+        // a request answered without outside events.
+        let mut config = ServerConfig::default();
+        config.admission.establishment_wait_ms = 0;
         let state = ServerState::from_parts(
-            ServerConfig::default(),
+            config,
             space,
             managers,
             uascale_server::security::SecurityState::none_only(),
