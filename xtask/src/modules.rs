@@ -733,12 +733,42 @@ pub fn check(root: &Path, dirs: &[PathBuf]) -> Result<(), String> {
             }
         }
         found += cs.len();
+        if cs.is_empty() && std::env::var_os("XTASK_MODULES_LAYERS").is_some() {
+            let folded = fold(&g);
+            for c in cycles(&folded) {
+                eprintln!("  folded loop: {}", c.join(", "));
+                for m in &c {
+                    let inside: Vec<&str> = folded[m]
+                        .iter()
+                        .filter(|d| c.contains(d))
+                        .map(String::as_str)
+                        .collect();
+                    eprintln!("    {m} -> {}", inside.join(", "));
+                }
+            }
+            for (m, ds) in &folded {
+                let ds: Vec<&str> = ds.iter().map(String::as_str).collect();
+                eprintln!("  uses: {m} -> {}", ds.join(" "));
+            }
+        }
     }
     if found > 0 {
         Err(format!("{found} module cycles"))
     } else {
         Ok(())
     }
+}
+
+/// `g` with submodules folded into their top-level module (uses inside
+/// one dropped).
+fn fold(g: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BTreeSet<String>> {
+    let top = |m: &str| m.split("::").next().unwrap_or(m).to_owned();
+    let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (m, ds) in g {
+        let e = deps.entry(top(m)).or_default();
+        e.extend(ds.iter().map(|d| top(d)).filter(|d| *d != top(m)));
+    }
+    deps
 }
 
 #[cfg(test)]

@@ -725,33 +725,59 @@ impl AdmissionSection {
         cpus.max(1).saturating_mul(8).max(128)
     }
 
-    /// This section with every derived value filled in, from
-    /// `max_session_count` (`[server]`) and the CPUs the process may use.
-    /// Values already set are kept.
-    pub fn resolved(&self, max_session_count: usize, cpus: usize) -> AdmissionSection {
-        let mut a = self.clone();
-        a.connections_per_second_per_address = Some(
-            a.connections_per_second_per_address
-                .unwrap_or_else(|| Self::per_address_default(a.connections_per_second)),
-        );
-        a.connection_burst_per_address = Some(
-            a.connection_burst_per_address
-                .unwrap_or_else(|| Self::per_address_default(a.connection_burst)),
-        );
-        a.max_concurrent_handshakes = Some(
-            a.max_concurrent_handshakes
+    /// The derived values of this section, from `max_session_count`
+    /// (`[server]`) and the CPUs the process may use: a value set is kept,
+    /// a value left out gets its documented default. The one place those
+    /// defaults are applied.
+    pub fn effective(&self, max_session_count: usize, cpus: usize) -> EffectiveAdmission {
+        EffectiveAdmission {
+            connections_per_second_per_address: self
+                .connections_per_second_per_address
+                .unwrap_or_else(|| Self::per_address_default(self.connections_per_second)),
+            connection_burst_per_address: self
+                .connection_burst_per_address
+                .unwrap_or_else(|| Self::per_address_default(self.connection_burst)),
+            max_concurrent_handshakes: self
+                .max_concurrent_handshakes
                 .unwrap_or_else(|| Self::handshakes_default(cpus)),
-        );
-        a.max_channel_count = Some(
-            a.max_channel_count
+            max_channel_count: self
+                .max_channel_count
                 .unwrap_or_else(|| Self::channel_count_default(max_session_count)),
-        );
-        a.max_concurrent_session_establishment = Some(
-            a.max_concurrent_session_establishment
+            max_concurrent_session_establishment: self
+                .max_concurrent_session_establishment
                 .unwrap_or_else(|| Self::session_establishment_default(cpus)),
-        );
-        a
+        }
     }
+
+    /// This section with every derived value filled in
+    /// ([`AdmissionSection::effective`]). Values already set are kept.
+    pub fn resolved(&self, max_session_count: usize, cpus: usize) -> AdmissionSection {
+        let e = self.effective(max_session_count, cpus);
+        AdmissionSection {
+            connections_per_second_per_address: Some(e.connections_per_second_per_address),
+            connection_burst_per_address: Some(e.connection_burst_per_address),
+            max_concurrent_handshakes: Some(e.max_concurrent_handshakes),
+            max_channel_count: Some(e.max_channel_count),
+            max_concurrent_session_establishment: Some(e.max_concurrent_session_establishment),
+            ..self.clone()
+        }
+    }
+}
+
+/// The derived values of `[admission]`, every one decided
+/// ([`AdmissionSection::effective`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EffectiveAdmission {
+    /// `connections_per_second_per_address`.
+    pub connections_per_second_per_address: u32,
+    /// `connection_burst_per_address`.
+    pub connection_burst_per_address: u32,
+    /// `max_concurrent_handshakes`.
+    pub max_concurrent_handshakes: usize,
+    /// `max_channel_count`.
+    pub max_channel_count: usize,
+    /// `max_concurrent_session_establishment`.
+    pub max_concurrent_session_establishment: usize,
 }
 
 /// How the request queue is shared among its owners (docs/scalability.md §3;

@@ -46,6 +46,7 @@ pub mod node_manager;
 pub mod nodeset;
 pub mod numeric_range;
 pub mod pki;
+pub mod probes;
 pub mod quota;
 pub mod reply;
 pub mod scheduler;

@@ -787,6 +787,46 @@ mod tests {
         }
     }
 
+    /// Every stage and reason of the one shed type reaches the exposition
+    /// under its documented label values, and docs/metrics.md names every
+    /// one of them.
+    #[test]
+    fn every_shed_label_is_emitted_and_documented() {
+        use crate::shed::{Reason, Shed, Stage};
+        let state = state();
+        for stage in Stage::ALL {
+            for reason in Reason::ALL {
+                state.metrics.shed(&Shed::new(
+                    stage,
+                    reason,
+                    std::time::Duration::from_millis(100),
+                ));
+            }
+        }
+        let text = render(&state, Format::Prometheus);
+        let doc = include_str!("../../../docs/metrics.md");
+        for stage in Stage::ALL {
+            for reason in Reason::ALL {
+                let series = format!(
+                    "opcua_server_shed_total{{stage=\"{}\",reason=\"{}\"}} 1",
+                    stage.name(),
+                    reason.name()
+                );
+                assert!(text.contains(&series), "{series} missing");
+            }
+            assert!(
+                doc.contains(&format!("`{}`", stage.name())),
+                "stage {stage:?} undocumented"
+            );
+        }
+        for reason in Reason::ALL {
+            assert!(
+                doc.contains(&format!("`{}`", reason.name())),
+                "reason {reason:?} undocumented"
+            );
+        }
+    }
+
     #[test]
     fn the_format_follows_the_accept_header() {
         assert_eq!(Format::from_accept(None), Format::Prometheus);

@@ -188,10 +188,14 @@ impl ServerState {
         security: SecurityState,
         demo: Option<Demo>,
     ) -> Arc<ServerState> {
+        // Every derived default decided once, here: what the rest of the
+        // server reads from `state.config` is what it runs with.
+        let cpus = crate::admission::host::usable_cpus();
+        let config = config.resolved(cpus);
         if config.cluster.url.is_some() {
             crate::address_space::make_transparent(&mut address_space);
         }
-        let quotas = config.quotas.resolved(std::path::Path::new("/"));
+        let quotas = config.quotas.clone();
         let subscriptions = Arc::new(SubscriptionRegistry::with_quotas(
             config.subscriptions.clone(),
             quotas.clone(),
@@ -234,10 +238,7 @@ impl ServerState {
             demo,
             start_time: DateTime::from_system_time(SystemTime::now()),
             metrics: Arc::default(),
-            admission: crate::admission::Admission::new(
-                &config,
-                crate::admission::host::usable_cpus(),
-            ),
+            admission: crate::admission::Admission::new(&config, cpus),
             scheduler: Arc::new(crate::scheduler::Scheduler::new(&config)),
             service_level: std::sync::Mutex::new(
                 crate::admission::service_level::ServiceLevel::new(),

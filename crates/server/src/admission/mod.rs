@@ -282,9 +282,9 @@ impl Admission {
         if !a.enabled {
             return Self::disabled();
         }
-        let derived = |v: Option<usize>, d: usize| v.unwrap_or(d);
-        let per_address_rate = a.connections_per_second_per_address.unwrap_or(1);
-        let per_address_burst = a.connection_burst_per_address.unwrap_or(1);
+        let e = a.effective(resolved.server.max_session_count, cpus);
+        let per_address_rate = e.connections_per_second_per_address;
+        let per_address_burst = e.connection_burst_per_address;
         Admission {
             enabled: true,
             accept: Mutex::new(AcceptState {
@@ -298,20 +298,17 @@ impl Admission {
                 jitter: Jitter::new(stage_seed(seed, 1)),
             }),
             handshakes: HandshakeGate::with_wait(
-                derived(a.max_concurrent_handshakes, 2),
+                e.max_concurrent_handshakes,
                 a.max_unfinished_handshakes_per_address,
                 Duration::from_millis(a.handshake_wait_ms.into()),
                 stage_seed(seed, 2),
             ),
             establishment: EstablishmentGate::with_wait(
-                derived(a.max_concurrent_session_establishment, 128),
+                e.max_concurrent_session_establishment,
                 a.session_establishment_queue_limit,
                 Duration::from_millis(a.establishment_wait_ms.into()),
             ),
-            channels: ChannelCount::new(derived(
-                a.max_channel_count,
-                resolved.server.max_session_count,
-            )),
+            channels: ChannelCount::new(e.max_channel_count),
             open_files_headroom: a.open_files_headroom.into(),
             closes: Mutex::new(Closes {
                 rate: CompletionRate::default(),

@@ -19,9 +19,12 @@
 //! method takes the time it runs at; nothing here reads a clock.
 
 pub mod channel;
+pub mod drain;
+pub mod proxy;
 pub mod submit;
 #[cfg(test)]
 mod tests;
+pub mod timers;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

@@ -20,6 +20,7 @@ use uascale_types::{
 };
 
 use super::*;
+use crate::config::ServerConfig;
 use crate::config::{IsolationProfile, RequestsSection};
 use crate::scheduler::Job as QueuedJob;
 
@@ -38,7 +39,15 @@ struct Client {
 }
 
 fn config(requests: RequestsSection) -> crate::ServerConfig {
-    let mut c = crate::net::tests::loopback_config();
+    let mut c = ServerConfig {
+        server: crate::config::ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            ..Default::default()
+        },
+        security: crate::config::SecurityConfig::none_only(),
+        ..Default::default()
+    };
     c.requests = requests;
     // The demo's slow folder answers after an hour: its Reads hold their
     // worker until the test drops their task.

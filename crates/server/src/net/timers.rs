@@ -7,8 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::context::ServiceContext;
-use crate::services::monitored_item;
+use crate::endpoint::timers::run_due_subscriptions;
 use crate::state::{clock, ServerState};
 
 pub(super) async fn run_subscriptions(state: Arc<ServerState>) {
@@ -29,11 +28,6 @@ pub(super) async fn run_subscriptions(state: Arc<ServerState>) {
             }
             None => wake.notified().await,
         }
-        let now = clock();
-        // Sampling runs on no channel.
-        let ctx = ServiceContext::internal(Arc::clone(&state), now);
-        state
-            .subscriptions
-            .run_due(now, &mut |t| monitored_item::sample(&ctx, t));
+        run_due_subscriptions(&state, clock());
     }
 }
