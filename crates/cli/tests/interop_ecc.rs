@@ -118,7 +118,10 @@ fn ecc_sessions_with_o6_as_client() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_uascale"))
         .args(["serve", "--config", config.to_str().unwrap()])
         .args(["--bind", "127.0.0.1", "--host", "localhost", "--port", "0"])
-        .env("RUST_LOG", "warn,uascale=info,uascale_server::net=debug,uascale_server::endpoint=debug")
+        .env(
+            "RUST_LOG",
+            "warn,uascale=info,uascale_server::net=debug,uascale_server::endpoint=debug",
+        )
         .env("NO_COLOR", "1")
         .stderr(Stdio::piped())
         .spawn()

@@ -4,6 +4,12 @@
 //! and a request whose answer waits (the demo's slow asynchronous nodes)
 //! holds its worker until the test drops its task. Every assertion is on
 //! what was answered and in which order.
+//!
+//! Each policy was broken on purpose once to see its test fail (and put
+//! back): lanes that never give up their turn, the per-owner limit
+//! ignored, no protected places, Cancel leaving the queued job in the
+//! scheduler, teardown keeping a held Publish's worker, no limit of
+//! unfinished handshakes per address - each failed exactly its test.
 
 // Tests take one real instant as the origin of their simulated time.
 #![allow(clippy::disallowed_methods)]
@@ -509,6 +515,36 @@ fn held_publishes_park_within_their_stage() {
         sim.state().metrics.shed_count(Stage::Parked, Reason::Full),
         1
     );
+}
+
+/// In the legacy mode (`decouple_held_publish_requests = false`) a held
+/// Publish keeps its worker slot until it is answered; the channel's
+/// teardown gives that slot back with everything else.
+#[test]
+fn teardown_gives_back_the_worker_a_held_publish_kept() {
+    let mut sim = Sim::new(RequestsSection {
+        decouple_held_publish_requests: false,
+        ..requests(IsolationProfile::Balanced)
+    });
+    let mut a = sim.client(1);
+    let create = CreateSubscriptionRequest {
+        request_header: a.header(),
+        requested_publishing_interval: 1000.0,
+        requested_lifetime_count: 300,
+        requested_max_keep_alive_count: 100,
+        publishing_enabled: true,
+        ..Default::default()
+    };
+    assert!(matches!(sim.submit(&a, &create).1, Submit::Answer(_)));
+    let p = PublishRequest {
+        request_header: a.header(),
+        subscription_acknowledgements: None,
+    };
+    assert!(matches!(sim.submit(&a, &p).1, Submit::Parked));
+    let scheduler = &sim.state().scheduler;
+    assert_eq!(scheduler.busy(), 1, "the held Publish keeps a worker");
+    sim.endpoint.teardown(&a.channel, sim.now);
+    assert_eq!(scheduler.busy(), 0, "teardown gave the worker back");
 }
 
 /// Polls a task once with a waker that does nothing (an aborted task ends
