@@ -594,12 +594,17 @@ pub struct AdmissionSection {
     pub enabled: bool,
     /// New TCP connections per second at the listener, all addresses
     /// together (`connections_per_second`, a token bucket's refill rate).
-    /// Default 500: far above orderly bulk connects once the burst is
-    /// spent, and about what two cores finish in RSA handshakes.
+    /// Default 5000: a TCP accept and a Hello cost microseconds, and the
+    /// CPU a storm's handshakes take is bounded by
+    /// `max_concurrent_handshakes` and its waiting room; this bucket only
+    /// sheds connection floods beyond what the cores could ever handshake
+    /// (an RSA-2048 handshake takes about 1.2 ms of a core), so that it
+    /// never becomes a storm's bottleneck ahead of the cores.
     pub connections_per_second: u32,
     /// Connections the global bucket lets through at once
-    /// (`connection_burst`, the bucket's size). Default 1000: a bulk
-    /// connect of a thousand clients passes without a refusal.
+    /// (`connection_burst`, the bucket's size). Default 5000: a bulk
+    /// connect of thousands of clients passes this stage without a
+    /// refusal.
     pub connection_burst: u32,
     /// New connections per second from one source address (an IPv4
     /// address, an IPv6 /64) (`connections_per_second_per_address`), at
@@ -677,8 +682,8 @@ impl Default for AdmissionSection {
     fn default() -> Self {
         AdmissionSection {
             enabled: true,
-            connections_per_second: 500,
-            connection_burst: 1000,
+            connections_per_second: 5000,
+            connection_burst: 5000,
             connections_per_second_per_address: None,
             connection_burst_per_address: None,
             max_concurrent_handshakes: None,
@@ -1544,8 +1549,8 @@ mod tests {
         assert_eq!(c.admission.max_channel_count, None);
         let r = c.resolved(4);
         let a = &r.admission;
-        assert_eq!(a.connections_per_second_per_address, Some(62));
-        assert_eq!(a.connection_burst_per_address, Some(125));
+        assert_eq!(a.connections_per_second_per_address, Some(625));
+        assert_eq!(a.connection_burst_per_address, Some(625));
         assert_eq!(a.max_concurrent_handshakes, Some(8));
         assert_eq!(a.max_channel_count, Some(22_000));
         assert_eq!(a.max_concurrent_session_establishment, Some(128));
@@ -1665,9 +1670,9 @@ mod tests {
         );
         assert!(check(&|c| c.admission.connection_burst = 0).contains("admission.connection_burst"));
         assert_eq!(
-            check(&|c| c.admission.connections_per_second_per_address = Some(501)),
-            "admission.connections_per_second_per_address = 501: must not exceed \
-             admission.connections_per_second (500)"
+            check(&|c| c.admission.connections_per_second_per_address = Some(5001)),
+            "admission.connections_per_second_per_address = 5001: must not exceed \
+             admission.connections_per_second (5000)"
         );
         assert!(
             check(&|c| c.admission.connection_burst_per_address = Some(0))

@@ -199,12 +199,16 @@ impl HandshakeGate {
         }
         if s.in_flight < cap && s.room.is_empty() {
             s.in_flight += 1;
+            if s.in_flight == cap {
+                s.schedule.note_full(now);
+            }
             return Verdict::Admit(HandshakeGuard {
                 inner: Some(Arc::clone(&self.inner)),
                 key,
                 since: Some(now),
             });
         }
+        s.schedule.note_full(now);
         let ahead = s.ahead(priority);
         let rate = s.schedule.rate(now, s.in_flight, cap);
         let wait = SlotSchedule::wait(ahead, cap, rate);
@@ -537,8 +541,12 @@ impl EstablishmentGate {
         let mut s = lock(&self.inner.state);
         if s.occupancy() < cap && s.room.is_empty() {
             s.in_progress += 1;
+            if s.occupancy() == cap {
+                s.schedule.note_full(now);
+            }
             return Verdict::Admit(self.guard());
         }
+        s.schedule.note_full(now);
         let ahead = s.ahead(priority);
         let rate = s.schedule.rate(now, s.occupancy(), cap);
         let wait = SlotSchedule::wait(ahead, cap, rate);
@@ -582,6 +590,9 @@ impl EstablishmentGate {
         let mut s = lock(&self.inner.state);
         if s.occupancy() < cap && s.room.is_empty() {
             s.in_progress += 1;
+            if s.occupancy() == cap {
+                s.schedule.note_full(now);
+            }
             return Ok(self.guard());
         }
         Err(Self::refusal(s.promise(now, cap), now))
@@ -940,7 +951,42 @@ mod tests {
     fn the_establishment_hint_counts_the_waiters() {
         let t0 = Instant::now();
         let gate = EstablishmentGate::new(10, 10, 11);
-        // 10 activations a second for 10 s.
+        // Full for 10 s: 10 sessions created and not yet activated, one
+        // activated every 100 ms and its place taken again at once (10 a
+        // second, measured while saturated: the stage's capacity).
+        let mut t = t0;
+        let create = |t: Instant| {
+            let g = gate.try_enter(t).unwrap();
+            gate.session_created();
+            drop(g);
+        };
+        for _ in 0..10 {
+            create(t);
+        }
+        for _ in 0..100 {
+            t += ms(100);
+            gate.session_settled(t, true);
+            create(t);
+        }
+        assert_eq!(gate.occupancy(), 10);
+        let (_, w) = waker();
+        let mut waiting: Vec<Enter> = (0..10).map(|_| gate.enter(t)).collect();
+        for f in &mut waiting {
+            assert!(poll(f, &w).is_pending());
+        }
+        // 10 places held and 10 waiting at 10 a second: a newcomer's
+        // place is the 11th to free, 1.1 s away.
+        let h = gate.hint(t);
+        assert!(h >= ms(1050) && h <= ms(1150), "{h:?}");
+    }
+
+    /// The same stage measured while it had room (one session at a time,
+    /// 10 a second: its demand): when it fills, that rate is not its
+    /// capacity, and the hint does not come from it.
+    #[test]
+    fn a_rate_measured_with_room_is_not_the_capacity() {
+        let t0 = Instant::now();
+        let gate = EstablishmentGate::new(10, 10, 11);
         let mut t = t0;
         for _ in 0..100 {
             gate.session_created();
@@ -953,10 +999,10 @@ mod tests {
         for f in &mut waiting {
             assert!(poll(f, &w).is_pending());
         }
-        // 10 in progress and 10 waiting at 10 a second: a newcomer's
-        // place is the 11th to free, 1.1 s away.
+        // From the 10 a second it would be 1.1 s; from the assumed
+        // service time (10 places of 10 ms) it is 11 ms.
         let h = gate.hint(t);
-        assert!(h >= ms(1050) && h <= ms(1150), "{h:?}");
+        assert!(h < ms(200), "{h:?}");
     }
 
     fn poll_wait(f: &mut HandshakeWait, w: &Waker) -> Poll<HandshakeGuard> {

@@ -828,9 +828,12 @@ mod tests {
     #[test]
     fn one_address_gets_its_share_and_the_rest_the_global_bucket() {
         let t0 = Instant::now();
-        // Defaults: 500/s burst 1000 overall; 62/s burst 125 per address,
-        // applied once the global bucket is under half full.
-        let a = Admission::with_seed(&ServerConfig::default(), 2, 7);
+        // 500/s burst 1000 overall; the derived 62/s burst 125 per
+        // address, applied once the global bucket is under half full.
+        let mut config = ServerConfig::default();
+        config.admission.connections_per_second = 500;
+        config.admission.connection_burst = 1000;
+        let a = Admission::with_seed(&config, 2, 7);
         let one = peer("198.51.100.7");
         let admitted = (0..1000)
             .filter(|_| a.on_connection(one, t0) == Decision::Admit)

@@ -49,7 +49,16 @@ pub struct SlotSchedule {
     time_in_flight: Option<f64>,
     next_free: Option<Instant>,
     returns: f64,
+    /// The latest instant the stage was full (its last place taken, a
+    /// wait, a promise): a stage not full for [`QUIET_AFTER`] was not
+    /// saturated, and what it measured then was its demand, not its
+    /// capacity.
+    last_full: Option<Instant>,
 }
+
+/// A stage that was not full for this long starts its completion rate
+/// afresh at its next refusal (see [`SlotSchedule::promise`]).
+pub const QUIET_AFTER: Duration = Duration::from_secs(2);
 
 impl Default for SlotSchedule {
     fn default() -> Self {
@@ -58,11 +67,29 @@ impl Default for SlotSchedule {
             time_in_flight: None,
             next_free: None,
             returns: 1.0,
+            last_full: None,
         }
     }
 }
 
 impl SlotSchedule {
+    /// The stage is full at `now`: its last place was taken, or a request
+    /// waits or is refused. The first time after a quiet spell (not full
+    /// for [`QUIET_AFTER`]), the completions counted while the stage had
+    /// room - how much work came, not how fast the stage serves: a few
+    /// sessions a second before a storm of thousands - are dropped, and
+    /// the measurement starts again; until it has a completion the rate is
+    /// Little's law, else the assumed one.
+    pub fn note_full(&mut self, now: Instant) {
+        if self
+            .last_full
+            .is_none_or(|t| now.saturating_duration_since(t) > QUIET_AFTER)
+        {
+            self.completions = CompletionRate::default();
+        }
+        self.last_full = Some(now);
+    }
+
     /// A work item that entered at `since` completed at `now`.
     pub fn completed(&mut self, since: Instant, now: Instant) {
         self.completions.record(now);
@@ -117,6 +144,7 @@ impl SlotSchedule {
         in_flight: usize,
         capacity: usize,
     ) -> Instant {
+        self.note_full(now);
         let rate = self.rate(now, in_flight, capacity);
         let earliest = now + Self::wait(ahead, capacity, rate).max(HINT_MIN);
         let slot = self
@@ -214,6 +242,32 @@ mod tests {
         let later = t + Duration::from_secs(10);
         let h = s.promise(later, 0, 0, 4) - later;
         assert_eq!(h, HINT_MIN);
+    }
+
+    /// A stage that served two sessions a second for a minute (its demand,
+    /// not its capacity) and then meets a storm: the first refusal's hint
+    /// does not come from those two a second.
+    #[test]
+    fn a_quiet_spell_does_not_set_the_storms_hints() {
+        let t0 = Instant::now();
+        let mut s = SlotSchedule::default();
+        let mut t = t0;
+        for _ in 0..120 {
+            t += ms(500);
+            s.completed_now(t);
+        }
+        // Behind 200 requests at 128 places: 73 ahead of this one.
+        let from_quiet = SlotSchedule::wait(200, 128, s.rate(t, 128, 128));
+        assert!(from_quiet > Duration::from_secs(10), "{from_quiet:?}");
+        let hint = s.promise(t, 200, 128, 128) - t;
+        assert!(hint < Duration::from_secs(1), "{hint:?}");
+        // Once the storm's own completions are measured they set the rate.
+        for i in 0..400u64 {
+            s.completed_now(t + ms(i));
+        }
+        let t = t + ms(400);
+        let r = s.rate(t, 128, 128);
+        assert!((700.0..1300.0).contains(&r), "{r}");
     }
 
     #[test]
