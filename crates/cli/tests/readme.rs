@@ -232,15 +232,13 @@ fn the_readme_tour_runs_as_written() {
         run_blocks(dir.as_ref(), &security, port, metrics, None).expect("a server started");
     let (ok, out) = sh(
         dir.as_ref(),
-        &format!(
-            "$U endpoints opc.tcp://localhost:{port} --security Basic256Sha256 --trust-server"
-        ),
+        &format!("$U endpoints opc.tcp://localhost:{port}"),
     );
-    // No unsecured channel at all, so the endpoints cannot be looked up
-    // (the README's known limitation); when this starts passing, the
-    // README's note is out of date.
-    assert!(!ok, "{out}");
-    assert!(out.contains("BadSecurityPolicyRejected"), "{out}");
+    // The endpoints are looked up over a channel that may only discover,
+    // and none of them is unsecured.
+    assert!(ok, "{out}");
+    assert!(out.contains("Basic256Sha256"), "{out}");
+    assert!(!out.contains("SecurityPolicy#None"), "{out}");
     drop(server);
 }
 

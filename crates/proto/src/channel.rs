@@ -669,7 +669,11 @@ impl ServerConnection {
             .policy_uri
             .as_str()
             .and_then(SecurityPolicy::from_uri)
-            .filter(|p| self.config.security.offers_policy(*p))
+            // None is always accepted for a channel: a client must be able
+            // to discover the endpoints of a server that offers no None
+            // endpoint. The server serves only discovery on such a channel
+            // (its dispatcher refuses the rest).
+            .filter(|p| p.is_none() || self.config.security.offers_policy(*p))
             .ok_or(peer(
                 StatusCode::BadSecurityPolicyRejected,
                 "security policy not supported by this endpoint",
@@ -710,7 +714,9 @@ impl ServerConnection {
                         "unknown secure channel id",
                     ));
                 }
-                if !self.config.security.offers(policy, req.security_mode) {
+                // None/None always opens (discovery; see the policy check).
+                let discovery = policy.is_none() && req.security_mode == MessageSecurityMode::None;
+                if !discovery && !self.config.security.offers(policy, req.security_mode) {
                     return Err(peer(
                         StatusCode::BadSecurityModeRejected,
                         "security mode not offered with this policy",

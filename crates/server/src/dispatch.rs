@@ -228,7 +228,11 @@ pub fn peek_request_handle(message: &[u8], limits: &DecodeLimits) -> u32 {
 /// request id the caller set): the response message to send now, or how
 /// it will be answered later.
 pub fn dispatch(ctx: &mut ServiceContext, message: &[u8]) -> Dispatched {
-    // The most frequent request, without its intermediate vectors.
+    // The most frequent request, without its intermediate vectors (not on
+    // a channel that may only discover).
+    if discovery_only(ctx) {
+        return dispatch_general(ctx, message);
+    }
     if let Some(response) = attribute::read_fast(ctx, message) {
         ctx.state.metrics.requests.good(Service::Read);
         return Dispatched::Now(response);
@@ -334,8 +338,24 @@ fn answer<T: DynStructure>(a: Answer<T>) -> Result<Routed, ServiceError> {
 /// Runs the handler of `request`. Requests other than discovery and
 /// session establishment need an activated session of this channel,
 /// resolved here once and kept in `ctx.session` for the handler.
+/// True on a channel opened with SecurityPolicy None when the server
+/// offers no None endpoint: the channel exists so that a client can
+/// discover the secured endpoints (GetEndpoints, FindServers); any other
+/// request on it is `BadSecurityPolicyRejected`.
+fn discovery_only(ctx: &ServiceContext) -> bool {
+    ctx.channel.policy.is_none()
+        && !ctx
+            .state
+            .channel_config
+            .security
+            .offers_policy(uascale_crypto::policy::SecurityPolicy::None)
+}
+
 fn route(ctx: &mut ServiceContext, request: Request) -> Result<Routed, ServiceError> {
     use Request as R;
+    if discovery_only(ctx) && request.class() != RequestClass::Discovery {
+        return Err(ServiceError::from(StatusCode::BadSecurityPolicyRejected));
+    }
     match request {
         R::GetEndpoints(r) => return now(discovery::get_endpoints(ctx, &r)),
         R::FindServers(r) => return now(discovery::find_servers(ctx, &r)),
@@ -568,6 +588,73 @@ mod tests {
             dispatch(&mut c, &msg).now().unwrap();
         }
         assert_eq!(c.state.service_level(), 200, "full: still healthy");
+    }
+
+    /// A server without a None endpoint still opens None channels, for
+    /// discovery only: GetEndpoints answers, CreateSession and a Read are
+    /// `BadSecurityPolicyRejected`.
+    #[test]
+    fn a_none_channel_without_a_none_endpoint_only_discovers() {
+        use uascale_crypto::policy::SecurityPolicy;
+        use uascale_types::MessageSecurityMode;
+        let mut security = crate::security::SecurityState::none_only();
+        security.endpoints = vec![(
+            SecurityPolicy::Basic256Sha256,
+            MessageSecurityMode::SignAndEncrypt,
+        )];
+        let state = crate::state::ServerState::from_parts(
+            crate::ServerConfig::default(),
+            crate::address_space::AddressSpace::default(),
+            crate::node_manager::NodeManagers::default(),
+            security,
+        );
+        #[allow(clippy::disallowed_methods)]
+        let mut c = ServiceContext::for_tests(state, std::time::Instant::now());
+        assert!(c.channel.policy.is_none());
+        let mut get = Vec::new();
+        encode_message(
+            &uascale_types::GetEndpointsRequest {
+                request_header: RequestHeader {
+                    request_handle: 7,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            &mut get,
+        );
+        let out = dispatch(&mut c, &get).now().unwrap();
+        let limits = DecodeLimits::default();
+        let m = decode_message(&mut Reader::new(&out, &limits).unwrap()).unwrap();
+        assert!(m
+            .as_any()
+            .downcast_ref::<uascale_types::GetEndpointsResponse>()
+            .is_some());
+        let f = fault_of(&dispatch(&mut c, &create_session_message()).now().unwrap());
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadSecurityPolicyRejected
+        );
+        let mut read = Vec::new();
+        encode_message(
+            &uascale_types::ReadRequest {
+                request_header: RequestHeader {
+                    request_handle: 8,
+                    ..Default::default()
+                },
+                nodes_to_read: Some(vec![uascale_types::ReadValueId {
+                    node_id: NodeId::ns0(2258),
+                    attribute_id: 13,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            &mut read,
+        );
+        let f = fault_of(&dispatch(&mut c, &read).now().unwrap());
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadSecurityPolicyRejected
+        );
     }
 
     fn fault_of(bytes: &[u8]) -> ServiceFault {
