@@ -205,9 +205,9 @@ mod tests {
         );
         let e = checked("[runtime]\ncrypto_threads = -1\n").unwrap_err();
         assert!(e.contains("crypto_threads"), "{e}");
-        let e = checked("[admission]\nconnections_per_second_per_address = 600\n").unwrap_err();
+        let e = checked("[admission]\nconnections_per_second_per_address = 6000\n").unwrap_err();
         assert!(
-            e.starts_with("admission.connections_per_second_per_address = 600: must not exceed"),
+            e.starts_with("admission.connections_per_second_per_address = 6000: must not exceed"),
             "{e}"
         );
         let e = parse("[admission]\nconnections_per_sec = 5\n").unwrap_err();
