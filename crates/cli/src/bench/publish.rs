@@ -82,7 +82,9 @@ struct PublishPoint {
     server_cores_busy: Option<f64>,
 }
 
-fn nodes(a: &Args) -> Result<Vec<NodeId>, String> {
+/// The nodes of `--node` and `--load-nodes` (the demo's
+/// `Demo.Load.Node{i}`); none given, the demo's four dynamic values.
+pub(super) fn nodes(a: &Args) -> Result<Vec<NodeId>, String> {
     let mut nodes: Vec<NodeId> = a
         .flags
         .get("--node")

@@ -73,25 +73,6 @@ impl RogueStats {
     }
 }
 
-fn nodes_of(a: &Args) -> Result<Vec<NodeId>, String> {
-    let mut nodes: Vec<NodeId> = a
-        .flags
-        .get("--node")
-        .into_iter()
-        .flatten()
-        .map(|n| n.parse().map_err(|e| format!("--node {n:?}: {e}")))
-        .collect::<Result<_, _>>()?;
-    let load: usize = a.num("--load-nodes", 0)?;
-    nodes.extend((0..load).map(|i| NodeId::string(2, format!("Demo.Load.Node{i}"))));
-    if nodes.is_empty() {
-        nodes = ["Counter", "Random", "Sine", "Step"]
-            .iter()
-            .map(|n| NodeId::string(2, format!("Demo.Dynamic.{n}")))
-            .collect();
-    }
-    Ok(nodes)
-}
-
 async fn open(url: &str, name: &str) -> Result<Client, String> {
     let mut report = ConnectReport::default();
     Client::open(url, ClientOptions::default(), name, &mut report)
@@ -476,7 +457,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         sessions: a.num("--sessions", 1000)?,
         publishes: a.num("--publishes", 20)?,
         select: a.num("--select", 1000)?,
-        nodes: nodes_of(a)?,
+        nodes: super::publish::nodes(a)?,
         variant: variant.clone(),
     };
     let victim_items: usize = a.num("--victim-items", 100)?;

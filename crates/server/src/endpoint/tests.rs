@@ -62,6 +62,19 @@ fn config(requests: RequestsSection) -> crate::ServerConfig {
 }
 
 impl Sim {
+    /// A subscription for `c` (1 s publishing), answered at once.
+    fn subscribe(&mut self, c: &mut Client) {
+        let create = CreateSubscriptionRequest {
+            request_header: c.header(),
+            requested_publishing_interval: 1000.0,
+            requested_lifetime_count: 300,
+            requested_max_keep_alive_count: 100,
+            publishing_enabled: true,
+            ..Default::default()
+        };
+        assert!(matches!(self.submit(c, &create).1, Submit::Answer(_)));
+    }
+
     fn new(requests: RequestsSection) -> Sim {
         let state = ServerState::new(config(requests)).expect("state");
         Sim {
@@ -486,15 +499,7 @@ fn held_publishes_park_within_their_stage() {
         ..requests(IsolationProfile::Balanced)
     });
     let mut a = sim.client(1);
-    let create = CreateSubscriptionRequest {
-        request_header: a.header(),
-        requested_publishing_interval: 1000.0,
-        requested_lifetime_count: 300,
-        requested_max_keep_alive_count: 100,
-        publishing_enabled: true,
-        ..Default::default()
-    };
-    assert!(matches!(sim.submit(&a, &create).1, Submit::Answer(_)));
+    sim.subscribe(&mut a);
     let publish = |a: &mut Client| PublishRequest {
         request_header: a.header(),
         subscription_acknowledgements: None,
@@ -527,15 +532,7 @@ fn teardown_gives_back_the_worker_a_held_publish_kept() {
         ..requests(IsolationProfile::Balanced)
     });
     let mut a = sim.client(1);
-    let create = CreateSubscriptionRequest {
-        request_header: a.header(),
-        requested_publishing_interval: 1000.0,
-        requested_lifetime_count: 300,
-        requested_max_keep_alive_count: 100,
-        publishing_enabled: true,
-        ..Default::default()
-    };
-    assert!(matches!(sim.submit(&a, &create).1, Submit::Answer(_)));
+    sim.subscribe(&mut a);
     let p = PublishRequest {
         request_header: a.header(),
         subscription_acknowledgements: None,
