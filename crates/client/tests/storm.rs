@@ -86,13 +86,7 @@ async fn a_connect_storm_is_shed_with_hints_and_leaves_no_orphans() {
         },
         ..Default::default()
     };
-    let server = Server::bind(config).unwrap();
-    let state = Arc::clone(server.state());
-    let url = format!("opc.tcp://{}", server.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(server.run(async move {
-        let _ = stopped.await;
-    }));
+    let (url, state, stop, running) = serve(config);
     let identity = common::client_identity("storm client");
 
     // A session from before the storm, reading throughout.
@@ -281,13 +275,7 @@ async fn refused_clients_come_back_with_their_tickets() {
         },
         ..Default::default()
     };
-    let server = Server::bind(config).unwrap();
-    let state = Arc::clone(server.state());
-    let url = format!("opc.tcp://{}", server.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(server.run(async move {
-        let _ = stopped.await;
-    }));
+    let (url, state, stop, running) = serve(config);
     let identity = common::client_identity("ticket client");
     let mut tasks = Vec::new();
     for i in 0..CLIENTS {
@@ -332,4 +320,24 @@ async fn refused_clients_come_back_with_their_tickets() {
     let _ = stop.send(());
     let _ = running.await;
     let _ = std::fs::remove_dir_all(pki);
+}
+
+/// Runs a server of `config` on its task: its URL and state, the sender
+/// that stops it and the task.
+fn serve(
+    config: ServerConfig,
+) -> (
+    String,
+    Arc<uascale_server::ServerState>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let server = Server::bind(config).unwrap();
+    let state = Arc::clone(server.state());
+    let url = format!("opc.tcp://{}", server.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    (url, state, stop, running)
 }
