@@ -7,6 +7,8 @@
 //!   text when the `Accept` header asks for it, else the Prometheus text
 //!   format;
 //! - `GET /healthz`: 200 while the process serves;
+//! - `GET /kept`: the sessions keeping the most bytes for their
+//!   subscriptions (the top list, which the metrics have no labels for);
 //! - `GET /readyz`: 200 when [`ServerState::readiness`] says ready, else
 //!   503 with the reason;
 //! - 404 for any other path, 405 for any other method, 400 for a request
@@ -109,9 +111,9 @@ pub fn respond(head: &[u8], state: &Arc<ServerState>) -> Response {
         return Response::text(400, "Bad Request", "not an HTTP/1.x request\n");
     }
     let path = target.split('?').next().unwrap_or(target);
-    let known = matches!(path, "/metrics" | "/healthz" | "/readyz");
+    let known = matches!(path, "/metrics" | "/healthz" | "/readyz" | "/kept");
     if !known {
-        return Response::text(404, "Not Found", "/metrics, /healthz, /readyz\n");
+        return Response::text(404, "Not Found", "/metrics, /healthz, /readyz, /kept\n");
     }
     if method != "GET" {
         let mut r = Response::text(405, "Method Not Allowed", "only GET\n");
@@ -136,11 +138,41 @@ pub fn respond(head: &[u8], state: &Arc<ServerState>) -> Response {
             }
         }
         "/healthz" => Response::text(200, "OK", "ok\n"),
+        "/kept" => Response::text(200, "OK", &kept(state)),
         _ => match state.readiness() {
             Ok(()) => Response::text(200, "OK", "ready\n"),
             Err(why) => Response::text(503, "Service Unavailable", &format!("not ready: {why}\n")),
         },
     }
+}
+
+/// Sessions listed by `/kept`.
+pub const KEPT_ROWS: usize = 20;
+
+/// The `/kept` page: the [`KEPT_ROWS`] sessions keeping the most bytes
+/// for their subscriptions (queued notifications and messages kept for
+/// Republish), most first, beside the budget - the top list the metrics
+/// cannot carry (no per-session labels there). One line per session:
+/// the session id, its monitored items, its queued and retransmission
+/// bytes.
+fn kept(state: &Arc<ServerState>) -> String {
+    let subscriptions = &state.subscriptions;
+    let budget = subscriptions.budget();
+    let mut out = format!(
+        "# kept bytes of all sessions {} of a budget of {} (0: none); fair share {}; {} sessions keeping anything\n",
+        budget.kept(crate::quota::Stage::Queued) + budget.kept(crate::quota::Stage::Retransmission),
+        budget.limit(),
+        budget.fair_share(),
+        budget.active_sessions(),
+    );
+    out.push_str("# session items queued_bytes retransmission_bytes\n");
+    for row in subscriptions.top_kept(KEPT_ROWS) {
+        out.push_str(&format!(
+            "{} {} {} {}\n",
+            row.session, row.items, row.queued_bytes, row.retransmission_bytes
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -167,6 +199,16 @@ mod tests {
         );
         s.set_shedding_all(false);
         assert_eq!(status("GET /nope HTTP/1.1\r\n\r\n"), 404);
+        let r = respond(b"GET /kept HTTP/1.1\r\n\r\n", &s);
+        assert_eq!(r.status, 200);
+        assert!(
+            r.body.starts_with("# kept bytes of all sessions 0"),
+            "{}",
+            r.body
+        );
+        assert!(r
+            .body
+            .contains("# session items queued_bytes retransmission_bytes\n"));
         assert_eq!(status("POST /metrics HTTP/1.1\r\n\r\n"), 405);
         assert_eq!(status("HEAD /healthz HTTP/1.1\r\n\r\n"), 405);
         assert_eq!(status("GET /metrics\r\n\r\n"), 400);
