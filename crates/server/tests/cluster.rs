@@ -451,6 +451,60 @@ fn a_subscription_continues_with_its_sequence_numbers_on_the_new_node() {
     drop(n2);
 }
 
+/// A restart of the whole cluster: both nodes stop, the store's
+/// nats-server is killed and started again on its files (JetStream file
+/// storage), both nodes start again as new processes would; the client
+/// comes back with its session's token and activates it on a restarted
+/// node - the same session, its subscription with the same id, and the
+/// sequence numbers going on without a gap.
+#[test]
+fn sessions_survive_a_restart_of_the_whole_cluster() {
+    let Some((mut nats, rt, url, mut n1, mut n2)) = two_nodes() else {
+        return;
+    };
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    c.send_create_subscription(600, 10);
+    let sub = c.read_subscription_id();
+    c.send_monitor(sub, NodeId::ns0(2258));
+    let _ = c.read_response();
+    let seqs = notified_seqs(&mut c, 2);
+    let last = *seqs.last().unwrap();
+    mirrored(&rt, &url, &c.auth, "the subscription", |r| {
+        r.subscriptions
+            .first()
+            .is_some_and(|s| s.next_seq == last + 1)
+    });
+
+    stop_node(&rt, &mut n1);
+    stop_node(&rt, &mut n2);
+    drop((n1, n2));
+    nats.kill();
+    nats.restart();
+    assert!(nats::wait_listening(nats.addr, LIMIT));
+    let n1 = start_node(&rt, &url, "n1");
+    let n2 = start_node(&rt, &url, "n2");
+    assert!(nats::wait_listening(n1.addr, LIMIT));
+    assert!(nats::wait_listening(n2.addr, LIMIT));
+
+    let mut back = reactivate_on(n2.addr, &c.auth);
+    let acks = seqs
+        .iter()
+        .map(|s| SubscriptionAcknowledgement {
+            subscription_id: sub,
+            sequence_number: *s,
+        })
+        .collect();
+    let p = publish_response(&mut back, acks);
+    assert_eq!(p.subscription_id, sub, "the same subscription id");
+    assert_eq!(
+        p.notification_message.sequence_number,
+        last + 1,
+        "no gap, no reuse"
+    );
+    drop((n1, n2));
+}
+
 /// An event item moves with its subscription: created on n1 (an
 /// EventFilter on the Server object), mirrored with its filter, and there
 /// on n2 after the takeover - SetMonitoringMode on its id succeeds, as it
