@@ -341,7 +341,7 @@ const SLOW_PREFIX: &str = "Demo.Slow.";
 /// `Demo.Slow.9`: Doubles that answer each Read and Write after a fixed
 /// delay (the `demo.slow_ms` of the configuration), as a device behind a
 /// fieldbus would. Its delays run on a timer thread of its own
-/// ([`Delay`]), so any executor can poll them.
+/// ([`crate::delay::Delay`]), so any executor can poll them.
 #[derive(Debug)]
 pub struct SlowValues {
     delay: std::time::Duration,
@@ -371,126 +371,12 @@ impl SlowValues {
     }
 
     fn wait(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let delay = self.delay;
-        Delay {
-            delay,
-            deadline: None,
-        }
+        crate::delay::Delay::after(self.delay)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, [f64; SLOW_COUNT]> {
         // A plain array: nothing is left half-written by a panic.
         self.values.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// A wait of `delay` that needs no runtime: the first poll registers the
-/// deadline with the demo's timer thread, which wakes the task then (a
-/// zero delay yields once). Stands in for a device's round trip.
-#[derive(Debug)]
-struct Delay {
-    delay: std::time::Duration,
-    deadline: Option<std::time::Instant>,
-}
-
-impl std::future::Future for Delay {
-    type Output = ();
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<()> {
-        let now = std::time::Instant::now();
-        match self.deadline {
-            Some(at) if now >= at => std::task::Poll::Ready(()),
-            Some(at) => {
-                timer::wake_at(at, cx.waker().clone());
-                std::task::Poll::Pending
-            }
-            None if self.delay.is_zero() => {
-                self.deadline = Some(now);
-                cx.waker().wake_by_ref();
-                std::task::Poll::Pending
-            }
-            None => {
-                let at = now + self.delay;
-                self.deadline = Some(at);
-                timer::wake_at(at, cx.waker().clone());
-                std::task::Poll::Pending
-            }
-        }
-    }
-}
-
-/// The demo's timer thread: wakes each registered waker at its deadline.
-mod timer {
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
-    use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
-    use std::sync::{Mutex, OnceLock};
-    use std::task::Waker;
-    use std::time::Instant;
-
-    struct Due(Instant, Waker);
-
-    impl PartialEq for Due {
-        fn eq(&self, other: &Self) -> bool {
-            self.0 == other.0
-        }
-    }
-    impl Eq for Due {}
-    impl PartialOrd for Due {
-        fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-            Some(self.cmp(other))
-        }
-    }
-    impl Ord for Due {
-        fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-            self.0.cmp(&other.0)
-        }
-    }
-
-    static TIMER: OnceLock<Mutex<Sender<Due>>> = OnceLock::new();
-
-    /// Wakes `waker` at `at` (started on first use; a thread that cannot
-    /// start wakes at once, so a wait ends early rather than never).
-    pub(super) fn wake_at(at: Instant, waker: Waker) {
-        let sender = TIMER.get_or_init(|| {
-            let (tx, rx) = channel::<Due>();
-            let spawned = std::thread::Builder::new()
-                .name("uascale-demo-timer".into())
-                .spawn(move || {
-                    let mut heap: BinaryHeap<Reverse<Due>> = BinaryHeap::new();
-                    loop {
-                        let now = Instant::now();
-                        while heap.peek().is_some_and(|Reverse(d)| d.0 <= now) {
-                            if let Some(Reverse(d)) = heap.pop() {
-                                d.1.wake();
-                            }
-                        }
-                        let next = match heap.peek() {
-                            Some(Reverse(d)) => rx.recv_timeout(d.0.saturating_duration_since(now)),
-                            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                        };
-                        match next {
-                            Ok(due) => heap.push(Reverse(due)),
-                            Err(RecvTimeoutError::Timeout) => {}
-                            Err(RecvTimeoutError::Disconnected) => return,
-                        }
-                    }
-                });
-            if spawned.is_err() {
-                tracing::warn!("demo timer thread did not start; slow nodes answer at once");
-            }
-            Mutex::new(tx)
-        });
-        let sent = sender
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Due(at, waker));
-        if let Err(e) = sent {
-            e.0 .1.wake();
-        }
     }
 }
 

@@ -442,13 +442,25 @@ fn create_session(
             now(response?)
         }
         StageDecision::Refuse(refusal) => Err(busy(refusal)),
-        // The wait is bounded by the room's admission (a wait predicted
-        // within `establishment_wait_ms`); `until` is for a shell with a
-        // timer.
-        StageDecision::Wait { waiting, .. } => {
+        // Admitted to the room for a wait predicted within
+        // `establishment_wait_ms`, and given up at `until` (then refused
+        // with a slot and a ticket, as if it had not waited).
+        StageDecision::Wait { waiting, until } => {
             let mut ctx = ctx.clone();
             Ok(Routed::Waiting(Box::pin(async move {
-                let place = waiting.await.map_err(busy)?;
+                use futures_util::future::{select, Either};
+                let timer = crate::delay::Delay::until(until);
+                let place = match select(waiting, timer).await {
+                    Either::Left((place, _)) => place.map_err(&busy)?,
+                    Either::Right(((), _)) => {
+                        let now = crate::state::clock().instant;
+                        let refusal = ctx
+                            .state
+                            .admission
+                            .establishment_timed_out(ctx.peer_ip, now);
+                        return Err(busy(refusal));
+                    }
+                };
                 // The request runs now, not when it arrived.
                 let now = crate::state::clock();
                 ctx.now = now.utc;
@@ -588,6 +600,38 @@ mod tests {
             dispatch(&mut c, &msg).now().unwrap();
         }
         assert_eq!(c.state.service_level(), 200, "full: still healthy");
+    }
+
+    /// A CreateSession admitted to the establishment stage's waiting room
+    /// is given up at its deadline when no place frees: refused busy with
+    /// a slot and a retry ticket, counted as a timed-out wait.
+    #[test]
+    fn an_establishment_wait_ends_at_its_deadline() {
+        let mut config = crate::ServerConfig::default();
+        config.admission.max_concurrent_session_establishment = Some(1);
+        config.admission.establishment_wait_ms = 20;
+        let mut c = ctx_with(config);
+        let msg = create_session_message();
+        // The first session holds the only place until it is activated.
+        assert!(dispatch(&mut c, &msg).now().is_some());
+        let Dispatched::Later { future, .. } = dispatch(&mut c, &msg) else {
+            panic!("the second CreateSession did not wait");
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let out = rt.block_on(future);
+        let f = fault_of(&out);
+        assert_eq!(
+            f.response_header.service_result,
+            StatusCode::BadServerTooBusy
+        );
+        assert!(crate::error::retry_after_of(&f.response_header).is_some());
+        let counts = c
+            .state
+            .admission
+            .stage_counts(crate::admission::Stage::Establishment);
+        assert_eq!(counts.wait_timeouts, 1);
     }
 
     /// A server without a None endpoint still opens None channels, for

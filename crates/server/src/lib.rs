@@ -34,6 +34,7 @@ pub mod audit;
 pub mod cluster;
 pub mod config;
 pub mod context;
+pub mod delay;
 pub mod demo;
 pub mod dispatch;
 pub mod endpoint;
