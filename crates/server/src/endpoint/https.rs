@@ -469,7 +469,11 @@ impl Https {
         let open = self.connections.fetch_add(1, Ordering::AcqRel);
         if open >= self.config.max_connections {
             self.connections.fetch_sub(1, Ordering::AcqRel);
-            let shed = Shed::new(Stage::Https, Reason::ConnectionLimit, Duration::from_secs(1));
+            let shed = Shed::new(
+                Stage::Https,
+                Reason::ConnectionLimit,
+                Duration::from_secs(1),
+            );
             self.endpoint.state.metrics.shed(&shed);
             return Err(shed);
         }
@@ -644,7 +648,9 @@ mod tests {
         let ct = "Content-Type: application/octet-stream\r\n";
         assert_eq!(status("GET / HTTP/1.1\r\n\r\n"), 405);
         assert_eq!(
-            status(&format!("POST /x HTTP/1.1\r\n{ct}Content-Length: 1\r\n\r\n")),
+            status(&format!(
+                "POST /x HTTP/1.1\r\n{ct}Content-Length: 1\r\n\r\n"
+            )),
             404
         );
         assert_eq!(
@@ -665,7 +671,9 @@ mod tests {
             400
         );
         assert_eq!(
-            status(&format!("POST / HTTP/1.1\r\n{ct}Content-Length: 2000\r\n\r\n")),
+            status(&format!(
+                "POST / HTTP/1.1\r\n{ct}Content-Length: 2000\r\n\r\n"
+            )),
             413
         );
         assert_eq!(status("POST / HTTP/2\r\n\r\n"), 400);
@@ -692,13 +700,20 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
         assert_eq!(retry_after_secs(Duration::ZERO), 1);
         let b = busy(
-            Shed::new(Stage::Https, Reason::SessionRate, Duration::from_millis(1500)),
+            Shed::new(
+                Stage::Https,
+                Reason::SessionRate,
+                Duration::from_millis(1500),
+            ),
             429,
             7,
             DateTime::default(),
         );
         let text = String::from_utf8_lossy(&b);
-        assert!(text.starts_with("HTTP/1.1 429 Too Many Requests\r\n"), "{text}");
+        assert!(
+            text.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
+            "{text}"
+        );
         assert!(text.contains("\r\nRetry-After: 2\r\n"), "{text}");
     }
 

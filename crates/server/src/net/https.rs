@@ -89,8 +89,7 @@ fn certificate(
             PrivateKeyDer::from_pem_slice(&key_bytes)
                 .map_err(|e| invalid("https.private_key", &e.to_string()))?
         } else {
-            PrivateKeyDer::try_from(key_bytes)
-                .map_err(|e| invalid("https.private_key", e))?
+            PrivateKeyDer::try_from(key_bytes).map_err(|e| invalid("https.private_key", e))?
         };
         return Ok((chain, key));
     }
