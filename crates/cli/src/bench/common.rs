@@ -15,7 +15,7 @@ pub(super) async fn client_options(a: &Args) -> Result<ClientOptions, String> {
         pki: a.last("--pki").unwrap_or("pki-client").into(),
         trust_any: a.last("--trust-server").is_some(),
     }
-    .options()?;
+    .options_for(&a.url)?;
     let mut options = ClientOptions {
         security,
         identity: user_identity(
