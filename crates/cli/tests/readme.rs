@@ -225,7 +225,14 @@ fn the_readme_tour_runs_as_written() {
         &["serve".into(), "--port".into(), port.to_string()],
         port,
     );
-    drop(run_blocks(dir.as_ref(), tour, port, metrics, https, Some(first)));
+    drop(run_blocks(
+        dir.as_ref(),
+        tour,
+        port,
+        metrics,
+        https,
+        Some(first),
+    ));
 
     // The production configuration starts, with no None endpoint.
     let security = blocks(&readme, "Security");

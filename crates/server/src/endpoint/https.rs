@@ -54,8 +54,6 @@ pub const MAX_HEADERS: usize = 64;
 pub const POLICY_HEADER: &str = "opcua-securitypolicy";
 /// The content type of https-uabinary.
 pub const CONTENT_TYPE: &str = "application/octet-stream";
-/// The TransportProfileUri of https-uabinary endpoints.
-pub const TRANSPORT_PROFILE: &str = "http://opcfoundation.org/UA-Profile/Transport/https-uabinary";
 
 /// The binary encoding ids whose requests are not charged to their
 /// session's bucket: Publish (a session's held Publishes are bounded by

@@ -17,7 +17,8 @@ pub const TRANSPORT_PROFILE_UATCP: &str =
     "http://opcfoundation.org/UA-Profile/Transport/uatcp-uasc-uabinary";
 
 /// The transport profile of opc.https with the binary encoding.
-pub const TRANSPORT_PROFILE_HTTPS: &str = crate::endpoint::https::TRANSPORT_PROFILE;
+pub const TRANSPORT_PROFILE_HTTPS: &str =
+    "http://opcfoundation.org/UA-Profile/Transport/https-uabinary";
 
 /// The host of an `opc.tcp://host[:port][/path]` (or `opc.https://`) URL
 /// (an IPv6 literal without its brackets).
