@@ -314,6 +314,16 @@ async fn a_flood_gets_429_and_the_client_honours_retry_after() {
     let url = format!("opc.https://{addr}/");
     let flooder = Client::connect(&url, options()).await.expect("connect");
     flooder.create_session("flooder").await.expect("session");
+    // Subscribed before the flood (two of its four tokens).
+    let mut sub = flooder
+        .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
+            100,
+        )))
+        .await
+        .expect("subscribe");
+    sub.monitor(vec![MonitorItem::value(demo("Demo.Dynamic.Counter"))])
+        .await
+        .expect("monitor");
     let calm = Client::connect(&url, options()).await.expect("connect");
     calm.create_session("calm").await.expect("session");
 
@@ -353,11 +363,34 @@ async fn a_flood_gets_429_and_the_client_honours_retry_after() {
         shed,
         "the client held back while the hint ran"
     );
-    // CloseSession is never charged: it passes even with an empty bucket.
-    for _ in 0..4 {
-        let _ = flooder.read_values(&[NodeId::ns0(2258)]).await;
+    // Its own Publishes are not charged either: its subscription's
+    // notifications keep coming while its Reads are refused.
+    let mut refused = false;
+    for _ in 0..50 {
+        if flooder.read_values(&[NodeId::ns0(2258)]).await.is_err() {
+            refused = true;
+            break;
+        }
     }
+    assert!(refused, "the flood is refused again");
+    let mut changes = 0;
+    while changes == 0 {
+        let event = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+            .await
+            .expect("notifications go on while the bucket is empty")
+            .expect("the stream goes on");
+        if let SubscriptionEvent::Notifications { notifications, .. } = event {
+            changes += notifications
+                .iter()
+                .filter(|n| matches!(n, Notification::DataChange { .. }))
+                .count();
+        }
+    }
+    // CloseSession is never charged (nor held back by the client): it
+    // passes at once with the bucket empty.
+    let before = state.sessions.len();
     flooder.close().await;
+    assert_eq!(state.sessions.len(), before - 1, "CloseSession passed");
     calm.close().await;
     assert_eq!(state.sessions.len(), 0, "both sessions closed");
 }
