@@ -429,3 +429,101 @@ async fn asyncua_encoder_over_python_http_client() {
         "harness failed:\n{stdout}\n{stderr}"
     );
 }
+
+/// A client certificate and key for `uri`, made now.
+fn client_identity(uri: &str) -> Arc<uascale_proto::security::Identity> {
+    use uascale_crypto::x509::{create_self_signed, SelfSignedParams};
+    let start = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let made = create_self_signed(&SelfSignedParams::new(uri, "https client", start))
+        .expect("certificate");
+    Arc::new(
+        uascale_proto::security::Identity::new(
+            made.certificate.clone(),
+            uascale_crypto::rsa::RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der)
+                .expect("key"),
+        )
+        .expect("identity"),
+    )
+}
+
+/// `OPCUA-SecurityPolicy` names a secured policy: CreateSession and
+/// ActivateSession carry signatures over the nonces with the client's
+/// certificate, which the server validates against its PKI; the TLS
+/// certificate (the application certificate) is judged by the client's
+/// trust list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secured_policy_signs_the_session_over_https() {
+    use uascale_client::TrustListValidator;
+    use uascale_crypto::policy::SecurityPolicy;
+    use uascale_crypto::x509::TrustList;
+    let mut config = config("secured", HttpsSection::default());
+    config.security = SecurityConfig {
+        pki_dir: pki_dir("secured"),
+        trust_all_client_certificates: true,
+        ..SecurityConfig::default()
+    };
+    let server = Server::bind(config).expect("server binds");
+    let addr = server.https_addr().expect("https listening");
+    let state = Arc::clone(server.state());
+    let server_cert = state
+        .security
+        .identity
+        .as_ref()
+        .expect("the application certificate")
+        .certificate()
+        .clone();
+    tokio::spawn(server.run(std::future::pending()));
+    let url = format!("opc.https://{addr}/");
+
+    let endpoints = Client::connect(&url, options())
+        .await
+        .expect("connect")
+        .get_endpoints()
+        .await
+        .expect("GetEndpoints");
+    let https_secured: Vec<_> = endpoints
+        .iter()
+        .filter(|e| e.endpoint_url.as_str() == Some(url.as_str()))
+        .map(|e| {
+            (
+                e.security_policy_uri.as_str_or_empty().to_owned(),
+                e.security_mode,
+            )
+        })
+        .collect();
+    assert!(
+        https_secured.contains(&(
+            SecurityPolicy::Basic256Sha256.uri().to_owned(),
+            t::MessageSecurityMode::Sign
+        )),
+        "{https_secured:?}"
+    );
+
+    let trust = ServerTrust::Validator(Arc::new(TrustListValidator::new(TrustList::new(
+        vec![server_cert],
+        vec![],
+        vec![],
+    ))));
+    let secured = ClientOptions {
+        security: SecurityOptions {
+            policy: SecurityPolicy::Basic256Sha256,
+            mode: t::MessageSecurityMode::Sign,
+            certificate: Some(client_identity("urn:uascale:client")),
+            server_certificate: None,
+            trust,
+        },
+        reconnect: false,
+        ..Default::default()
+    };
+    let client = Client::connect(&url, secured).await.expect("connect");
+    client
+        .create_session("signed")
+        .await
+        .expect("signed session");
+    let values = client
+        .read_values(&[NodeId::ns0(2259)])
+        .await
+        .expect("Read");
+    assert_eq!(values[0].value, Some(Variant::Int32(0)));
+    client.close().await;
+}

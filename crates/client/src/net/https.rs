@@ -134,6 +134,8 @@ struct Target {
     connector: TlsConnector,
     name: ServerName<'static>,
     connect_timeout: Duration,
+    /// The `OPCUA-SecurityPolicy` header line, for a secured policy.
+    policy_header: Option<String>,
 }
 
 impl Target {
@@ -178,16 +180,21 @@ struct Pool {
 pub(crate) async fn open_link(shared: &Arc<Shared>) -> Result<(u64, Link), ClientError> {
     let url = &shared.endpoint_url;
     let (host, port) = super::parse_url(url)?;
-    if !shared.options.security.policy.is_none() {
+    let policy = shared.security.policy();
+    if policy.is_ecc() {
         return Err(ClientError::Security {
             status: StatusCode::BadConfigurationError,
-            reason:
-                "over opc.https only SecurityPolicy None is supported (TLS secures the transport)"
-                    .into(),
+            reason: "over opc.https the ECC policies are not served (their session signatures \
+                     need a secure channel's key agreement)"
+                .into(),
         });
     }
     let name = ServerName::try_from(host.clone()).map_err(|_| ClientError::BadUrl(url.clone()))?;
     let target = Target {
+        // The policy of the session signatures (TLS secures the
+        // transport); absent means None.
+        policy_header: (!policy.is_none())
+            .then(|| format!("OPCUA-SecurityPolicy: {}\r\n", policy.uri())),
         connector: connector(shared.options.security.trust.clone())?,
         path: url_path(url).to_owned(),
         host,
@@ -348,10 +355,11 @@ async fn post(
     let io = |e: std::io::Error| ClientError::Io(e.to_string());
     let work = async {
         let head = format!(
-            "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+            "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/octet-stream\r\n{}Content-Length: {}\r\n\r\n",
             target.path,
             target.host,
             target.port,
+            target.policy_header.as_deref().unwrap_or_default(),
             message.len()
         );
         let mut out = Vec::with_capacity(head.len() + message.len());

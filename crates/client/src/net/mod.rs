@@ -590,7 +590,11 @@ impl Client {
         options: &ClientOptions,
     ) -> Result<t::EndpointDescription, ClientError> {
         let mut plain = options.clone();
-        plain.security = SecurityOptions::default();
+        plain.security = SecurityOptions {
+            // Over opc.https the TLS certificate is judged by it.
+            trust: options.security.trust.clone(),
+            ..SecurityOptions::default()
+        };
         plain.reconnect = false;
         let client = Box::pin(Self::connect_ungated(url, plain)).await?;
         let endpoints = client.get_endpoints().await;

@@ -28,9 +28,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use uascale_crypto::policy::SecurityPolicy;
+use uascale_crypto::x509::PeerCertificate;
 use uascale_proto::security::ChannelSecurity;
 use uascale_proto::Now;
-use uascale_types::{BinaryDecode, DateTime, DecodeLimits, NodeId, Reader};
+use uascale_types::{
+    BinaryDecode, DateTime, DecodeLimits, MessageSecurityMode, NodeId, Reader, StatusCode,
+};
 
 use super::channel::Channel;
 use super::submit::{submit, Submit};
@@ -42,7 +45,7 @@ use crate::context::ServiceContext;
 use crate::error::ServiceError;
 use crate::reply::ResponseSink;
 use crate::scheduler::Spawn;
-use crate::session::SessionKey;
+use crate::session::{SessionEvent, SessionKey};
 use crate::shed::{Reason, Shed, Stage};
 
 /// The largest request head (request line and headers), bytes; over it
@@ -61,6 +64,8 @@ pub const CONTENT_TYPE: &str = "application/octet-stream";
 /// of Reads starve its notifications) and CloseSession (a client shedding
 /// its own load is never refused).
 const UNCHARGED: [u32; 2] = [826, 473];
+/// CreateSessionRequest's binary encoding id.
+const CREATE_SESSION: u32 = 461;
 
 /// The request head of one HTTP/1.1 request, as far as the binding reads
 /// it.
@@ -379,6 +384,10 @@ pub struct Https {
     next_request_id: AtomicU32,
     sessions: Mutex<SessionBuckets>,
     addresses: Mutex<AddressBuckets>,
+    /// What the session services see of the logical channels whose
+    /// CreateSession named a secured policy (the client certificate
+    /// validated then), until their session ends.
+    secured: Mutex<crate::fxhash::FxHashMap<u32, ChannelSecurity>>,
 }
 
 /// An admitted HTTPS connection: counted until dropped.
@@ -431,7 +440,8 @@ impl Https {
             config.address_burst,
             crate::admission::address::DEFAULT_ADDRESS_TABLE_CAPACITY,
         );
-        Arc::new(Https {
+        let https = Arc::new(Https {
+            secured: Mutex::default(),
             sessions: Mutex::new(SessionBuckets {
                 rate: config.session_rate,
                 burst: config.session_burst,
@@ -443,7 +453,23 @@ impl Https {
             config,
             connections: AtomicUsize::new(0),
             next_request_id: AtomicU32::new(1),
-        })
+        });
+        let weak = Arc::downgrade(&https);
+        https
+            .endpoint
+            .state
+            .sessions
+            .listen(Arc::new(move |event: &SessionEvent| {
+                let channel_id = match event {
+                    SessionEvent::Closed { channel_id, .. }
+                    | SessionEvent::TimedOut { channel_id, .. } => *channel_id,
+                    _ => return,
+                };
+                if let Some(h) = weak.upgrade() {
+                    lock(&h.secured).remove(&channel_id);
+                }
+            }));
+        https
     }
 
     /// The `[https]` section.
@@ -493,8 +519,8 @@ impl Https {
             let shed = Shed::new(Stage::Https, Reason::ShuttingDown, Duration::from_secs(1));
             return Outcome::Respond(busy(shed, 503, 0, now.utc));
         }
-        let security = match policy_security(head.policy.as_deref()) {
-            Ok(s) => s,
+        let policy = match header_policy(head.policy.as_deref()) {
+            Ok(p) => p,
             Err(e) => return Outcome::Respond(e.to_bytes()),
         };
         let Some(peek) = peek(body, &state.channel_config.decode) else {
@@ -532,15 +558,44 @@ impl Https {
             state.metrics.shed(&shed);
             return Outcome::Respond(busy(shed, 429, peek.request_handle, now.utc));
         }
-        let channel_id = match session {
-            Some((_, id)) => id,
+        let (channel_id, security) = match session {
+            // The security its CreateSession set up (None if none).
+            Some((_, id)) => (
+                id,
+                lock(&self.secured)
+                    .get(&id)
+                    .cloned()
+                    .unwrap_or_else(ChannelSecurity::none),
+            ),
             // CreateSession and the session-less services: a logical
             // channel of their own (a session created on it stays there).
-            None => self
-                .endpoint
-                .next_channel_id
-                .fetch_add(1, Ordering::Relaxed)
-                .max(1),
+            None => {
+                let id = self
+                    .endpoint
+                    .next_channel_id
+                    .fetch_add(1, Ordering::Relaxed)
+                    .max(1);
+                if peek.type_id != CREATE_SESSION {
+                    (id, ChannelSecurity::none())
+                } else {
+                    match self.establishing(policy, body, now.utc) {
+                        Ok(security) => {
+                            if !policy.is_none() {
+                                lock(&self.secured).insert(id, security.clone());
+                            }
+                            (id, security)
+                        }
+                        Err(status) => {
+                            let fault = crate::dispatch::encoded_fault(
+                                now.utc,
+                                peek.request_handle,
+                                status,
+                            );
+                            return Outcome::Respond(ok(&fault, head.close));
+                        }
+                    }
+                }
+            }
         };
         let channel = Arc::new(Channel::new(channel_id, Some(conn.peer.ip()), conn.local));
         let mut ctx = ServiceContext::new(
@@ -564,6 +619,51 @@ impl Https {
                 task: None,
             },
         }
+    }
+
+    /// The security a CreateSession under `policy` (its
+    /// `OPCUA-SecurityPolicy`) is served with: the policy must be
+    /// published; a secured one (RSA: the ECC policies need a channel's
+    /// key agreement) takes the request's ClientCertificate, validated
+    /// against the PKI at `now`, as the channel's remote certificate - what
+    /// the session services check the signatures with - in mode Sign.
+    fn establishing(
+        &self,
+        policy: SecurityPolicy,
+        body: &[u8],
+        now: DateTime,
+    ) -> Result<ChannelSecurity, StatusCode> {
+        let state = &self.endpoint.state;
+        if !state.security.endpoints.iter().any(|(p, _)| *p == policy) || policy.is_ecc() {
+            return Err(StatusCode::BadSecurityPolicyRejected);
+        }
+        if policy.is_none() {
+            return Ok(ChannelSecurity::none());
+        }
+        let decoded = crate::dispatch::Request::decode(body, &state.channel_config.decode)
+            .map_err(|e| e.status_code())?;
+        let crate::dispatch::Request::CreateSession(req) = decoded else {
+            return Err(StatusCode::BadDecodingError);
+        };
+        let pki = state
+            .security
+            .pki
+            .as_ref()
+            .ok_or(StatusCode::BadSecurityPolicyRejected)?;
+        let cert = pki
+            .validate_client(
+                req.client_certificate.as_bytes_or_empty(),
+                Some(policy),
+                Some(req.client_description.application_uri.as_str_or_empty()),
+                now.to_system_time(),
+            )
+            .map_err(|e| e.status_code())?;
+        Ok(ChannelSecurity {
+            policy,
+            mode: MessageSecurityMode::Sign,
+            remote_certificate: Some(Arc::new(PeerCertificate::new(&cert, None))),
+            channel_thumbprint: None,
+        })
     }
 
     /// The HTTP answer once `channel` is ready: the request's response,
@@ -592,21 +692,14 @@ impl Https {
     }
 }
 
-/// The security the session services see for a request with the
-/// `OPCUA-SecurityPolicy` header `policy`: None when absent. Only None is
-/// served so far: the session signatures of another policy need the
-/// client certificate checked against the PKI at CreateSession, which
-/// this binding does not do yet, so such a request is refused (400)
-/// rather than served unsigned.
-fn policy_security(policy: Option<&str>) -> Result<ChannelSecurity, HttpError> {
-    match policy.map(SecurityPolicy::from_uri) {
-        None => Ok(ChannelSecurity::none()),
-        Some(Some(p)) if p.is_none() => Ok(ChannelSecurity::none()),
-        Some(Some(_)) => Err(HttpError::new(
-            400,
-            "only the None security policy is served over HTTPS",
-        )),
-        Some(None) => Err(HttpError::new(400, "unknown OPCUA-SecurityPolicy")),
+/// The policy an `OPCUA-SecurityPolicy` header names: None when absent;
+/// an unknown URI is 400.
+fn header_policy(policy: Option<&str>) -> Result<SecurityPolicy, HttpError> {
+    match policy {
+        None => Ok(SecurityPolicy::None),
+        Some(uri) => {
+            SecurityPolicy::from_uri(uri).ok_or(HttpError::new(400, "unknown OPCUA-SecurityPolicy"))
+        }
     }
 }
 

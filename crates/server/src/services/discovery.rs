@@ -198,20 +198,34 @@ fn described(
     server_and_certificate: impl Fn(SecurityPolicy) -> (ApplicationDescription, ByteString),
 ) -> Vec<EndpointDescription> {
     let url = endpoint_url_for(ctx, client_url);
-    // HTTPS: TLS carries the transport security; the session signatures
-    // are those of SecurityPolicy None (the one policy served there).
-    let https = https_url_for(ctx, client_url).map(|url| {
-        let policy = SecurityPolicy::None;
+    // HTTPS: TLS carries the transport security; the policy (named by
+    // the client's OPCUA-SecurityPolicy header) only signs the session's
+    // nonces, so a secured one is offered in mode Sign. Each published
+    // policy once, the ECC ones left out (their session signatures need a
+    // channel's key agreement).
+    let https_url = https_url_for(ctx, client_url);
+    let mut https_policies: Vec<SecurityPolicy> = Vec::new();
+    for (policy, _) in &ctx.state.security.endpoints {
+        if https_url.is_some() && !policy.is_ecc() && !https_policies.contains(policy) {
+            https_policies.push(*policy);
+        }
+    }
+    let https = https_policies.into_iter().map(|policy| {
         let (server, server_certificate) = server_and_certificate(policy);
+        let mode = if policy.is_none() {
+            MessageSecurityMode::None
+        } else {
+            MessageSecurityMode::Sign
+        };
         EndpointDescription {
-            endpoint_url: UaString::from(url.as_str()),
+            endpoint_url: UaString::from(https_url.as_deref().unwrap_or_default()),
             server,
             server_certificate,
-            security_mode: MessageSecurityMode::None,
+            security_mode: mode,
             security_policy_uri: UaString::from(policy.uri()),
             user_identity_tokens: Some(user_token_policies(ctx, policy)),
             transport_profile_uri: UaString::from(TRANSPORT_PROFILE_HTTPS),
-            security_level: 0,
+            security_level: security_level(policy, mode),
         }
     });
     ctx.state
