@@ -143,7 +143,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         let options = ClientOptions {
             connect_gate: Some(gate.clone()),
             connect_attempts: max_retries.saturating_add(1),
-            ..super::common::transport_options(&a)
+            ..super::common::transport_options(a)
         };
         let plan = Plan {
             url: a.url.clone(),

@@ -214,7 +214,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         );
         match mode {
             Mode::Pipeline => {
-                let mut p = Pipeline::connect(&a.url, super::common::transport_options(&a))
+                let mut p = Pipeline::connect(&a.url, super::common::transport_options(a))
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
                 p.create_session("uascale bench read")
@@ -229,7 +229,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
                 ));
             }
             Mode::Library => {
-                let c = Client::connect(&a.url, super::common::transport_options(&a))
+                let c = Client::connect(&a.url, super::common::transport_options(a))
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
                 c.create_session("uascale bench read")
