@@ -808,6 +808,125 @@ mod tests {
         assert!(text.contains("\r\nRetry-After: 2\r\n"), "{text}");
     }
 
+    /// The decisions on simulated time, without sockets: each
+    /// CreateSession on a logical channel of its own, later requests
+    /// routed by token to it, session-less requests charged to their
+    /// address (429 once its bucket is empty, another address untouched),
+    /// a full connection table refusing at accept, all counted at stage
+    /// `https`.
+    #[test]
+    fn requests_are_routed_by_token_and_limited_per_client() {
+        use uascale_types::{
+            encode_message, CreateSessionRequest, GetEndpointsRequest, RequestHeader,
+        };
+        let mut config = crate::config::ServerConfig {
+            security: crate::config::SecurityConfig::none_only(),
+            ..Default::default()
+        };
+        config.https.address_rate = 1;
+        config.https.address_burst = 3;
+        config.https.max_connections = 2;
+        let state = crate::state::ServerState::new(config).expect("state");
+        let https = Https::new(Endpoint::new(state, None));
+        let at = Now {
+            instant: Instant::now(),
+            utc: DateTime::from_ticks(1),
+        };
+        let peer = |host: u8| SocketAddr::from(([127, 0, 0, host], 40_000));
+        let a = https.accept(peer(1), None).expect("admitted");
+        let b = https.accept(peer(2), None).expect("admitted");
+        let refused = https
+            .accept(peer(3), None)
+            .expect_err("over max_connections");
+        assert_eq!(refused.reason, Reason::ConnectionLimit);
+        let head = Head {
+            method: "POST".into(),
+            path: "/".into(),
+            ..Head::default()
+        };
+        let body = |m: &dyn uascale_types::DynStructure| {
+            let mut out = Vec::new();
+            encode_message(m, &mut out);
+            out
+        };
+        let answer = |o: Outcome| match o {
+            Outcome::Respond(bytes) => bytes,
+            other => panic!("answered later: {other:?}"),
+        };
+        let create = |token: &NodeId| {
+            body(&CreateSessionRequest {
+                request_header: RequestHeader {
+                    authentication_token: token.clone(),
+                    ..Default::default()
+                },
+                requested_session_timeout: 60_000.0,
+                ..Default::default()
+            })
+        };
+        // Two CreateSessions from one address: two sessions on two
+        // logical channels.
+        let first = answer(https.request(&a, &head, &create(&NodeId::NULL), at));
+        let second = answer(https.request(&a, &head, &create(&NodeId::NULL), at));
+        assert!(first.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert!(second.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert_eq!(https.endpoint.state.sessions.len(), 2);
+        let channel_of = |http: &[u8]| {
+            let at = find_end(http).expect("a head") + 4;
+            let limits = DecodeLimits::default();
+            let mut r = Reader::new(http.get(at..).unwrap_or_default(), &limits).expect("body");
+            let m = uascale_types::decode_message(&mut r).expect("a response");
+            let created = m
+                .into_any()
+                .downcast::<uascale_types::CreateSessionResponse>()
+                .expect("CreateSessionResponse");
+            https
+                .endpoint
+                .state
+                .sessions
+                .with_key(&SessionKey::of(&created.authentication_token), |s| {
+                    s.channel_id
+                })
+                .expect("the session")
+        };
+        assert_ne!(
+            channel_of(&first),
+            channel_of(&second),
+            "one logical channel each"
+        );
+        // The address's third session-less request empties its bucket;
+        // the fourth is 429 with Retry-After and a ServiceFault.
+        let endpoints = body(&GetEndpointsRequest::default());
+        answer(https.request(&a, &head, &endpoints, at));
+        let busy = answer(https.request(&a, &head, &endpoints, at));
+        let text = String::from_utf8_lossy(&busy);
+        assert!(text.starts_with("HTTP/1.1 429 "), "{text}");
+        assert!(text.contains("\r\nRetry-After: 1\r\n"), "{text}");
+        // Another address has its own bucket.
+        let other = answer(https.request(&b, &head, &endpoints, at));
+        assert!(other.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert_eq!(
+            https
+                .endpoint
+                .state
+                .metrics
+                .shed_count(Stage::Https, Reason::AddressRate),
+            1
+        );
+        assert_eq!(
+            https
+                .endpoint
+                .state
+                .metrics
+                .shed_count(Stage::Https, Reason::ConnectionLimit),
+            1
+        );
+        // A body that is not a request: 400.
+        let bad = answer(https.request(&b, &head, b"\xff", at));
+        assert!(bad.starts_with(b"HTTP/1.1 400 "));
+        drop((a, b));
+        assert_eq!(https.connection_count(), 0);
+    }
+
     #[test]
     fn no_input_panics_the_parser() {
         // A cheap sweep; the fuzz target goes further.
