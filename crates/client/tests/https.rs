@@ -462,6 +462,8 @@ async fn a_secured_policy_signs_the_session_over_https() {
         trust_all_client_certificates: true,
         ..SecurityConfig::default()
     };
+    let hash = uascale_server::identity::hash_password(b"secret").expect("hash");
+    config.users = vec![uascale_server::config::UserConfig::new("operator", &hash)];
     let server = Server::bind(config).expect("server binds");
     let addr = server.https_addr().expect("https listening");
     let state = Arc::clone(server.state());
