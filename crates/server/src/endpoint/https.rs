@@ -403,6 +403,7 @@ pub struct HttpsConnection {
 impl Drop for HttpsConnection {
     fn drop(&mut self) {
         self.https.connections.fetch_sub(1, Ordering::AcqRel);
+        self.https.endpoint.state.metrics.connection_closed();
     }
 }
 
@@ -482,14 +483,25 @@ impl Https {
         self.connections.load(Ordering::Acquire)
     }
 
-    /// A new connection from `peer` on `local`: admitted under
-    /// `max_connections`, else the [`Shed`] (counted) - the shell closes
-    /// it at once, before the TLS handshake's work.
+    /// A new connection from `peer` on `local` at `now`: admitted under
+    /// `max_connections` and by admission's accept stage (the connection
+    /// rate buckets and the open-files headroom that opc.tcp connections
+    /// share: a TLS handshake costs like an OpenSecureChannel), else the
+    /// [`Shed`] (counted) - the shell closes it at once, before any TLS
+    /// work. Counted in the connection metrics like an opc.tcp one.
     pub fn accept(
         self: &Arc<Self>,
         peer: SocketAddr,
         local: Option<IpAddr>,
+        now: Instant,
     ) -> Result<HttpsConnection, Shed> {
+        let metrics = &self.endpoint.state.metrics;
+        metrics.connection_accepted();
+        let refused = |shed: Shed| {
+            metrics.shed(&shed);
+            metrics.connection_closed();
+            Err(shed)
+        };
         let open = self.connections.fetch_add(1, Ordering::AcqRel);
         if open >= self.config.max_connections {
             self.connections.fetch_sub(1, Ordering::AcqRel);
@@ -498,14 +510,36 @@ impl Https {
                 Reason::ConnectionLimit,
                 Duration::from_secs(1),
             );
-            self.endpoint.state.metrics.shed(&shed);
-            return Err(shed);
+            return refused(shed);
+        }
+        let all = open + 1 + self.endpoint.connection_count();
+        if let crate::admission::Decision::Refuse {
+            retry_after, by, ..
+        } =
+            self.endpoint
+                .state
+                .admission
+                .on_accept(peer, now, all, self.endpoint.open_files_soft)
+        {
+            self.connections.fetch_sub(1, Ordering::AcqRel);
+            let reason = match by {
+                crate::admission::AcceptCheck::OpenFiles => Reason::OpenFiles,
+                crate::admission::AcceptCheck::AddressRate => Reason::AddressRate,
+                crate::admission::AcceptCheck::Rate => Reason::Rate,
+            };
+            return refused(Shed::new(Stage::Accept, reason, retry_after));
         }
         Ok(HttpsConnection {
             https: Arc::clone(self),
             peer,
             local,
         })
+    }
+
+    /// `conn` closed at `now` (admission's close rate feeds its hints).
+    pub fn closed(&self, conn: HttpsConnection, now: Instant) {
+        self.endpoint.state.admission.connection_closed(now);
+        drop(conn);
     }
 
     /// Serves one request - its `head` already [`judge`]d, its whole
@@ -833,10 +867,10 @@ mod tests {
             utc: DateTime::from_ticks(1),
         };
         let peer = |host: u8| SocketAddr::from(([127, 0, 0, host], 40_000));
-        let a = https.accept(peer(1), None).expect("admitted");
-        let b = https.accept(peer(2), None).expect("admitted");
+        let a = https.accept(peer(1), None, at.instant).expect("admitted");
+        let b = https.accept(peer(2), None, at.instant).expect("admitted");
         let refused = https
-            .accept(peer(3), None)
+            .accept(peer(3), None, at.instant)
             .expect_err("over max_connections");
         assert_eq!(refused.reason, Reason::ConnectionLimit);
         let head = Head {
@@ -923,8 +957,10 @@ mod tests {
         // A body that is not a request: 400.
         let bad = answer(https.request(&b, &head, b"\xff", at));
         assert!(bad.starts_with(b"HTTP/1.1 400 "));
-        drop((a, b));
+        https.closed(a, at.instant);
+        https.closed(b, at.instant);
         assert_eq!(https.connection_count(), 0);
+        assert_eq!(https.endpoint.state.metrics.connections_open(), 0);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -138,15 +138,14 @@ pub(super) async fn serve(bound: Bound, endpoint: Arc<Endpoint>) {
         };
         let local = stream.local_addr().ok().map(|a| a.ip());
         // Refused: closed at once, before any TLS work.
-        let Ok(conn) = https.accept(peer, local) else {
+        let Ok(conn) = https.accept(peer, local, Instant::now()) else {
             continue;
         };
-        tokio::spawn(connection(
-            stream,
-            conn,
-            acceptor.clone(),
-            Arc::clone(&https),
-        ));
+        let (acceptor, https) = (acceptor.clone(), Arc::clone(&https));
+        tokio::spawn(async move {
+            connection(stream, &conn, acceptor, &https).await;
+            https.closed(conn, Instant::now());
+        });
     }
 }
 
@@ -161,9 +160,9 @@ enum End {
 /// each head bounded by [`MAX_HEAD`] and each body by `max_body_size`.
 async fn connection(
     stream: TcpStream,
-    conn: HttpsConnection,
+    conn: &HttpsConnection,
     acceptor: TlsAcceptor,
-    https: Arc<Https>,
+    https: &Arc<Https>,
 ) {
     let _ = stream.set_nodelay(true);
     let state = Arc::clone(https.endpoint().state());
@@ -217,14 +216,14 @@ async fn connection(
         }
         let rest = buf.split_off(length);
         let body = std::mem::replace(&mut buf, rest);
-        let answer = match https.request(&conn, &head, &body, clock()) {
+        let answer = match https.request(conn, &head, &body, clock()) {
             Outcome::Respond(bytes) => bytes,
             Outcome::Wait { channel, task } => {
                 drop(body);
                 if let Some(task) = task {
                     tokio::spawn(task);
                 }
-                match wait(&mut tls, &mut buf, &https, &channel, head.close).await {
+                match wait(&mut tls, &mut buf, https, &channel, head.close).await {
                     Ok(bytes) => bytes,
                     Err(End::Gone) => {
                         https.abandon(&channel);
