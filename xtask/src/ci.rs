@@ -22,6 +22,7 @@ const FUZZ_TARGETS: &[&str] = &[
     "dispatch_request",
     "config_file",
     "nodeset_import",
+    "https_request",
     "client_connection",
     "secure_channel",
 ];

@@ -129,7 +129,7 @@ impl Common {
         Ok(ClientOptions {
             request_timeout: self.timeout,
             connect_timeout: self.timeout,
-            security: args.options()?,
+            security: args.options_for(&self.url)?,
             identity: user_identity(
                 self.flag("--user"),
                 self.flag("--password"),

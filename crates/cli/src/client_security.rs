@@ -224,6 +224,21 @@ pub struct SecurityArgs {
 }
 
 impl SecurityArgs {
+    /// The options for `url`: [`options`](Self::options), and for an
+    /// opc.https URL the trust its TLS certificate is judged by (the PKI's
+    /// trust list, or `--trust-server`) whatever the policy.
+    pub fn options_for(&self, url: &str) -> Result<uascale_client::SecurityOptions, String> {
+        let mut options = self.options()?;
+        if url.starts_with("opc.https://") {
+            options.trust = if self.trust_any {
+                ServerTrust::UnsafeAcceptAny
+            } else {
+                ServerTrust::Validator(Arc::new(PkiTrust::open(&self.pki)?))
+            };
+        }
+        Ok(options)
+    }
+
     /// The channel's options: our certificate and the server trust.
     pub fn options(&self) -> Result<uascale_client::SecurityOptions, String> {
         if self.policy.is_none() {

@@ -23,6 +23,7 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
                      [--bind ADDR] [--nodes N] [--rate-ms MS] [--slow-ms MS]
                      [--isolation-profile NAME] [--nodeset FILE]...
                      [--pki DIR] [--security none|all|ecc] [--metrics ADDR]
+                     [--https ADDR]
                      [--log-format text|json]
                      [--cluster nats://HOST:PORT [--node-id ID] [--node-index N]
                                                 [--advertise URL]]
@@ -51,6 +52,8 @@ const USAGE: &str = "usage: uascale serve [--config FILE] [--print-config] [--ho
            per curve is created in the PKI next to the RSA one);
            --metrics ADDR serves /metrics (Prometheus), /healthz and /readyz
            over HTTP on ADDR, e.g. 127.0.0.1:9464 (metrics.listen);
+           --https ADDR serves opc.https (https-uabinary) on ADDR, e.g.
+           0.0.0.0:4843, with the application certificate (https.listen);
            --cluster URL makes this server a node of a cluster mirroring
            its sessions through the NATS JetStream server at URL
            (cluster.url; docs/cluster.md), --node-id its id (cluster.node_id,
@@ -175,6 +178,12 @@ fn serve_config(args: &[&str]) -> Result<(ServerConfig, bool), String> {
                 let v = value("--metrics")?;
                 config.metrics.listen = Some(v.parse().map_err(|_| {
                     format!("--metrics {v:?} is not an address and port (e.g. 127.0.0.1:9464)")
+                })?);
+            }
+            "--https" => {
+                let v = value("--https")?;
+                config.https.listen = Some(v.parse().map_err(|_| {
+                    format!("--https {v:?} is not an address and port (e.g. 0.0.0.0:4843)")
                 })?);
             }
             "--cluster" => {

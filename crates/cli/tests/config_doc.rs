@@ -140,7 +140,8 @@ fn configuration_doc_lists_every_key_with_its_default() {
          \"$argon2id$v=19$m=64,t=1,p=1$MDEyMzQ1Njc4OWFiY2RlZg$VqTeVXbWRg6XKh3mS9Zb5B5y4gFHmT1nbC3WlbnJEhc\"\n\
          [metrics]\nlisten = \"127.0.0.1:9464\"\n\
          [cluster]\nurl = \"nats://127.0.0.1:4222\"\nnode_id = \"n1\"\nnode_index = 3\n\
-         endpoint_url = \"opc.tcp://front:4840\"\n",
+         endpoint_url = \"opc.tcp://front:4840\"\n\
+         [https]\nlisten = \"127.0.0.1:4843\"\ncertificate = \"tls.pem\"\nprivate_key = \"tls.key\"\n",
     )
     .unwrap();
     let with_user = printed_keys(&print_config(&["--config", file.to_str().unwrap()]));

@@ -6,8 +6,8 @@
 //! which the cluster suites cover with real nats-server and HAProxy) and
 //! the production configuration of "## Security". Changed, so that the
 //! test is bounded and runs beside others: `U=target/release/uascale`
-//! becomes the binary under test; port 4840 and the metrics port 9464
-//! become free ports; every server listens on 127.0.0.1 only; the storm
+//! becomes the binary under test; port 4840, the metrics port 9464 and
+//! the HTTPS port 4843 become free ports; every server listens on 127.0.0.1 only; the storm
 //! has 40 clients instead of 500. A line `$U serve ...` (not
 //! `--print-config`) starts that server in the background, after stopping
 //! the one before, and waits until it accepts connections. A line marked
@@ -109,6 +109,7 @@ fn run_blocks(
     blocks: &[Vec<String>],
     port: u16,
     metrics: u16,
+    https: u16,
     mut server: Option<Server>,
 ) -> Option<Server> {
     for block in blocks {
@@ -119,6 +120,7 @@ fn run_blocks(
             let line = line
                 .replace("localhost:4840", &format!("localhost:{port}"))
                 .replace("9464", &metrics.to_string())
+                .replace("4843", &https.to_string())
                 .replace("--clients 500", "--clients 40");
             if let Some(head) = line.strip_suffix('\\') {
                 pending.push_str(head);
@@ -215,6 +217,7 @@ fn the_readme_tour_runs_as_written() {
     let dir = TempDir::new("readme-tour");
     let port = free_port();
     let metrics = free_port();
+    let https = free_port();
     // The README's first command: the server, in the directory the tour
     // then runs in.
     let first = start(
@@ -222,14 +225,21 @@ fn the_readme_tour_runs_as_written() {
         &["serve".into(), "--port".into(), port.to_string()],
         port,
     );
-    drop(run_blocks(dir.as_ref(), tour, port, metrics, Some(first)));
+    drop(run_blocks(
+        dir.as_ref(),
+        tour,
+        port,
+        metrics,
+        https,
+        Some(first),
+    ));
 
     // The production configuration starts, with no None endpoint.
     let security = blocks(&readme, "Security");
     assert!(!security.is_empty());
     let dir = TempDir::new("readme-production");
     let server =
-        run_blocks(dir.as_ref(), &security, port, metrics, None).expect("a server started");
+        run_blocks(dir.as_ref(), &security, port, metrics, https, None).expect("a server started");
     let (ok, out) = sh(
         dir.as_ref(),
         &format!("$U endpoints opc.tcp://localhost:{port}"),

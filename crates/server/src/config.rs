@@ -58,6 +58,72 @@ pub struct ServerConfig {
     /// `[cluster]`: scale-out through NATS JetStream (docs/scalability.md §8,
     /// docs/cluster.md). Off unless `url` is set.
     pub cluster: ClusterSection,
+    /// `[https]`: the opc.https (https-uabinary) listener and its
+    /// per-client rate limits (docs/scalability.md, "HTTPS"). Off unless
+    /// `listen` is set.
+    pub https: HttpsSection,
+}
+
+/// `[https]`: the opc.https listener - OPC UA binary messages POSTed over
+/// HTTP/1.1 in TLS - and the limits that keep one client from starving
+/// the others (docs/scalability.md, "HTTPS").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpsSection {
+    /// Address and port of the listener (`listen`, e.g. `"0.0.0.0:4843"`;
+    /// `uascale serve --https ADDR`). Default unset: no HTTPS. Port 0 lets
+    /// the kernel choose.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// The TLS certificate, DER or PEM (`certificate`). Default unset: the
+    /// application instance certificate of the PKI.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<std::path::PathBuf>,
+    /// The TLS certificate's private key, PKCS#8 or PKCS#1, DER or PEM
+    /// (`private_key`); required with `certificate`. Default unset: the
+    /// application instance key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<std::path::PathBuf>,
+    /// Most HTTPS connections open at once (`max_connections`); a newer
+    /// one is closed at accept. Each held Publish pins a connection over
+    /// HTTP/1.1. Default 20,000.
+    pub max_connections: usize,
+    /// Largest request body, bytes (`max_body_size`); over it the answer
+    /// is 413. Default 4 MiB.
+    pub max_body_size: usize,
+    /// A connection idle this long between requests is closed
+    /// (`idle_timeout_ms`). Default 120 s: longer than a held Publish
+    /// waits at the usual keep-alive settings.
+    #[serde(rename = "idle_timeout_ms", with = "millis")]
+    pub idle_timeout: Duration,
+    /// Requests a second each session may send (`session_rate`), Publish
+    /// and CloseSession not counted. Over it: 429. Default 200.
+    pub session_rate: u32,
+    /// The session bucket's size (`session_burst`). Default 400.
+    pub session_burst: u32,
+    /// Requests a second each source address may send without a session
+    /// (`address_rate`: GetEndpoints, FindServers, CreateSession, a token
+    /// the server does not know). Over it: 429. Default 50.
+    pub address_rate: u32,
+    /// The address bucket's size (`address_burst`). Default 100.
+    pub address_burst: u32,
+}
+
+impl Default for HttpsSection {
+    fn default() -> Self {
+        HttpsSection {
+            listen: None,
+            certificate: None,
+            private_key: None,
+            max_connections: 20_000,
+            max_body_size: 4 << 20,
+            idle_timeout: Duration::from_secs(120),
+            session_rate: 200,
+            session_burst: 400,
+            address_rate: 50,
+            address_burst: 100,
+        }
+    }
 }
 
 /// `[cluster]`: this server as one node of a cluster behind a TCP front
@@ -1151,7 +1217,35 @@ impl ServerConfig {
         }
         self.validate_admission()?;
         self.validate_requests()?;
+        self.validate_https()?;
         self.validate_cluster()
+    }
+
+    fn validate_https(&self) -> Result<(), ConfigError> {
+        let h = &self.https;
+        if h.certificate.is_some() != h.private_key.is_some() {
+            return fail(
+                if h.certificate.is_some() {
+                    "https.private_key"
+                } else {
+                    "https.certificate"
+                },
+                "unset",
+                "https.certificate and https.private_key go together",
+            );
+        }
+        at_least("https.max_connections", count(h.max_connections), 1)?;
+        at_least("https.max_body_size", count(h.max_body_size), 1024)?;
+        positive_ms("https.idle_timeout_ms", h.idle_timeout)?;
+        for (key, v) in [
+            ("https.session_rate", h.session_rate),
+            ("https.session_burst", h.session_burst),
+            ("https.address_rate", h.address_rate),
+            ("https.address_burst", h.address_burst),
+        ] {
+            at_least(key, u64::from(v), 1)?;
+        }
+        Ok(())
     }
 
     fn validate_cluster(&self) -> Result<(), ConfigError> {

@@ -34,11 +34,14 @@ pub enum Stage {
     Control,
     /// Held Publishes (`max_parked_request_count`).
     Parked,
+    /// The opc.https listener's own limits: its connection count and the
+    /// per-session and per-address request buckets (answered HTTP 429).
+    Https,
 }
 
 impl Stage {
     /// Every stage, in index order.
-    pub const ALL: [Stage; 9] = [
+    pub const ALL: [Stage; 10] = [
         Stage::Accept,
         Stage::Channel,
         Stage::Handshake,
@@ -48,6 +51,7 @@ impl Stage {
         Stage::Reconnect,
         Stage::Control,
         Stage::Parked,
+        Stage::Https,
     ];
 
     /// The stages of the request queue (the `opcua_server_isolation_*`
@@ -72,6 +76,7 @@ impl Stage {
             Stage::Reconnect => "reconnect",
             Stage::Control => "control",
             Stage::Parked => "parked",
+            Stage::Https => "https",
         }
     }
 
@@ -118,11 +123,16 @@ pub enum Reason {
     /// A cluster node shutting down takes no new session (its clients go
     /// to a node that serves on).
     ShuttingDown,
+    /// A session's own HTTPS request bucket was empty
+    /// (`[https] session_rate`).
+    SessionRate,
+    /// `[https] max_connections` connections open.
+    ConnectionLimit,
 }
 
 impl Reason {
     /// Every reason, in index order.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 17] = [
         Reason::Rate,
         Reason::AddressRate,
         Reason::OpenFiles,
@@ -138,6 +148,8 @@ impl Reason {
         Reason::Reserved,
         Reason::StoreUnavailable,
         Reason::ShuttingDown,
+        Reason::SessionRate,
+        Reason::ConnectionLimit,
     ];
 
     /// The label value.
@@ -158,6 +170,8 @@ impl Reason {
             Reason::Reserved => "reserved",
             Reason::StoreUnavailable => "store_unavailable",
             Reason::ShuttingDown => "shutting_down",
+            Reason::SessionRate => "session_rate",
+            Reason::ConnectionLimit => "connection_limit",
         }
     }
 }

@@ -5,6 +5,17 @@ use uascale_client::{Client, ClientOptions};
 use super::Args;
 use crate::client_security::{parse_security, user_identity, SecurityArgs};
 
+/// Default client options, but for an opc.https URL with
+/// `--trust-server`: the server's TLS certificate accepted unchecked
+/// (unsafe; the benches that take `--security` judge it by `--pki` too).
+pub(super) fn transport_options(a: &Args) -> ClientOptions {
+    let mut options = ClientOptions::default();
+    if a.last("--trust-server").is_some() {
+        options.security.trust = uascale_client::ServerTrust::UnsafeAcceptAny;
+    }
+    options
+}
+
 /// The client options of the security and identity flags; for a secured
 /// policy the server certificate is looked up once here, not per session.
 pub(super) async fn client_options(a: &Args) -> Result<ClientOptions, String> {
@@ -15,7 +26,7 @@ pub(super) async fn client_options(a: &Args) -> Result<ClientOptions, String> {
         pki: a.last("--pki").unwrap_or("pki-client").into(),
         trust_any: a.last("--trust-server").is_some(),
     }
-    .options()?;
+    .options_for(&a.url)?;
     let mut options = ClientOptions {
         security,
         identity: user_identity(

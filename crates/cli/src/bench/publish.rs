@@ -36,6 +36,7 @@ pub const FLAGS: &[&str] = &[
     "--duration-s",
     "--max-retries",
     "--server-pid",
+    "--trust-server",
 ];
 
 const SETUP: u8 = 0;
@@ -144,7 +145,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         let options = ClientOptions {
             connect_gate: Some(gate.clone()),
             connect_attempts: max_retries.saturating_add(1),
-            ..Default::default()
+            ..super::common::transport_options(a)
         };
         let plan = Plan {
             url: a.url.clone(),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use uascale_client::net::pipeline::{read_statuses, Pipeline, Template};
-use uascale_client::{Client, ClientError, ClientOptions};
+use uascale_client::{Client, ClientError};
 use uascale_types as t;
 use uascale_types::NodeId;
 
@@ -34,6 +34,7 @@ pub const FLAGS: &[&str] = &[
     "--duration-s",
     "--server-pid",
     "--client",
+    "--trust-server",
 ];
 
 /// How the load is generated.
@@ -213,7 +214,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         );
         match mode {
             Mode::Pipeline => {
-                let mut p = Pipeline::connect(&a.url, ClientOptions::default())
+                let mut p = Pipeline::connect(&a.url, super::common::transport_options(a))
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
                 p.create_session("uascale bench read")
@@ -228,7 +229,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
                 ));
             }
             Mode::Library => {
-                let c = Client::connect(&a.url, ClientOptions::default())
+                let c = Client::connect(&a.url, super::common::transport_options(a))
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
                 c.create_session("uascale bench read")

@@ -30,6 +30,7 @@ use crate::backoff::Backoff;
 use crate::error::ClientError;
 use crate::security::{self, ServerTrust, UserIdentity};
 
+pub mod https;
 pub mod pipeline;
 
 mod gate;
@@ -259,18 +260,23 @@ impl Drop for Client {
     }
 }
 
-/// Splits `opc.tcp://host:port[/path]` into host and port.
+/// Splits `opc.tcp://host:port[/path]` (or `opc.https://host:port[/path]`)
+/// into host and port; without a port, 4840 for opc.tcp and 443 for
+/// opc.https.
 pub fn parse_url(url: &str) -> Result<(String, u16), ClientError> {
     let bad = || ClientError::BadUrl(url.to_owned());
-    let rest = url.strip_prefix("opc.tcp://").ok_or_else(bad)?;
+    let (rest, default_port) = match url.strip_prefix("opc.tcp://") {
+        Some(rest) => (rest, "4840"),
+        None => (url.strip_prefix("opc.https://").ok_or_else(bad)?, "443"),
+    };
     let authority = rest.split('/').next().unwrap_or("");
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let (h, p) = v6.split_once(']').ok_or_else(bad)?;
-        (h, p.strip_prefix(':').unwrap_or("4840"))
+        (h, p.strip_prefix(':').unwrap_or(default_port))
     } else {
         match authority.rsplit_once(':') {
             Some((h, p)) => (h, p),
-            None => (authority, "4840"),
+            None => (authority, default_port),
         }
     };
     if host.is_empty() {
@@ -584,7 +590,11 @@ impl Client {
         options: &ClientOptions,
     ) -> Result<t::EndpointDescription, ClientError> {
         let mut plain = options.clone();
-        plain.security = SecurityOptions::default();
+        plain.security = SecurityOptions {
+            // Over opc.https the TLS certificate is judged by it.
+            trust: options.security.trust.clone(),
+            ..SecurityOptions::default()
+        };
         plain.reconnect = false;
         let client = Box::pin(Self::connect_ungated(url, plain)).await?;
         let endpoints = client.get_endpoints().await;
@@ -886,6 +896,9 @@ impl Shared {
     /// Opens a new connection and channel (not yet the client's link).
     pub(crate) async fn open_link(self: &Arc<Self>) -> Result<(u64, Link), ClientError> {
         let url = &self.endpoint_url;
+        if https::is_https(url) {
+            return https::open_link(self).await;
+        }
         let options = &self.options;
         let (host, port) = parse_url(url)?;
         let deadline = options.connect_timeout;

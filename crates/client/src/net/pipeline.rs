@@ -144,6 +144,11 @@ impl Pipeline {
                 reason: "the pipelined path supports SecurityPolicy None only".into(),
             });
         }
+        if super::https::is_https(url) {
+            return Err(ClientError::BadUrl(format!(
+                "{url}: the pipelined path speaks opc.tcp only (use the library client)"
+            )));
+        }
         let (host, port) = parse_url(url)?;
         let stream = tokio::time::timeout(
             options.connect_timeout,

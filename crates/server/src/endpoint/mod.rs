@@ -20,6 +20,7 @@
 
 pub mod channel;
 pub mod drain;
+pub mod https;
 pub mod proxy;
 pub mod submit;
 #[cfg(test)]

@@ -18,6 +18,8 @@ use connection::{refuse, serve, Shell};
 
 mod connection;
 mod crypto;
+#[cfg(feature = "https")]
+mod https;
 mod metrics_http;
 mod planned;
 pub mod proxy;
@@ -30,6 +32,27 @@ pub struct Server {
     listener: TcpListener,
     /// The metrics endpoint's listener (`[metrics] listen`).
     metrics: Option<TcpListener>,
+    /// The opc.https listener (`[https] listen`).
+    #[cfg(feature = "https")]
+    https: Option<https::Bound>,
+}
+
+/// Binds `[https] listen`, if set (see `https::bind`); a build without
+/// the `https` feature refuses to start with it rather than serve
+/// without.
+fn bind_https(config: &ServerConfig) -> io::Result<Option<(TcpListener, SocketAddr)>> {
+    #[cfg(feature = "https")]
+    {
+        https::bind(config.https.listen, config.limits.listen_backlog)
+    }
+    #[cfg(not(feature = "https"))]
+    match config.https.listen {
+        Some(addr) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("https.listen = {addr}: this build has no TLS (uascale-server's `https` feature is off)"),
+        )),
+        None => Ok(None),
+    }
 }
 
 impl Server {
@@ -55,8 +78,12 @@ impl Server {
         let listener = listen(config.server.socket_addr(), config.limits.listen_backlog)?;
         // With port 0 the kernel chose: publish the port actually bound.
         config.server.port = listener.local_addr()?.port();
+        let https = bind_https(&config)?;
+        if let Some((_, addr)) = &https {
+            config.https.listen = Some(*addr);
+        }
         let state = ServerState::with_setup(config, setup)?;
-        Self::serve_state(state, listener)
+        Self::serve_state(state, listener, https.map(|(l, _)| l))
     }
 
     /// Serves an already built state on its configured address (whose
@@ -66,10 +93,22 @@ impl Server {
             state.config.server.socket_addr(),
             state.config.limits.listen_backlog,
         )?;
-        Self::serve_state(state, listener)
+        let https = bind_https(&state.config)?;
+        Self::serve_state(state, listener, https.map(|(l, _)| l))
     }
 
-    fn serve_state(state: Arc<ServerState>, listener: TcpListener) -> io::Result<Self> {
+    fn serve_state(
+        state: Arc<ServerState>,
+        listener: TcpListener,
+        https_listener: Option<TcpListener>,
+    ) -> io::Result<Self> {
+        #[cfg(feature = "https")]
+        let https = match https_listener {
+            Some(l) => Some(https::prepare(l, &state)?),
+            None => None,
+        };
+        #[cfg(not(feature = "https"))]
+        drop(https_listener);
         // The metrics endpoint is bound now, so a bad address fails the
         // start and port 0 is known before `run`.
         let metrics = match state.config.metrics.listen {
@@ -89,6 +128,8 @@ impl Server {
             shell: Arc::new(Shell { endpoint, crypto }),
             listener,
             metrics,
+            #[cfg(feature = "https")]
+            https,
         })
     }
 
@@ -111,6 +152,17 @@ impl Server {
     /// `[metrics] listen`; with port 0, the port the kernel chose).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The address the opc.https listener is bound to (`None` without
+    /// `[https] listen`; with port 0, the port the kernel chose).
+    pub fn https_addr(&self) -> Option<SocketAddr> {
+        #[cfg(feature = "https")]
+        {
+            self.https.as_ref().and_then(|b| b.local_addr().ok())
+        }
+        #[cfg(not(feature = "https"))]
+        None
     }
 
     /// With `[cluster] url`: connects to the NATS store (failing the start
@@ -175,6 +227,13 @@ impl Server {
                 Arc::clone(self.shell.endpoint.state()),
             ))
         });
+        #[cfg(feature = "https")]
+        let https = self.https.map(|bound| {
+            if let Ok(addr) = bound.local_addr() {
+                tracing::info!(url = %format!("opc.https://{addr}/"), "opc.https listening");
+            }
+            tokio::spawn(https::serve(bound, Arc::clone(&self.shell.endpoint)))
+        });
         let state = Arc::clone(self.shell.endpoint.state());
         state.set_listening(true);
         workers::start(&state.scheduler);
@@ -238,6 +297,10 @@ impl Server {
                 left = self.shell.endpoint.connection_count(),
                 "connections still open 5 s after shutdown began"
             );
+        }
+        #[cfg(feature = "https")]
+        if let Some(task) = https {
+            task.abort();
         }
         state.scheduler.stop();
         if let Some(task) = metrics {

@@ -16,10 +16,16 @@ use crate::context::ServiceContext;
 pub const TRANSPORT_PROFILE_UATCP: &str =
     "http://opcfoundation.org/UA-Profile/Transport/uatcp-uasc-uabinary";
 
-/// The host of an `opc.tcp://host[:port][/path]` URL (an IPv6 literal
-/// without its brackets).
+/// The transport profile of opc.https with the binary encoding.
+pub const TRANSPORT_PROFILE_HTTPS: &str =
+    "http://opcfoundation.org/UA-Profile/Transport/https-uabinary";
+
+/// The host of an `opc.tcp://host[:port][/path]` (or `opc.https://`) URL
+/// (an IPv6 literal without its brackets).
 fn url_host(url: &str) -> Option<&str> {
-    let rest = url.strip_prefix("opc.tcp://")?;
+    let rest = url
+        .strip_prefix("opc.tcp://")
+        .or_else(|| url.strip_prefix("opc.https://"))?;
     let authority = rest.split('/').next()?;
     if let Some(v6) = authority.strip_prefix('[') {
         return v6.split(']').next();
@@ -47,6 +53,21 @@ pub fn endpoint_url_for(ctx: &ServiceContext, client_url: &str) -> String {
         },
         _ => ctx.state.config.endpoint_url(),
     }
+}
+
+/// The opc.https endpoint URL to answer a client that used `client_url`
+/// (the host chosen as [`endpoint_url_for`] does), `None` without
+/// `[https] listen`.
+pub fn https_url_for(ctx: &ServiceContext, client_url: &str) -> Option<String> {
+    let port = ctx.state.config.https.listen?.port();
+    let used = url_host(client_url).and_then(|h| h.parse::<std::net::IpAddr>().ok());
+    Some(match (used, ctx.local_ip) {
+        (Some(ip), Some(local)) if ip == local => match ip {
+            std::net::IpAddr::V4(v4) => format!("opc.https://{v4}:{port}/"),
+            std::net::IpAddr::V6(v6) => format!("opc.https://[{v6}]:{port}/"),
+        },
+        _ => format!("opc.https://{}:{port}/", ctx.state.config.server.host_name),
+    })
 }
 
 /// This server's ApplicationDescription, its discovery URL as
@@ -177,6 +198,36 @@ fn described(
     server_and_certificate: impl Fn(SecurityPolicy) -> (ApplicationDescription, ByteString),
 ) -> Vec<EndpointDescription> {
     let url = endpoint_url_for(ctx, client_url);
+    // HTTPS: TLS carries the transport security; the policy (named by
+    // the client's OPCUA-SecurityPolicy header) only signs the session's
+    // nonces, so a secured one is offered in mode Sign. Each published
+    // policy once, the ECC ones left out (their session signatures need a
+    // channel's key agreement).
+    let https_url = https_url_for(ctx, client_url);
+    let mut https_policies: Vec<SecurityPolicy> = Vec::new();
+    for (policy, _) in &ctx.state.security.endpoints {
+        if https_url.is_some() && !policy.is_ecc() && !https_policies.contains(policy) {
+            https_policies.push(*policy);
+        }
+    }
+    let https = https_policies.into_iter().map(|policy| {
+        let (server, server_certificate) = server_and_certificate(policy);
+        let mode = if policy.is_none() {
+            MessageSecurityMode::None
+        } else {
+            MessageSecurityMode::Sign
+        };
+        EndpointDescription {
+            endpoint_url: UaString::from(https_url.as_deref().unwrap_or_default()),
+            server,
+            server_certificate,
+            security_mode: mode,
+            security_policy_uri: UaString::from(policy.uri()),
+            user_identity_tokens: Some(user_token_policies(ctx, policy)),
+            transport_profile_uri: UaString::from(TRANSPORT_PROFILE_HTTPS),
+            security_level: security_level(policy, mode),
+        }
+    });
     ctx.state
         .security
         .endpoints
@@ -194,6 +245,7 @@ fn described(
                 security_level: security_level(*policy, *mode),
             }
         })
+        .chain(https)
         .collect()
 }
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Per-client rate limiting over opc.https: SESSIONS sessions with one
+# subscription each (1 s publishing) over HTTPS while one client floods
+# Reads over HTTPS, then the server's shed counters of the https stage.
+#
+# The server (relaxed admission, [https] on PORT+1, metrics on PORT+2) runs
+# pinned to core 0; `uascale bench publish` (the subscribed sessions) and
+# `uascale bench read --client library` (the flooder, FLOOD Reads in
+# flight) run on core 1 at the same time for DURATION_S seconds. The
+# flooder's client honours each 429's Retry-After; the subscribed sessions'
+# Publishes are not charged to any bucket. Results (the two JSON reports,
+# the shed counters, the server log) go to OUT.
+#
+# usage: bench/https_flood.sh [--sessions N] [--flood W] [--duration-s S]
+#                             [--port P] [--out DIR] [--no-build]
+# UASCALE_BIN overrides the binary (with --no-build). Loopback only; the
+# server it starts is stopped by its PID on exit.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+SESSIONS=2000
+FLOOD=100
+DURATION=60
+PORT=48950
+OUT=target/https-flood/$(date -u +%Y%m%dT%H%M%S)
+BUILD=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sessions) SESSIONS=$2; shift 2 ;;
+    --flood) FLOOD=$2; shift 2 ;;
+    --duration-s) DURATION=$2; shift 2 ;;
+    --port) PORT=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --no-build) BUILD=0; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[ "$BUILD" = 1 ] && cargo build --release -p uascale >&2
+BIN=${UASCALE_BIN:-$ROOT/target/release/uascale}
+. bench/lib.sh
+mkdir -p "$OUT"
+trap stop EXIT
+
+HTTPS=$((PORT + 1)); METRICS=$((PORT + 2))
+{
+  relaxed_config "$PORT" "$((SESSIONS + 100))"
+  printf '[metrics]\nlisten = "127.0.0.1:%s"\n' "$METRICS"
+  printf '[https]\nlisten = "127.0.0.1:%s"\n' "$HTTPS"
+} > "$OUT/server.toml"
+start_server "$OUT/server.toml" "$OUT/server.log" --pki "$OUT/pki"
+URL=opc.https://127.0.0.1:$HTTPS/
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+
+taskset -c 1 "$BIN" bench publish "$URL" --trust-server --sessions "$SESSIONS" \
+  --interval-ms 1000 --warmup-s 2 --duration-s "$DURATION" --json > "$OUT/publish.json" &
+SUBSCRIBED=$!
+# The flood starts once the subscribed sessions are (mostly) in.
+sleep 2
+taskset -c 1 "$BIN" bench read "$URL" --client library --trust-server --connections 1 \
+  --inflight "$FLOOD" --warmup-s 0 --duration-s "$DURATION" --json > "$OUT/flood.json" || true
+wait "$SUBSCRIBED" || true
+curl -s "http://127.0.0.1:$METRICS/metrics" | grep 'opcua_server_shed_total{stage="https"' \
+  > "$OUT/shed.txt" || true
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+echo "results in $OUT:"
+echo "  shed at the https stage (reason: count):"
+sed -E 's/.*reason="([a-z_]+)"\} ([0-9]+).*/    \1: \2/' "$OUT/shed.txt"
+echo "  subscribed sessions: $OUT/publish.json; flooder: $OUT/flood.json"

@@ -1,0 +1,488 @@
+//! opc.https (https-uabinary): each request is POSTed over HTTP/1.1 in
+//! TLS, its body the request's encoding id and fields, its answer the
+//! response (or a ServiceFault) in a 200.
+//!
+//! HTTP/1.1 carries one request at a time per connection, so the link
+//! keeps a pool of connections: a held Publish occupies one while the
+//! other requests go over the others (at most [`MAX_CONNECTIONS`]). A 429
+//! or 503 is `BadServerTooBusy`, its `Retry-After` the floor of the hint;
+//! after one, the link holds back further requests until the hint has
+//! passed (Publish and CloseSession excepted: they are what the server
+//! lets through anyway).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+use uascale_crypto::policy::SecurityPolicy;
+use uascale_types::StatusCode;
+
+use super::{open_tcp, Command, Link, Shared};
+use crate::error::ClientError;
+use crate::security::ServerTrust;
+
+/// The most HTTPS connections one client keeps open at once.
+pub const MAX_CONNECTIONS: usize = 16;
+/// The largest response head read.
+const MAX_HEAD: usize = 16 * 1024;
+/// The largest response body read (the decode limits judge it after).
+const MAX_BODY: usize = 64 << 20;
+/// Publish and CloseSession: never held back after a busy answer.
+const UNHELD: [u32; 2] = [826, 473];
+
+/// Whether `url` is an opc.https URL.
+pub fn is_https(url: &str) -> bool {
+    url.starts_with("opc.https://")
+}
+
+/// The path of an `opc.https://host[:port][/path]` URL (`/` without one).
+fn url_path(url: &str) -> &str {
+    let rest = url.strip_prefix("opc.https://").unwrap_or(url);
+    rest.find('/').and_then(|i| rest.get(i..)).unwrap_or("/")
+}
+
+/// Judges the server's TLS certificate with the client's [`ServerTrust`]
+/// (the PKI's trust list, or the unsafe accept-any) - not with the web's
+/// CAs and host names: an OPC UA server's certificate is its application
+/// instance certificate, trusted by the client's PKI.
+#[derive(Debug)]
+struct Verifier {
+    trust: ServerTrust,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for Verifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // Judged as an RSA application certificate is under
+        // Basic256Sha256 (its key length too): under None a validator
+        // would allow no key at all.
+        self.trust
+            .check(end_entity.as_ref(), SecurityPolicy::Basic256Sha256)
+            .map(|_| ServerCertVerified::assertion())
+            .map_err(|e| rustls::Error::General(e.to_string()))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A TLS connector judging server certificates with `trust`.
+fn connector(trust: ServerTrust) -> Result<TlsConnector, ClientError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| ClientError::Security {
+            status: StatusCode::BadConfigurationError,
+            reason: e.to_string(),
+        })?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Verifier { trust, provider }))
+        .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// Where and how the link connects.
+struct Target {
+    host: String,
+    port: u16,
+    path: String,
+    local: Option<std::net::IpAddr>,
+    connector: TlsConnector,
+    name: ServerName<'static>,
+    connect_timeout: Duration,
+    /// The `OPCUA-SecurityPolicy` header line, for a secured policy.
+    policy_header: Option<String>,
+}
+
+impl Target {
+    async fn connect(&self) -> Result<TlsStream<tokio::net::TcpStream>, ClientError> {
+        let (host, port) = (&self.host, self.port);
+        let open = async {
+            let tcp = open_tcp(host, port, self.local)
+                .await
+                .map_err(|e| ClientError::Io(format!("{host}:{port}: {e}")))?;
+            let _ = tcp.set_nodelay(true);
+            self.connector
+                .connect(self.name.clone(), tcp)
+                .await
+                .map_err(|e| match e.get_ref().map(|r| r.to_string()) {
+                    Some(why) if e.kind() == std::io::ErrorKind::InvalidData => {
+                        ClientError::Security {
+                            status: StatusCode::BadCertificateUntrusted,
+                            reason: format!("TLS: {why}"),
+                        }
+                    }
+                    _ => ClientError::Io(format!("{host}:{port}: TLS: {e}")),
+                })
+        };
+        tokio::time::timeout(self.connect_timeout, open)
+            .await
+            .map_err(|_| ClientError::Timeout)?
+    }
+}
+
+/// What the link's requests share: the target, idle connections, the
+/// connection count, and the instant a busy answer said to wait until.
+struct Pool {
+    target: Target,
+    idle: Mutex<Vec<TlsStream<tokio::net::TcpStream>>>,
+    permits: Semaphore,
+    not_before: Mutex<Option<Instant>>,
+}
+
+/// Opens the link of an opc.https client: one TLS connection first (so a
+/// wrong address or an untrusted certificate fails the connect), then a
+/// task serving the link's commands over the pool.
+pub(crate) async fn open_link(shared: &Arc<Shared>) -> Result<(u64, Link), ClientError> {
+    let url = &shared.endpoint_url;
+    let (host, port) = super::parse_url(url)?;
+    let policy = shared.security.policy();
+    if policy.is_ecc() {
+        return Err(ClientError::Security {
+            status: StatusCode::BadConfigurationError,
+            reason: "over opc.https the ECC policies are not served (their session signatures \
+                     need a secure channel's key agreement)"
+                .into(),
+        });
+    }
+    let name = ServerName::try_from(host.clone()).map_err(|_| ClientError::BadUrl(url.clone()))?;
+    let target = Target {
+        // The policy of the session signatures (TLS secures the
+        // transport); absent means None.
+        policy_header: (!policy.is_none())
+            .then(|| format!("OPCUA-SecurityPolicy: {}\r\n", policy.uri())),
+        connector: connector(shared.options.security.trust.clone())?,
+        path: url_path(url).to_owned(),
+        host,
+        port,
+        local: shared.options.local_addr,
+        name,
+        connect_timeout: shared.options.connect_timeout,
+    };
+    let first = target.connect().await?;
+    let pool = Arc::new(Pool {
+        target,
+        idle: Mutex::new(vec![first]),
+        permits: Semaphore::new(MAX_CONNECTIONS),
+        not_before: Mutex::new(None),
+    });
+    let (tx, rx) = mpsc::unbounded_channel();
+    let generation = shared
+        .generation
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        + 1;
+    tokio::spawn(drive(pool, rx));
+    Ok((generation, tx))
+}
+
+/// Serves the link's commands until the client drops it or closes.
+async fn drive(pool: Arc<Pool>, mut commands: mpsc::UnboundedReceiver<Command>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Some(cmd) = commands.recv().await {
+        while tasks.try_join_next().is_some() {}
+        match cmd {
+            Command::Request {
+                message,
+                reply,
+                deadline,
+            } => {
+                let pool = Arc::clone(&pool);
+                tasks.spawn(async move {
+                    let result = exchange(&pool, &message, deadline).await;
+                    let _ = reply.send(result);
+                });
+            }
+            Command::Close { done } => {
+                tasks.abort_all();
+                let _ = done.send(());
+                break;
+            }
+            Command::Thumbprint { reply } => {
+                let _ = reply.send(Vec::new());
+            }
+        }
+    }
+    // Dropping the link ends the requests still out.
+    tasks.abort_all();
+}
+
+/// The ns0 encoding id a request message starts with (0 if unreadable).
+fn type_id(message: &[u8]) -> u32 {
+    let limits = uascale_types::DecodeLimits::default();
+    uascale_types::Reader::new(message, &limits)
+        .ok()
+        .and_then(|mut r| {
+            <uascale_types::NodeId as uascale_types::BinaryDecode>::decode(&mut r).ok()
+        })
+        .and_then(|id| id.as_ns0())
+        .unwrap_or(0)
+}
+
+/// One request: held back while a busy answer's hint runs (failing at
+/// once with the rest of the hint when that passes `deadline`), then
+/// POSTed on a pooled connection (a new one when none is idle).
+async fn exchange(pool: &Pool, message: &[u8], deadline: Instant) -> Result<Vec<u8>, ClientError> {
+    if !UNHELD.contains(&type_id(message)) {
+        let until = *pool.not_before.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(until) = until.filter(|&u| u > Instant::now()) {
+            if until > deadline {
+                let left = until.saturating_duration_since(Instant::now());
+                return Err(busy(Some(ms(left))));
+            }
+            tokio::time::sleep_until(until.into()).await;
+        }
+    }
+    let _permit = pool
+        .permits
+        .acquire()
+        .await
+        .map_err(|_| ClientError::Closed)?;
+    let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let (mut stream, reused) = match idle {
+        Some(s) => (s, true),
+        None => (pool.target.connect().await?, false),
+    };
+    let mut result = post(&mut stream, &pool.target, message, deadline).await;
+    if reused && matches!(result, Err(ClientError::Io(_))) {
+        // An idle connection the server closed meanwhile: once more on a
+        // new one (the request was not read by the server).
+        stream = pool.target.connect().await?;
+        result = post(&mut stream, &pool.target, message, deadline).await;
+    }
+    let (answer, keep) = result?;
+    if keep {
+        pool.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(stream);
+    }
+    match answer {
+        Answer::Ok(body) => Ok(body),
+        Answer::Busy(hint) => {
+            let until = Instant::now() + hint;
+            let mut nb = pool.not_before.lock().unwrap_or_else(|p| p.into_inner());
+            *nb = Some(nb.map_or(until, |n| n.max(until)));
+            Err(busy(Some(ms(hint))))
+        }
+        Answer::Http(status) => Err(ClientError::Service {
+            status: match status {
+                413 => StatusCode::BadRequestTooLarge,
+                404 | 405 => StatusCode::BadServiceUnsupported,
+                400 | 415 => StatusCode::BadDecodingError,
+                _ => StatusCode::BadCommunicationError,
+            },
+            retry_after_ms: None,
+            retry_ticket: None,
+        }),
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn busy(retry_after_ms: Option<u64>) -> ClientError {
+    ClientError::Service {
+        status: StatusCode::BadServerTooBusy,
+        retry_after_ms,
+        retry_ticket: None,
+    }
+}
+
+/// What an HTTP answer meant.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    /// 200: the response message.
+    Ok(Vec<u8>),
+    /// 429 or 503: wait at least this long.
+    Busy(Duration),
+    /// Another status.
+    Http(u16),
+}
+
+/// POSTs `message` on `stream` and reads the answer (before `deadline`);
+/// true beside it when the connection may be used again.
+async fn post(
+    stream: &mut TlsStream<tokio::net::TcpStream>,
+    target: &Target,
+    message: &[u8],
+    deadline: Instant,
+) -> Result<(Answer, bool), ClientError> {
+    let io = |e: std::io::Error| ClientError::Io(e.to_string());
+    let work = async {
+        let head = format!(
+            "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/octet-stream\r\n{}Content-Length: {}\r\n\r\n",
+            target.path,
+            target.host,
+            target.port,
+            target.policy_header.as_deref().unwrap_or_default(),
+            message.len()
+        );
+        let mut out = Vec::with_capacity(head.len() + message.len());
+        out.extend_from_slice(head.as_bytes());
+        out.extend_from_slice(message);
+        stream.write_all(&out).await.map_err(io)?;
+        stream.flush().await.map_err(io)?;
+        let mut buf = Vec::with_capacity(1024);
+        let mut chunk = [0u8; 8192];
+        let (status, length, retry_after, close, head_len) = loop {
+            if let Some(parsed) = parse_response_head(&buf)? {
+                break parsed;
+            }
+            if buf.len() > MAX_HEAD {
+                return Err(ClientError::Decode("HTTP response head too large".into()));
+            }
+            let n = stream.read(&mut chunk).await.map_err(io)?;
+            if n == 0 {
+                return Err(ClientError::Io("server closed the connection".into()));
+            }
+            buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+        };
+        if length > MAX_BODY {
+            return Err(ClientError::Decode("HTTP response body too large".into()));
+        }
+        let mut body = buf.split_off(head_len.min(buf.len()));
+        while body.len() < length {
+            let n = stream.read(&mut chunk).await.map_err(io)?;
+            if n == 0 {
+                return Err(ClientError::Io("server closed the connection".into()));
+            }
+            body.extend_from_slice(chunk.get(..n).unwrap_or_default());
+        }
+        body.truncate(length);
+        let answer = match status {
+            200 => Answer::Ok(body),
+            429 | 503 => {
+                // The body's hint (milliseconds) where there is one;
+                // Retry-After (whole seconds) is its floor.
+                let floor = Duration::from_secs(retry_after.unwrap_or(1));
+                let hinted = fault_hint(&body).map_or(Duration::ZERO, Duration::from_millis);
+                Answer::Busy(floor.max(hinted))
+            }
+            s => Answer::Http(s),
+        };
+        // An error answer closes (the server does); a busy one does not.
+        let keep = !close && (status < 400 || status == 429 || status == 503);
+        Ok((answer, keep))
+    };
+    tokio::time::timeout_at(deadline.into(), work)
+        .await
+        .map_err(|_| ClientError::Timeout)?
+}
+
+/// The `RetryAfterMs` hint of a ServiceFault body.
+fn fault_hint(body: &[u8]) -> Option<u64> {
+    let limits = uascale_types::DecodeLimits::default();
+    let mut r = uascale_types::Reader::new(body, &limits).ok()?;
+    let m = uascale_types::decode_message(&mut r).ok()?;
+    let fault = m
+        .into_any()
+        .downcast::<uascale_types::ServiceFault>()
+        .ok()?;
+    super::retry_after_ms(&fault.response_header)
+}
+
+/// Parses an HTTP/1.1 response head at the start of `buf`: `None` until
+/// complete; else the status, Content-Length, Retry-After (seconds), the
+/// close flag and the head's length.
+#[allow(clippy::type_complexity)]
+fn parse_response_head(
+    buf: &[u8],
+) -> Result<Option<(u16, usize, Option<u64>, bool, usize)>, ClientError> {
+    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Ok(None);
+    };
+    let bad = |why: &str| ClientError::Decode(format!("HTTP response: {why}"));
+    let text = std::str::from_utf8(buf.get(..end).unwrap_or_default())
+        .map_err(|_| bad("head is not UTF-8"))?;
+    let mut lines = text.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let mut parts = status_line.splitn(3, ' ');
+    let version = parts.next().unwrap_or("");
+    if !version.starts_with("HTTP/1.") {
+        return Err(bad("not HTTP/1.x"));
+    }
+    let status: u16 = parts
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("no status"))?;
+    let mut length = 0usize;
+    let mut retry_after = None;
+    let mut close = version == "HTTP/1.0";
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match name.trim().to_ascii_lowercase().as_str() {
+            "content-length" => length = value.parse().map_err(|_| bad("Content-Length"))?,
+            "retry-after" => retry_after = value.parse().ok(),
+            "connection" => close = value.eq_ignore_ascii_case("close"),
+            _ => {}
+        }
+    }
+    Ok(Some((status, length, retry_after, close, end + 4)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_heads() {
+        let h =
+            b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 3\r\nContent-Length: 5\r\n\r\nabcde";
+        let (status, len, after, close, head) =
+            parse_response_head(h).expect("valid").expect("complete");
+        assert_eq!((status, len, after, close), (429, 5, Some(3), false));
+        assert_eq!(h.get(head..), Some(&b"abcde"[..]));
+        assert_eq!(parse_response_head(b"HTTP/1.1 200 OK\r\n").ok(), Some(None));
+        assert!(parse_response_head(b"SSH-2.0\r\n\r\n").is_err());
+        assert_eq!(url_path("opc.https://h:1/a/b"), "/a/b");
+        assert_eq!(url_path("opc.https://h:1"), "/");
+    }
+}

@@ -1,0 +1,531 @@
+//! opc.https (https-uabinary) end to end: uascale's client against the
+//! server's HTTPS listener for every service family and a subscription;
+//! the HTTP errors with curl; 429 with Retry-After under a flood, honoured
+//! by the client while another session goes on; and asyncua's encoder
+//! over Python's own HTTP client (tests/interop/https_asyncua.py).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use uascale_client::{
+    Client, ClientOptions, MonitorItem, Notification, SecurityOptions, ServerTrust,
+    SubscriptionEvent, SubscriptionSettings,
+};
+use uascale_server::config::{DemoSection, HttpsSection, SecurityConfig, ServerSection};
+use uascale_server::shed::{Reason, Stage};
+use uascale_server::state::ServerState;
+use uascale_server::{Server, ServerConfig};
+use uascale_types as t;
+use uascale_types::{NodeId, StatusCode, Variant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A temporary PKI directory (the TLS certificate is the application
+/// certificate it creates).
+fn pki_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("uascale-https-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn config(name: &str, https: HttpsSection) -> ServerConfig {
+    let mut security = SecurityConfig::none_only();
+    security.pki_dir = pki_dir(name);
+    ServerConfig {
+        server: ServerSection {
+            bind: [127, 0, 0, 1].into(),
+            port: 0,
+            host_name: "127.0.0.1".into(),
+            ..Default::default()
+        },
+        demo: DemoSection {
+            rate: Duration::from_millis(50),
+            ..Default::default()
+        },
+        security,
+        https: HttpsSection {
+            listen: Some("127.0.0.1:0".parse().expect("address")),
+            ..https
+        },
+        ..Default::default()
+    }
+}
+
+/// Starts a server; its HTTPS address and state.
+async fn start(name: &str, https: HttpsSection) -> (SocketAddr, Arc<ServerState>) {
+    let server = Server::bind(config(name, https)).expect("server binds");
+    let addr = server.https_addr().expect("https listening");
+    let state = Arc::clone(server.state());
+    tokio::spawn(server.run(std::future::pending()));
+    (addr, state)
+}
+
+fn options() -> ClientOptions {
+    ClientOptions {
+        security: SecurityOptions {
+            trust: ServerTrust::UnsafeAcceptAny,
+            ..Default::default()
+        },
+        reconnect: false,
+        ..Default::default()
+    }
+}
+
+fn demo(path: &str) -> NodeId {
+    NodeId::string(2, path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_and_a_subscription_over_https() {
+    let (addr, state) = start("services", HttpsSection::default()).await;
+    let url = format!("opc.https://{addr}/");
+
+    // The TLS certificate is judged: without any trust the connect fails.
+    let refused = Client::connect(&url, ClientOptions::default())
+        .await
+        .expect_err("untrusted TLS certificate");
+    assert_eq!(
+        refused.status_code(),
+        StatusCode::BadCertificateUntrusted,
+        "{refused:?}"
+    );
+
+    let client = Client::connect(&url, options()).await.expect("connect");
+    let endpoints = client.get_endpoints().await.expect("GetEndpoints");
+    let https: Vec<_> = endpoints
+        .iter()
+        .filter(|e| {
+            e.transport_profile_uri.as_str()
+                == Some("http://opcfoundation.org/UA-Profile/Transport/https-uabinary")
+        })
+        .collect();
+    assert_eq!(https.len(), 1, "{endpoints:?}");
+    assert_eq!(
+        https[0].endpoint_url.as_str(),
+        Some(url.as_str()),
+        "the URL the client used"
+    );
+    assert!(endpoints
+        .iter()
+        .any(|e| e.endpoint_url.as_str_or_empty().starts_with("opc.tcp://")));
+
+    let created = client.create_session("https").await.expect("session");
+    let token = created.authentication_token.clone();
+    assert!(
+        matches!(&token.identifier, t::Identifier::Opaque(b) if b.as_bytes().is_some_and(|b| b.len() >= 32)),
+        "the token is 32 random bytes or more: {token:?}"
+    );
+
+    let values = client
+        .read_values(&[NodeId::ns0(2259)])
+        .await
+        .expect("Read");
+    assert_eq!(values[0].value, Some(Variant::Int32(0)), "Running");
+
+    let statuses = client
+        .write(vec![t::WriteValue {
+            node_id: demo("Demo.Static.Scalar.Int32"),
+            attribute_id: t::AttributeId::Value as u32,
+            value: t::DataValue::value(Variant::Int32(-7)),
+            ..Default::default()
+        }])
+        .await
+        .expect("Write");
+    assert_eq!(statuses, vec![StatusCode::Good]);
+    let back = client
+        .read_values(&[demo("Demo.Static.Scalar.Int32")])
+        .await
+        .expect("Read back");
+    assert_eq!(back[0].value, Some(Variant::Int32(-7)));
+
+    let refs = client
+        .browse(t::BrowseDescription {
+            node_id: NodeId::ns0(85),
+            browse_direction: t::BrowseDirection::Forward,
+            reference_type_id: NodeId::ns0(33),
+            include_subtypes: true,
+            result_mask: 63,
+            ..Default::default()
+        })
+        .await
+        .expect("Browse");
+    assert!(refs
+        .iter()
+        .any(|r| r.browse_name.name.as_str() == Some("Server")));
+
+    let results = client
+        .call(vec![t::CallMethodRequest {
+            object_id: demo("Demo.Methods"),
+            method_id: demo("Demo.Methods.Add"),
+            input_arguments: Some(vec![Variant::Double(1.25), Variant::Double(2.5)]),
+        }])
+        .await
+        .expect("Call");
+    assert_eq!(
+        results[0].output_arguments,
+        Some(vec![Variant::Double(3.75)])
+    );
+
+    // A subscription: its Publishes are held on pooled connections while
+    // Reads go on over others.
+    let mut sub = client
+        .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
+            100,
+        )))
+        .await
+        .expect("subscribe");
+    sub.monitor(vec![MonitorItem::value(demo("Demo.Dynamic.Counter"))])
+        .await
+        .expect("monitor");
+    let mut changes = 0;
+    while changes < 3 {
+        let event = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+            .await
+            .expect("an event within 10 s")
+            .expect("the stream goes on");
+        match event {
+            SubscriptionEvent::Notifications { notifications, .. } => {
+                changes += notifications
+                    .iter()
+                    .filter(|n| matches!(n, Notification::DataChange { .. }))
+                    .count();
+                // Requests still pass while Publishes are held.
+                client
+                    .read_values(&[NodeId::ns0(2258)])
+                    .await
+                    .expect("Read beside held Publishes");
+            }
+            SubscriptionEvent::KeepAlive { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    // Sessions of different clients never mix: another client's session
+    // is not this one's, and a forged token is refused.
+    let other = Client::connect(&url, options()).await.expect("connect");
+    let second = other.create_session("other").await.expect("session");
+    assert_ne!(second.authentication_token, token);
+    assert_ne!(second.session_id, created.session_id);
+    other.close().await;
+
+    client.close().await;
+    assert_eq!(state.sessions.len(), 0, "both sessions closed");
+}
+
+/// Runs curl against the listener: the HTTP status code it got.
+fn curl(addr: SocketAddr, args: &[&str]) -> String {
+    let out = Command::new("curl")
+        .args([
+            "-k",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+        ])
+        .args(args)
+        .arg(format!("https://{addr}/"))
+        .output()
+        .expect("curl runs (the HTTP error tests use it)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_errors_with_curl() {
+    let (addr, _state) = start(
+        "errors",
+        HttpsSection {
+            max_body_size: 2048,
+            ..Default::default()
+        },
+    )
+    .await;
+    let post = |ct: &str, body: &str| {
+        vec![
+            "-X".to_owned(),
+            "POST".to_owned(),
+            "-H".to_owned(),
+            format!("Content-Type: {ct}"),
+            "--data-binary".to_owned(),
+            body.to_owned(),
+        ]
+    };
+    let status = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        curl(addr, &args)
+    };
+    // GET: 405.
+    assert_eq!(curl(addr, &[]), "405");
+    // The wrong content type: 415; a gzip body: 415.
+    assert_eq!(status(post("text/plain", "x")), "415");
+    let mut gz = post("application/octet-stream", "x");
+    gz.extend(["-H".to_owned(), "Content-Encoding: gzip".to_owned()]);
+    assert_eq!(status(gz), "415");
+    // A body that is not a request: 400.
+    assert_eq!(
+        status(post("application/octet-stream", "not a request")),
+        "400"
+    );
+    // Over max_body_size: 413.
+    let big = "a".repeat(4096);
+    assert_eq!(status(post("application/octet-stream", &big)), "413");
+    // Another path: 404.
+    let out = Command::new("curl")
+        .args([
+            "-k",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+        ])
+        .args(["-X", "POST", "-H", "Content-Type: application/octet-stream"])
+        .args(["--data-binary", "x"])
+        .arg(format!("https://{addr}/other"))
+        .output()
+        .expect("curl runs");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "404");
+    // An unknown security policy: 400.
+    let mut policy = post("application/octet-stream", "x");
+    policy.extend(["-H".to_owned(), "OPCUA-SecurityPolicy: urn:nope".to_owned()]);
+    assert_eq!(status(policy), "400");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_gets_429_and_the_client_honours_retry_after() {
+    let (addr, state) = start(
+        "flood",
+        HttpsSection {
+            session_rate: 2,
+            session_burst: 4,
+            ..Default::default()
+        },
+    )
+    .await;
+    let url = format!("opc.https://{addr}/");
+    let flooder = Client::connect(&url, options()).await.expect("connect");
+    flooder.create_session("flooder").await.expect("session");
+    // Subscribed before the flood (two of its four tokens).
+    let mut sub = flooder
+        .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
+            100,
+        )))
+        .await
+        .expect("subscribe");
+    sub.monitor(vec![MonitorItem::value(demo("Demo.Dynamic.Counter"))])
+        .await
+        .expect("monitor");
+    let calm = Client::connect(&url, options()).await.expect("connect");
+    calm.create_session("calm").await.expect("session");
+
+    let mut busy = None;
+    for _ in 0..50 {
+        match flooder.read_values(&[NodeId::ns0(2258)]).await {
+            Ok(_) => {}
+            Err(e) => {
+                busy = Some(e);
+                break;
+            }
+        }
+    }
+    let busy = busy.expect("the flood is refused");
+    assert_eq!(busy.status_code(), StatusCode::BadServerTooBusy, "{busy:?}");
+    let hint = busy.retry_after_ms().expect("a hint");
+    assert!(
+        hint >= 1000,
+        "Retry-After (whole seconds) is the floor: {hint}"
+    );
+    let shed = state.metrics.shed_count(Stage::Https, Reason::SessionRate);
+    assert_eq!(shed, 1, "counted once");
+
+    // Another session is not starved by the flood.
+    calm.read_values(&[NodeId::ns0(2258)])
+        .await
+        .expect("the calm session reads");
+
+    // The flooder's next Read waits out the hint rather than being sent
+    // into a refusal: it succeeds and nothing more is shed.
+    flooder
+        .read_values(&[NodeId::ns0(2258)])
+        .await
+        .expect("after Retry-After the Read passes");
+    assert_eq!(
+        state.metrics.shed_count(Stage::Https, Reason::SessionRate),
+        shed,
+        "the client held back while the hint ran"
+    );
+    // Its own Publishes are not charged either: its subscription's
+    // notifications keep coming while its Reads are refused.
+    let mut refused = false;
+    for _ in 0..50 {
+        if flooder.read_values(&[NodeId::ns0(2258)]).await.is_err() {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "the flood is refused again");
+    let mut changes = 0;
+    while changes == 0 {
+        let event = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+            .await
+            .expect("notifications go on while the bucket is empty")
+            .expect("the stream goes on");
+        if let SubscriptionEvent::Notifications { notifications, .. } = event {
+            changes += notifications
+                .iter()
+                .filter(|n| matches!(n, Notification::DataChange { .. }))
+                .count();
+        }
+    }
+    // CloseSession is never charged (nor held back by the client): it
+    // passes at once with the bucket empty.
+    let before = state.sessions.len();
+    flooder.close().await;
+    assert_eq!(state.sessions.len(), before - 1, "CloseSession passed");
+    calm.close().await;
+    assert_eq!(state.sessions.len(), 0, "both sessions closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asyncua_encoder_over_python_http_client() {
+    let python = root().join("target/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `cargo xtask ci` first",
+        python.display()
+    );
+    let (addr, _state) = start(
+        "python",
+        HttpsSection {
+            session_rate: 5,
+            session_burst: 10,
+            ..Default::default()
+        },
+    )
+    .await;
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .arg(root().join("tests/interop/https_asyncua.py"))
+            .arg(addr.ip().to_string())
+            .arg(addr.port().to_string())
+            .output()
+            .expect("python runs")
+    })
+    .await
+    .expect("harness");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.lines().last() == Some("OK"),
+        "harness failed:\n{stdout}\n{stderr}"
+    );
+}
+
+/// A client certificate and key for `uri`, made now.
+fn client_identity(uri: &str) -> Arc<uascale_proto::security::Identity> {
+    use uascale_crypto::x509::{create_self_signed, SelfSignedParams};
+    let start = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let made = create_self_signed(&SelfSignedParams::new(uri, "https client", start))
+        .expect("certificate");
+    Arc::new(
+        uascale_proto::security::Identity::new(
+            made.certificate.clone(),
+            uascale_crypto::rsa::RsaPrivateKey::from_pkcs8_der(&made.private_key_pkcs8_der)
+                .expect("key"),
+        )
+        .expect("identity"),
+    )
+}
+
+/// `OPCUA-SecurityPolicy` names a secured policy: CreateSession and
+/// ActivateSession carry signatures over the nonces with the client's
+/// certificate, which the server validates against its PKI; the TLS
+/// certificate (the application certificate) is judged by the client's
+/// trust list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secured_policy_signs_the_session_over_https() {
+    use uascale_client::TrustListValidator;
+    use uascale_crypto::policy::SecurityPolicy;
+    use uascale_crypto::x509::TrustList;
+    let mut config = config("secured", HttpsSection::default());
+    config.security = SecurityConfig {
+        pki_dir: pki_dir("secured"),
+        trust_all_client_certificates: true,
+        ..SecurityConfig::default()
+    };
+    let hash = uascale_server::identity::hash_password(b"secret").expect("hash");
+    config.users = vec![uascale_server::config::UserConfig::new("operator", &hash)];
+    let server = Server::bind(config).expect("server binds");
+    let addr = server.https_addr().expect("https listening");
+    let state = Arc::clone(server.state());
+    let server_cert = state
+        .security
+        .identity
+        .as_ref()
+        .expect("the application certificate")
+        .certificate()
+        .clone();
+    tokio::spawn(server.run(std::future::pending()));
+    let url = format!("opc.https://{addr}/");
+
+    let endpoints = Client::connect(&url, options())
+        .await
+        .expect("connect")
+        .get_endpoints()
+        .await
+        .expect("GetEndpoints");
+    let https_secured: Vec<_> = endpoints
+        .iter()
+        .filter(|e| e.endpoint_url.as_str() == Some(url.as_str()))
+        .map(|e| {
+            (
+                e.security_policy_uri.as_str_or_empty().to_owned(),
+                e.security_mode,
+            )
+        })
+        .collect();
+    assert!(
+        https_secured.contains(&(
+            SecurityPolicy::Basic256Sha256.uri().to_owned(),
+            t::MessageSecurityMode::Sign
+        )),
+        "{https_secured:?}"
+    );
+
+    let trust = ServerTrust::Validator(Arc::new(TrustListValidator::new(TrustList::new(
+        vec![server_cert],
+        vec![],
+        vec![],
+    ))));
+    let secured = ClientOptions {
+        security: SecurityOptions {
+            policy: SecurityPolicy::Basic256Sha256,
+            mode: t::MessageSecurityMode::Sign,
+            certificate: Some(client_identity("urn:uascale:client")),
+            server_certificate: None,
+            trust,
+        },
+        reconnect: false,
+        ..Default::default()
+    };
+    let client = Client::connect(&url, secured).await.expect("connect");
+    client
+        .create_session("signed")
+        .await
+        .expect("signed session");
+    let values = client
+        .read_values(&[NodeId::ns0(2259)])
+        .await
+        .expect("Read");
+    assert_eq!(values[0].value, Some(Variant::Int32(0)));
+    client.close().await;
+}

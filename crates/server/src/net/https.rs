@@ -1,0 +1,300 @@
+//! The opc.https listener (`[https] listen`): TLS 1.2/1.3 through rustls
+//! and the socket I/O of each connection; what a request head means and
+//! what a request becomes is [`crate::endpoint::https`]'s.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+
+use crate::endpoint::https::{judge, parse_head, Https, HttpsConnection, Outcome, MAX_HEAD};
+use crate::endpoint::Endpoint;
+use crate::state::{clock, ServerState};
+
+/// A bound HTTPS listener and its TLS configuration.
+pub(super) struct Bound {
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+}
+
+impl Bound {
+    /// The address bound.
+    pub(super) fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// Binds `[https] listen` (when set), so a bad address fails the start
+/// and port 0 is known before the state is built.
+pub(super) fn bind(
+    addr: Option<SocketAddr>,
+    backlog: u32,
+) -> io::Result<Option<(TcpListener, SocketAddr)>> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = super::listen(addr, backlog)?;
+    let bound = listener.local_addr()?;
+    Ok(Some((listener, bound)))
+}
+
+/// The listener with its TLS configuration: the certificate and key of
+/// `[https] certificate`/`private_key`, else the application instance
+/// certificate (the PKI's own, created on first start if need be).
+pub(super) fn prepare(listener: TcpListener, state: &ServerState) -> io::Result<Bound> {
+    let (chain, key) = certificate(state)?;
+    // The ring provider: the one the NATS client's TLS already builds.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| invalid("https", &e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| invalid("https.certificate", &e.to_string()))?;
+    Ok(Bound {
+        listener,
+        tls: Arc::new(tls),
+    })
+}
+
+fn invalid(key: &str, why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {why}"))
+}
+
+/// The TLS certificate chain and key (see [`prepare`]).
+fn certificate(
+    state: &ServerState,
+) -> io::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    let h = &state.config.https;
+    if let (Some(cert), Some(key)) = (&h.certificate, &h.private_key) {
+        let read = |path: &std::path::Path, key: &str| {
+            std::fs::read(path).map_err(|e| invalid(key, &format!("{}: {e}", path.display())))
+        };
+        let cert_bytes = read(cert, "https.certificate")?;
+        let key_bytes = read(key, "https.private_key")?;
+        let chain: Vec<CertificateDer<'static>> = if cert_bytes.starts_with(b"-----") {
+            CertificateDer::pem_slice_iter(&cert_bytes)
+                .collect::<Result<_, _>>()
+                .map_err(|e| invalid("https.certificate", &e.to_string()))?
+        } else {
+            vec![CertificateDer::from(cert_bytes)]
+        };
+        let key = if key_bytes.starts_with(b"-----") {
+            PrivateKeyDer::from_pem_slice(&key_bytes)
+                .map_err(|e| invalid("https.private_key", &e.to_string()))?
+        } else {
+            PrivateKeyDer::try_from(key_bytes).map_err(|e| invalid("https.private_key", e))?
+        };
+        return Ok((chain, key));
+    }
+    let (cert, key) = match &state.security.identity {
+        Some(identity) => {
+            let key = identity
+                .rsa_key()
+                .ok_or_else(|| invalid("https.certificate", "the application key is not RSA"))?
+                .to_pkcs8_der()
+                .map_err(|e| invalid("https.certificate", &e.to_string()))?;
+            (identity.certificate().der().to_vec(), key)
+        }
+        None => {
+            // Only SecurityPolicy None is published: the PKI is opened
+            // here for its own certificate.
+            let sec = &state.config.security;
+            let (pki, key) = crate::pki::Pki::open(
+                &sec.pki_dir,
+                &crate::pki::OwnIdentity::for_config(&state.config),
+                sec.pki_options(),
+                SystemTime::now(),
+            )
+            .map_err(|e| invalid("security.pki_dir", &e.to_string()))?;
+            let key = key
+                .to_pkcs8_der()
+                .map_err(|e| invalid("https.certificate", &e.to_string()))?;
+            (pki.own_certificate().der().to_vec(), key)
+        }
+    };
+    let key = PrivateKeyDer::try_from(key).map_err(|e| invalid("https.certificate", e))?;
+    Ok((vec![CertificateDer::from(cert)], key))
+}
+
+/// Accepts HTTPS connections until the task is aborted.
+pub(super) async fn serve(bound: Bound, endpoint: Arc<Endpoint>) {
+    let https = Https::new(endpoint);
+    let acceptor = TlsAcceptor::from(bound.tls);
+    loop {
+        let (stream, peer) = match bound.listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::debug!(error = %e, "https: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let local = stream.local_addr().ok().map(|a| a.ip());
+        // Refused: closed at once, before any TLS work.
+        let Ok(conn) = https.accept(peer, local, Instant::now()) else {
+            continue;
+        };
+        let (acceptor, https) = (acceptor.clone(), Arc::clone(&https));
+        tokio::spawn(async move {
+            connection(stream, &conn, acceptor, &https).await;
+            https.closed(conn, Instant::now());
+        });
+    }
+}
+
+/// Why a connection's loop ended.
+enum End {
+    /// The peer closed, a read failed or the connection idled out.
+    Gone,
+}
+
+/// One HTTPS connection: the TLS handshake (within the handshake
+/// timeout), then requests one after the other (HTTP/1.1 keep-alive),
+/// each head bounded by [`MAX_HEAD`] and each body by `max_body_size`.
+async fn connection(
+    stream: TcpStream,
+    conn: &HttpsConnection,
+    acceptor: TlsAcceptor,
+    https: &Arc<Https>,
+) {
+    let _ = stream.set_nodelay(true);
+    let state = Arc::clone(https.endpoint().state());
+    let handshake = state.config.limits.handshake_timeout;
+    let mut tls = match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::debug!(peer = %conn.peer, error = %e, "https: TLS handshake failed");
+            return;
+        }
+        Err(_) => return,
+    };
+    let idle = https.config().idle_timeout;
+    let max_body = https.config().max_body_size;
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        // The head: the idle timeout before its first byte, the handshake
+        // timeout (a slow sender) after.
+        let (head, head_len) = loop {
+            match parse_head(&buf) {
+                Ok(Some(parsed)) => break parsed,
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = write(&mut tls, &e.to_bytes()).await;
+                    return;
+                }
+            }
+            let limit = if buf.is_empty() { idle } else { handshake };
+            if read_more(&mut tls, &mut buf, MAX_HEAD + 1, limit)
+                .await
+                .is_err()
+            {
+                return;
+            }
+        };
+        let length = match judge(&head, max_body) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = write(&mut tls, &e.to_bytes()).await;
+                return;
+            }
+        };
+        buf.drain(..head_len);
+        while buf.len() < length {
+            if read_more(&mut tls, &mut buf, length, handshake)
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let rest = buf.split_off(length);
+        let body = std::mem::replace(&mut buf, rest);
+        let answer = match https.request(conn, &head, &body, clock()) {
+            Outcome::Respond(bytes) => bytes,
+            Outcome::Wait { channel, task } => {
+                drop(body);
+                if let Some(task) = task {
+                    tokio::spawn(task);
+                }
+                match wait(&mut tls, &mut buf, https, &channel, head.close).await {
+                    Ok(bytes) => bytes,
+                    Err(End::Gone) => {
+                        https.abandon(&channel);
+                        return;
+                    }
+                }
+            }
+        };
+        if write(&mut tls, &answer).await.is_err() || head.close {
+            let _ = tls.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// Waits for the answer of a request that was not answered at once (a
+/// held Publish, a queued request), watching the connection meanwhile: a
+/// peer that closes abandons it; bytes it sends ahead (a pipelined
+/// request) are kept in `buf`, up to a head's worth.
+async fn wait(
+    tls: &mut tokio_rustls::server::TlsStream<TcpStream>,
+    buf: &mut Vec<u8>,
+    https: &Https,
+    channel: &crate::endpoint::Channel,
+    close: bool,
+) -> Result<Vec<u8>, End> {
+    loop {
+        let reading = buf.len() <= MAX_HEAD;
+        tokio::select! {
+            () = std::future::poll_fn(|cx| channel.poll_ready(cx)) => {
+                if let Some(bytes) = https.answered(channel, close, clock().utc) {
+                    return Ok(bytes);
+                }
+            }
+            read = tls.read_buf(buf), if reading => match read {
+                Ok(0) | Err(_) => return Err(End::Gone),
+                Ok(_) => {}
+            },
+        }
+    }
+}
+
+/// Reads more into `buf` (at most up to `up_to` bytes held), within
+/// `limit`.
+async fn read_more(
+    tls: &mut tokio_rustls::server::TlsStream<TcpStream>,
+    buf: &mut Vec<u8>,
+    up_to: usize,
+    limit: Duration,
+) -> Result<(), End> {
+    let room = up_to.saturating_sub(buf.len()).clamp(1, 64 * 1024);
+    let mut chunk = vec![0u8; room];
+    match tokio::time::timeout(limit, tls.read(&mut chunk)).await {
+        Ok(Ok(0)) | Ok(Err(_)) | Err(_) => Err(End::Gone),
+        Ok(Ok(n)) => {
+            buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+            Ok(())
+        }
+    }
+}
+
+/// Writes `bytes` and flushes them through TLS, within 10 s.
+async fn write(
+    tls: &mut tokio_rustls::server::TlsStream<TcpStream>,
+    bytes: &[u8],
+) -> io::Result<()> {
+    let done = async {
+        tls.write_all(bytes).await?;
+        tls.flush().await
+    };
+    tokio::time::timeout(Duration::from_secs(10), done)
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
+}
