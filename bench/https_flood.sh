@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Per-client rate limiting over opc.https: SESSIONS sessions with one
 # subscription each (1 s publishing) over HTTPS while one client floods
-# Reads over HTTPS, then the server's shed counters of the https stage.
+# Reads over HTTPS, then the server's shed counters of the https stage;
+# then, unless --read-rounds 0, the server CPU per 1-value Read over
+# opc.tcp and over opc.https side by side.
 #
 # The server (relaxed admission, [https] on PORT+1, metrics on PORT+2) runs
 # pinned to core 0; `uascale bench publish` (the subscribed sessions) and
@@ -11,8 +13,15 @@
 # Publishes are not charged to any bucket. Results (the two JSON reports,
 # the shed counters, the server log) go to OUT.
 #
+# The Read comparison restarts the server with the [https] buckets raised
+# out of the way (a bucket would measure its refusals, not the Reads) and
+# runs `uascale bench read --client library` (4 connections x 16 Reads in
+# flight, 1 value of i=2258) against opc.tcp and opc.https in turns, R
+# rounds, printing each round's server CPU per Read.
+#
 # usage: bench/https_flood.sh [--sessions N] [--flood W] [--duration-s S]
-#                             [--port P] [--out DIR] [--no-build]
+#                             [--read-rounds R] [--port P] [--out DIR]
+#                             [--no-build]
 # UASCALE_BIN overrides the binary (with --no-build). Loopback only; the
 # server it starts is stopped by its PID on exit.
 set -euo pipefail
@@ -22,6 +31,7 @@ cd "$ROOT"
 SESSIONS=2000
 FLOOD=100
 DURATION=60
+READ_ROUNDS=3
 PORT=48950
 OUT=target/https-flood/$(date -u +%Y%m%dT%H%M%S)
 BUILD=1
@@ -30,10 +40,11 @@ while [ $# -gt 0 ]; do
     --sessions) SESSIONS=$2; shift 2 ;;
     --flood) FLOOD=$2; shift 2 ;;
     --duration-s) DURATION=$2; shift 2 ;;
+    --read-rounds) READ_ROUNDS=$2; shift 2 ;;
     --port) PORT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -68,3 +79,26 @@ echo "results in $OUT:"
 echo "  shed at the https stage (reason: count):"
 sed -E 's/.*reason="([a-z_]+)"\} ([0-9]+).*/    \1: \2/' "$OUT/shed.txt"
 echo "  subscribed sessions: $OUT/publish.json; flooder: $OUT/flood.json"
+
+[ "$READ_ROUNDS" -gt 0 ] || exit 0
+stop
+{
+  relaxed_config "$PORT"
+  printf '[https]\nlisten = "127.0.0.1:%s"\n' "$HTTPS"
+  printf 'session_rate = 1000000\nsession_burst = 1000000\n'
+  printf 'address_rate = 1000000\naddress_burst = 1000000\n'
+} > "$OUT/read.toml"
+start_server "$OUT/read.toml" "$OUT/read-server.log" --pki "$OUT/pki"
+echo "  server CPU per 1-value Read (us), bench read --client library, 4 x 16 in flight:"
+cpu_per_read() {
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r.get("server_cpu_us_per_read", r))' "$1"
+}
+for round in $(seq "$READ_ROUNDS"); do
+  for transport in tcp https; do
+    if [ "$transport" = tcp ]; then url=opc.tcp://127.0.0.1:$PORT/; else url=$URL; fi
+    taskset -c 1 "$BIN" bench read "$url" --client library --trust-server --connections 4 \
+      --inflight 16 --warmup-s 2 --duration-s 5 --server-pid "$SERVER" --json \
+      > "$OUT/read-$transport-$round.json"
+    echo "    round $round opc.$transport: $(cpu_per_read "$OUT/read-$transport-$round.json")"
+  done
+done

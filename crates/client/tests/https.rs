@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use uascale_client::{
     Client, ClientOptions, MonitorItem, Notification, SecurityOptions, ServerTrust,
-    SubscriptionEvent, SubscriptionSettings,
+    SubscriptionEvent, SubscriptionSettings, UserIdentity,
 };
 use uascale_server::config::{DemoSection, HttpsSection, SecurityConfig, ServerSection};
 use uascale_server::shed::{Reason, Stage};
@@ -464,6 +464,12 @@ async fn a_secured_policy_signs_the_session_over_https() {
     };
     let hash = uascale_server::identity::hash_password(b"secret").expect("hash");
     config.users = vec![uascale_server::config::UserConfig::new("operator", &hash)];
+    // An X.509 user the server's trust list holds from the start.
+    let user = client_identity("urn:uascale:https-user");
+    let trusted = pki_dir("secured").join("trusted/certs");
+    std::fs::create_dir_all(&trusted).expect("trusted/certs");
+    std::fs::write(trusted.join("https-user.der"), user.certificate().der())
+        .expect("trust the user certificate");
     let server = Server::bind(config).expect("server binds");
     let addr = server.https_addr().expect("https listening");
     let state = Arc::clone(server.state());
@@ -517,7 +523,9 @@ async fn a_secured_policy_signs_the_session_over_https() {
         reconnect: false,
         ..Default::default()
     };
-    let client = Client::connect(&url, secured).await.expect("connect");
+    let client = Client::connect(&url, secured.clone())
+        .await
+        .expect("connect");
     client
         .create_session("signed")
         .await
@@ -528,4 +536,58 @@ async fn a_secured_policy_signs_the_session_over_https() {
         .expect("Read");
     assert_eq!(values[0].value, Some(Variant::Int32(0)));
     client.close().await;
+
+    // Every token type over the signed session and over None: UserName
+    // (right and wrong password) and the X.509 user.
+    let unsigned = ClientOptions {
+        security: SecurityOptions {
+            trust: secured.security.trust.clone(),
+            ..Default::default()
+        },
+        ..secured.clone()
+    };
+    for (what, base) in [("signed", &secured), ("None", &unsigned)] {
+        let identities = [
+            (
+                "UserName",
+                UserIdentity::UserName {
+                    user: "operator".into(),
+                    password: "secret".into(),
+                },
+                None,
+            ),
+            (
+                "wrong password",
+                UserIdentity::UserName {
+                    user: "operator".into(),
+                    password: "guess".into(),
+                },
+                Some(StatusCode::BadUserAccessDenied),
+            ),
+            ("X509", UserIdentity::X509(Arc::clone(&user)), None),
+        ];
+        for (token, identity, refused) in identities {
+            let options = ClientOptions {
+                identity,
+                ..base.clone()
+            };
+            let client = Client::connect(&url, options).await.expect("connect");
+            let activated = client.create_session("identity").await;
+            match refused {
+                None => {
+                    activated.unwrap_or_else(|e| panic!("{what} {token}: {e}"));
+                    let values = client
+                        .read_values(&[NodeId::ns0(2259)])
+                        .await
+                        .unwrap_or_else(|e| panic!("{what} {token} Read: {e}"));
+                    assert_eq!(values[0].value, Some(Variant::Int32(0)), "{what} {token}");
+                }
+                Some(status) => {
+                    let e = activated.expect_err("a wrong password is refused");
+                    assert_eq!(e.status_code(), status, "{what} {token}: {e}");
+                }
+            }
+            client.close().await;
+        }
+    }
 }
