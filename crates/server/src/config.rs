@@ -103,7 +103,8 @@ pub struct HttpsSection {
     pub session_burst: u32,
     /// Requests a second each source address may send without a session
     /// (`address_rate`: GetEndpoints, FindServers, CreateSession, a token
-    /// the server does not know). Over it: 429. Default 50.
+    /// the server does not know), charged only while session
+    /// establishment is contended. Over it: 429. Default 50.
     pub address_rate: u32,
     /// The address bucket's size (`address_burst`). Default 100.
     pub address_burst: u32,

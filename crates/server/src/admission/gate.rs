@@ -527,6 +527,14 @@ impl EstablishmentGate {
         lock(&self.inner.state).room.len()
     }
 
+    /// Whether the stage is contended: half its places or more taken, or
+    /// anyone waiting. Per-address limits in front of it apply only then,
+    /// so a host establishing sessions alone goes at the stage's pace.
+    pub fn is_contended(&self) -> bool {
+        let s = lock(&self.inner.state);
+        !s.room.is_empty() || s.occupancy() >= self.inner.capacity.div_ceil(2)
+    }
+
     fn guard(&self) -> EstablishmentGuard {
         EstablishmentGuard {
             inner: Arc::clone(&self.inner),

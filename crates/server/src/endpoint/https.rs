@@ -578,6 +578,10 @@ impl Https {
             Some((key, _)) => lock(&self.sessions)
                 .try_take(key.clone(), now.instant)
                 .map_err(|wait| Shed::new(Stage::Https, Reason::SessionRate, wait)),
+            // The address's bucket applies while session establishment is
+            // contended, as the connection buckets' per-address share: a
+            // host connecting alone goes at the establishment stage's pace.
+            None if !state.admission.establishment().is_contended() => Ok(()),
             None => match lock(&self.addresses).try_take(conn.peer.ip(), now.instant) {
                 AddressVerdict::Admit => Ok(()),
                 AddressVerdict::Refuse { wait, .. } => {
@@ -845,7 +849,8 @@ mod tests {
     /// The decisions on simulated time, without sockets: each
     /// CreateSession on a logical channel of its own, later requests
     /// routed by token to it, session-less requests charged to their
-    /// address (429 once its bucket is empty, another address untouched),
+    /// address while establishment is contended (429 once its bucket is
+    /// empty, another address untouched),
     /// a full connection table refusing at accept, all counted at stage
     /// `https`.
     #[test]
@@ -860,6 +865,8 @@ mod tests {
         config.https.address_rate = 1;
         config.https.address_burst = 3;
         config.https.max_connections = 2;
+        // Two sessions created and not activated take half the places.
+        config.admission.max_concurrent_session_establishment = Some(4);
         let state = crate::state::ServerState::new(config).expect("state");
         let https = Https::new(Endpoint::new(state, None));
         let at = Now {
@@ -897,6 +904,13 @@ mod tests {
                 ..Default::default()
             })
         };
+        // While session establishment is not contended the address's
+        // bucket is not charged: a host connecting alone is not slowed.
+        let endpoints = body(&GetEndpointsRequest::default());
+        for _ in 0..10 {
+            let fine = answer(https.request(&a, &head, &endpoints, at));
+            assert!(fine.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        }
         // Two CreateSessions from one address: two sessions on two
         // logical channels.
         let first = answer(https.request(&a, &head, &create(&NodeId::NULL), at));
@@ -927,10 +941,13 @@ mod tests {
             channel_of(&second),
             "one logical channel each"
         );
-        // The address's third session-less request empties its bucket;
-        // the fourth is 429 with Retry-After and a ServiceFault.
-        let endpoints = body(&GetEndpointsRequest::default());
-        answer(https.request(&a, &head, &endpoints, at));
+        // Now establishment is contended: the address's third
+        // session-less request empties its bucket, the fourth is 429 with
+        // Retry-After and a ServiceFault.
+        for _ in 0..3 {
+            let fine = answer(https.request(&a, &head, &endpoints, at));
+            assert!(fine.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        }
         let busy = answer(https.request(&a, &head, &endpoints, at));
         let text = String::from_utf8_lossy(&busy);
         assert!(text.starts_with("HTTP/1.1 429 "), "{text}");
