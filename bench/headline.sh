@@ -16,9 +16,10 @@
 #              (bench/storm.sh uascale-secured)
 #   fairness   a victim's Reads under a flood, per isolation profile
 #              (bench/fairness.sh)
-#   failover   kill -9 of a cluster node: sessions resumed, lost and
-#              duplicated notifications (bench/failover.sh; needs
-#              nats-server and haproxy)
+#   failover   kill -9 of a cluster node, then a drain (SIGTERM) of one:
+#              sessions resumed and recreated, lost and duplicated
+#              notifications, the largest gap (bench/failover.sh [--drain];
+#              needs nats-server and haproxy)
 #
 # Peers: async-opcua 0.19 (bench/peers/async-opcua-server, built into
 # target/peers), open62541 through the o6 wheel and Python asyncua (both
@@ -75,12 +76,15 @@ if [ "$QUICK" = 1 ]; then
   STORM=(--clients 200 --steady 3 --duration-s 20 --before-s 1 --after-s 1)
   FAIR_S=2
   FAILOVER=(--sessions 30 --kill-after-s 2 --duration-s 6 --source-ips 3)
+  DRAIN=(--sessions 30 --kill-after-s 2 --duration-s 12 --source-ips 3)
 else
   COMPARE_ARGS=()
   SESSIONS=1000
   STORM=(--clients 3000 --steady 10 --duration-s 60 --before-s 5 --after-s 10)
   FAIR_S=10
   FAILOVER=(--sessions 3000 --interval-ms 1000 --kill-after-s 10 --duration-s 20)
+  # The drain waits shutdown_delay_s (5 s) before its paced closes.
+  DRAIN=(--sessions 3000 --interval-ms 1000 --kill-after-s 10 --duration-s 30)
 fi
 
 mkdir -p "$OUT"
@@ -218,6 +222,12 @@ else
     bench/failover.sh --no-build --json --out "$OUT/failover/$round" "${FAILOVER[@]}" \
       >"$OUT/failover-$round.log" 2>&1 \
       || skip "failover round $round" "bench/failover.sh failed (see failover-$round.log)"
+  done
+  step "failover: a drain (SIGTERM) of a cluster node (bench/failover.sh --drain)"
+  for round in $(seq 1 "$ROUNDS"); do
+    bench/failover.sh --no-build --json --drain --out "$OUT/drain/$round" "${DRAIN[@]}" \
+      >"$OUT/drain-$round.log" 2>&1 \
+      || skip "drain round $round" "bench/failover.sh --drain failed (see drain-$round.log)"
   done
 fi
 

@@ -8,7 +8,8 @@ Reads what bench/headline.sh left in OUT_DIR: meta.txt, skipped.tsv,
 compare/raw/*.json (bench/compare.sh), sessions/<server>-<policy>-<round>/
 bench-N-off.json (bench/session_table.sh), floor-before.txt and
 floor-after.txt (`openssl speed`), storm/uascale-<round>.json,
-fairness/<round>/<profile>.json and failover/<round>/failover.json.
+fairness/<round>/<profile>.json, failover/<round>/failover.json and
+drain/<round>/failover.json.
 Every figure is the median over the rounds that produced it.
 """
 
@@ -225,6 +226,28 @@ def failover_rows(t, out):
     t.add("Failover: kill -9 of one of three nodes", cells, numbers, "%")
 
 
+def drain_rows(t, out):
+    reports = [read_json(p) for p in sorted((out / "drain").glob("*/failover.json"))]
+    reports = [r for r in reports if r]
+    none = "no cluster (not run)"
+    cells = {s: none for s in t.servers if s != "uascale"}
+    numbers = {}
+    if reports:
+        moved = med([r.get("moved") for r in reports])
+        resumed = med([(r.get("moved") or 0) - (r.get("moved_not_resumed") or 0) for r in reports])
+        p99 = med([dig(r, "resume_ms.p99") for r in reports])
+        gap = max(dig(r, "gap_ms.max") or 0 for r in reports)
+        recreated = sum(int(r.get("recreated") or 0) for r in reports)
+        lost = sum(int(r.get("lost") or 0) for r in reports)
+        dup = sum(int(r.get("duplicates") or 0) for r in reports)
+        interval = reports[0].get("interval_ms")
+        cells["uascale"] = (f"{resumed:.0f} of {moved:.0f} moved sessions resumed, p99 "
+                            f"{p99 / 1000:.2f} s after the close; {recreated} recreated, {lost} lost, "
+                            f"{dup} duplicated; largest gap {gap:,.0f} ms at a {interval} ms interval")
+        numbers["uascale"] = 100.0 * resumed / moved if moved else None
+    t.add("Failover: a drain (SIGTERM) of one of three nodes", cells, numbers, "%")
+
+
 def svg_bars(label, numbers, unit):
     """A horizontal bar chart of one row, the servers with a figure."""
     items = [(TITLES[s], v) for s, v in numbers.items() if v is not None and v > 0]
@@ -270,6 +293,7 @@ def main():
     storm_rows(t, out)
     fairness_rows(t, out)
     failover_rows(t, out)
+    drain_rows(t, out)
 
     quick = meta.get("quick") == "1"
     conditions = (
