@@ -243,7 +243,7 @@ def drain_rows(t, out):
         interval = reports[0].get("interval_ms")
         cells["uascale"] = (f"{resumed:.0f} of {moved:.0f} moved sessions resumed, p99 "
                             f"{p99 / 1000:.2f} s after the close; {recreated} recreated, {lost} lost, "
-                            f"{dup} duplicated; largest gap {gap:,.0f} ms at a {interval} ms interval")
+                            f"{dup} duplicated; largest gap {gap:,.0f} ms at a {interval or 0:,.0f} ms interval")
         numbers["uascale"] = 100.0 * resumed / moved if moved else None
     t.add("Failover: a drain (SIGTERM) of one of three nodes", cells, numbers, "%")
 
