@@ -2,9 +2,10 @@
 //! README.md itself, not copied here, and run in an empty directory
 //! against the `uascale` under test.
 //!
-//! Taken: the indented code blocks of "## A tour" (up to the cluster,
-//! which the cluster suites cover with real nats-server and HAProxy) and
-//! the production configuration of "## Security". Changed, so that the
+//! Taken: the indented code blocks of "## A tour", the two-node cluster
+//! among them (with real nats-server and HAProxy, installed when missing
+//! as for the cluster suites), and the production configuration of
+//! "## Security". Changed, so that the
 //! test is bounded and runs beside others: `U=target/release/uascale`
 //! becomes the binary under test; port 4840, the metrics port 9464 and
 //! the HTTPS port 4843 become free ports; every server listens on 127.0.0.1 only; the storm
@@ -14,6 +15,9 @@
 //! `# refused` must fail; every other command must succeed.
 
 mod common;
+#[path = "../../server/tests/support/nats.rs"]
+#[allow(dead_code)] // only the installer and the port helpers
+mod nats;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -250,6 +254,115 @@ fn the_readme_tour_runs_as_written() {
     assert!(out.contains("Basic256Sha256"), "{out}");
     assert!(!out.contains("SecurityPolicy#None"), "{out}");
     drop(server);
+}
+
+/// Starts `line` (a README command, `$U` the binary under test) in `dir`
+/// in the background, once `port` accepts connections.
+fn background(dir: &Path, line: &str, port: u16) -> Server {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("exec {line}"))
+        .current_dir(dir)
+        .env("U", BIN)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start a README command");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("`{line}` exited: {status}");
+        }
+        assert!(Instant::now() < deadline, "`{line}` did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Server(child)
+}
+
+/// The README's two-node cluster as written, on free ports and with the
+/// subscription bounded (`--count 3` for `--duration-s 60`, the nodes on
+/// 127.0.0.1): nats-server, the first node alone (it creates the shared
+/// certificate), the second, HAProxy with the README's configuration file
+/// (its ports changed alike), and the subscription through the front end.
+/// Then the first node is killed and a Read through the front end is
+/// served by the second.
+#[test]
+fn the_readme_cluster_runs_as_written() {
+    if nats::ensure_installed("nats-server", "nats-server").is_none()
+        || nats::ensure_installed("haproxy", "haproxy").is_none()
+    {
+        return;
+    }
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README.md");
+    let block = blocks(&readme, "A tour")
+        .into_iter()
+        .find(|b| b.iter().any(|l| l.contains("nats-server")))
+        .expect("the tour has a cluster block");
+    let dir = TempDir::new("readme-cluster");
+    let dir: &Path = dir.as_ref();
+    let (store, front, n1, n2) = (free_port(), free_port(), free_port(), free_port());
+    let cfg = "docs/examples/haproxy-two-nodes.cfg";
+    let haproxy = std::fs::read_to_string(format!("{root}/{cfg}"))
+        .expect("the README's HAProxy configuration")
+        .replace("127.0.0.1:4840", &format!("127.0.0.1:{front}"))
+        .replace("127.0.0.1:4841", &format!("127.0.0.1:{n1}"))
+        .replace("127.0.0.1:4842", &format!("127.0.0.1:{n2}"));
+    std::fs::write(dir.join("haproxy.cfg"), haproxy).expect("haproxy.cfg");
+    let mut lines: Vec<String> = Vec::new();
+    let mut pending = String::new();
+    for line in &block {
+        let line = line
+            .replace("127.0.0.1 -p 4222", &format!("127.0.0.1 -p {store}"))
+            .replace("127.0.0.1:4222", &format!("127.0.0.1:{store}"))
+            .replace("localhost:4840", &format!("localhost:{front}"))
+            .replace("--port 4841", &format!("--port {n1} --bind 127.0.0.1"))
+            .replace("--port 4842", &format!("--port {n2} --bind 127.0.0.1"))
+            .replace("/tmp/uascale-nats", "nats-store")
+            .replace(cfg, "haproxy.cfg")
+            .replace("--duration-s 60", "--count 3");
+        if let Some(head) = line.strip_suffix('\\') {
+            pending.push_str(head);
+            continue;
+        }
+        pending.push_str(&line);
+        lines.push(std::mem::take(&mut pending));
+    }
+    let mut started = Vec::new();
+    let mut subscribed = false;
+    for line in &lines {
+        let port = if line.starts_with("nats-server") {
+            store
+        } else if line.starts_with("haproxy") {
+            front
+        } else if line.contains(&format!("--port {n1} ")) {
+            n1
+        } else if line.contains(&format!("--port {n2} ")) {
+            n2
+        } else {
+            let (ok, out) = sh(dir, line);
+            assert!(ok, "README command failed: {line}\n{out}");
+            subscribed |= line.contains("subscribe");
+            continue;
+        };
+        started.push(background(dir, line, port));
+    }
+    assert_eq!(
+        started.len(),
+        4,
+        "nats-server, two nodes, HAProxy: {lines:#?}"
+    );
+    assert!(subscribed, "the block subscribes: {lines:#?}");
+    // kill -9 of the first node; HAProxy's check (every 300 ms) takes it
+    // out and the second serves.
+    let mut first = started.remove(1);
+    first.0.kill().expect("kill the first node");
+    let _ = first.0.wait();
+    std::thread::sleep(Duration::from_secs(2));
+    let (ok, out) = sh(dir, &format!("$U read opc.tcp://localhost:{front} i=2258"));
+    assert!(ok, "a Read through the front end after the kill: {out}");
 }
 
 /// The block parser finds the blocks, so the test cannot pass by running
