@@ -208,12 +208,16 @@ def fairness_rows(t, out):
               cells, numbers, "%")
 
 
+def cluster_reports(t, out, part):
+    """The failover reports of one part (failover, drain) and the cells of
+    the peers, which have no cluster."""
+    reports = [read_json(p) for p in sorted((out / part).glob("*/failover.json"))]
+    cells = {s: "no cluster (not run)" for s in t.servers if s != "uascale"}
+    return [r for r in reports if r], cells, {}
+
+
 def failover_rows(t, out):
-    reports = [read_json(p) for p in sorted((out / "failover").glob("*/failover.json"))]
-    reports = [r for r in reports if r]
-    none = "no cluster (not run)"
-    cells = {s: none for s in t.servers if s != "uascale"}
-    numbers = {}
+    reports, cells, numbers = cluster_reports(t, out, "failover")
     if reports:
         moved = med([r.get("moved") for r in reports])
         pct = med([r.get("resumed_within_5s_percent") for r in reports])
@@ -227,11 +231,7 @@ def failover_rows(t, out):
 
 
 def drain_rows(t, out):
-    reports = [read_json(p) for p in sorted((out / "drain").glob("*/failover.json"))]
-    reports = [r for r in reports if r]
-    none = "no cluster (not run)"
-    cells = {s: none for s in t.servers if s != "uascale"}
-    numbers = {}
+    reports, cells, numbers = cluster_reports(t, out, "drain")
     if reports:
         moved = med([r.get("moved") for r in reports])
         resumed = med([(r.get("moved") or 0) - (r.get("moved_not_resumed") or 0) for r in reports])

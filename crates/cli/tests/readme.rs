@@ -65,7 +65,7 @@ impl Drop for Server {
 /// Runs `args` (after `uascale`) in `dir` as a server on `port`, once it
 /// accepts connections.
 fn start(dir: &Path, args: &[String], port: u16) -> Server {
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args(args)
         .args(["--bind", "127.0.0.1"])
         .current_dir(dir)
@@ -75,12 +75,18 @@ fn start(dir: &Path, args: &[String], port: u16) -> Server {
         .stderr(Stdio::null())
         .spawn()
         .expect("start uascale serve");
+    listening(child, port, &format!("uascale {}", args.join(" ")))
+}
+
+/// `child` (running `what`) once `port` accepts connections (at most
+/// 60 s); panics if it exits first.
+fn listening(mut child: Child, port: u16, what: &str) -> Server {
     let deadline = Instant::now() + Duration::from_secs(60);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         if let Ok(Some(status)) = child.try_wait() {
-            panic!("`uascale {}` exited: {status}", args.join(" "));
+            panic!("`{what}` exited: {status}");
         }
-        assert!(Instant::now() < deadline, "the server did not start");
+        assert!(Instant::now() < deadline, "`{what}` did not listen");
         std::thread::sleep(Duration::from_millis(50));
     }
     Server(child)
@@ -259,7 +265,7 @@ fn the_readme_tour_runs_as_written() {
 /// Starts `line` (a README command, `$U` the binary under test) in `dir`
 /// in the background, once `port` accepts connections.
 fn background(dir: &Path, line: &str, port: u16) -> Server {
-    let mut child = Command::new("sh")
+    let child = Command::new("sh")
         .arg("-c")
         .arg(format!("exec {line}"))
         .current_dir(dir)
@@ -270,15 +276,7 @@ fn background(dir: &Path, line: &str, port: u16) -> Server {
         .stderr(Stdio::null())
         .spawn()
         .expect("start a README command");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("`{line}` exited: {status}");
-        }
-        assert!(Instant::now() < deadline, "`{line}` did not listen");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Server(child)
+    listening(child, port, line)
 }
 
 /// The README's two-node cluster as written, on free ports and with the
