@@ -237,6 +237,75 @@ fn curl(addr: SocketAddr, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The per-address bucket over real sockets: session-less requests
+/// (GetEndpoints) from one address are not charged while session
+/// establishment has room, and are once a created, unactivated session
+/// holds half its places: then the bucket's burst passes and the next is
+/// 429, counted at stage `https` with reason `address_rate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_address_bucket_applies_while_establishment_is_contended() {
+    let mut config = config(
+        "address",
+        HttpsSection {
+            address_rate: 1,
+            address_burst: 2,
+            ..Default::default()
+        },
+    );
+    config.admission.max_concurrent_session_establishment = Some(2);
+    let dir = config.security.pki_dir.clone();
+    let server = Server::bind(config).expect("server binds");
+    let addr = server.https_addr().expect("https listening");
+    let state = Arc::clone(server.state());
+    tokio::spawn(server.run(std::future::pending()));
+    let body = |name: &str, m: &dyn t::DynStructure| {
+        let mut out = Vec::new();
+        t::encode_message(m, &mut out);
+        let path = dir.join(name);
+        std::fs::write(&path, out).expect("a request body");
+        format!("@{}", path.display())
+    };
+    let endpoints = body("get-endpoints.bin", &t::GetEndpointsRequest::default());
+    let create = body(
+        "create-session.bin",
+        &t::CreateSessionRequest {
+            requested_session_timeout: 60_000.0,
+            ..Default::default()
+        },
+    );
+    let post = |file: &str| {
+        curl(
+            addr,
+            &[
+                "-X",
+                "POST",
+                "-H",
+                "Content-Type: application/octet-stream",
+                "--data-binary",
+                file,
+            ],
+        )
+    };
+    for _ in 0..5 {
+        assert_eq!(post(&endpoints), "200", "uncontended: not charged");
+    }
+    assert_eq!(
+        state.metrics.shed_count(Stage::Https, Reason::AddressRate),
+        0
+    );
+    // A session created and never activated holds one of the two places.
+    assert_eq!(post(&create), "200");
+    // The burst of 2 passes, then 429 (a token refills each second, so a
+    // slow machine may see a third 200 before it).
+    let answers: Vec<String> = (0..8).map(|_| post(&endpoints)).collect();
+    let first_refused = answers.iter().position(|a| a == "429");
+    assert!(
+        matches!(first_refused, Some(2..=4)),
+        "contended: {answers:?}"
+    );
+    assert!(state.metrics.shed_count(Stage::Https, Reason::AddressRate) >= 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_errors_with_curl() {
     let (addr, _state) = start(
