@@ -680,6 +680,84 @@ fn python_asyncua_reactivates_its_session_after_its_node_died() {
     assert_eq!(f.created, created_before, "no new session was made");
 }
 
+/// Python asyncua through a drain: its node gets SIGTERM (HAProxy checking
+/// `/readyz`), writes the session's final record, closes the channel and
+/// exits; asyncua, on a new channel through HAProxy, activates the same
+/// session on the survivor (tests/interop/cluster_asyncua.py, as for the
+/// kill): no new session, no busy answer from the survivor.
+#[test]
+fn python_asyncua_keeps_its_session_through_a_drain() {
+    use std::io::{BufRead, BufReader};
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = root.join("target/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `cargo xtask ci` first",
+        python.display()
+    );
+    let dir = TempDir::new("drain-asyncua");
+    let config = dir.join("drain.toml");
+    std::fs::write(
+        &config,
+        "[server]\nshutdown_delay_s = 1\n[cluster]\nheartbeat_ms = 300\nlease_ms = 3000\n",
+    )
+    .unwrap();
+    let Some(mut c) = small_cluster_with(2, "pd", &["--config", config.to_str().unwrap()], true)
+    else {
+        return;
+    };
+    let (front, metrics_ports) = (c.front, c.metrics.clone());
+    let mut script = Command::new(&python)
+        .arg(root.join("tests/interop/cluster_asyncua.py"))
+        .arg(format!("opc.tcp://127.0.0.1:{front}"))
+        .current_dir(root.join("tests/interop"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the asyncua script");
+    let mut lines = BufReader::new(script.stdout.take().unwrap()).lines();
+    let line = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert_eq!(line, "READY", "the script's first session");
+
+    let start = Instant::now();
+    let (victim, survivor) = loop {
+        let f: Vec<NodeFigures> = metrics_ports.iter().map(|p| figures(*p)).collect();
+        if let Some(v) = (0..2).find(|i| f[*i].active == 1.0 && f[*i].pending == 0.0) {
+            break (v, 1 - v);
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the session is not active and mirrored"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let created_before = figures(metrics_ports[survivor]).created;
+    let busy_before = busy_answers(metrics_ports[survivor]);
+    let mut drained = c.nodes[victim].take().unwrap();
+    let _ = Command::new("kill")
+        .args(["-TERM", &drained.pid()])
+        .status();
+    let start = Instant::now();
+    let status = loop {
+        if let Ok(Some(s)) = drained.child.try_wait() {
+            break s;
+        }
+        assert!(start.elapsed() < LIMIT, "the drained node did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "the drained node: {status}");
+    writeln!(script.stdin.as_mut().unwrap()).unwrap();
+    let line = lines.next().and_then(Result::ok).unwrap_or_default();
+    let status = script.wait().unwrap();
+    assert_eq!(line, "OK", "the script did not carry on ({status})");
+    assert!(status.success(), "{status}");
+    let f = figures(metrics_ports[survivor]);
+    assert_eq!(f.restored, 1.0, "the survivor took the session over");
+    assert_eq!(f.created, created_before, "no new session was made");
+    assert_eq!(busy_answers(metrics_ports[survivor]), busy_before);
+}
+
 /// Busy answers a node sent, all stages together.
 fn busy_answers(port: u16) -> f64 {
     metrics(port)
