@@ -619,63 +619,87 @@ fn bench_failover_reports_what_the_cluster_did() {
     );
 }
 
-/// Python asyncua through the front end: its session, made through
-/// HAProxy, is activated again through HAProxy on a new channel after its
-/// node was killed (tests/interop/cluster_asyncua.py drives asyncua's own
-/// steps with the old token: asyncua 2.1 itself would make a new session).
-#[test]
-fn python_asyncua_reactivates_its_session_after_its_node_died() {
-    use std::io::{BufRead, BufReader};
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = root.join("target/venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `cargo xtask ci` first",
-        python.display()
-    );
-    let Some(mut c) = small_cluster(2, "p") else {
-        return;
-    };
-    let (front, metrics_ports) = (c.front, c.metrics.clone());
-    let mut script = Command::new(&python)
-        .arg(root.join("tests/interop/cluster_asyncua.py"))
-        .arg(format!("opc.tcp://127.0.0.1:{front}"))
-        .current_dir(root.join("tests/interop"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the asyncua script");
-    let mut lines = BufReader::new(script.stdout.take().unwrap()).lines();
-    let line = lines.next().and_then(Result::ok).unwrap_or_default();
-    assert_eq!(line, "READY", "the script's first session");
+/// tests/interop/cluster_asyncua.py through the front end: asyncua's
+/// session made and read (`READY`); [`AsyncuaScript::carry_on`] then has
+/// it activate the same session on a new channel and read again.
+struct AsyncuaScript {
+    child: Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
 
-    // Which node has it: the one with the active session; kill it.
+impl AsyncuaScript {
+    fn start(front: u16) -> Self {
+        use std::io::BufRead;
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let python = root.join("target/venv/bin/python");
+        assert!(
+            python.exists(),
+            "{} is missing: run `cargo xtask ci` first",
+            python.display()
+        );
+        let mut child = Command::new(&python)
+            .arg(root.join("tests/interop/cluster_asyncua.py"))
+            .arg(format!("opc.tcp://127.0.0.1:{front}"))
+            .current_dir(root.join("tests/interop"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the asyncua script");
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert_eq!(line, "READY", "the script's first session");
+        Self { child, lines }
+    }
+
+    /// Reactivates the session through the front end; panics unless the
+    /// script read on it and ended well.
+    fn carry_on(mut self) {
+        writeln!(self.child.stdin.as_mut().unwrap()).unwrap();
+        let line = self.lines.next().and_then(Result::ok).unwrap_or_default();
+        let status = self.child.wait().unwrap();
+        assert_eq!(line, "OK", "the script did not carry on ({status})");
+        assert!(status.success(), "{status}");
+    }
+}
+
+/// Of two nodes, the one whose metrics show the one session active and
+/// mirrored, and the other: (victim, survivor).
+fn node_with_the_session(metrics_ports: &[u16]) -> (usize, usize) {
     let start = Instant::now();
-    let (victim, survivor) = loop {
+    loop {
         let f: Vec<NodeFigures> = metrics_ports.iter().map(|p| figures(*p)).collect();
         if let Some(v) = (0..2).find(|i| f[*i].active == 1.0 && f[*i].pending == 0.0) {
-            break (v, 1 - v);
+            return (v, 1 - v);
         }
         assert!(
             start.elapsed() < LIMIT,
             "the session is not active and mirrored"
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Python asyncua through the front end: its session, made through
+/// HAProxy, is activated again through HAProxy on a new channel after its
+/// node was killed (tests/interop/cluster_asyncua.py drives asyncua's own
+/// steps with the old token: asyncua 2.1 itself would make a new session).
+#[test]
+fn python_asyncua_reactivates_its_session_after_its_node_died() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(mut c) = small_cluster(2, "p") else {
+        return;
     };
-    let created_before = figures(metrics_ports[survivor]).created;
+    let script = AsyncuaScript::start(c.front);
+    let (victim, survivor) = node_with_the_session(&c.metrics);
+    let created_before = figures(c.metrics[survivor]).created;
     let mut dead = c.nodes[victim].take().unwrap();
     dead.child.kill().unwrap();
     let _ = dead.child.wait();
     // HAProxy sends the next connection to the survivor once its check
     // fails (or redispatches after a refused connect).
     std::thread::sleep(Duration::from_millis(700));
-    writeln!(script.stdin.as_mut().unwrap()).unwrap();
-    let line = lines.next().and_then(Result::ok).unwrap_or_default();
-    let status = script.wait().unwrap();
-    assert_eq!(line, "OK", "the script did not carry on ({status})");
-    assert!(status.success(), "{status}");
-    let f = figures(metrics_ports[survivor]);
+    script.carry_on();
+    let f = figures(c.metrics[survivor]);
     assert_eq!(f.restored, 1.0, "the survivor took the session over");
     assert_eq!(f.created, created_before, "no new session was made");
 }
@@ -687,15 +711,7 @@ fn python_asyncua_reactivates_its_session_after_its_node_died() {
 /// kill): no new session, no busy answer from the survivor.
 #[test]
 fn python_asyncua_keeps_its_session_through_a_drain() {
-    use std::io::{BufRead, BufReader};
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = root.join("target/venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `cargo xtask ci` first",
-        python.display()
-    );
     let dir = TempDir::new("drain-asyncua");
     let config = dir.join("drain.toml");
     std::fs::write(
@@ -707,33 +723,10 @@ fn python_asyncua_keeps_its_session_through_a_drain() {
     else {
         return;
     };
-    let (front, metrics_ports) = (c.front, c.metrics.clone());
-    let mut script = Command::new(&python)
-        .arg(root.join("tests/interop/cluster_asyncua.py"))
-        .arg(format!("opc.tcp://127.0.0.1:{front}"))
-        .current_dir(root.join("tests/interop"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the asyncua script");
-    let mut lines = BufReader::new(script.stdout.take().unwrap()).lines();
-    let line = lines.next().and_then(Result::ok).unwrap_or_default();
-    assert_eq!(line, "READY", "the script's first session");
-
-    let start = Instant::now();
-    let (victim, survivor) = loop {
-        let f: Vec<NodeFigures> = metrics_ports.iter().map(|p| figures(*p)).collect();
-        if let Some(v) = (0..2).find(|i| f[*i].active == 1.0 && f[*i].pending == 0.0) {
-            break (v, 1 - v);
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "the session is not active and mirrored"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let created_before = figures(metrics_ports[survivor]).created;
-    let busy_before = busy_answers(metrics_ports[survivor]);
+    let script = AsyncuaScript::start(c.front);
+    let (victim, survivor) = node_with_the_session(&c.metrics);
+    let created_before = figures(c.metrics[survivor]).created;
+    let busy_before = busy_answers(c.metrics[survivor]);
     let mut drained = c.nodes[victim].take().unwrap();
     let _ = Command::new("kill")
         .args(["-TERM", &drained.pid()])
@@ -747,15 +740,11 @@ fn python_asyncua_keeps_its_session_through_a_drain() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "the drained node: {status}");
-    writeln!(script.stdin.as_mut().unwrap()).unwrap();
-    let line = lines.next().and_then(Result::ok).unwrap_or_default();
-    let status = script.wait().unwrap();
-    assert_eq!(line, "OK", "the script did not carry on ({status})");
-    assert!(status.success(), "{status}");
-    let f = figures(metrics_ports[survivor]);
+    script.carry_on();
+    let f = figures(c.metrics[survivor]);
     assert_eq!(f.restored, 1.0, "the survivor took the session over");
     assert_eq!(f.created, created_before, "no new session was made");
-    assert_eq!(busy_answers(metrics_ports[survivor]), busy_before);
+    assert_eq!(busy_answers(c.metrics[survivor]), busy_before);
 }
 
 /// Busy answers a node sent, all stages together.

@@ -53,6 +53,23 @@ fn blocks(readme: &str, title: &str) -> Vec<Vec<String>> {
     out
 }
 
+/// A block's commands, each line changed by `change` and a line ending in
+/// `\\` joined with the next.
+fn commands(block: &[String], change: impl Fn(&str) -> String) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut pending = String::new();
+    for line in block {
+        let line = change(line);
+        if let Some(head) = line.strip_suffix('\\') {
+            pending.push_str(head);
+            continue;
+        }
+        pending.push_str(&line);
+        lines.push(std::mem::take(&mut pending));
+    }
+    lines
+}
+
 struct Server(Child);
 
 impl Drop for Server {
@@ -123,22 +140,12 @@ fn run_blocks(
     mut server: Option<Server>,
 ) -> Option<Server> {
     for block in blocks {
-        // Lines ending in `\` continue on the next.
-        let mut lines: Vec<String> = Vec::new();
-        let mut pending = String::new();
-        for line in block {
-            let line = line
-                .replace("localhost:4840", &format!("localhost:{port}"))
+        let lines = commands(block, |line| {
+            line.replace("localhost:4840", &format!("localhost:{port}"))
                 .replace("9464", &metrics.to_string())
                 .replace("4843", &https.to_string())
-                .replace("--clients 500", "--clients 40");
-            if let Some(head) = line.strip_suffix('\\') {
-                pending.push_str(head);
-                continue;
-            }
-            pending.push_str(&line);
-            lines.push(std::mem::take(&mut pending));
-        }
+                .replace("--clients 500", "--clients 40")
+        });
         // Heredocs and the lines between servers run as one script.
         let mut script = String::new();
         let flush = |script: &mut String| {
@@ -309,25 +316,16 @@ fn the_readme_cluster_runs_as_written() {
         .replace("127.0.0.1:4841", &format!("127.0.0.1:{n1}"))
         .replace("127.0.0.1:4842", &format!("127.0.0.1:{n2}"));
     std::fs::write(dir.join("haproxy.cfg"), haproxy).expect("haproxy.cfg");
-    let mut lines: Vec<String> = Vec::new();
-    let mut pending = String::new();
-    for line in &block {
-        let line = line
-            .replace("127.0.0.1 -p 4222", &format!("127.0.0.1 -p {store}"))
+    let lines = commands(&block, |line| {
+        line.replace("127.0.0.1 -p 4222", &format!("127.0.0.1 -p {store}"))
             .replace("127.0.0.1:4222", &format!("127.0.0.1:{store}"))
             .replace("localhost:4840", &format!("localhost:{front}"))
             .replace("--port 4841", &format!("--port {n1} --bind 127.0.0.1"))
             .replace("--port 4842", &format!("--port {n2} --bind 127.0.0.1"))
             .replace("/tmp/uascale-nats", "nats-store")
             .replace(cfg, "haproxy.cfg")
-            .replace("--duration-s 60", "--count 3");
-        if let Some(head) = line.strip_suffix('\\') {
-            pending.push_str(head);
-            continue;
-        }
-        pending.push_str(&line);
-        lines.push(std::mem::take(&mut pending));
-    }
+            .replace("--duration-s 60", "--count 3")
+    });
     let mut started = Vec::new();
     let mut subscribed = false;
     for line in &lines {
