@@ -704,6 +704,37 @@ fn python_asyncua_reactivates_its_session_after_its_node_died() {
     assert_eq!(f.created, created_before, "no new session was made");
 }
 
+/// Two nodes whose planned shutdown waits `delay_s` (heartbeats every
+/// 300 ms), HAProxy checking their `/readyz`; with the directory of their
+/// configuration file, kept while they run.
+fn draining_cluster(prefix: &str, delay_s: u32) -> Option<(TempDir, Small)> {
+    let dir = TempDir::new(prefix);
+    let config = dir.join("drain.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nshutdown_delay_s = {delay_s}\n[cluster]\nheartbeat_ms = 300\nlease_ms = 3000\n"
+        ),
+    )
+    .unwrap();
+    let c = small_cluster_with(2, prefix, &["--config", config.to_str().unwrap()], true)?;
+    Some((dir, c))
+}
+
+/// Waits (at most [`LIMIT`]) for a drained node to exit by itself; panics
+/// unless it exits 0.
+fn exits_cleanly(node: &mut common::Served) {
+    let start = Instant::now();
+    let status = loop {
+        if let Ok(Some(s)) = node.child.try_wait() {
+            break s;
+        }
+        assert!(start.elapsed() < LIMIT, "the drained node did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "the drained node: {status}");
+}
+
 /// Python asyncua through a drain: its node gets SIGTERM (HAProxy checking
 /// `/readyz`), writes the session's final record, closes the channel and
 /// exits; asyncua, on a new channel through HAProxy, activates the same
@@ -712,15 +743,7 @@ fn python_asyncua_reactivates_its_session_after_its_node_died() {
 #[test]
 fn python_asyncua_keeps_its_session_through_a_drain() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = TempDir::new("drain-asyncua");
-    let config = dir.join("drain.toml");
-    std::fs::write(
-        &config,
-        "[server]\nshutdown_delay_s = 1\n[cluster]\nheartbeat_ms = 300\nlease_ms = 3000\n",
-    )
-    .unwrap();
-    let Some(mut c) = small_cluster_with(2, "pd", &["--config", config.to_str().unwrap()], true)
-    else {
+    let Some((_dir, mut c)) = draining_cluster("pd", 1) else {
         return;
     };
     let script = AsyncuaScript::start(c.front);
@@ -731,15 +754,7 @@ fn python_asyncua_keeps_its_session_through_a_drain() {
     let _ = Command::new("kill")
         .args(["-TERM", &drained.pid()])
         .status();
-    let start = Instant::now();
-    let status = loop {
-        if let Ok(Some(s)) = drained.child.try_wait() {
-            break s;
-        }
-        assert!(start.elapsed() < LIMIT, "the drained node did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "the drained node: {status}");
+    exits_cleanly(&mut drained);
     script.carry_on();
     let f = figures(c.metrics[survivor]);
     assert_eq!(f.restored, 1.0, "the survivor took the session over");
@@ -768,15 +783,7 @@ fn busy_answers(port: u16) -> f64 {
 fn clients_of_a_draining_node_move_without_a_gap() {
     const N: usize = 20;
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = TempDir::new("drain");
-    let config = dir.join("drain.toml");
-    std::fs::write(
-        &config,
-        "[server]\nshutdown_delay_s = 2\n[cluster]\nheartbeat_ms = 300\nlease_ms = 3000\n",
-    )
-    .unwrap();
-    let Some(mut c) = small_cluster_with(2, "d", &["--config", config.to_str().unwrap()], true)
-    else {
+    let Some((_dir, mut c)) = draining_cluster("d", 2) else {
         return;
     };
     let front_url = format!("opc.tcp://127.0.0.1:{}", c.front);
@@ -949,15 +956,7 @@ fn clients_of_a_draining_node_move_without_a_gap() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // The drained node ends by itself.
-    let start = Instant::now();
-    let status = loop {
-        if let Ok(Some(s)) = drained.child.try_wait() {
-            break s;
-        }
-        assert!(start.elapsed() < LIMIT, "the drained node did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status}");
+    exits_cleanly(&mut drained);
     // Every client's values go on.
     let start = Instant::now();
     loop {
