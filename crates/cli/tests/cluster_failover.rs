@@ -619,6 +619,19 @@ fn bench_failover_reports_what_the_cluster_did() {
     );
 }
 
+/// The repository's root and the Python of its `target/venv` (which
+/// `cargo xtask ci` makes); panics when the venv is missing.
+fn venv_python() -> (std::path::PathBuf, std::path::PathBuf) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = root.join("target/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `cargo xtask ci` first",
+        python.display()
+    );
+    (root, python)
+}
+
 /// tests/interop/cluster_asyncua.py through the front end: asyncua's
 /// session made and read (`READY`); [`AsyncuaScript::carry_on`] then has
 /// it activate the same session on a new channel and read again.
@@ -630,13 +643,7 @@ struct AsyncuaScript {
 impl AsyncuaScript {
     fn start(front: u16) -> Self {
         use std::io::BufRead;
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let python = root.join("target/venv/bin/python");
-        assert!(
-            python.exists(),
-            "{} is missing: run `cargo xtask ci` first",
-            python.display()
-        );
+        let (root, python) = venv_python();
         let mut child = Command::new(&python)
             .arg(root.join("tests/interop/cluster_asyncua.py"))
             .arg(format!("opc.tcp://127.0.0.1:{front}"))
@@ -1134,13 +1141,7 @@ fn bench_failover_drain_reports_what_the_cluster_did() {
 #[test]
 fn python_asyncua_reads_the_redundancy_surface() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let python = root.join("target/venv/bin/python");
-    assert!(
-        python.exists(),
-        "{} is missing: run `cargo xtask ci` first",
-        python.display()
-    );
+    let (root, python) = venv_python();
     let Some(c) = small_cluster(2, "r") else {
         return;
     };
