@@ -91,7 +91,7 @@ stop
 start_server "$OUT/read.toml" "$OUT/read-server.log" --pki "$OUT/pki"
 echo "  server CPU per 1-value Read (us), bench read --client library, 4 x 16 in flight:"
 cpu_per_read() {
-  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r.get("server_cpu_us_per_read", r))' "$1"
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("server_cpu_us_per_read") or "not measured")' "$1"
 }
 for round in $(seq "$READ_ROUNDS"); do
   for transport in tcp https; do
