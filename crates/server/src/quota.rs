@@ -56,6 +56,16 @@ pub struct Quotas {
     /// message of the subscription sending a new one is dropped (a
     /// Republish of it is `BadMessageNotAvailable`). Default 32 MiB.
     pub max_retransmission_bytes_per_session: u64,
+    /// Values per second one session's monitored items may take
+    /// (`max_values_per_second_per_session`, 0 = no limit), so that one
+    /// session cannot spend the cores the others' samples and Publishes
+    /// need. Timer-sampled items whose sampling intervals together ask for
+    /// more are all sampled slower, in proportion, until they ask for this
+    /// many; pushed values over it are not queued by items with a queue
+    /// deeper than one (the next value such an item queues carries the
+    /// Overflow bit), while items keeping only their latest value keep it
+    /// as always. Default 100,000.
+    pub max_values_per_second_per_session: u64,
     /// The memory budget of all kept state (`memory_budget_bytes`: queued
     /// notifications and retransmission queues of every session). Default
     /// derived: `memory_budget_percent` of the cgroup memory limit, else
@@ -81,6 +91,10 @@ impl Default for Quotas {
             // 20 messages of a thousand values each per subscription of a
             // client that acknowledges are well under a megabyte.
             max_retransmission_bytes_per_session: 32 << 20,
+            // 10,000 values sampled every 100 ms. A session at it took a
+            // quarter of a core here in the worst case (CurrentTime
+            // sampled into full queues of a thousand values).
+            max_values_per_second_per_session: 100_000,
             memory_budget_bytes: None,
             memory_budget_percent: 25,
         }
@@ -174,11 +188,13 @@ pub enum Quota {
     BudgetShare = 5,
     /// `operation_limits.max_browse_continuation_points`.
     ContinuationPoints = 6,
+    /// `max_values_per_second_per_session` (pushed values not queued).
+    ValuesPerSecondPerSession = 7,
 }
 
 impl Quota {
     /// Every quota, in label order.
-    pub const ALL: [Quota; 7] = [
+    pub const ALL: [Quota; 8] = [
         Quota::SubscriptionsPerSession,
         Quota::MonitoredItemsPerSession,
         Quota::MonitoredItemsPerClient,
@@ -186,6 +202,7 @@ impl Quota {
         Quota::RetransmissionBytesPerSession,
         Quota::BudgetShare,
         Quota::ContinuationPoints,
+        Quota::ValuesPerSecondPerSession,
     ];
 
     /// Its metric label.
@@ -198,6 +215,7 @@ impl Quota {
             Quota::RetransmissionBytesPerSession => "retransmission_bytes_per_session",
             Quota::BudgetShare => "memory_budget_share",
             Quota::ContinuationPoints => "continuation_points_per_session",
+            Quota::ValuesPerSecondPerSession => "values_per_second_per_session",
         }
     }
 }
@@ -217,7 +235,7 @@ pub struct Budget {
     totals: [AtomicU64; 2],
     /// Accounts keeping anything: the fair share is the budget over these.
     active: AtomicUsize,
-    over: [AtomicU64; 7],
+    over: [AtomicU64; 8],
     /// The last session found over its share, and what it kept (for the
     /// rate-limited log line).
     last_over: Mutex<Option<(NodeId, u64)>>,
@@ -241,6 +259,7 @@ impl Default for Budget {
                 max_monitored_items_per_client: 0,
                 max_queued_notification_bytes_per_session: 0,
                 max_retransmission_bytes_per_session: 0,
+                max_values_per_second_per_session: 0,
                 memory_budget_bytes: Some(0),
                 memory_budget_percent: 25,
             },
@@ -347,6 +366,50 @@ impl Budget {
             Stage::Queued => self.quotas.max_queued_notification_bytes_per_session,
             Stage::Retransmission => self.quotas.max_retransmission_bytes_per_session,
         }
+    }
+}
+
+/// The `max_values_per_second_per_session` bucket of one session's pushed
+/// values: `rate` tokens a second, at most one second's worth kept.
+#[derive(Debug, Clone, Default)]
+pub struct ValueRate {
+    tokens: f64,
+    at: Option<std::time::Instant>,
+}
+
+impl ValueRate {
+    /// Takes one value's token at `now`; false when the session took
+    /// `rate` values in the last second already (`rate` 0: no limit).
+    pub fn take(&mut self, now: std::time::Instant, rate: u64) -> bool {
+        if rate == 0 {
+            return true;
+        }
+        let rate = rate as f64;
+        let elapsed = self
+            .at
+            .map_or(1.0, |at| now.saturating_duration_since(at).as_secs_f64());
+        self.tokens = (self.tokens + elapsed * rate).min(rate);
+        self.at = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// How much slower than asked a session's timer-sampled items are sampled:
+/// 1 while their sampling intervals together ask for at most `rate` samples
+/// a second (`rate` 0: no limit), else the factor that brings them down to
+/// it (`demand` is the samples a second they ask for).
+pub fn sampling_stretch(demand: f64, rate: u64) -> f64 {
+    if rate == 0 || demand <= rate as f64 {
+        1.0
+    } else {
+        // At most a million times slower (a day at 100 ms): the bound keeps
+        // the arithmetic on durations finite.
+        (demand / rate as f64).min(1e6)
     }
 }
 

@@ -18,7 +18,15 @@ pub(super) async fn run_subscriptions(state: Arc<ServerState>) {
         .set_waker(Box::new(move || w.notify_one()));
     // The timer grid runs through the task's start.
     let origin = clock().instant;
+    let mut more = false;
     loop {
+        if more {
+            // A long sampling pass was cut short: what waits for the
+            // runtime (connections, Publishes) goes first, then the rest.
+            tokio::task::yield_now().await;
+            more = run_due_subscriptions(&state, clock());
+            continue;
+        }
         match state.subscriptions.next_wake(origin) {
             Some(t) => {
                 tokio::select! {
@@ -28,6 +36,6 @@ pub(super) async fn run_subscriptions(state: Arc<ServerState>) {
             }
             None => wake.notified().await,
         }
-        run_due_subscriptions(&state, clock());
+        more = run_due_subscriptions(&state, clock());
     }
 }

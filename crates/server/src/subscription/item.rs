@@ -142,6 +142,12 @@ pub struct MonitoredItem {
     /// On its subscription's ready list (the items that may have something
     /// to report; a publishing cycle visits only those).
     pub(super) listed: bool,
+    /// A pushed value was not queued (the session's values quota): the
+    /// next value queued carries the Overflow bit. A flag here rather than
+    /// a mark on the newest waiting value: that would touch the queue's
+    /// memory for every value dropped, which cost a rogue's 250,000 items
+    /// more than the values it was spared.
+    missed: bool,
 }
 
 impl MonitoredItem {
@@ -176,6 +182,7 @@ impl MonitoredItem {
             links: Vec::new(),
             triggered: false,
             listed: false,
+            missed: false,
         }
     }
 
@@ -193,9 +200,9 @@ impl MonitoredItem {
         }
     }
 
-    /// True when a value is kept as the mark [`Pending::Last`] rather than
+    /// True when a value is kept as the mark (the latest value) rather than
     /// in a queue: a data-change item with a queue of one.
-    fn keeps_last_only(&self) -> bool {
+    pub fn keeps_last_only(&self) -> bool {
         self.queue_size == 1 && !self.is_event()
     }
 
@@ -299,9 +306,19 @@ impl MonitoredItem {
             return true;
         }
         self.last = Some(value.clone());
-        let value = strip_timestamps(value, self.timestamps);
-        self.push(Queued::Value(value));
+        let mut q = Queued::Value(strip_timestamps(value, self.timestamps));
+        if std::mem::take(&mut self.missed) {
+            set_overflow(&mut q);
+        }
+        self.push(q);
         true
+    }
+
+    /// A pushed value was not queued (the session's values quota): the
+    /// next value queued carries the Overflow bit (the first after the
+    /// gap, as when a full queue drops its oldest).
+    pub fn missed_value(&mut self) {
+        self.missed = true;
     }
 
     /// Queues an event's fields (the filter already matched).
@@ -454,11 +471,27 @@ impl MonitoredItem {
     /// The sample that was due at `now` was taken: the next one is a
     /// sampling interval later, or, when the timer ran later than that, the
     /// first point of the same grid after `now` (the grid stays aligned
-    /// with the publishing times).
-    pub fn sampled_at(&mut self, now: Instant) {
+    /// with the publishing times). Under a [`Stretch`] (the session's
+    /// values quota) it is the first point after `now` of the stretched
+    /// grid, which every item of the subscription with this interval
+    /// shares, so that one pass takes them all.
+    pub fn sampled_at(&mut self, now: Instant, stretch: Option<&Stretch>) {
         let Some(due) = self.next_sample else {
             return;
         };
+        if let Some(s) = stretch.filter(|s| s.factor > 1.0) {
+            // An interval after the sample that was due (the first grid
+            // point after now when the timer ran later than that): the
+            // first grid point after `now` alone would be the next
+            // publishing time, an interval too early.
+            let iv = s.interval(self.sampling_interval);
+            let from = due
+                .checked_add(iv)
+                .and_then(|t| t.checked_sub(Duration::from_nanos(1)))
+                .map_or(now, |t| t.max(now));
+            self.next_sample = Some(aligned_sample(from, iv, s.origin()));
+            return;
+        }
         let iv = self.sampling_interval.max(Duration::from_millis(1));
         let next = due + iv;
         self.next_sample = Some(if next > now {
@@ -471,6 +504,74 @@ impl MonitoredItem {
                 .and_then(|d| next.checked_add(d))
                 .unwrap_or(now + iv)
         });
+    }
+}
+
+/// How much slower than asked a subscription's sampled items are sampled
+/// (the session's values quota), and the publishing times their grid goes
+/// through.
+#[derive(Debug, Clone)]
+pub struct Stretch {
+    /// The factor (more than 1 when it stretches anything).
+    pub factor: f64,
+    /// The subscription's next publishing time.
+    pub next_publish: Instant,
+    /// Its publishing interval.
+    pub publishing: Duration,
+    /// The last interval stretched and what it became (the items of a
+    /// subscription mostly share one).
+    pub memo: std::cell::Cell<Option<(Duration, Duration)>>,
+}
+
+impl Stretch {
+    /// A publishing time that stays the same from cycle to cycle (the one
+    /// nearest after a process-wide epoch), through which the stretched
+    /// grid goes: through the next publishing time instead, a grid of two
+    /// publishing intervals would shift by one every cycle, and the items
+    /// sampled in different cycles would never meet in one pass again.
+    pub fn origin(&self) -> Instant {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let epoch = *EPOCH.get_or_init(Instant::now);
+        let period = self.publishing.as_nanos();
+        if period == 0 {
+            return self.next_publish;
+        }
+        let nanos = |d: Duration| d.as_nanos();
+        let phase = if self.next_publish >= epoch {
+            nanos(self.next_publish - epoch) % period
+        } else {
+            (period - nanos(epoch - self.next_publish) % period) % period
+        };
+        epoch + Duration::from_nanos(u64::try_from(phase).unwrap_or(0))
+    }
+
+    /// `interval` stretched, rounded up to whole publishing intervals (so
+    /// that the grid is the same through every publishing time).
+    pub fn interval(&self, interval: Duration) -> Duration {
+        match self.memo.get() {
+            Some((asked, stretched)) if asked == interval => stretched,
+            _ => {
+                let stretched = self.compute(interval);
+                self.memo.set(Some((interval, stretched)));
+                stretched
+            }
+        }
+    }
+
+    fn compute(&self, interval: Duration) -> Duration {
+        let secs =
+            interval.max(Duration::from_millis(1)).as_secs_f64() * self.factor.clamp(1.0, 1e6);
+        // A day at most: a sample stays on the calendar, and no interval
+        // a client asked for overflows.
+        let iv = Duration::try_from_secs_f64(secs)
+            .unwrap_or(Duration::MAX)
+            .min(Duration::from_secs(86_400));
+        let step = self.publishing.as_nanos();
+        if step == 0 {
+            return iv;
+        }
+        let n = iv.as_nanos().div_ceil(step);
+        Duration::from_nanos(u64::try_from(n * step).unwrap_or(u64::MAX))
     }
 }
 

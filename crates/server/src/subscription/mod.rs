@@ -240,14 +240,37 @@ pub enum State {
 }
 
 /// A subscription's sampled items.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Sampling {
     /// When the earliest of their next samples is due.
     due: Option<Instant>,
     /// Their ids, ascending: a sampling tick visits these and no others
     /// (pushed items, however many, are never walked for it).
     ids: Vec<u32>,
+    /// The samples a second their sampling intervals ask for.
+    demand: f64,
+    /// Where a pass cut short (at [`WORK_PER_PASS`]) goes on,
+    /// and the earliest next sample of the items it visited so far.
+    cursor: usize,
+    round_due: Option<Instant>,
 }
+
+/// The samples a sampled item's interval asks for per second.
+fn sample_rate(interval: Duration) -> f64 {
+    1.0 / interval.as_secs_f64().max(0.001)
+}
+
+/// The work one session's timer pass does before the sets due after it
+/// have their turn, in item visits ([`SAMPLE_COST`] for a sample): about a
+/// thousand samples or eight thousand visits, a few hundred microseconds.
+/// A pass over a hundred thousand items would otherwise hold up every
+/// other session's samples and Publishes for tens of milliseconds; the
+/// rest is done in the next pass, right after.
+pub const WORK_PER_PASS: usize = 8192;
+
+/// What a sample costs in item visits (a read of the value and its queueing
+/// against a look at the item's next sample time).
+pub const SAMPLE_COST: usize = 8;
 
 /// One subscription.
 #[derive(Debug, Clone)]
@@ -616,6 +639,14 @@ impl Subscription {
         self.items.get_mut(i)
     }
 
+    /// A pushed value for item `id` was not queued (the session's values
+    /// quota): its next queued value carries the Overflow bit.
+    pub fn missed_value(&mut self, id: u32) {
+        if let Some(i) = self.index_of(id).and_then(|i| self.items.get_mut(i)) {
+            i.missed_value();
+        }
+    }
+
     /// [`Subscription::item_mut`] with the session's account beside it.
     fn item_mut_with_account(&mut self, id: u32) -> Option<(&mut MonitoredItem, &Arc<Account>)> {
         let i = self.index_of(id)?;
@@ -654,14 +685,16 @@ impl Subscription {
         }
         // Only this item's timer is new: no walk over the others.
         if let Some(due) = self.item(id).and_then(|i| i.next_sample) {
-            let s = self.sampling.get_or_insert_with(|| {
-                Box::new(Sampling {
-                    due: None,
-                    ids: Vec::new(),
-                })
-            });
+            let rate = self
+                .item(id)
+                .map_or(0.0, |i| sample_rate(i.sampling_interval));
+            let s = self.sampling.get_or_insert_with(Box::default);
             if let Err(at) = s.ids.binary_search(&id) {
                 s.ids.insert(at, id);
+                s.demand += rate;
+                // The ids moved: the next pass starts a round afresh.
+                s.cursor = 0;
+                s.round_due = None;
             }
             s.due = Some(s.due.map_or(due, |d| d.min(due)));
         }
@@ -729,7 +762,12 @@ impl Subscription {
             .filter(|i| i.next_sample.is_some())
             .map(|i| i.id)
             .collect();
-        self.sampling = (!ids.is_empty()).then(|| Box::new(Sampling { due: None, ids }));
+        self.sampling = (!ids.is_empty()).then(|| {
+            Box::new(Sampling {
+                ids,
+                ..Sampling::default()
+            })
+        });
         self.sampling_changed();
     }
 
@@ -744,11 +782,22 @@ impl Subscription {
             return;
         }
         let items = &self.items;
-        s.due = s
-            .ids
-            .iter()
-            .filter_map(|id| Self::find(items, *id).and_then(|i| items.get(i)?.next_sample))
-            .min();
+        let sampled = || {
+            s.ids
+                .iter()
+                .filter_map(|id| Self::find(items, *id).and_then(|i| items.get(i)))
+        };
+        let due = sampled().filter_map(|i| i.next_sample).min();
+        let demand = sampled().map(|i| sample_rate(i.sampling_interval)).sum();
+        s.due = due;
+        s.demand = demand;
+        s.cursor = 0;
+        s.round_due = None;
+    }
+
+    /// The samples a second this subscription's sampled items ask for.
+    pub fn sampling_demand(&self) -> f64 {
+        self.sampling.as_ref().map_or(0.0, |s| s.demand)
     }
 
     /// When the next sample of a sampled item is due.
@@ -890,12 +939,23 @@ impl Subscription {
                 .any(|id| self.item(*id).is_some_and(MonitoredItem::reportable))
     }
 
-    /// Runs the sampling timers that are due, reading values with `sample`.
+    /// Runs the sampling timers that are due, reading values with `sample`,
+    /// each next sample `stretch` times its interval away (the session's
+    /// values quota), at most `left` samples (counted down): a pass cut
+    /// short goes on where it stopped the next time.
     fn sample(
         &mut self,
         now: Instant,
         sample: &mut dyn FnMut(&item::ItemTarget) -> uascale_types::DataValue,
+        stretch: f64,
+        left: &mut usize,
     ) {
+        let stretch = (stretch > 1.0).then_some(item::Stretch {
+            factor: stretch,
+            next_publish: self.next_publish,
+            publishing: self.interval,
+            memo: std::cell::Cell::new(None),
+        });
         let Some(first) = self.sample_due().filter(|d| *d <= now) else {
             return;
         };
@@ -906,16 +966,27 @@ impl Subscription {
             self.catch_up(before);
         }
         let mut queued = Vec::new();
-        let mut due = None::<Instant>;
         let Some(sampling) = self.sampling.as_mut() else {
             return;
         };
-        for id in &sampling.ids {
+        let mut due = sampling.round_due.take();
+        let mut at = sampling.cursor.min(sampling.ids.len());
+        let mut cut = false;
+        while let Some(id) = sampling.ids.get(at) {
             let Some(item) = Self::find(&self.items, *id).and_then(|i| self.items.get_mut(i))
             else {
+                at += 1;
                 continue;
             };
-            if item.next_sample.is_some_and(|d| d <= now) {
+            let due_now = item.next_sample.is_some_and(|d| d <= now);
+            let cost = if due_now { SAMPLE_COST } else { 1 };
+            if *left < cost {
+                *left = 0;
+                cut = true;
+                break;
+            }
+            *left -= cost;
+            if due_now {
                 let v = sample(&item.target);
                 if item.offer(v) {
                     item.bind_if_unbound(
@@ -932,13 +1003,22 @@ impl Subscription {
                         queued.push(item.id);
                     }
                 }
-                item.sampled_at(now);
+                item.sampled_at(now, stretch.as_ref());
             }
             if let Some(t) = item.next_sample {
                 due = Some(due.map_or(t, |d| d.min(t)));
             }
+            at += 1;
         }
-        sampling.due = due;
+        if cut {
+            // The rest of the round is due now; what was visited is kept.
+            sampling.cursor = at;
+            sampling.round_due = due;
+            sampling.due = Some(now);
+        } else {
+            sampling.cursor = 0;
+            sampling.due = due;
+        }
         for id in queued {
             self.trigger_links_of(id);
         }
@@ -1255,6 +1335,9 @@ pub struct SubscriptionSet<P> {
     user: Option<crate::identity::UserIdentity>,
     /// The session's account: quotas and kept bytes.
     account: Arc<Account>,
+    /// The session's pushed values this second
+    /// (`max_values_per_second_per_session`).
+    values: crate::quota::ValueRate,
 }
 
 impl<P> Default for SubscriptionSet<P> {
@@ -1276,7 +1359,34 @@ impl<P> SubscriptionSet<P> {
             alive: true,
             user: None,
             account,
+            values: crate::quota::ValueRate::default(),
         }
+    }
+
+    /// Whether the session may take one more pushed value at `now` under
+    /// `max_values_per_second_per_session` (counted when not).
+    pub fn take_value(&mut self, now: Instant) -> bool {
+        let budget = self.account.budget();
+        let ok = self
+            .values
+            .take(now, budget.quotas().max_values_per_second_per_session);
+        if !ok {
+            budget.count(crate::quota::Quota::ValuesPerSecondPerSession);
+        }
+        ok
+    }
+
+    /// How much slower than asked the session's sampled items are sampled
+    /// (see [`crate::quota::sampling_stretch`]).
+    pub fn sampling_stretch(&self) -> f64 {
+        let demand: f64 = self.subs.iter().map(Subscription::sampling_demand).sum();
+        crate::quota::sampling_stretch(
+            demand,
+            self.account
+                .budget()
+                .quotas()
+                .max_values_per_second_per_session,
+        )
     }
 
     /// The session's account.
@@ -1547,8 +1657,12 @@ impl<P> SubscriptionSet<P> {
                 i += 1;
             }
         }
+        // At most WORK_PER_PASS: a pass cut short leaves the
+        // set due now, for the registry to run again after the others.
+        let stretch = self.sampling_stretch();
+        let mut left = WORK_PER_PASS;
         for s in &mut self.subs {
-            s.sample(t, sample);
+            s.sample(t, sample, stretch, &mut left);
         }
         // Publishing timers, by priority.
         let mut due: Vec<usize> = (0..self.subs.len())

@@ -740,33 +740,57 @@ impl<P: PublishSink> Registry<P> {
     /// (filtered, queued); nothing is sent until the subscription's timer.
     pub fn value_changed(&self, now: Now, node: &NodeId, value: &Variant) {
         let utc = now.utc;
-        for (sub, item) in self.watchers(node, 13) {
+        let watchers = self.watchers(node, 13);
+        // The items of one subscription mostly follow each other (they
+        // were created together): one lookup and one lock for each run.
+        for run in watchers.chunk_by(|a, b| a.0 == b.0) {
+            let Some(&(sub, _)) = run.first() else {
+                continue;
+            };
             let Some(set) = self.owners(sub).get(&sub).map(|o| Arc::clone(&o.set)) else {
                 continue;
             };
             let mut g = lock(&set);
-            let Some(s) = g.get_mut(sub) else {
-                continue;
-            };
-            let range = match s.item(item) {
-                Some(i) if !i.target.index_range.is_null_or_empty() => {
-                    Some(i.target.index_range.clone())
+            let mut queued = false;
+            for &(_, item) in run {
+                let Some(s) = g.get_mut(sub) else {
+                    break;
+                };
+                let (range, queues) = match s.item(item) {
+                    Some(i) => (
+                        (!i.target.index_range.is_null_or_empty())
+                            .then(|| i.target.index_range.clone()),
+                        !i.keeps_last_only(),
+                    ),
+                    None => continue,
+                };
+                // Over the session's values quota an item with a queue
+                // drops the value (its newest waiting value, or else its
+                // next one, carries the Overflow bit); one keeping only its
+                // latest value keeps it.
+                if queues && !g.take_value(now.instant) {
+                    if let Some(s) = g.get_mut(sub) {
+                        s.missed_value(item);
+                    }
+                    continue;
                 }
-                Some(_) => None,
-                None => continue,
-            };
-            let dv = match range {
-                None => pushed_value(value.clone(), utc),
-                Some(r) => match range_of(&r, value) {
-                    Ok(v) => pushed_value(v, utc),
-                    Err(status) => DataValue {
-                        status: Some(status),
-                        server_timestamp: Some(utc),
-                        ..Default::default()
+                let Some(s) = g.get_mut(sub) else {
+                    break;
+                };
+                let dv = match range {
+                    None => pushed_value(value.clone(), utc),
+                    Some(r) => match range_of(&r, value) {
+                        Ok(v) => pushed_value(v, utc),
+                        Err(status) => DataValue {
+                            status: Some(status),
+                            server_timestamp: Some(utc),
+                            ..Default::default()
+                        },
                     },
-                },
-            };
-            if s.offer_at(now.instant, item, dv) {
+                };
+                queued |= s.offer_at(now.instant, item, dv);
+            }
+            if queued {
                 // A subscription idling between keep-alives wakes for it.
                 self.schedule(&set, &mut g);
             }
@@ -835,7 +859,14 @@ impl<P: PublishSink> Registry<P> {
 
     /// Runs every set whose deadline is due at `now`, sampling with
     /// `sample`. Cost is proportional to what is due, not to the sessions.
-    pub fn run_due(&self, now: Now, sample: &mut dyn FnMut(&ItemTarget) -> DataValue) {
+    ///
+    /// A set whose sampling pass was cut short (at
+    /// [`super::WORK_PER_PASS`]) runs once per call: it is due again when
+    /// the call returns, after the sets that were due with it, and true is
+    /// returned - call again, with a fresh `now`, once the runtime has run
+    /// what is waiting for it.
+    pub fn run_due(&self, now: Now, sample: &mut dyn FnMut(&ItemTarget) -> DataValue) -> bool {
+        let mut again = Vec::new();
         loop {
             let entry = {
                 let mut h = lock(&self.heap);
@@ -857,7 +888,11 @@ impl<P: PublishSink> Registry<P> {
                     g.scheduled = None;
                 }
                 let gone = g.handle_timeout(now, sample, &self.limits, &mut out);
-                self.schedule(&set, &mut g);
+                if g.poll_timeout().is_some_and(|d| d <= now.instant) {
+                    again.push(Arc::clone(&set));
+                } else {
+                    self.schedule(&set, &mut g);
+                }
                 gone
             };
             for s in gone {
@@ -867,6 +902,11 @@ impl<P: PublishSink> Registry<P> {
             self.deliver(out);
         }
         self.log_over(now.instant);
+        for set in &again {
+            let mut g = lock(set);
+            self.schedule(set, &mut g);
+        }
+        !again.is_empty()
     }
 
     /// Drops the registry's bookkeeping of a removed subscription.

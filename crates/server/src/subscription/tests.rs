@@ -848,7 +848,7 @@ fn per_item_state_stays_small() {
     // Memory per session is a headline number: these are multiplied by
     // the session count (the scale test prints the measured total).
     assert!(std::mem::size_of::<Subscription>() <= 184);
-    assert!(std::mem::size_of::<MonitoredItem>() <= 200);
+    assert!(std::mem::size_of::<MonitoredItem>() <= 208);
     assert!(std::mem::size_of::<SubscriptionSet<crate::reply::Responder>>() <= 192);
 }
 
@@ -939,14 +939,14 @@ fn a_late_sample_keeps_its_grid() {
     let ms = Duration::from_millis;
     assert_eq!(it.next_sample, Some(clock.t0 + ms(100)));
     // On time, or late by less than an interval: an interval on.
-    it.sampled_at(clock.t0 + ms(130));
+    it.sampled_at(clock.t0 + ms(130), None);
     assert_eq!(it.next_sample, Some(clock.t0 + ms(200)));
     // Late by more than two intervals: the next grid point after now, not
     // an interval after now.
-    it.sampled_at(clock.t0 + ms(437));
+    it.sampled_at(clock.t0 + ms(437), None);
     assert_eq!(it.next_sample, Some(clock.t0 + ms(500)));
     // Exactly on a later grid point: the one after it.
-    it.sampled_at(clock.t0 + ms(700));
+    it.sampled_at(clock.t0 + ms(700), None);
     assert_eq!(it.next_sample, Some(clock.t0 + ms(800)));
 }
 
@@ -1360,4 +1360,170 @@ fn a_transferred_subscription_takes_its_items_and_bytes_to_the_new_session() {
     to.insert(moved);
     assert_eq!((a.items(), a.bytes(Stage::Queued)), (0, 0));
     assert_eq!((b.items(), b.bytes(Stage::Queued)), (2, queued));
+}
+
+/// A set of session `n` under `budget` with one subscription (publishing
+/// every 100 ms) of `items` items sampled every `sampling_ms`, queues of
+/// ten.
+fn sampled_set(
+    clock: &Clock,
+    budget: &std::sync::Arc<crate::quota::Budget>,
+    n: u32,
+    items: u32,
+    sampling_ms: u64,
+) -> Set {
+    let account = std::sync::Arc::new(crate::quota::Account::new(
+        std::sync::Arc::clone(budget),
+        NodeId::numeric(1, n),
+    ));
+    let mut set = Set::with_account(account);
+    let mut s = sub(clock, n, 100.0, 300, 10);
+    for h in 0..items {
+        let mut it = item(&s, h, 10, true, Filter::default());
+        it.sampled = true;
+        it.sampling_interval = Duration::from_millis(sampling_ms);
+        it.schedule_sampling(clock.now().instant, s.next_publish);
+        s.add_item(it);
+    }
+    set.insert(s);
+    set
+}
+
+/// Runs `set`'s timer for `ms` of simulated time in 1 ms steps, each
+/// pass cut short run again at once as the registry does; returns the
+/// samples taken.
+fn count_samples(set: &mut Set, clock: &mut Clock, ms: u64) -> u64 {
+    let limits = SubscriptionLimits::default();
+    let mut out = Vec::new();
+    let mut n = 0u64;
+    let end = clock.ms + ms;
+    while clock.ms < end {
+        clock.ms += 1;
+        while set.poll_timeout().is_some_and(|d| d <= clock.now().instant) {
+            set.handle_timeout(
+                clock.now(),
+                &mut |_| {
+                    n += 1;
+                    dv(n as f64)
+                },
+                &limits,
+                &mut out,
+            );
+        }
+    }
+    n
+}
+
+#[test]
+fn a_session_asking_for_more_samples_than_its_quota_is_sampled_slower() {
+    use crate::quota::{Budget, Quotas};
+    let budget = |rate| {
+        std::sync::Arc::new(Budget::new(
+            Quotas {
+                max_values_per_second_per_session: rate,
+                ..Quotas::default()
+            },
+            0,
+        ))
+    };
+    // 3,000 items at 10 ms ask for 300,000 samples a second: 20 times the
+    // quota. Each is sampled every 200 ms instead (a whole number of
+    // publishing intervals), 15,000 samples a second in all. (More items
+    // than one pass takes: most are sampled after their publishing time.)
+    let quota = budget(15_000);
+    let mut clock = Clock::new();
+    let mut rogue = sampled_set(&clock, &quota, 1, 3_000, 10);
+    assert!((rogue.sampling_stretch() - 20.0).abs() < 1e-9);
+    let warm = count_samples(&mut rogue, &mut clock, 1_000);
+    assert!(warm >= 10_000, "{warm}");
+    let taken = count_samples(&mut rogue, &mut clock, 2_000);
+    assert!(
+        (29_000..=31_000).contains(&taken),
+        "rogue took {taken} in 2 s"
+    );
+    // A session within its quota (10 items at 100 ms, 100 a second) is
+    // sampled as asked under the same quota.
+    let mut clock = Clock::new();
+    let mut victim = sampled_set(&clock, &quota, 2, 10, 100);
+    assert!((victim.sampling_stretch() - 1.0).abs() < 1e-9);
+    let v = count_samples(&mut victim, &mut clock, 2_000);
+    assert!((190..=210).contains(&v), "victim took {v} in 2 s");
+    // Without the quota the rogue's items are sampled as asked.
+    let mut clock = Clock::new();
+    let mut unlimited = sampled_set(&clock, &budget(0), 3, 3_000, 10);
+    let all = count_samples(&mut unlimited, &mut clock, 2_000);
+    assert!(
+        (597_000..=600_000).contains(&all),
+        "unlimited took {all} in 2 s"
+    );
+}
+
+#[test]
+fn a_long_sampling_pass_is_cut_and_goes_on_where_it_stopped() {
+    use crate::quota::{Budget, Quotas};
+    let mut clock = Clock::new();
+    let budget = std::sync::Arc::new(Budget::new(
+        Quotas {
+            max_values_per_second_per_session: 0,
+            ..Quotas::default()
+        },
+        0,
+    ));
+    let items = 3 * (WORK_PER_PASS / SAMPLE_COST) as u32 - 100;
+    let mut set = sampled_set(&clock, &budget, 1, items, 100);
+    let limits = SubscriptionLimits::default();
+    let mut out = Vec::new();
+    clock.ms = 100;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let mut n = 0u32;
+        set.handle_timeout(
+            clock.now(),
+            &mut |_| {
+                n += 1;
+                dv(0.0)
+            },
+            &limits,
+            &mut out,
+        );
+        seen.push(n);
+    }
+    let per_pass = (WORK_PER_PASS / SAMPLE_COST) as u32;
+    // Two full passes, the rest in the third; each item once.
+    assert_eq!(seen, vec![per_pass, per_pass, items - 2 * per_pass]);
+    // Nothing is due until the next grid point.
+    assert!(set.poll_timeout().is_some_and(|d| d > clock.now().instant));
+}
+
+#[test]
+fn over_the_values_quota_pushed_values_are_dropped_marked_where_queues_are_kept() {
+    use crate::quota::{Budget, Quota, Quotas};
+    let clock = Clock::new();
+    let budget = std::sync::Arc::new(Budget::new(
+        Quotas {
+            max_values_per_second_per_session: 100,
+            ..Quotas::default()
+        },
+        0,
+    ));
+    let (mut set, id) = quota_set(&clock, &budget, 1, 1000);
+    let now = clock.now().instant;
+    // A second's worth is taken, then nothing until time passes.
+    let taken = (0..150).filter(|_| set.take_value(now)).count();
+    assert_eq!(taken, 100);
+    assert_eq!(budget.over_count(Quota::ValuesPerSecondPerSession), 50);
+    assert!(set.take_value(now + Duration::from_millis(20)));
+    // A dropped value marks the next one queued, the first after the gap.
+    let s = set.get_mut(1).unwrap();
+    s.offer(id, dv(1.0));
+    s.missed_value(id);
+    s.offer(id, dv(2.0));
+    s.offer(id, dv(3.0));
+    let v = queued_values(&mut set, 1, id);
+    assert_eq!(v.len(), 3);
+    let marked: Vec<bool> = v
+        .iter()
+        .map(|v| v.status_or_good().0 & OVERFLOW_BITS == OVERFLOW_BITS)
+        .collect();
+    assert_eq!(marked, [false, true, false]);
 }
