@@ -788,7 +788,10 @@ impl Subscription {
                 .filter_map(|id| Self::find(items, *id).and_then(|i| items.get(i)))
         };
         let due = sampled().filter_map(|i| i.next_sample).min();
-        let demand = sampled().map(|i| sample_rate(i.sampling_interval)).sum();
+        let demand = sampled()
+            .filter(|i| i.next_sample.is_some())
+            .map(|i| sample_rate(i.sampling_interval))
+            .sum();
         s.due = due;
         s.demand = demand;
         s.cursor = 0;

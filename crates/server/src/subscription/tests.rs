@@ -1196,17 +1196,21 @@ fn the_restored_ack_window_is_bounded_and_only_for_restored_subscriptions() {
 
 /// A set of one subscription with one item of queue `queue` under
 /// `budget`, session number `n`; returns it and the item's id.
+/// The empty set of session `n`, counting against `budget`.
+fn session_set(budget: &std::sync::Arc<crate::quota::Budget>, n: u32) -> Set {
+    Set::with_account(std::sync::Arc::new(crate::quota::Account::new(
+        std::sync::Arc::clone(budget),
+        NodeId::numeric(1, n),
+    )))
+}
+
 fn quota_set(
     clock: &Clock,
     budget: &std::sync::Arc<crate::quota::Budget>,
     n: u32,
     queue: u32,
 ) -> (Set, u32) {
-    let account = std::sync::Arc::new(crate::quota::Account::new(
-        std::sync::Arc::clone(budget),
-        NodeId::numeric(1, n),
-    ));
-    let mut set = Set::with_account(account);
+    let mut set = session_set(budget, n);
     let mut s = sub(clock, n, 100.0, 300, 10);
     let id = s.add_item(item(&s, 1, queue, true, Filter::default()));
     set.insert(s);
@@ -1372,11 +1376,7 @@ fn sampled_set(
     items: u32,
     sampling_ms: u64,
 ) -> Set {
-    let account = std::sync::Arc::new(crate::quota::Account::new(
-        std::sync::Arc::clone(budget),
-        NodeId::numeric(1, n),
-    ));
-    let mut set = Set::with_account(account);
+    let mut set = session_set(budget, n);
     let mut s = sub(clock, n, 100.0, 300, 10);
     for h in 0..items {
         let mut it = item(&s, h, 10, true, Filter::default());
@@ -1392,6 +1392,18 @@ fn sampled_set(
 /// Runs `set`'s timer for `ms` of simulated time in 1 ms steps, each
 /// pass cut short run again at once as the registry does; returns the
 /// samples taken.
+/// No byte budget, the default quotas but `max_values_per_second_per_session`
+/// = `rate`.
+fn values_budget(rate: u64) -> std::sync::Arc<crate::quota::Budget> {
+    std::sync::Arc::new(crate::quota::Budget::new(
+        crate::quota::Quotas {
+            max_values_per_second_per_session: rate,
+            ..crate::quota::Quotas::default()
+        },
+        0,
+    ))
+}
+
 fn count_samples(set: &mut Set, clock: &mut Clock, ms: u64) -> u64 {
     let limits = SubscriptionLimits::default();
     let mut out = Vec::new();
@@ -1416,21 +1428,11 @@ fn count_samples(set: &mut Set, clock: &mut Clock, ms: u64) -> u64 {
 
 #[test]
 fn a_session_asking_for_more_samples_than_its_quota_is_sampled_slower() {
-    use crate::quota::{Budget, Quotas};
-    let budget = |rate| {
-        std::sync::Arc::new(Budget::new(
-            Quotas {
-                max_values_per_second_per_session: rate,
-                ..Quotas::default()
-            },
-            0,
-        ))
-    };
     // 3,000 items at 10 ms ask for 300,000 samples a second: 20 times the
     // quota. Each is sampled every 200 ms instead (a whole number of
     // publishing intervals), 15,000 samples a second in all. (More items
     // than one pass takes: most are sampled after their publishing time.)
-    let quota = budget(15_000);
+    let quota = values_budget(15_000);
     let mut clock = Clock::new();
     let mut rogue = sampled_set(&clock, &quota, 1, 3_000, 10);
     assert!((rogue.sampling_stretch() - 20.0).abs() < 1e-9);
@@ -1450,7 +1452,7 @@ fn a_session_asking_for_more_samples_than_its_quota_is_sampled_slower() {
     assert!((190..=210).contains(&v), "victim took {v} in 2 s");
     // Without the quota the rogue's items are sampled as asked.
     let mut clock = Clock::new();
-    let mut unlimited = sampled_set(&clock, &budget(0), 3, 3_000, 10);
+    let mut unlimited = sampled_set(&clock, &values_budget(0), 3, 3_000, 10);
     let all = count_samples(&mut unlimited, &mut clock, 2_000);
     assert!(
         (597_000..=600_000).contains(&all),
@@ -1460,15 +1462,8 @@ fn a_session_asking_for_more_samples_than_its_quota_is_sampled_slower() {
 
 #[test]
 fn a_long_sampling_pass_is_cut_and_goes_on_where_it_stopped() {
-    use crate::quota::{Budget, Quotas};
     let mut clock = Clock::new();
-    let budget = std::sync::Arc::new(Budget::new(
-        Quotas {
-            max_values_per_second_per_session: 0,
-            ..Quotas::default()
-        },
-        0,
-    ));
+    let budget = values_budget(0);
     let items = 3 * (WORK_PER_PASS / SAMPLE_COST) as u32 - 100;
     let mut set = sampled_set(&clock, &budget, 1, items, 100);
     let limits = SubscriptionLimits::default();
@@ -1497,15 +1492,9 @@ fn a_long_sampling_pass_is_cut_and_goes_on_where_it_stopped() {
 
 #[test]
 fn over_the_values_quota_pushed_values_are_dropped_marked_where_queues_are_kept() {
-    use crate::quota::{Budget, Quota, Quotas};
+    use crate::quota::Quota;
     let clock = Clock::new();
-    let budget = std::sync::Arc::new(Budget::new(
-        Quotas {
-            max_values_per_second_per_session: 100,
-            ..Quotas::default()
-        },
-        0,
-    ));
+    let budget = values_budget(100);
     let (mut set, id) = quota_set(&clock, &budget, 1, 1000);
     let now = clock.now().instant;
     // A second's worth is taken, then nothing until time passes.
