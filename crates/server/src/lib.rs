@@ -47,7 +47,6 @@ pub mod node_manager;
 pub mod nodeset;
 pub mod numeric_range;
 pub mod pki;
-pub mod probes;
 pub mod quota;
 pub mod reply;
 pub mod scheduler;
@@ -63,6 +62,7 @@ pub mod subscription;
 
 pub use config::ServerConfig;
 pub use context::ServiceContext;
+pub use endpoint::probes;
 pub use error::ServiceError;
 pub use net::Server;
 pub use state::ServerState;

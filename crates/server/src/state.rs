@@ -118,6 +118,13 @@ pub struct ServerState {
     pub shutdown: crate::shutdown::Shutdown,
 }
 
+/// What an embedder adds to a new server's address space before the
+/// NodeSets load ([`ServerState::with_setup`]): nodes, and node managers
+/// for namespaces 3 and up (2 is the demo's).
+pub trait Setup: FnOnce(&mut AddressSpace, &mut NodeManagers) {}
+
+impl<F: FnOnce(&mut AddressSpace, &mut NodeManagers)> Setup for F {}
+
 impl ServerState {
     /// Builds the state `config` describes: namespace 0, the demo
     /// namespace, the configured NodeSets, and the PKI (opened, or created
@@ -131,7 +138,7 @@ impl ServerState {
     /// demo's) before the NodeSets load.
     pub fn with_setup(
         config: ServerConfig,
-        setup: impl FnOnce(&mut AddressSpace, &mut NodeManagers),
+        setup: impl Setup,
     ) -> Result<Arc<ServerState>, StateError> {
         let mut address_space =
             AddressSpace::ns0().map_err(|e| StateError::Namespace0(e.to_string()))?;
@@ -342,6 +349,42 @@ impl ServerState {
     /// The cluster node, when this server is one.
     pub fn cluster(&self) -> Option<&Arc<crate::cluster::node::ClusterNode>> {
         self.cluster.get()
+    }
+
+    /// The cluster node this server runs as: the one joined already
+    /// ([`ServerState::join_cluster`]), else with `[cluster] url` a node
+    /// of the NATS store there - tried for up to `limit` before the start
+    /// fails - else none. A build without the `nats` feature refuses a
+    /// `[cluster] url`, naming the key, rather than run alone.
+    pub async fn join_configured_cluster(
+        self: &Arc<Self>,
+        limit: std::time::Duration,
+    ) -> std::io::Result<Option<Arc<crate::cluster::node::ClusterNode>>> {
+        if let Some(node) = self.cluster() {
+            return Ok(Some(Arc::clone(node)));
+        }
+        let Some(url) = &self.config.cluster.url else {
+            return Ok(None);
+        };
+        #[cfg(feature = "nats")]
+        {
+            let store = crate::cluster::nats::NatsStore::connect_patiently(
+                url,
+                self.config.cluster.replicas,
+                limit,
+            )
+            .await
+            .map_err(std::io::Error::other)?;
+            Ok(Some(self.join_cluster(Arc::new(store))))
+        }
+        #[cfg(not(feature = "nats"))]
+        {
+            let _ = limit;
+            Err(std::io::Error::other(format!(
+                "cluster.url = {url}: this build has no NATS client \
+                 (uascale-server's `nats` feature is off)"
+            )))
+        }
     }
 
     /// Makes this server a node of the cluster that mirrors through

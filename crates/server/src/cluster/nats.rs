@@ -52,6 +52,30 @@ async fn bounded<T, E: std::fmt::Display>(
 }
 
 impl NatsStore {
+    /// [`NatsStore::connect`] with [`OPERATION_TIMEOUT`], tried again
+    /// every half second for up to `limit`: a NATS cluster that is
+    /// starting has no JetStream leader for a few seconds. The error
+    /// names the URL.
+    pub async fn connect_patiently(
+        url: &str,
+        replicas: usize,
+        limit: Duration,
+    ) -> Result<Self, String> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            match Self::connect(url, replicas, OPERATION_TIMEOUT).await {
+                Ok(store) => return Ok(store),
+                Err(e) if std::time::Instant::now() >= deadline => {
+                    return Err(format!("cluster store {url}: {e}"))
+                }
+                Err(e) => {
+                    tracing::info!(%url, error = %e, "cluster store not ready; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+
     /// Connects to the NATS server at `url` (`nats://host:port`) and opens
     /// (creating them when missing) the buckets, replicated `replicas`
     /// times. Fails when the server does not answer within `timeout` or

@@ -21,11 +21,14 @@
 pub mod channel;
 pub mod drain;
 pub mod https;
+pub mod probes;
 pub mod proxy;
 pub mod submit;
 #[cfg(test)]
 mod tests;
 pub mod timers;
+#[cfg(feature = "https")]
+pub mod tls;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -37,13 +40,14 @@ use uascale_types::{DateTime, StatusCode};
 
 pub use channel::Channel;
 pub use submit::{Job, Submit};
+// The scheduler's side of the runtime, which the shell implements.
+pub use crate::scheduler::{Scheduler, Spawn, Workers};
 
 use crate::admission::address::{AddressKey, PerAddressCount};
 use crate::admission::channels::ChannelDecision;
 use crate::admission::{AcceptCheck, Decision};
 use crate::context::ServiceContext;
 use crate::reply::ResponseSink;
-use crate::scheduler::Spawn;
 use crate::session::SessionEvent;
 use crate::shed::{Reason, Shed, Stage};
 use crate::state::ServerState;
@@ -71,6 +75,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Endpoint {
+    /// The endpoint of `state` on this host: under the process's soft
+    /// open-files limit as it is now.
+    pub fn for_host(state: Arc<ServerState>) -> Arc<Self> {
+        Self::new(state, crate::admission::host::OpenFiles::current().soft)
+    }
+
     /// The endpoint of `state`, under a soft open-files limit of
     /// `open_files_soft` (`None`: unknown, not checked). It listens to the
     /// session table's transitions (which channels carry activated

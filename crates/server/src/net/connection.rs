@@ -24,7 +24,7 @@ pub(super) struct Shell {
 }
 
 /// Runs `task` on the runtime (a request's answer that has to wait).
-pub(super) fn spawn(task: crate::scheduler::Spawn) {
+pub(super) fn spawn(task: crate::endpoint::Spawn) {
     tokio::spawn(task);
 }
 

@@ -5,10 +5,8 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -30,97 +28,15 @@ impl Bound {
     }
 }
 
-/// Binds `[https] listen` (when set), so a bad address fails the start
-/// and port 0 is known before the state is built.
-pub(super) fn bind(
-    addr: Option<SocketAddr>,
-    backlog: u32,
-) -> io::Result<Option<(TcpListener, SocketAddr)>> {
-    let Some(addr) = addr else {
-        return Ok(None);
-    };
-    let listener = super::listen(addr, backlog)?;
-    let bound = listener.local_addr()?;
-    Ok(Some((listener, bound)))
-}
-
-/// The listener with its TLS configuration: the certificate and key of
-/// `[https] certificate`/`private_key`, else the application instance
-/// certificate (the PKI's own, created on first start if need be).
-pub(super) fn prepare(listener: TcpListener, state: &ServerState) -> io::Result<Bound> {
-    let (chain, key) = certificate(state)?;
-    // The ring provider: the one the NATS client's TLS already builds.
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| invalid("https", &e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| invalid("https.certificate", &e.to_string()))?;
-    Ok(Bound {
-        listener,
-        tls: Arc::new(tls),
-    })
-}
-
-fn invalid(key: &str, why: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {why}"))
-}
-
-/// The TLS certificate chain and key (see [`prepare`]).
-fn certificate(
-    state: &ServerState,
-) -> io::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
-    let h = &state.config.https;
-    if let (Some(cert), Some(key)) = (&h.certificate, &h.private_key) {
-        let read = |path: &std::path::Path, key: &str| {
-            std::fs::read(path).map_err(|e| invalid(key, &format!("{}: {e}", path.display())))
-        };
-        let cert_bytes = read(cert, "https.certificate")?;
-        let key_bytes = read(key, "https.private_key")?;
-        let chain: Vec<CertificateDer<'static>> = if cert_bytes.starts_with(b"-----") {
-            CertificateDer::pem_slice_iter(&cert_bytes)
-                .collect::<Result<_, _>>()
-                .map_err(|e| invalid("https.certificate", &e.to_string()))?
-        } else {
-            vec![CertificateDer::from(cert_bytes)]
-        };
-        let key = if key_bytes.starts_with(b"-----") {
-            PrivateKeyDer::from_pem_slice(&key_bytes)
-                .map_err(|e| invalid("https.private_key", &e.to_string()))?
-        } else {
-            PrivateKeyDer::try_from(key_bytes).map_err(|e| invalid("https.private_key", e))?
-        };
-        return Ok((chain, key));
+impl Bound {
+    /// `listener` with the TLS configuration of `state`
+    /// ([`crate::endpoint::tls::server_config`]).
+    pub(super) fn new(listener: TcpListener, state: &ServerState) -> io::Result<Bound> {
+        Ok(Bound {
+            listener,
+            tls: crate::endpoint::tls::server_config(state)?,
+        })
     }
-    let (cert, key) = match &state.security.identity {
-        Some(identity) => {
-            let key = identity
-                .rsa_key()
-                .ok_or_else(|| invalid("https.certificate", "the application key is not RSA"))?
-                .to_pkcs8_der()
-                .map_err(|e| invalid("https.certificate", &e.to_string()))?;
-            (identity.certificate().der().to_vec(), key)
-        }
-        None => {
-            // Only SecurityPolicy None is published: the PKI is opened
-            // here for its own certificate.
-            let sec = &state.config.security;
-            let (pki, key) = crate::pki::Pki::open(
-                &sec.pki_dir,
-                &crate::pki::OwnIdentity::for_config(&state.config),
-                sec.pki_options(),
-                SystemTime::now(),
-            )
-            .map_err(|e| invalid("security.pki_dir", &e.to_string()))?;
-            let key = key
-                .to_pkcs8_der()
-                .map_err(|e| invalid("https.certificate", &e.to_string()))?;
-            (pki.own_certificate().der().to_vec(), key)
-        }
-    };
-    let key = PrivateKeyDer::try_from(key).map_err(|e| invalid("https.certificate", e))?;
-    Ok((vec![CertificateDer::from(cert)], key))
 }
 
 /// Accepts HTTPS connections until the task is aborted.

@@ -1,6 +1,6 @@
 //! The metrics and health endpoint's listener (`[metrics] listen`): reads
 //! one request head per connection, bounded in size, time and count, and
-//! writes the answer [`crate::probes`] gives.
+//! writes the answer [`crate::endpoint::probes`] gives.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,7 +9,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::probes::{find_end, respond, Response, IO_TIMEOUT, MAX_CONNECTIONS, MAX_REQUEST};
+use crate::endpoint::probes::{
+    find_end, respond, Response, IO_TIMEOUT, MAX_CONNECTIONS, MAX_REQUEST,
+};
 use crate::state::ServerState;
 
 /// Serves the endpoint on `listener` until the task is aborted (which

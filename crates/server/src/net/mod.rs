@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::ServerConfig;
+use crate::endpoint::timers::{DemoTicker, Reaper, Subscriptions};
 use crate::endpoint::Endpoint;
-use crate::state::ServerState;
+use crate::state::{clock, ServerState, Setup};
 use connection::{refuse, serve, Shell};
 
 mod connection;
@@ -33,26 +34,29 @@ pub struct Server {
     /// The metrics endpoint's listener (`[metrics] listen`).
     metrics: Option<TcpListener>,
     /// The opc.https listener (`[https] listen`).
-    #[cfg(feature = "https")]
-    https: Option<https::Bound>,
+    https: Option<Https>,
 }
 
-/// Binds `[https] listen`, if set (see `https::bind`); a build without
-/// the `https` feature refuses to start with it rather than serve
-/// without.
-fn bind_https(config: &ServerConfig) -> io::Result<Option<(TcpListener, SocketAddr)>> {
-    #[cfg(feature = "https")]
-    {
-        https::bind(config.https.listen, config.limits.listen_backlog)
-    }
-    #[cfg(not(feature = "https"))]
-    match config.https.listen {
-        Some(addr) => Err(io::Error::new(
+#[cfg(feature = "https")]
+type Https = https::Bound;
+/// A build without the `https` feature refuses `[https] listen` rather
+/// than serve without it.
+#[cfg(not(feature = "https"))]
+type Https = std::convert::Infallible;
+
+/// Binds `[https] listen`, if set, so a bad address fails the start and
+/// port 0 is known before the state is built.
+fn bind_https(config: &ServerConfig) -> io::Result<Option<TcpListener>> {
+    let Some(addr) = config.https.listen else {
+        return Ok(None);
+    };
+    if cfg!(not(feature = "https")) {
+        return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("https.listen = {addr}: this build has no TLS (uascale-server's `https` feature is off)"),
-        )),
-        None => Ok(None),
+        ));
     }
+    listen(addr, config.limits.listen_backlog).map(Some)
 }
 
 impl Server {
@@ -65,25 +69,19 @@ impl Server {
 
     /// Like [`Server::bind`], then lets `setup` add nodes and register node
     /// managers for further namespaces (index 3 and up; 2 is the demo's).
-    pub fn bind_with(
-        mut config: ServerConfig,
-        setup: impl FnOnce(
-            &mut crate::address_space::AddressSpace,
-            &mut crate::node_manager::NodeManagers,
-        ),
-    ) -> io::Result<Self> {
+    pub fn bind_with(mut config: ServerConfig, setup: impl Setup) -> io::Result<Self> {
         config
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let listener = listen(config.server.socket_addr(), config.limits.listen_backlog)?;
-        // With port 0 the kernel chose: publish the port actually bound.
+        // With port 0 the kernel chose: publish the ports actually bound.
         config.server.port = listener.local_addr()?.port();
         let https = bind_https(&config)?;
-        if let Some((_, addr)) = &https {
-            config.https.listen = Some(*addr);
+        if let Some(l) = &https {
+            config.https.listen = Some(l.local_addr()?);
         }
         let state = ServerState::with_setup(config, setup)?;
-        Self::serve_state(state, listener, https.map(|(l, _)| l))
+        Self::serve_state(state, listener, https)
     }
 
     /// Serves an already built state on its configured address (whose
@@ -94,21 +92,18 @@ impl Server {
             state.config.limits.listen_backlog,
         )?;
         let https = bind_https(&state.config)?;
-        Self::serve_state(state, listener, https.map(|(l, _)| l))
+        Self::serve_state(state, listener, https)
     }
 
     fn serve_state(
         state: Arc<ServerState>,
         listener: TcpListener,
-        https_listener: Option<TcpListener>,
+        https: Option<TcpListener>,
     ) -> io::Result<Self> {
         #[cfg(feature = "https")]
-        let https = match https_listener {
-            Some(l) => Some(https::prepare(l, &state)?),
-            None => None,
-        };
+        let https = https.map(|l| https::Bound::new(l, &state)).transpose()?;
         #[cfg(not(feature = "https"))]
-        drop(https_listener);
+        let https: Option<Https> = https.and(None);
         // The metrics endpoint is bound now, so a bad address fails the
         // start and port 0 is known before `run`.
         let metrics = match state.config.metrics.listen {
@@ -117,18 +112,13 @@ impl Server {
         };
         let threads = state.config.runtime.crypto_threads;
         // In place, as many jobs at once as there are workers to run them.
-        let workers = state
-            .config
-            .runtime
-            .worker_threads
-            .unwrap_or_else(crate::admission::host::usable_cpus);
+        let workers = state.config.runtime.worker_threads.unwrap_or(1);
         let crypto = crypto::HandshakeCrypto::start(threads, workers, "uascale-crypto")?;
-        let endpoint = Endpoint::new(state, crate::admission::host::OpenFiles::current().soft);
+        let endpoint = Endpoint::for_host(state);
         Ok(Server {
             shell: Arc::new(Shell { endpoint, crypto }),
             listener,
             metrics,
-            #[cfg(feature = "https")]
             https,
         })
     }
@@ -158,74 +148,32 @@ impl Server {
     /// `[https] listen`; with port 0, the port the kernel chose).
     pub fn https_addr(&self) -> Option<SocketAddr> {
         #[cfg(feature = "https")]
-        {
-            self.https.as_ref().and_then(|b| b.local_addr().ok())
-        }
+        return self.https.as_ref().and_then(|b| b.local_addr().ok());
         #[cfg(not(feature = "https"))]
-        None
-    }
-
-    /// With `[cluster] url`: connects to the NATS store (failing the start
-    /// when it does not answer) unless a store was joined already
-    /// ([`ServerState::join_cluster`]), and runs the node's tasks.
-    /// Without it: nothing.
-    async fn start_cluster(&self) -> io::Result<Option<tokio::task::JoinHandle<()>>> {
-        let state = self.shell.endpoint.state();
-        let node = match (state.cluster(), &state.config.cluster.url) {
-            (Some(node), _) => Arc::clone(node),
-            #[cfg(feature = "nats")]
-            (None, Some(url)) => {
-                // A NATS cluster that is starting has no JetStream leader
-                // for a few seconds: try for a while before giving up.
-                let deadline = Instant::now() + CLUSTER_CONNECT_LIMIT;
-                let store = loop {
-                    match crate::cluster::nats::NatsStore::connect(
-                        url,
-                        state.config.cluster.replicas,
-                        crate::cluster::nats::OPERATION_TIMEOUT,
-                    )
-                    .await
-                    {
-                        Ok(s) => break s,
-                        Err(e) if Instant::now() >= deadline => {
-                            return Err(io::Error::other(format!("cluster store {url}: {e}")));
-                        }
-                        Err(e) => {
-                            tracing::info!(%url, error = %e, "cluster store not ready; retrying");
-                            tokio::time::sleep(Duration::from_millis(500)).await;
-                        }
-                    }
-                };
-                state.join_cluster(Arc::new(store))
-            }
-            #[cfg(not(feature = "nats"))]
-            (None, Some(url)) => {
-                return Err(io::Error::other(format!(
-                    "cluster.url = {url}: this build has no NATS client \
-                     (uascale-server's `nats` feature is off)"
-                )));
-            }
-            (None, None) => return Ok(None),
-        };
-        tracing::info!(node = node.node_id(), "cluster node running");
-        Ok(Some(tokio::spawn(node.run())))
+        self.https.as_ref().and_then(|b| match *b {})
     }
 
     /// Serves until `shutdown` completes or a planned shutdown is due
-    /// ([`crate::shutdown`]), then closes every connection with
+    /// ([`crate::endpoint::timers::PlannedShutdown`]), then closes every connection with
     /// `BadShutdown` and waits (at most 5 s) for them to flush. The metrics
     /// endpoint, when configured, serves from the start until the
-    /// connections are gone (`/readyz` answers 503 from shutdown on).
+    /// connections are gone (`/readyz` answers 503 from shutdown on). With
+    /// `[cluster] url` it joins the store first
+    /// ([`ServerState::join_configured_cluster`]) and runs the node's tasks.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> io::Result<()> {
-        let cluster = self.start_cluster().await?;
+        let state = Arc::clone(self.shell.endpoint.state());
+        let cluster = state
+            .join_configured_cluster(CLUSTER_CONNECT_LIMIT)
+            .await?
+            .map(|node| {
+                tracing::info!(node = node.node_id(), "cluster node running");
+                tokio::spawn(node.run())
+            });
         let metrics = self.metrics.map(|listener| {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(url = %format!("http://{addr}/metrics"), "metrics endpoint listening");
             }
-            tokio::spawn(metrics_http::serve(
-                listener,
-                Arc::clone(self.shell.endpoint.state()),
-            ))
+            tokio::spawn(metrics_http::serve(listener, Arc::clone(&state)))
         });
         #[cfg(feature = "https")]
         let https = self.https.map(|bound| {
@@ -234,14 +182,15 @@ impl Server {
             }
             tokio::spawn(https::serve(bound, Arc::clone(&self.shell.endpoint)))
         });
-        let state = Arc::clone(self.shell.endpoint.state());
         state.set_listening(true);
         workers::start(&state.scheduler);
-        let reaper = tokio::spawn(reap_sessions(Arc::clone(self.shell.endpoint.state())));
-        let ticker = tokio::spawn(tick_demo(Arc::clone(self.shell.endpoint.state())));
-        let publisher = tokio::spawn(timers::run_subscriptions(Arc::clone(
-            self.shell.endpoint.state(),
-        )));
+        let now = clock().instant;
+        let publisher = tokio::spawn(timers::drive(Subscriptions::new(Arc::clone(&state), now)));
+        let mut tasks = vec![tokio::spawn(timers::drive(Reaper::new(Arc::clone(&state))))];
+        if let Some(ticker) = DemoTicker::new(Arc::clone(&state), now) {
+            tasks.push(tokio::spawn(timers::drive(ticker)));
+        }
+        tasks.extend(cluster);
         // A planned shutdown ends the loop too, once it is due.
         let shutdown = planned::stop_or_due(Arc::clone(&state), shutdown);
         tokio::pin!(shutdown);
@@ -267,7 +216,7 @@ impl Server {
                 },
             }
         }
-        self.shell.endpoint.state().set_listening(false);
+        state.set_listening(false);
         // New connections are refused from here on (the front end sends
         // them elsewhere) rather than left in the backlog.
         drop(self.listener);
@@ -275,12 +224,9 @@ impl Server {
         // records reach the store, then the channels close paced.
         publisher.abort();
         planned::drain(&self.shell.endpoint).await;
-        if let Some(task) = cluster {
+        for task in &tasks {
             task.abort();
         }
-        reaper.abort();
-        ticker.abort();
-        publisher.abort();
         self.shell.endpoint.stop_all();
         // Each task deregisters when it has flushed and closed; what is
         // left after 5 s is dropped with the runtime.
@@ -347,7 +293,6 @@ fn start(stream: TcpStream, peer: SocketAddr, shell: &Arc<Shell>) {
 }
 
 /// How long a starting cluster node tries to reach its store.
-#[cfg(feature = "nats")]
 const CLUSTER_CONNECT_LIMIT: Duration = Duration::from_secs(30);
 
 /// Pending connections the metrics endpoint's listener keeps.
@@ -365,47 +310,6 @@ fn listen(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     socket.bind(&addr.into())?;
     socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
     TcpListener::from_std(socket.into())
-}
-
-/// Closes sessions past their timeout or activation deadline. It sleeps
-/// until the earliest deadline (at most 1 s, so new sessions are seen),
-/// and logs what each pass closed in one line.
-async fn reap_sessions(state: Arc<ServerState>) {
-    loop {
-        let now = Instant::now();
-        let next = state
-            .sessions
-            .next_deadline()
-            .unwrap_or(now + Duration::from_secs(1));
-        tokio::time::sleep_until(next.min(now + Duration::from_secs(1)).into()).await;
-        let (orphans, timed_out) = state.expire_sessions(Instant::now());
-        if orphans + timed_out > 0 {
-            tracing::info!(
-                timed_out,
-                orphans,
-                "sessions closed: timed out, or not activated by the activation deadline"
-            );
-        }
-    }
-}
-
-/// Changes the demo's dynamic values every `demo.rate_ms`.
-async fn tick_demo(state: Arc<ServerState>) {
-    let Some(rate) = state.demo.as_ref().map(|d| d.rate) else {
-        return;
-    };
-    let mut interval = tokio::time::interval(rate.max(Duration::from_millis(1)));
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    for n in 0u64.. {
-        interval.tick().await;
-        // In a cluster one node runs the changing values; the others
-        // follow them through the store (one writer per value).
-        if state.cluster().is_some_and(|c| !c.leads()) {
-            continue;
-        }
-        state.tick_demo(n, &mut seed);
-    }
 }
 
 fn is_resource_exhaustion(e: &io::Error) -> bool {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::scheduler::{Scheduler, Workers};
+use crate::endpoint::{Scheduler, Workers};
 use crate::state::clock;
 
 /// The scheduler's view of the runtime.
