@@ -20,6 +20,7 @@
 
 pub mod channel;
 pub mod drain;
+pub mod handshake;
 pub mod https;
 pub mod probes;
 pub mod proxy;
@@ -39,6 +40,7 @@ use uascale_proto::{Event, Now, PendingConnection, ServerConnection};
 use uascale_types::{DateTime, StatusCode};
 
 pub use channel::Channel;
+pub use handshake::{HandshakeDecision, HandshakePlace, HandshakeWork, Step};
 pub use submit::{Job, Submit};
 // The scheduler's side of the runtime, which the shell implements.
 pub use crate::scheduler::{Scheduler, Spawn, Workers};
@@ -423,60 +425,6 @@ impl Endpoint {
         for c in all {
             c.close_with(StatusCode::BadShutdown, "server shutting down".into());
         }
-    }
-}
-
-/// What [`Endpoint::handshake`] decided.
-pub enum HandshakeDecision {
-    /// The handshake's work may run now.
-    Admit(HandshakePlace),
-    /// A place is expected soon: await `waiting`
-    /// ([`Endpoint::handshake_admitted`]) until `until`.
-    Wait {
-        /// Ready with the place.
-        waiting: std::pin::Pin<Box<crate::admission::gate::HandshakeWait>>,
-        /// When to give up ([`Endpoint::handshake_timed_out`]).
-        until: Instant,
-    },
-    /// Refused: close the connection with the shed's ERR.
-    Refuse(Shed),
-}
-
-impl std::fmt::Debug for HandshakeDecision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HandshakeDecision::Admit(p) => f.debug_tuple("Admit").field(p).finish(),
-            HandshakeDecision::Wait { until, .. } => f
-                .debug_struct("Wait")
-                .field("until", until)
-                .finish_non_exhaustive(),
-            HandshakeDecision::Refuse(s) => f.debug_tuple("Refuse").field(s).finish(),
-        }
-    }
-}
-
-/// A place among the handshakes in flight, given back when dropped (or
-/// [`finished`](HandshakePlace::finish), which feeds the completion rate
-/// the hints divide by).
-#[derive(Debug)]
-pub struct HandshakePlace {
-    guard: Option<crate::admission::HandshakeGuard>,
-    state: Arc<ServerState>,
-}
-
-impl HandshakePlace {
-    /// The handshake's work completed at `now`.
-    pub fn finish(mut self, now: Instant) {
-        if let Some(g) = self.guard.take() {
-            g.finish(now);
-        }
-    }
-}
-
-impl Drop for HandshakePlace {
-    fn drop(&mut self) {
-        // Counted out however the work ended (it may have panicked).
-        self.state.metrics.handshakes_in_flight(-1);
     }
 }
 

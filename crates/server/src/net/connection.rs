@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use uascale_proto::ServerConnection;
 
 use super::crypto::HandshakeCrypto;
-use crate::endpoint::{Channel, Endpoint};
+use crate::endpoint::{Channel, Endpoint, HandshakeDecision, HandshakeWork, Step};
 use crate::state::clock;
 
 /// What the connection tasks share.
@@ -161,7 +161,6 @@ async fn run_handshake(
     mut conn: ServerConnection,
     bytes: Vec<u8>,
 ) -> Option<(ServerConnection, Vec<u8>)> {
-    use crate::endpoint::HandshakeDecision;
     let ticket = conn.hello_retry_ticket().map(str::to_owned);
     let decision = shell
         .endpoint
@@ -184,31 +183,12 @@ async fn run_handshake(
             return Some((conn, Vec::new()));
         }
     };
-    let receive = move || {
-        let mut bytes = bytes;
-        let received = conn.receive_open(clock(), &mut bytes);
-        (conn, bytes, received)
-    };
-    let (mut conn, rest) = if shell.crypto.in_two_steps() {
-        // Receiving (RSA: the two decryptions) is one turn, answering
-        // (the signature) the next.
-        match shell.crypto.run(receive).await? {
-            (conn, bytes, Ok(Some(received))) => {
-                shell
-                    .crypto
-                    .run(move || answer(conn, bytes, Ok(Some(received))))
-                    .await?
-            }
-            (conn, bytes, received) => answer(conn, bytes, received),
+    let mut work = HandshakeWork::new(conn, bytes, shell.crypto.in_two_steps());
+    let (mut conn, rest) = loop {
+        match shell.crypto.run(move || work.step(clock)).await? {
+            Step::More(next) => work = next,
+            Step::Done(conn, rest) => break (conn, rest),
         }
-    } else {
-        shell
-            .crypto
-            .run(move || {
-                let (conn, bytes, received) = receive();
-                answer(conn, bytes, received)
-            })
-            .await?
     };
     place.finish(Instant::now());
     shell
@@ -216,27 +196,6 @@ async fn run_handshake(
         .handle_events(&mut conn, channel, clock(), &mut spawn);
     flush(&mut conn, stream).await;
     Some((conn, if rest.is_empty() { Vec::new() } else { rest }))
-}
-
-/// The rest of a handshake's work after [`ServerConnection::receive_open`]:
-/// the answer to the OpenSecureChannel it received, then what followed it
-/// in `bytes`; an error closes the connection (and is logged).
-fn answer(
-    mut conn: ServerConnection,
-    mut bytes: Vec<u8>,
-    received: Result<Option<uascale_proto::ReceivedOpen>, uascale_proto::ChannelError>,
-) -> (ServerConnection, Vec<u8>) {
-    let done = match received {
-        Ok(Some(received)) => conn
-            .answer_open(clock(), received)
-            .and_then(|()| conn.handle_input(clock(), &mut bytes)),
-        Ok(None) => Ok(()),
-        Err(e) => Err(e),
-    };
-    if let Err(e) = done {
-        closing(&conn, &e);
-    }
-    (conn, bytes)
 }
 
 /// Logs why `conn` is closing.
