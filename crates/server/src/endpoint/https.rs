@@ -233,6 +233,55 @@ fn find_end(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"\r\n\r\n")
 }
 
+/// What the bytes read so far on an HTTPS connection are
+/// ([`next_request`]).
+#[derive(Debug)]
+pub enum Framed {
+    /// Read more, until `buf` holds `up_to` bytes at most; `idle` is set
+    /// while no byte of the next request came (the idle timeout applies
+    /// then, the handshake timeout after).
+    Need {
+        /// The most `buf` should hold after the read.
+        up_to: usize,
+        /// No byte of the request yet.
+        idle: bool,
+    },
+    /// A whole request: its head and body (taken off `buf`).
+    Request(Head, Vec<u8>),
+    /// Refused: answer these bytes and close.
+    Refuse(Vec<u8>),
+}
+
+/// The next request in `buf` (what a connection read and did not use
+/// yet), its body bounded by `max_body`: a whole request is taken off the
+/// front of `buf`, whatever follows stays.
+pub fn next_request(buf: &mut Vec<u8>, max_body: usize) -> Framed {
+    let (head, head_len) = match parse_head(buf) {
+        Ok(Some(parsed)) => parsed,
+        Ok(None) => {
+            return Framed::Need {
+                up_to: MAX_HEAD + 1,
+                idle: buf.is_empty(),
+            }
+        }
+        Err(e) => return Framed::Refuse(e.to_bytes()),
+    };
+    let length = match judge(&head, max_body) {
+        Ok(n) => n,
+        Err(e) => return Framed::Refuse(e.to_bytes()),
+    };
+    if buf.len() < head_len + length {
+        return Framed::Need {
+            up_to: head_len + length,
+            idle: false,
+        };
+    }
+    let rest = buf.split_off(head_len + length);
+    let mut body = std::mem::replace(buf, rest);
+    body.drain(..head_len);
+    Framed::Request(head, body)
+}
+
 /// Judges a parsed head: the body length to read next, or the error to
 /// answer (then close). `max_body` is `[https] max_body_size`.
 pub fn judge(head: &Head, max_body: usize) -> Result<usize, HttpError> {
@@ -765,6 +814,49 @@ mod tests {
         assert_eq!(judge(&h, 11).map_err(|e| e.status), Err(413));
         // Incomplete: wait for more.
         assert_eq!(head("POST / HTTP/1.1\r\nHost: a\r\n"), Ok(None));
+    }
+
+    /// Requests are framed off the front of what was read, whatever the
+    /// pieces: more is asked for (idle only before a request's first byte)
+    /// until head and body are whole, a pipelined request stays for the
+    /// next call, a bad head is refused with its answer.
+    #[test]
+    fn requests_are_framed_off_the_bytes_read() {
+        let one = "POST / HTTP/1.1\r\nContent-Type: application/octet-stream\r\nContent-Length: 3\r\n\r\nabc";
+        let mut buf = Vec::new();
+        assert!(matches!(
+            next_request(&mut buf, 100),
+            Framed::Need { up_to, idle: true } if up_to == MAX_HEAD + 1
+        ));
+        let head_len = one.len() - 3;
+        buf.extend_from_slice(&one.as_bytes()[..head_len + 1]);
+        assert!(matches!(
+            next_request(&mut buf, 100),
+            Framed::Need { up_to, idle: false } if up_to == one.len()
+        ));
+        buf.extend_from_slice(&one.as_bytes()[head_len + 1..]);
+        buf.extend_from_slice(one.as_bytes());
+        for _ in 0..2 {
+            match next_request(&mut buf, 100) {
+                Framed::Request(head, body) => {
+                    assert_eq!(head.content_length, Some(3));
+                    assert_eq!(body, b"abc");
+                }
+                other => panic!("not a request: {other:?}"),
+            }
+        }
+        assert!(buf.is_empty());
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        match next_request(&mut buf, 100) {
+            Framed::Refuse(bytes) => assert!(bytes.starts_with(b"HTTP/1.1 405")),
+            other => panic!("not refused: {other:?}"),
+        }
+        // Over the body bound: 413 before the body is read.
+        let mut big = one.replace("Length: 3", "Length: 101").into_bytes();
+        big.truncate(head_len + 2);
+        assert!(
+            matches!(next_request(&mut big, 100), Framed::Refuse(b) if b.starts_with(b"HTTP/1.1 413"))
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use crate::endpoint::https::{judge, parse_head, Https, HttpsConnection, Outcome, MAX_HEAD};
+use crate::endpoint::https::{next_request, Framed, Https, HttpsConnection, Outcome, MAX_HEAD};
 use crate::endpoint::Endpoint;
 use crate::state::{clock, ServerState};
 
@@ -91,47 +91,26 @@ async fn connection(
         }
         Err(_) => return,
     };
-    let idle = https.config().idle_timeout;
+    let idle_timeout = https.config().idle_timeout;
     let max_body = https.config().max_body_size;
     let mut buf: Vec<u8> = Vec::new();
     loop {
-        // The head: the idle timeout before its first byte, the handshake
-        // timeout (a slow sender) after.
-        let (head, head_len) = loop {
-            match parse_head(&buf) {
-                Ok(Some(parsed)) => break parsed,
-                Ok(None) => {}
-                Err(e) => {
-                    let _ = write(&mut tls, &e.to_bytes()).await;
-                    return;
+        let (head, body) = match next_request(&mut buf, max_body) {
+            Framed::Request(head, body) => (head, body),
+            Framed::Refuse(bytes) => {
+                let _ = write(&mut tls, &bytes).await;
+                return;
+            }
+            // The idle timeout before a request's first byte, the
+            // handshake timeout (a slow sender) after.
+            Framed::Need { up_to, idle } => {
+                let limit = if idle { idle_timeout } else { handshake };
+                match read_more(&mut tls, &mut buf, up_to, limit).await {
+                    Ok(()) => continue,
+                    Err(End::Gone) => return,
                 }
             }
-            let limit = if buf.is_empty() { idle } else { handshake };
-            if read_more(&mut tls, &mut buf, MAX_HEAD + 1, limit)
-                .await
-                .is_err()
-            {
-                return;
-            }
         };
-        let length = match judge(&head, max_body) {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = write(&mut tls, &e.to_bytes()).await;
-                return;
-            }
-        };
-        buf.drain(..head_len);
-        while buf.len() < length {
-            if read_more(&mut tls, &mut buf, length, handshake)
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-        let rest = buf.split_off(length);
-        let body = std::mem::replace(&mut buf, rest);
         let answer = match https.request(conn, &head, &body, clock()) {
             Outcome::Respond(bytes) => bytes,
             Outcome::Wait { channel, task } => {
