@@ -150,7 +150,7 @@ impl Server {
         #[cfg(feature = "https")]
         return self.https.as_ref().and_then(|b| b.local_addr().ok());
         #[cfg(not(feature = "https"))]
-        self.https.as_ref().and_then(|b| match *b {})
+        self.https.as_ref().map(|b| match *b {})
     }
 
     /// Serves until `shutdown` completes or a planned shutdown is due
