@@ -76,9 +76,67 @@ pub struct Session {
     pub ecc: Option<std::sync::Arc<EccSession>>,
 }
 
-/// A session's Browse continuation points: id, the references still to
-/// return, and the page size the client asked for.
-pub type ContinuationPoints = Vec<(ByteString, Vec<ReferenceDescription>, usize)>;
+impl Session {
+    /// A copy for the cluster mirror: every field, and the continuation
+    /// points without the references they hold back (the mirror keeps
+    /// where each browse stopped, not its references).
+    pub fn mirror_copy(&self) -> Session {
+        Session {
+            continuation_points: self.continuation_points.as_ref().map(|cps| {
+                Box::new(
+                    cps.iter()
+                        .map(|c| ContinuationPoint {
+                            id: c.id.clone(),
+                            browse: c.browse.clone(),
+                            max: c.max,
+                            returned: c.returned,
+                            rest: None,
+                        })
+                        .collect(),
+                )
+            }),
+            session_id: self.session_id.clone(),
+            channel_id: self.channel_id,
+            timeout: self.timeout,
+            deadline: self.deadline,
+            activated: self.activated,
+            name: self.name.clone(),
+            locale_ids: self.locale_ids.clone(),
+            server_nonce: self.server_nonce,
+            client_thumbprint: self.client_thumbprint,
+            client_uri: self.client_uri.clone(),
+            user: self.user.clone(),
+            created: self.created,
+            endpoint_url: self.endpoint_url.clone(),
+            security_policy: self.security_policy,
+            security_mode: self.security_mode,
+            ecc: self.ecc.clone(),
+        }
+    }
+}
+
+/// A session's Browse continuation points (at most
+/// `max_browse_continuation_points`).
+pub type ContinuationPoints = Vec<ContinuationPoint>;
+
+/// One Browse continuation point: what BrowseNext needs to go on, and
+/// what a cluster mirror copies of it (everything but `rest`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContinuationPoint {
+    /// Its id, as the client got it (random: not guessable).
+    pub id: ByteString,
+    /// The browse it continues: node, direction, reference type and
+    /// subtypes, node class and result masks.
+    pub browse: uascale_types::BrowseDescription,
+    /// References per page: the max references per node of that Browse.
+    pub max: usize,
+    /// How many references of the browse were returned before it.
+    pub returned: usize,
+    /// The references still to return; `None` on a continuation point
+    /// restored from a cluster mirror (BrowseNext then browses the node
+    /// again and skips the `returned` first ones) or in a mirror's copy.
+    pub rest: Option<Vec<ReferenceDescription>>,
+}
 
 #[derive(Debug, Default)]
 struct Shard {
@@ -239,6 +297,13 @@ pub enum SessionEvent {
     /// cluster store, already activated, bound to no channel yet (the
     /// ActivateSession that follows moves it to its channel).
     Restored {
+        /// The public SessionId.
+        session_id: NodeId,
+    },
+    /// Browse or BrowseNext made, used up or released continuation
+    /// points of it: what a cluster mirror copies with the session (the
+    /// other listeners have nothing to do with it).
+    ContinuationPointsChanged {
         /// The public SessionId.
         session_id: NodeId,
     },
@@ -537,7 +602,7 @@ impl SessionTable {
             session_id: session.session_id.clone(),
             channel_id: session.channel_id,
         };
-        let copy = self.mirror.get().map(|_| session.clone());
+        let copy = self.mirror.get().map(|_| session.mirror_copy());
         {
             let mut shard = self.shard(&key);
             shard
@@ -605,7 +670,7 @@ impl SessionTable {
             if let Some(ecc) = a.ecc {
                 s.ecc = Some(ecc);
             }
-            (event, self.mirror.get().map(|_| (**s).clone()))
+            (event, self.mirror.get().map(|_| s.mirror_copy()))
         };
         let (event, copy) = event;
         if let Some(copy) = copy {
@@ -680,6 +745,31 @@ impl SessionTable {
             .get_mut(&key.0)
             .ok_or(SessionError::Unknown)?;
         Ok(f(s))
+    }
+
+    /// Tells the listeners and the mirror that the session of `key` made,
+    /// used up or released Browse continuation points (the transition
+    /// [`SessionEvent::ContinuationPointsChanged`]): a cluster mirror
+    /// copies them with the session. Nothing when the session is gone.
+    pub fn continuation_points_changed(&self, key: &SessionKey) {
+        let heard = {
+            let shard = self.shard(&key.0);
+            shard.sessions.get(&key.0).map(|s| {
+                (
+                    SessionEvent::ContinuationPointsChanged {
+                        session_id: s.session_id.clone(),
+                    },
+                    self.mirror.get().map(|_| s.mirror_copy()),
+                )
+            })
+        };
+        let Some((event, copy)) = heard else {
+            return;
+        };
+        if let Some(copy) = copy {
+            self.mirrored(&event, &key.0.token(), Some(&copy));
+        }
+        self.emit(event);
     }
 
     /// Removes the session of `token` (the transition

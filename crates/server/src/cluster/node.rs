@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 use uascale_types::{NodeId, Variant};
 
 use super::record::{
-    is_plain_file_name, session_key, trust_key, value_key, EccRecord, NodeRecord, SessionRecord,
-    StatusRecord, SubscriptionsRecord, TrustRecord, ValueRecord,
+    bounded, is_plain_file_name, session_key, trust_key, value_key, ContinuationRecord, EccRecord,
+    NodeRecord, SessionRecord, StatusRecord, SubscriptionsRecord, TrustRecord, ValueRecord,
+    FORMAT_CONTINUATION,
 };
 use super::store::{Bucket, Store, StoreError};
 use super::takeover::{self, ClaimError, Claimed, Leases};
@@ -181,7 +182,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The record of `session` (token `token`) as node `owner` writes it.
+/// The record of `session` (token `token`) as node `owner` writes it,
+/// with its continuation points (those that fit: [`bounded`]).
 pub fn record_of(owner: &str, token: &NodeId, s: &Session) -> SessionRecord {
     SessionRecord {
         owner: owner.to_owned(),
@@ -209,13 +211,42 @@ pub fn record_of(owner: &str, token: &NodeId, s: &Session) -> SessionRecord {
                 .as_ref()
                 .and_then(|k| Some((k.curve(), k.private_bytes().ok()?))),
         }),
+        continuation_points: s
+            .continuation_points
+            .as_deref()
+            .map(|cps| {
+                bounded(cps.iter().filter_map(|c| {
+                    Some(ContinuationRecord {
+                        id: c.id.as_bytes()?.to_vec(),
+                        browse: c.browse.clone(),
+                        max: u32::try_from(c.max).ok()?,
+                        returned: u32::try_from(c.returned).ok()?,
+                    })
+                }))
+            })
+            .unwrap_or_default(),
     }
 }
 
 /// The session a record describes, as this node restores it at `now`:
 /// bound to no channel yet (the ActivateSession that takes it over moves
-/// it to its own), its timeout running from now.
-pub fn session_of(r: &SessionRecord, now: Instant) -> Session {
+/// it to its own), its timeout running from now, with at most
+/// `max_continuation_points` of its continuation points (this node's
+/// `max_browse_continuation_points`; the first ones, as they were held).
+/// A restored point holds no references: BrowseNext browses again.
+pub fn session_of(r: &SessionRecord, now: Instant, max_continuation_points: usize) -> Session {
+    let points: crate::session::ContinuationPoints = r
+        .continuation_points
+        .iter()
+        .take(max_continuation_points)
+        .map(|c| crate::session::ContinuationPoint {
+            id: uascale_types::ByteString::new(c.id.clone()),
+            browse: c.browse.clone(),
+            max: c.max as usize,
+            returned: c.returned as usize,
+            rest: None,
+        })
+        .collect();
     Session {
         session_id: r.session_id.clone(),
         channel_id: 0,
@@ -224,7 +255,7 @@ pub fn session_of(r: &SessionRecord, now: Instant) -> Session {
         activated: r.activated,
         name: r.name.clone(),
         locale_ids: r.locale_ids.clone().into(),
-        continuation_points: None,
+        continuation_points: (!points.is_empty()).then(|| Box::new(points)),
         server_nonce: r.server_nonce,
         client_thumbprint: r.client_thumbprint,
         client_uri: r.client_uri.clone(),
@@ -618,6 +649,36 @@ impl ClusterNode {
         members
     }
 
+    /// True when every other node holding its lease reads record format
+    /// `format`, as its status record says (a node without a fresh status
+    /// record - an older build - reads format 2): the rule for writing a
+    /// new format during a rolling upgrade.
+    pub fn all_read(&self, format: u8) -> bool {
+        let alive = lock(&self.leases).alive_nodes(Instant::now());
+        let beats = lock(&self.beats);
+        let statuses = lock(&self.statuses);
+        alive.iter().filter(|n| **n != self.me).all(|id| {
+            let beat = beats.get(id).map_or(0, |b| b.1);
+            let reads = statuses
+                .get(id)
+                .filter(|s| s.beat.abs_diff(beat) <= STATUS_BEATS_APART)
+                .map_or(2, |s| s.reads);
+            reads >= format
+        })
+    }
+
+    /// The record this node writes of `session`: [`record_of`], without
+    /// the continuation points while a live node does not read their
+    /// format (they are mirrored with the next change once every node
+    /// does).
+    fn record_for(&self, token: &NodeId, session: &Session) -> SessionRecord {
+        let mut rec = record_of(&self.me, token, session);
+        if !rec.continuation_points.is_empty() && !self.all_read(FORMAT_CONTINUATION) {
+            rec.continuation_points.clear();
+        }
+        rec
+    }
+
     /// The other members that serve on (Running): where the sessions of
     /// this one go when it shuts down.
     fn serving_peers(&self) -> impl Iterator<Item = Member> + '_ {
@@ -672,7 +733,7 @@ impl ClusterNode {
                     m.owned.entry(key.clone()).or_insert(None);
                     m.keys.insert(s.session_id.clone(), key.clone());
                     m.nonces.insert(key.clone(), s.server_nonce);
-                    let rec = Box::new(record_of(&self.me, token, s));
+                    let rec = Box::new(self.record_for(token, s));
                     m.records.insert(key.clone(), rec.clone());
                     Pending::Write(rec)
                 }
@@ -1000,7 +1061,7 @@ impl ClusterNode {
         token: &NodeId,
         session: &Session,
     ) -> Result<Claimed, ClaimError> {
-        let me = self.me.clone();
+        let now = self.record_for(token, session);
         let r = takeover::claim(
             &*self.store,
             &self.me,
@@ -1009,7 +1070,7 @@ impl ClusterNode {
             session.server_nonce,
             |rec| {
                 let version = rec.version;
-                *rec = record_of(&me, token, session);
+                *rec = now;
                 rec.version = version;
             },
         )
@@ -1204,7 +1265,7 @@ mod tests {
 
     fn session() -> (NodeId, Session) {
         let r = sample("x", 4);
-        (r.token.clone(), session_of(&r, Instant::now()))
+        (r.token.clone(), session_of(&r, Instant::now(), 10))
     }
 
     #[test]
@@ -1430,14 +1491,14 @@ mod tests {
         let t0 = Instant::now();
         let key = EphemeralKey::generate(EccCurve::NistP256).unwrap();
         let public = key.public_nonce().to_vec();
-        let mut session = session_of(&crate::cluster::record::tests::sample("a", 1), t0);
+        let mut session = session_of(&crate::cluster::record::tests::sample("a", 1), t0, 10);
         session.ecc = Some(Arc::new(crate::session::EccSession {
             client_nonce: vec![3; 64],
             ephemeral: Some(key),
         }));
         let token = NodeId::opaque(0, vec![1; 32]);
         let bytes = record_of("a", &token, &session).encode();
-        let back = session_of(&SessionRecord::decode(&bytes).unwrap(), t0);
+        let back = session_of(&SessionRecord::decode(&bytes).unwrap(), t0, 10);
         let ecc = back.ecc.expect("the ECC state");
         assert_eq!(ecc.client_nonce, vec![3; 64]);
         let restored = ecc.ephemeral.as_ref().expect("the ephemeral key");
@@ -1452,7 +1513,7 @@ mod tests {
         session.ecc = None;
         let plain = record_of("a", &token, &session);
         assert_eq!(plain.ecc, None);
-        assert!(session_of(&plain, t0).ecc.is_none());
+        assert!(session_of(&plain, t0, 10).ecc.is_none());
     }
 
     fn beat_of(id: &str, beat: u64) -> Vec<u8> {

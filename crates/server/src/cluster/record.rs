@@ -34,9 +34,29 @@ const FORMAT_ECC: u8 = 2;
 /// format 1 only.
 const FORMAT_EVENTS: u8 = 2;
 
+/// The session record layout with the session's Browse continuation
+/// points appended (after a flag and, when set, the ECC state). Written
+/// only for sessions that hold continuation points, and only once every
+/// live node reads it ([`READS`] in its status record): the records of
+/// other sessions stay formats 1 and 2.
+pub const FORMAT_CONTINUATION: u8 = 3;
+
 /// The newest record format of any kind this build reads, told to the
 /// other nodes in its status record ([`StatusRecord::reads`]).
-pub const READS: u8 = 2;
+pub const READS: u8 = FORMAT_CONTINUATION;
+
+/// The most bytes the continuation points of one session record may
+/// take; points beyond are not mirrored (a point of a numeric node takes
+/// about 50, so the default 10 points per session take about 500).
+pub const MAX_CONTINUATION_BYTES: usize = 8 * 1024;
+
+/// The most continuation points a record may hold (the configuration's
+/// limit per session is a u16).
+const MAX_CONTINUATION_POINTS: u32 = u16::MAX as u32;
+
+/// The longest continuation point id a record may hold (this server's
+/// are 16 bytes).
+const MAX_CONTINUATION_ID: usize = 64;
 
 /// Why a record from the store was refused.
 #[derive(Debug, Clone, PartialEq)]
@@ -167,6 +187,80 @@ pub struct SessionRecord {
     pub activated: bool,
     /// On an ECC policy: what ActivateSession needs besides the nonce.
     pub ecc: Option<EccRecord>,
+    /// The session's outstanding Browse continuation points (record
+    /// format 3; empty in the older formats).
+    pub continuation_points: Vec<ContinuationRecord>,
+}
+
+/// A Browse continuation point as the cluster mirrors it: what the node
+/// that takes the session over needs to answer BrowseNext - the browse
+/// (node, direction, reference type, masks), where it stopped and its
+/// page size - not the references themselves (that node browses again
+/// and skips the ones returned).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContinuationRecord {
+    /// The id the client holds (1 to 64 bytes).
+    pub id: Vec<u8>,
+    /// The BrowseDescription of the browse it continues.
+    pub browse: uascale_types::BrowseDescription,
+    /// References per page (the browse's max references per node, > 0).
+    pub max: u32,
+    /// How many references of the browse were returned before it.
+    pub returned: u32,
+}
+
+impl ContinuationRecord {
+    fn encode(&self, w: &mut Vec<u8>) {
+        ByteString::new(self.id.clone()).encode(w);
+        self.browse.encode(w);
+        self.max.encode(w);
+        self.returned.encode(w);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, RecordError> {
+        let id = ByteString::decode(r)?
+            .as_bytes()
+            .filter(|b| !b.is_empty() && b.len() <= MAX_CONTINUATION_ID)
+            .ok_or(RecordError::Field("continuation_points"))?
+            .to_vec();
+        let browse = uascale_types::BrowseDescription::decode(r)?;
+        let max = u32::decode(r)?;
+        let returned = u32::decode(r)?;
+        if max == 0 {
+            return Err(RecordError::Field("continuation_points"));
+        }
+        Ok(ContinuationRecord {
+            id,
+            browse,
+            max,
+            returned,
+        })
+    }
+
+    /// The bytes it takes in a record.
+    pub fn encoded_len(&self) -> usize {
+        let mut w = Vec::new();
+        self.encode(&mut w);
+        w.len()
+    }
+}
+
+/// The continuation points of `points` that a record carries: in order,
+/// each one that still fits into [`MAX_CONTINUATION_BYTES`] (a point too
+/// large is left out, not the ones after it).
+pub fn bounded(points: impl IntoIterator<Item = ContinuationRecord>) -> Vec<ContinuationRecord> {
+    let mut left = MAX_CONTINUATION_BYTES;
+    points
+        .into_iter()
+        .filter(|p| {
+            let n = p.encoded_len();
+            let fits = n <= left;
+            if fits {
+                left -= n;
+            }
+            fits
+        })
+        .collect()
 }
 
 /// The ECC state of a session as the cluster mirrors it: the ClientNonce of
@@ -217,7 +311,9 @@ impl SessionRecord {
     /// The record's bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(256);
-        let format = if self.ecc.is_some() {
+        let format = if !self.continuation_points.is_empty() {
+            FORMAT_CONTINUATION
+        } else if self.ecc.is_some() {
             FORMAT_ECC
         } else {
             FORMAT
@@ -252,6 +348,9 @@ impl SessionRecord {
         Some(self.locale_ids.clone()).encode(&mut w);
         self.created.encode(&mut w);
         self.activated.encode(&mut w);
+        if format == FORMAT_CONTINUATION {
+            self.ecc.is_some().encode(&mut w);
+        }
         if let Some(ecc) = &self.ecc {
             ByteString::new(ecc.client_nonce.clone()).encode(&mut w);
             match &ecc.ephemeral {
@@ -262,6 +361,15 @@ impl SessionRecord {
                 }
             }
         }
+        if format == FORMAT_CONTINUATION {
+            let points = &self.continuation_points;
+            u32::try_from(points.len())
+                .unwrap_or(u32::MAX)
+                .encode(&mut w);
+            for p in points {
+                p.encode(&mut w);
+            }
+        }
         w
     }
 
@@ -269,7 +377,7 @@ impl SessionRecord {
     pub fn decode(bytes: &[u8]) -> Result<Self, RecordError> {
         let limits = limits();
         let mut r = Reader::new(bytes, &limits)?;
-        let (owner, version, format) = read_header_of(&mut r, SESSION_TAG, FORMAT_ECC)?;
+        let (owner, version, format) = read_header_of(&mut r, SESSION_TAG, FORMAT_CONTINUATION)?;
         let session_id = NodeId::decode(&mut r)?;
         let token = NodeId::decode(&mut r)?;
         let server_nonce = fixed::<32>(&ByteString::decode(&mut r)?, "server_nonce")?;
@@ -302,7 +410,11 @@ impl SessionRecord {
         let locale_ids = Option::<Vec<UaString>>::decode(&mut r)?.unwrap_or_default();
         let created = DateTime::decode(&mut r)?;
         let activated = bool::decode(&mut r)?;
-        let ecc = if format == FORMAT_ECC {
+        let has_ecc = match format {
+            FORMAT_CONTINUATION => bool::decode(&mut r)?,
+            f => f == FORMAT_ECC,
+        };
+        let ecc = if has_ecc {
             let client_nonce = ByteString::decode(&mut r)?.as_bytes_or_empty().to_vec();
             let ephemeral = match curve_of(u8::decode(&mut r)?)? {
                 None => None,
@@ -321,6 +433,11 @@ impl SessionRecord {
             })
         } else {
             None
+        };
+        let continuation_points = if format == FORMAT_CONTINUATION {
+            decode_continuation_points(&mut r)?
+        } else {
+            Vec::new()
         };
         r.finish()?;
         Ok(SessionRecord {
@@ -341,8 +458,29 @@ impl SessionRecord {
             created,
             activated,
             ecc,
+            continuation_points,
         })
     }
+}
+
+/// The continuation points at the end of a format 3 session record: at
+/// least one, within [`MAX_CONTINUATION_BYTES`].
+fn decode_continuation_points(r: &mut Reader<'_>) -> Result<Vec<ContinuationRecord>, RecordError> {
+    let n = u32::decode(r)?;
+    // Each point takes at least 30 bytes: a count larger than what is
+    // left is a bad record, not an allocation.
+    if n == 0 || n > MAX_CONTINUATION_POINTS || n as usize > r.remaining() / 30 {
+        return Err(RecordError::Field("continuation_points"));
+    }
+    let start = r.remaining();
+    let mut points = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        points.push(ContinuationRecord::decode(r)?);
+        if start - r.remaining() > MAX_CONTINUATION_BYTES {
+            return Err(RecordError::Field("continuation_points"));
+        }
+    }
+    Ok(points)
 }
 
 /// The first bytes of a subscriptions record.
@@ -796,6 +934,7 @@ pub(crate) mod tests {
             created: DateTime::from_ticks(5),
             activated: true,
             ecc: None,
+            continuation_points: Vec::new(),
         }
     }
 

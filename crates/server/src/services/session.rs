@@ -670,7 +670,19 @@ async fn take_over(
     let restored = ctx
         .state
         .sessions
-        .restore(auth, cluster_node::session_of(&record, ctx.instant))
+        .restore(
+            auth,
+            cluster_node::session_of(
+                &record,
+                ctx.instant,
+                usize::from(
+                    ctx.state
+                        .config
+                        .operation_limits
+                        .max_browse_continuation_points,
+                ),
+            ),
+        )
         .map_err(session_limit)?;
     if !restored {
         // A concurrent ActivateSession on this node restored it first (and

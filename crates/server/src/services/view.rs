@@ -12,6 +12,7 @@ use uascale_types::{
 use crate::address_space::AddressSpace;
 use crate::context::ServiceContext;
 use crate::error::ServiceError;
+use crate::session::ContinuationPoint;
 
 const HAS_TYPE_DEFINITION: u32 = 40;
 
@@ -112,19 +113,23 @@ fn references(
     Ok(out)
 }
 
-/// Splits `refs` at `max`, parking the rest under a new continuation point
-/// of the session.
+/// Splits `refs` (what is left of `browse` after its `returned` first
+/// references) at `max`, parking the rest under a new continuation point
+/// of the session. The second value is true when a point was parked.
 fn page(
     ctx: &ServiceContext,
     mut refs: Vec<ReferenceDescription>,
     max: usize,
-) -> Result<BrowseResult, StatusCode> {
+    browse: &BrowseDescription,
+    returned: usize,
+) -> Result<(BrowseResult, bool), StatusCode> {
     if refs.len() <= max {
-        return Ok(BrowseResult {
+        let done = BrowseResult {
             status_code: StatusCode::Good,
             continuation_point: ByteString::null(),
             references: Some(refs),
-        });
+        };
+        return Ok((done, false));
     }
     let rest = refs.split_off(max);
     // Random ids: a client cannot guess another request's continuation point.
@@ -143,22 +148,38 @@ fn page(
                 .subscriptions
                 .budget()
                 .count(crate::quota::Quota::ContinuationPoints);
-            return BrowseResult {
+            let refused = BrowseResult {
                 status_code: StatusCode::BadNoContinuationPoints,
                 continuation_point: ByteString::null(),
                 references: None,
             };
+            return (refused, false);
         }
         s.continuation_points
             .get_or_insert_with(Box::default)
-            .push((cp.clone(), rest, max));
-        BrowseResult {
+            .push(ContinuationPoint {
+                id: cp.clone(),
+                browse: browse.clone(),
+                max,
+                returned: returned.saturating_add(refs.len()),
+                rest: Some(rest),
+            });
+        let first = BrowseResult {
             status_code: StatusCode::Good,
             continuation_point: cp,
             references: Some(refs),
-        }
+        };
+        (first, true)
     })
     .map_err(|e| e.status_code())
+}
+
+/// Tells the session table that the request's session changed its
+/// continuation points (a cluster mirror copies them).
+fn changed(ctx: &ServiceContext) {
+    if let Ok(s) = ctx.session() {
+        ctx.state.sessions.continuation_points_changed(&s.key);
+    }
 }
 
 /// Browse.
@@ -178,15 +199,23 @@ pub fn browse(ctx: &ServiceContext, req: &BrowseRequest) -> Result<BrowseRespons
     };
     let locales = super::attribute::Locales::new(ctx);
     let mut results = Vec::with_capacity(nodes.len());
+    let mut parked = false;
     for d in nodes {
         results.push(match references(&ctx.state.address_space, d, &locales) {
-            Ok(refs) => page(ctx, refs, max)?,
+            Ok(refs) => {
+                let (result, p) = page(ctx, refs, max, d, 0)?;
+                parked |= p;
+                result
+            }
             Err(status) => BrowseResult {
                 status_code: status,
                 continuation_point: ByteString::null(),
                 references: None,
             },
         });
+    }
+    if parked {
+        changed(ctx);
     }
     Ok(BrowseResponse {
         response_header: ctx.response_header(&req.request_header),
@@ -196,6 +225,8 @@ pub fn browse(ctx: &ServiceContext, req: &BrowseRequest) -> Result<BrowseRespons
 }
 
 /// BrowseNext: the next page of each continuation point, or their release.
+/// A point restored from a cluster mirror holds no references: its node is
+/// browsed again and the references it had returned are skipped.
 pub fn browse_next(
     ctx: &ServiceContext,
     req: &BrowseNextRequest,
@@ -206,11 +237,13 @@ pub fn browse_next(
         ctx.state.config.operation_limits.max_nodes_per_browse,
     )?;
     let mut results = Vec::with_capacity(cps.len());
+    let mut touched = false;
+    let mut locales = None;
     for cp in cps {
         let taken = ctx
             .with_session(|s| {
                 let cps = s.continuation_points.as_mut()?;
-                let i = cps.iter().position(|(id, _, _)| id == cp)?;
+                let i = cps.iter().position(|c| c.id == *cp)?;
                 let taken = cps.swap_remove(i);
                 if cps.is_empty() {
                     // The last one: the session holds no box again.
@@ -219,6 +252,7 @@ pub fn browse_next(
                 Some(taken)
             })
             .map_err(|e| e.status_code())?;
+        touched |= taken.is_some();
         results.push(match taken {
             None => BrowseResult {
                 status_code: StatusCode::BadContinuationPointInvalid,
@@ -230,8 +264,29 @@ pub fn browse_next(
                 continuation_point: ByteString::null(),
                 references: None,
             },
-            Some((_, refs, max)) => page(ctx, refs, max)?,
+            Some(c) => {
+                let rest = match c.rest {
+                    Some(rest) => Ok(rest),
+                    None => {
+                        let locales =
+                            locales.get_or_insert_with(|| super::attribute::Locales::new(ctx));
+                        references(&ctx.state.address_space, &c.browse, locales)
+                            .map(|mut all| all.split_off(c.returned.min(all.len())))
+                    }
+                };
+                match rest {
+                    Ok(rest) => page(ctx, rest, c.max, &c.browse, c.returned)?.0,
+                    Err(status) => BrowseResult {
+                        status_code: status,
+                        continuation_point: ByteString::null(),
+                        references: None,
+                    },
+                }
+            }
         });
+    }
+    if touched {
+        changed(ctx);
     }
     Ok(BrowseNextResponse {
         response_header: ctx.response_header(&req.request_header),
