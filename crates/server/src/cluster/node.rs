@@ -1516,6 +1516,96 @@ mod tests {
         assert!(session_of(&plain, t0, 10).ecc.is_none());
     }
 
+    /// A session's continuation points go into its record and come back
+    /// on the node that restores it - without their references (that
+    /// node browses again), at most as many as that node allows.
+    #[test]
+    fn continuation_points_are_restored_with_their_session() {
+        use crate::cluster::record::tests::point;
+        let t0 = Instant::now();
+        let mut r = sample("a", 1);
+        r.continuation_points = vec![point(1, 85, 3), point(2, 2253, 6)];
+        let s = session_of(&SessionRecord::decode(&r.encode()).unwrap(), t0, 10);
+        let cps = s.continuation_points.as_deref().expect("restored");
+        assert_eq!(cps.len(), 2);
+        assert_eq!(cps[0].id.as_bytes(), Some(&[1u8; 16][..]));
+        assert_eq!(cps[0].browse, point(1, 85, 3).browse);
+        assert_eq!((cps[0].max, cps[0].returned), (3, 3));
+        assert_eq!(cps[1].returned, 6);
+        assert!(cps.iter().all(|c| c.rest.is_none()));
+        // Written again as they came.
+        assert_eq!(
+            record_of("b", &r.token, &s).continuation_points,
+            r.continuation_points
+        );
+        // A node allowing fewer keeps the first ones; none is no box.
+        let one = session_of(&r, t0, 1);
+        assert_eq!(one.continuation_points.as_ref().map(|c| c.len()), Some(1));
+        assert!(session_of(&r, t0, 0).continuation_points.is_none());
+        assert!(session_of(&sample("a", 1), t0, 10)
+            .continuation_points
+            .is_none());
+    }
+
+    /// The rule for a new record format: the continuation points (format
+    /// 3) are written only while every other live node's status says it
+    /// reads format 3; a node of an older build (no status record, or a
+    /// status saying 2) gets the session's format 1 record without them.
+    #[test]
+    fn continuation_points_wait_until_every_node_reads_their_format() {
+        use crate::cluster::record::tests::point;
+        use uascale_types::ServerState as S;
+        let store = Arc::new(MemoryStore::new());
+        let (a, _) = node(&store, "a");
+        let mut r = sample("a", 1);
+        r.continuation_points = vec![point(1, 85, 3)];
+        let (token, s) = (r.token.clone(), session_of(&r, Instant::now(), 10));
+        let key = session_key(&token).unwrap();
+        let written = || {
+            let ev = SessionEvent::ContinuationPointsChanged {
+                session_id: s.session_id.clone(),
+            };
+            a.heard(&ev, &token, Some(&s));
+            assert!(now(a.write_pending()));
+            let e = now(store.get(Bucket::Sessions, &key)).unwrap().unwrap();
+            (e.value[4], SessionRecord::decode(&e.value).unwrap())
+        };
+        // Alone: nobody to wait for.
+        assert!(a.all_read(3));
+        let (format, rec) = written();
+        assert_eq!((format, rec.continuation_points.len()), (3, 1));
+        // A peer of an older build (a heartbeat, no status record).
+        let t0 = Instant::now();
+        a.heartbeat_seen("b", Some(&beat_of("b", 4)), t0);
+        assert!(!a.all_read(3) && a.all_read(2));
+        let (format, rec) = written();
+        assert_eq!(format, 1, "a record the older build reads");
+        assert!(rec.continuation_points.is_empty());
+        // Its status says it reads format 2 only: still not.
+        let status = |reads: u8| {
+            StatusRecord {
+                node_id: "b".into(),
+                beat: 4,
+                service_level: 255,
+                state: S::Running,
+                reads,
+            }
+            .encode()
+        };
+        a.status_seen("b", Some(&status(2)));
+        assert!(!a.all_read(3));
+        assert_eq!(written().0, 1);
+        // Upgraded: the next change writes them.
+        a.status_seen("b", Some(&status(3)));
+        assert!(a.all_read(3));
+        let (format, rec) = written();
+        assert_eq!((format, rec.continuation_points.len()), (3, 1));
+        // A stale status (the node restarted on an older build) counts as
+        // no status.
+        a.heartbeat_seen("b", Some(&beat_of("b", 40)), t0);
+        assert!(!a.all_read(3));
+    }
+
     fn beat_of(id: &str, beat: u64) -> Vec<u8> {
         NodeRecord {
             node_id: id.into(),

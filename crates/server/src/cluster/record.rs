@@ -1032,6 +1032,157 @@ pub(crate) mod tests {
         assert_eq!(NodeRecord::decode(&node), Err(RecordError::Format(2)));
     }
 
+    /// A continuation point of a browse of `node` as a test makes it.
+    pub(crate) fn point(id: u8, node: u32, returned: u32) -> ContinuationRecord {
+        ContinuationRecord {
+            id: vec![id; 16],
+            browse: uascale_types::BrowseDescription {
+                node_id: NodeId::ns0(node),
+                browse_direction: uascale_types::BrowseDirection::Both,
+                reference_type_id: NodeId::ns0(33),
+                include_subtypes: true,
+                node_class_mask: 3,
+                result_mask: 0x3f,
+            },
+            max: 3,
+            returned,
+        }
+    }
+
+    /// Continuation points ride in format 3, with or without ECC state; a
+    /// session without them is still written as format 1 or 2, and those
+    /// formats still read (as sessions holding no continuation points).
+    #[test]
+    fn continuation_points_travel_in_format_3_and_older_formats_still_read() {
+        let mut s = sample("n1", 3);
+        s.continuation_points = vec![point(1, 85, 3), point(2, 2253, 6)];
+        let bytes = s.encode();
+        assert_eq!(bytes[4], FORMAT_CONTINUATION);
+        assert_eq!(SessionRecord::decode(&bytes).unwrap(), s);
+        damaged_fail_cleanly(&bytes, 0xa5, SessionRecord::decode);
+        let mut e = sample_ecc("n1", 3);
+        e.continuation_points = vec![point(1, 85, 3)];
+        let bytes = e.encode();
+        assert_eq!(bytes[4], FORMAT_CONTINUATION);
+        assert_eq!(SessionRecord::decode(&bytes).unwrap(), e);
+        damaged_fail_cleanly(&bytes, 0x5a, SessionRecord::decode);
+        // The older formats, byte for byte as the builds before wrote them:
+        // format 1 ends with `activated`, format 2 with the ECC state.
+        let old = sample("n1", 3).encode();
+        assert_eq!(old[4], FORMAT);
+        let back = SessionRecord::decode(&old).unwrap();
+        assert!(back.continuation_points.is_empty());
+        assert_eq!(back, sample("n1", 3));
+        let old_ecc = sample_ecc("n1", 3).encode();
+        assert_eq!(old_ecc[4], FORMAT_ECC);
+        assert_eq!(
+            SessionRecord::decode(&old_ecc).unwrap(),
+            sample_ecc("n1", 3)
+        );
+        // A format 1 record as the builds before format 3 wrote it (these
+        // bytes are frozen: `sample("n1", 3)`).
+        let frozen = "5541537301020000006e310100000000000000040100030303030303030303030303\
+            030303030500002000000003030303030303030303030303030303030303030303030303\
+            030303030303032000000003030303030303030303030303030303030303030303030303\
+            030303030303031400000007070707070707070707070707070707070707070a00000075\
+            726e3a636c69656e7401000000730204000000434e3d7514000000090909090909090909\
+            090909090909090909090939000000687474703a2f2f6f7063666f756e646174696f6e2e\
+            6f72672f55412f5365637572697479506f6c69637923426173696332353653686132353603\
+            000000140000006f70632e7463703a2f2f66726f6e743a34383430307500000000000001\
+            00000002000000656e050000000000000001";
+        let frozen: Vec<u8> = (0..frozen.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&frozen[i..i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(SessionRecord::decode(&frozen).unwrap(), sample("n1", 3));
+        // A format 1 record with the point appended (no ECC flag) is not
+        // misread as format 3.
+        let mut cut = s.encode();
+        cut[4] = FORMAT;
+        assert!(SessionRecord::decode(&cut).is_err());
+        // The next format is refused, not misread.
+        let mut newer = s.encode();
+        newer[4] = FORMAT_CONTINUATION + 1;
+        assert_eq!(
+            SessionRecord::decode(&newer),
+            Err(RecordError::Format(FORMAT_CONTINUATION + 1))
+        );
+        assert_eq!(READS, FORMAT_CONTINUATION);
+    }
+
+    /// What a format 3 record may carry is bounded: a count, an id, a page
+    /// size that cannot be, and more bytes of points than the bound, are
+    /// bad records.
+    #[test]
+    fn continuation_points_are_bounded() {
+        let base = sample("n1", 3);
+        let bad = |points: Vec<ContinuationRecord>| {
+            SessionRecord::decode(
+                &SessionRecord {
+                    continuation_points: points,
+                    ..base.clone()
+                }
+                .encode(),
+            )
+        };
+        let field = Err(RecordError::Field("continuation_points"));
+        assert_eq!(
+            bad(vec![ContinuationRecord {
+                id: vec![],
+                ..point(1, 85, 0)
+            }]),
+            field
+        );
+        assert_eq!(
+            bad(vec![ContinuationRecord {
+                id: vec![1; MAX_CONTINUATION_ID + 1],
+                ..point(1, 85, 0)
+            }]),
+            field
+        );
+        assert_eq!(
+            bad(vec![ContinuationRecord {
+                max: 0,
+                ..point(1, 85, 0)
+            }]),
+            field
+        );
+        // A count of points larger than the bytes left.
+        let mut counted = SessionRecord {
+            continuation_points: vec![point(1, 85, 0)],
+            ..base.clone()
+        }
+        .encode();
+        let at = counted.len() - point(1, 85, 0).encoded_len() - 4;
+        counted[at..at + 4].copy_from_slice(&1000u32.to_le_bytes());
+        assert_eq!(SessionRecord::decode(&counted), field);
+        counted[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+        assert!(SessionRecord::decode(&counted).is_err());
+        // Large points: a record holds what fits into the bound, no more.
+        let large = |id: u8| ContinuationRecord {
+            browse: uascale_types::BrowseDescription {
+                node_id: NodeId::string(2, "x".repeat(3000)),
+                ..point(id, 85, 0).browse
+            },
+            ..point(id, 85, 0)
+        };
+        let many: Vec<ContinuationRecord> = (0..4).map(large).collect();
+        let kept = bounded(many.clone());
+        assert_eq!(kept, many[..2].to_vec());
+        assert!(
+            kept.iter()
+                .map(ContinuationRecord::encoded_len)
+                .sum::<usize>()
+                <= MAX_CONTINUATION_BYTES
+        );
+        assert_eq!(bad(kept.clone()).unwrap().continuation_points, kept);
+        assert_eq!(bad(many), field, "a record over the bound is refused");
+        // A small point after one too large still goes.
+        let mixed = bounded([large(1), large(2), large(3), point(4, 85, 0)]);
+        assert_eq!(mixed.len(), 3);
+        assert_eq!(mixed[2], point(4, 85, 0));
+    }
+
     #[test]
     fn bad_records_are_errors_not_panics() {
         let good = sample("n1", 3).encode();
