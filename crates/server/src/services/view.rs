@@ -410,3 +410,216 @@ pub fn unregister_nodes(
         response_header: ctx.response_header(&req.request_header),
     })
 }
+
+#[cfg(test)]
+// Tests take one real instant as the origin of their simulated time.
+#[allow(clippy::disallowed_methods)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use uascale_types::{BrowseDirection, RequestHeader};
+
+    use super::*;
+    use crate::cluster::node::{record_of, session_of};
+    use crate::cluster::record::{SessionRecord, FORMAT_CONTINUATION};
+    use crate::session::Session;
+    use crate::state::ServerState;
+
+    const TOKEN: [u8; 32] = [5; 32];
+
+    fn token() -> NodeId {
+        NodeId::opaque(0, TOKEN.to_vec())
+    }
+
+    /// A server of the demo address space whose session mirror keeps the
+    /// last record it was given (what a cluster node would write).
+    fn node(name: &'static str) -> (Arc<ServerState>, Arc<Mutex<Option<SessionRecord>>>) {
+        let mut space = AddressSpace::ns0().unwrap();
+        let (demo, _) = crate::demo::build(&mut space, 0);
+        let mut managers = crate::node_manager::NodeManagers::default();
+        managers.register(crate::demo::NS, Arc::clone(&demo) as _);
+        let mut config = crate::ServerConfig::default();
+        config.operation_limits.max_browse_continuation_points = 4;
+        let state = ServerState::from_parts(
+            config,
+            space,
+            managers,
+            crate::security::SecurityState::none_only(),
+        );
+        let last = Arc::new(Mutex::new(None));
+        let l = Arc::clone(&last);
+        state.sessions.set_mirror(Arc::new(move |_, token, s| {
+            // The mirror's copy holds no references.
+            let s = s.expect("no session closes here");
+            assert!(s
+                .continuation_points
+                .iter()
+                .flat_map(|c| c.iter())
+                .all(|c| c.rest.is_none()));
+            *l.lock().unwrap() = Some(record_of(name, token, s));
+        }));
+        (state, last)
+    }
+
+    /// An activated session of token [`TOKEN`] on channel 1, from
+    /// `record` (or a sample).
+    fn session(record: Option<SessionRecord>, t0: Instant) -> Session {
+        let mut r = record.unwrap_or_else(|| crate::cluster::record::tests::sample("a", 5));
+        r.security_policy = uascale_crypto::policy::SecurityPolicy::None;
+        r.client_thumbprint = None;
+        r.token = token();
+        let mut s = session_of(&r, t0, 4);
+        s.channel_id = 1;
+        s
+    }
+
+    fn ctx(state: &Arc<ServerState>, t0: Instant) -> ServiceContext {
+        let mut ctx = ServiceContext::for_tests(Arc::clone(state), t0);
+        ctx.resolve(&token()).expect("the session");
+        ctx
+    }
+
+    fn header() -> RequestHeader {
+        RequestHeader {
+            authentication_token: token(),
+            ..Default::default()
+        }
+    }
+
+    fn description(node: u32) -> BrowseDescription {
+        BrowseDescription {
+            node_id: NodeId::ns0(node),
+            browse_direction: BrowseDirection::Both,
+            include_subtypes: true,
+            result_mask: 0x3f,
+            ..Default::default()
+        }
+    }
+
+    fn browse_all(ctx: &ServiceContext, nodes: &[u32], max: u32) -> Vec<BrowseResult> {
+        browse(
+            ctx,
+            &BrowseRequest {
+                request_header: header(),
+                requested_max_references_per_node: max,
+                nodes_to_browse: Some(nodes.iter().map(|n| description(*n)).collect()),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .results
+        .unwrap()
+    }
+
+    fn next(ctx: &ServiceContext, cp: &ByteString, release: bool) -> BrowseResult {
+        browse_next(
+            ctx,
+            &BrowseNextRequest {
+                request_header: header(),
+                release_continuation_points: release,
+                continuation_points: Some(vec![cp.clone()]),
+            },
+        )
+        .unwrap()
+        .results
+        .unwrap()
+        .remove(0)
+    }
+
+    /// The continuation points of a session reach its record, and on the
+    /// node that restores the session from that record BrowseNext answers
+    /// exactly the references not yet returned - none twice, none left
+    /// out - and release works; a point used up or released leaves the
+    /// record.
+    #[test]
+    fn a_restored_continuation_point_goes_on_where_it_stopped() {
+        let t0 = Instant::now();
+        let (a, a_last) = node("a");
+        a.sessions.insert(token(), session(None, t0)).unwrap();
+        let first = browse_all(&ctx(&a, t0), &[2253, 85], 3);
+        assert!(first.iter().all(|r| !r.continuation_point.is_null()));
+        let seen = first[0].references.clone().unwrap();
+        assert_eq!(seen.len(), 3);
+        let record = a_last.lock().unwrap().clone().expect("mirrored");
+        assert_eq!(record.continuation_points.len(), 2);
+        let cp = &record.continuation_points[0];
+        assert_eq!(
+            (cp.id.as_slice(), cp.max, cp.returned),
+            (first[0].continuation_point.as_bytes().unwrap(), 3, 3)
+        );
+        assert_eq!(cp.browse, description(2253));
+        let bytes = record.encode();
+        assert_eq!(bytes[4], FORMAT_CONTINUATION);
+
+        // The survivor restores the session from the record's bytes.
+        let (b, b_last) = node("b");
+        let restored = session(Some(SessionRecord::decode(&bytes).unwrap()), t0);
+        assert!(b.sessions.restore(&token(), restored).unwrap());
+        let on_b = ctx(&b, t0 + Duration::from_secs(1));
+        let mut rest = Vec::new();
+        let mut cp = first[0].continuation_point.clone();
+        let mut pages = 0;
+        while !cp.is_null() {
+            let r = next(&on_b, &cp, false);
+            assert_eq!(r.status_code, StatusCode::Good);
+            let page = r.references.unwrap();
+            assert!(page.len() <= 3);
+            rest.extend(page);
+            cp = r.continuation_point;
+            pages += 1;
+            assert!(pages < 100, "the browse never ended");
+        }
+        assert!(pages >= 2, "the Server object has more than two pages");
+        let all = browse_all(&on_b, &[2253], 0).remove(0).references.unwrap();
+        let mut together = seen.clone();
+        together.extend(rest);
+        assert_eq!(together, all, "the remaining references, each once");
+        // The used-up point left the session and its record; the other is
+        // there until released.
+        let record = b_last.lock().unwrap().clone().expect("mirrored on b");
+        assert_eq!(record.continuation_points.len(), 1);
+        let other = &first[1].continuation_point;
+        let released = next(&on_b, other, true);
+        assert_eq!(
+            (released.status_code, released.references),
+            (StatusCode::Good, None)
+        );
+        assert_eq!(
+            next(&on_b, other, false).status_code,
+            StatusCode::BadContinuationPointInvalid
+        );
+        let record = b_last.lock().unwrap().clone().unwrap();
+        assert!(record.continuation_points.is_empty());
+        assert_ne!(record.encode()[4], FORMAT_CONTINUATION);
+        assert!(on_b
+            .with_session(|s| s.continuation_points.is_none())
+            .unwrap());
+    }
+
+    /// A restored point whose node this server does not have answers the
+    /// Browse's status and is used up; one whose browse had returned more
+    /// than the node has now answers the empty rest.
+    #[test]
+    fn a_restored_point_of_a_changed_address_space_fails_cleanly() {
+        use crate::cluster::record::tests::point;
+        let t0 = Instant::now();
+        let (b, _) = node("b");
+        let mut r = crate::cluster::record::tests::sample("a", 5);
+        let mut gone = point(1, 85, 3);
+        gone.browse.node_id = NodeId::string(2, "not here");
+        r.continuation_points = vec![gone, point(2, 85, 10_000)];
+        b.sessions.restore(&token(), session(Some(r), t0)).unwrap();
+        let on_b = ctx(&b, t0);
+        let unknown = next(&on_b, &ByteString::new(vec![1; 16]), false);
+        assert_eq!(unknown.status_code, StatusCode::BadNodeIdUnknown);
+        let past = next(&on_b, &ByteString::new(vec![2; 16]), false);
+        assert_eq!(
+            (past.status_code, past.references, past.continuation_point),
+            (StatusCode::Good, Some(vec![]), ByteString::null())
+        );
+        assert!(on_b
+            .with_session(|s| s.continuation_points.is_none())
+            .unwrap());
+    }
+}
