@@ -17,6 +17,8 @@
 //! the survivors are untouched (none lost, closed or restored).
 
 mod common;
+#[path = "../../server/tests/support/haproxy.rs"]
+mod haproxy;
 #[path = "../../server/tests/support/nats.rs"]
 #[allow(dead_code)] // killing and restarting the store is the server tests'
 mod nats;
@@ -36,73 +38,12 @@ use uascale_crypto::policy::SecurityPolicy;
 use uascale_types::{MessageSecurityMode, NodeId};
 
 use common::TempDir;
+use haproxy::{haproxy, haproxy_checking, Haproxy};
 
 const CLIENTS: usize = 300;
 /// Every this-many-th client uses Basic256Sha256 SignAndEncrypt.
 const SECURE_EVERY: usize = 10;
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// A running HAProxy, killed on drop.
-struct Haproxy {
-    child: Child,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn haproxy(front: u16, nodes: &[u16]) -> Option<Haproxy> {
-    haproxy_checking(front, nodes, None)
-}
-
-/// HAProxy in front of `nodes`; with `readyz` (each node's metrics port)
-/// a node is in the rotation while its `/readyz` answers 200, else while
-/// its OPC UA port accepts connections.
-fn haproxy_checking(front: u16, nodes: &[u16], readyz: Option<&[u16]>) -> Option<Haproxy> {
-    let bin = nats::ensure_installed("haproxy", "haproxy")?;
-    let dir = std::env::temp_dir().join(format!("uascale-haproxy-{}-{front}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut cfg = format!(
-        "global\n  maxconn 4096\n\
-         defaults\n  mode tcp\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n  \
-         retries 3\n  option redispatch\n\
-         frontend opcua\n  bind 127.0.0.1:{front}\n  default_backend nodes\n\
-         backend nodes\n  balance leastconn\n"
-    );
-    if readyz.is_some() {
-        cfg.push_str("  option httpchk GET /readyz\n");
-    }
-    for (i, port) in nodes.iter().enumerate() {
-        let check_port = readyz
-            .and_then(|m| m.get(i))
-            .map(|m| format!(" port {m}"))
-            .unwrap_or_default();
-        cfg.push_str(&format!(
-            "  server n{i} 127.0.0.1:{port} send-proxy-v2 check{check_port} inter 300ms fall 1 rise 2\n"
-        ));
-    }
-    let file = dir.join("haproxy.cfg");
-    std::fs::write(&file, cfg).unwrap();
-    let child = Command::new(bin)
-        .arg("-f")
-        .arg(&file)
-        .arg("-db")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start haproxy");
-    let h = Haproxy { child, dir };
-    assert!(
-        nats::wait_listening(([127, 0, 0, 1], front).into(), Duration::from_secs(10)),
-        "haproxy did not listen"
-    );
-    Some(h)
-}
 
 /// The text of `/metrics` on `port`.
 fn metrics(port: u16) -> String {

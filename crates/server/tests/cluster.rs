@@ -13,17 +13,18 @@ mod support;
 use std::time::{Duration, Instant};
 
 use common::RawClient;
-use support::nats;
+use support::{haproxy, nats};
 use uascale_server::cluster::nats::NatsStore;
-use uascale_server::cluster::record::{session_key, SessionRecord, SubscriptionsRecord};
+use uascale_server::cluster::record::{self, session_key, SessionRecord, SubscriptionsRecord};
 use uascale_server::cluster::store::{Bucket, Store, StoreError};
 use uascale_server::cluster::takeover;
 use uascale_server::Server;
 use uascale_types::{
     ActivateSessionRequest, ActivateSessionResponse, AnonymousIdentityToken, AttributeId,
-    DataChangeNotification, ExtensionObject, NodeId, PublishResponse, ReadRequest, ReadResponse,
-    ReadValueId, RepublishRequest, RepublishResponse, ServiceFault, StatusCode,
-    SubscriptionAcknowledgement, UaString,
+    BrowseDescription, BrowseDirection, BrowseNextRequest, BrowseNextResponse, BrowseRequest,
+    BrowseResponse, BrowseResult, ByteString, DataChangeNotification, ExtensionObject, NodeId,
+    PublishResponse, ReadRequest, ReadResponse, ReadValueId, RepublishRequest, RepublishResponse,
+    ServiceFault, StatusCode, SubscriptionAcknowledgement, UaString,
 };
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -183,6 +184,16 @@ fn two_nodes() -> Option<(nats::Nats, tokio::runtime::Runtime, String, Node, Nod
 }
 
 fn start_node(rt: &tokio::runtime::Runtime, url: &str, id: &str) -> Node {
+    start_node_with(rt, url, id, |_| {})
+}
+
+/// [`start_node`] with `change` made to the node's configuration.
+fn start_node_with(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    id: &str,
+    change: impl FnOnce(&mut uascale_server::ServerConfig),
+) -> Node {
     let mut config = common::loopback_config();
     config.cluster.url = Some(url.to_owned());
     config.cluster.node_id = Some(id.to_owned());
@@ -190,6 +201,7 @@ fn start_node(rt: &tokio::runtime::Runtime, url: &str, id: &str) -> Node {
     config.cluster.node_index = Some(if id == "n1" { 1 } else { 2 });
     config.cluster.heartbeat = Duration::from_millis(200);
     config.cluster.lease = Duration::from_millis(1000);
+    change(&mut config);
     let _guard = rt.enter();
     let server = Server::bind(config).expect("bind");
     let addr = server.local_addr().unwrap();
@@ -975,4 +987,197 @@ fn a_draining_node_writes_the_final_state_before_it_closes() {
         "no gap, no reuse"
     );
     drop(n2);
+}
+
+fn browse_of(c: &mut RawClient, nodes: &[u32], max: u32) -> Vec<BrowseResult> {
+    let h = c.header();
+    c.send(&BrowseRequest {
+        request_header: h,
+        requested_max_references_per_node: max,
+        nodes_to_browse: Some(
+            nodes
+                .iter()
+                .map(|n| BrowseDescription {
+                    node_id: NodeId::ns0(*n),
+                    browse_direction: BrowseDirection::Both,
+                    include_subtypes: true,
+                    result_mask: 0x3f,
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    });
+    let (_, m) = c.read_response();
+    m.as_any()
+        .downcast_ref::<BrowseResponse>()
+        .unwrap_or_else(|| panic!("a BrowseResponse: {m:?}"))
+        .results
+        .clone()
+        .unwrap_or_default()
+}
+
+fn browse_next_of(c: &mut RawClient, cp: &ByteString, release: bool) -> BrowseResult {
+    let h = c.header();
+    c.send(&BrowseNextRequest {
+        request_header: h,
+        release_continuation_points: release,
+        continuation_points: Some(vec![cp.clone()]),
+    });
+    let (_, m) = c.read_response();
+    let r = m
+        .as_any()
+        .downcast_ref::<BrowseNextResponse>()
+        .unwrap_or_else(|| panic!("a BrowseNextResponse: {m:?}"));
+    r.results
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .expect("one result")
+}
+
+/// Browse continuation points move with their session: a client behind
+/// HAProxy browses the Server object three references at a time and an
+/// Objects folder too, holding two continuation points; they reach the
+/// store with the session's record; its node drains; the client comes
+/// back through HAProxy and activates its session on the survivor, where
+/// BrowseNext answers exactly the references it had not seen (each once,
+/// in order, none left out) and releasing the other point works - and
+/// both leave the mirror.
+#[test]
+fn browse_next_goes_on_on_the_node_that_took_the_session_over() {
+    let Some(_nats) = nats::start() else {
+        return;
+    };
+    let rt = runtime();
+    let url = _nats.url();
+    let proxied = |c: &mut uascale_server::ServerConfig| c.cluster.proxy_protocol = true;
+    let mut nodes = [
+        start_node_with(&rt, &url, "n1", proxied),
+        start_node_with(&rt, &url, "n2", proxied),
+    ];
+    for n in &nodes {
+        assert!(nats::wait_listening(n.addr, LIMIT));
+    }
+    let front = nats::free_port();
+    let ports: Vec<u16> = nodes.iter().map(|n| n.addr.port()).collect();
+    let Some(_haproxy) = haproxy::haproxy(front, &ports) else {
+        return;
+    };
+    let front: std::net::SocketAddr = ([127, 0, 0, 1], front).into();
+    // Each node sees the other serving and reading the continuation
+    // points' record format (it writes them only then).
+    let start = Instant::now();
+    while !nodes.iter().all(|n| {
+        n.state
+            .cluster()
+            .is_some_and(|c| c.serving_peer_count() == 1 && c.all_read(record::FORMAT_CONTINUATION))
+    }) {
+        assert!(start.elapsed() < LIMIT, "the nodes never saw each other");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let mut c = RawClient::connect(front);
+    c.session();
+    let first = browse_of(&mut c, &[2253, 85], 3);
+    assert_eq!(first.len(), 2);
+    for r in &first {
+        assert_eq!(r.status_code, StatusCode::Good);
+        assert!(!r.continuation_point.is_null(), "more than 3 references");
+    }
+    let seen = first[0].references.clone().unwrap_or_default();
+    assert_eq!(seen.len(), 3);
+    // The mirror writes behind the request path: wait for the points.
+    let start = Instant::now();
+    let record = loop {
+        if let Some(r) = stored(&rt, &url, &c.auth).filter(|r| r.continuation_points.len() == 2) {
+            break r;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the continuation points were never mirrored"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let cp = &record.continuation_points[0];
+    assert_eq!(
+        (cp.id.as_slice(), cp.max, cp.returned),
+        (first[0].continuation_point.as_bytes().unwrap(), 3, 3)
+    );
+    let (owner, survivor) = match record.owner.as_str() {
+        "n1" => (0, 1),
+        "n2" => (1, 0),
+        other => panic!("owned by {other}"),
+    };
+
+    // Its node drains: the final records, then the close.
+    nodes[owner]
+        .state
+        .shutdown
+        .plan(Instant::now(), Duration::ZERO, "browse test", None);
+    assert_eq!(c.read_error(), StatusCode::BadShutdown);
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut nodes[owner].task).await;
+    });
+
+    // Back through the front end, on the survivor.
+    let mut moved = reactivate_on(front, &c.auth);
+    let after = stored(&rt, &url, &c.auth).expect("still mirrored");
+    assert_eq!(
+        after.owner,
+        ["n1", "n2"][survivor],
+        "taken over by the survivor"
+    );
+    assert_eq!(after.session_id, record.session_id, "the same session");
+    let mut rest = Vec::new();
+    let mut next = first[0].continuation_point.clone();
+    let mut pages = 0;
+    while !next.is_null() {
+        let r = browse_next_of(&mut moved, &next, false);
+        assert_eq!(
+            r.status_code,
+            StatusCode::Good,
+            "BrowseNext on the survivor"
+        );
+        let page = r.references.unwrap_or_default();
+        assert!(
+            !page.is_empty() && page.len() <= 3,
+            "{} references",
+            page.len()
+        );
+        rest.extend(page);
+        next = r.continuation_point;
+        pages += 1;
+        assert!(pages < 100, "the browse never ended");
+    }
+    assert!(pages >= 2, "several pages were left");
+    let all = browse_of(&mut moved, &[2253], 0)
+        .remove(0)
+        .references
+        .unwrap_or_default();
+    let mut together = seen;
+    together.extend(rest);
+    assert_eq!(together, all, "the references not yet seen, each once");
+    // The other point is released; then it is gone.
+    let other = &first[1].continuation_point;
+    let released = browse_next_of(&mut moved, other, true);
+    assert_eq!(
+        (released.status_code, released.references),
+        (StatusCode::Good, None)
+    );
+    assert_eq!(
+        browse_next_of(&mut moved, other, false).status_code,
+        StatusCode::BadContinuationPointInvalid
+    );
+    // Both left the mirror (used up, released).
+    let start = Instant::now();
+    while !stored(&rt, &url, &c.auth).is_some_and(|r| r.continuation_points.is_empty()) {
+        assert!(
+            start.elapsed() < LIMIT,
+            "the mirror still holds continuation points"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(nodes);
 }

@@ -2,4 +2,5 @@
 
 #![allow(dead_code)] // each test binary uses part of it
 
+pub mod haproxy;
 pub mod nats;
