@@ -87,6 +87,15 @@ pub struct ChannelConfig {
     /// Certificate, key, offered (policy, mode) pairs and the client
     /// certificate validator.
     pub security: ServerSecurity,
+    /// Whether a Hello's Acknowledge waits for the driver's word: the
+    /// connection reports [`Event::Hello`] and sends nothing until
+    /// [`ServerConnection::acknowledge`] (or closes on
+    /// [`ServerConnection::close_with`]), so a server that is busy can
+    /// refuse the Hello before the client spends any work on its
+    /// OpenSecureChannel. A message that comes before the word (a client
+    /// that did not wait for the Acknowledge) acknowledges it first.
+    /// Default off: the Acknowledge goes out at once.
+    pub hold_acknowledge: bool,
 }
 
 impl Default for ChannelConfig {
@@ -99,6 +108,7 @@ impl Default for ChannelConfig {
             assembly: AssemblyLimits::default(),
             decode: DecodeLimits::default(),
             security: ServerSecurity::default(),
+            hold_acknowledge: false,
         }
     }
 }
@@ -106,6 +116,9 @@ impl Default for ChannelConfig {
 /// What the connection tells its driver.
 #[derive(Debug, PartialEq)]
 pub enum Event {
+    /// A valid Hello whose Acknowledge waits for the driver
+    /// ([`ChannelConfig::hold_acknowledge`]): acknowledge it, or close.
+    Hello,
     /// The secure channel is open.
     Opened {
         /// Its id.
@@ -257,6 +270,10 @@ struct Open {
 #[derive(Debug)]
 enum State {
     ExpectHello,
+    /// A Hello came and its Acknowledge waits for the driver
+    /// ([`ChannelConfig::hold_acknowledge`]); with the `RetryTicket` of
+    /// its endpoint URL, if any.
+    HelloHeld(Option<Box<str>>),
     /// With the `RetryTicket` of the Hello's endpoint URL, if any (what a
     /// client refused busy echoes; the server's admission reads it).
     ExpectOpenSecureChannel(Option<Box<str>>),
@@ -345,9 +362,35 @@ impl ServerConnection {
     /// while the channel waits for its first OpenSecureChannel.
     pub fn hello_retry_ticket(&self) -> Option<&str> {
         match &self.state {
-            State::ExpectOpenSecureChannel(t) => t.as_deref(),
+            State::HelloHeld(t) | State::ExpectOpenSecureChannel(t) => t.as_deref(),
             _ => None,
         }
+    }
+
+    /// Whether a Hello's Acknowledge waits for [`Self::acknowledge`]
+    /// ([`ChannelConfig::hold_acknowledge`]).
+    pub fn is_hello_held(&self) -> bool {
+        matches!(self.state, State::HelloHeld(_))
+    }
+
+    /// Sends the Acknowledge of a held Hello (nothing otherwise): the
+    /// connection now expects its OpenSecureChannel.
+    pub fn acknowledge(&mut self) {
+        let State::HelloHeld(ticket) = &mut self.state else {
+            return;
+        };
+        let ticket = ticket.take();
+        if let Some(n) = self.negotiated {
+            crate::tcp::Acknowledge {
+                protocol_version: crate::tcp::PROTOCOL_VERSION,
+                receive_buffer_size: n.receive_buffer_size,
+                send_buffer_size: n.send_buffer_size,
+                max_message_size: n.recv_max_message_size,
+                max_chunk_count: n.recv_max_chunk_count,
+            }
+            .encode_message(&mut self.out);
+        }
+        self.state = State::ExpectOpenSecureChannel(ticket);
     }
 
     /// The secure channel id.
@@ -515,11 +558,16 @@ impl ServerConnection {
         msg: &mut [u8],
         split: bool,
     ) -> Result<Option<ReceivedOpen>, ChannelError> {
+        // A client that did not wait for a held Acknowledge gets it now,
+        // before the answer to what it sent.
+        self.acknowledge();
         match (&self.state, header.message_type) {
             (State::ExpectHello, MessageType::Hello) => {
                 let hello = Hello::decode_body(msg.get(HEADER_LEN..).unwrap_or(&[]))?;
                 let (ack, negotiated) = self.config.transport.negotiate(&hello)?;
-                ack.encode_message(&mut self.out);
+                if !self.config.hold_acknowledge {
+                    ack.encode_message(&mut self.out);
+                }
                 let mut limits = self.config.assembly;
                 limits.max_message_size = (negotiated.recv_max_message_size != 0)
                     .then_some(negotiated.recv_max_message_size as usize);
@@ -527,7 +575,12 @@ impl ServerConnection {
                     .then_some(negotiated.recv_max_chunk_count);
                 self.assembler.set_limits(limits);
                 self.negotiated = Some(negotiated);
-                self.state = State::ExpectOpenSecureChannel(retry_ticket(&hello));
+                self.state = if self.config.hold_acknowledge {
+                    self.events.push(Some(Event::Hello));
+                    State::HelloHeld(retry_ticket(&hello))
+                } else {
+                    State::ExpectOpenSecureChannel(retry_ticket(&hello))
+                };
                 self.deadline = Some(now.instant + self.config.handshake_timeout);
                 Ok(None)
             }
@@ -550,7 +603,7 @@ impl ServerConnection {
                 }
                 self.open_answer(now, received).map(|()| None)
             }
-            (State::ExpectOpenSecureChannel(_), _) => Err(peer(
+            (State::HelloHeld(_) | State::ExpectOpenSecureChannel(_), _) => Err(peer(
                 StatusCode::BadTcpMessageTypeInvalid,
                 "expected OpenSecureChannel",
             )),

@@ -713,3 +713,71 @@ fn the_hellos_retry_ticket_is_read_from_its_url_query() {
     let long = format!("opc.tcp://h:4840?RetryTicket={}", "a".repeat(65));
     assert_eq!(retry_ticket(&hello(&long)), None);
 }
+
+/// With `hold_acknowledge` a Hello is reported and answered only when the
+/// driver says: acknowledged, the Acknowledge is what it would have been at
+/// once and the OpenSecureChannel follows; refused, the ERR is all that
+/// goes out; an OpenSecureChannel sent without waiting gets the
+/// Acknowledge first, then its answer.
+#[test]
+fn a_held_hello_is_acknowledged_or_refused_by_the_driver() {
+    let clock = Clock::new();
+    let budget = ReassemblyBudget::new(1 << 20, 50);
+    let held = Arc::new(ChannelConfig {
+        hold_acknowledge: true,
+        ..ChannelConfig::default()
+    });
+    let start = |config: &Arc<ChannelConfig>| {
+        PendingConnection::new().accept(
+            clock.now(),
+            CHANNEL,
+            Arc::clone(config),
+            Arc::clone(&budget),
+        )
+    };
+    let mut c = TestClient::new();
+    let open = c.open(SecurityTokenRequestType::Issue, 0, POLICY_NONE_URI);
+
+    // Acknowledged: the same bytes as without holding.
+    let mut plain = start(&Arc::new(ChannelConfig::default()));
+    feed(&mut plain, &clock, &c.hello()).unwrap();
+    let at_once = take_out(&mut plain);
+    let mut s = start(&held);
+    feed(&mut s, &clock, &c.hello()).unwrap();
+    assert!(
+        take_out(&mut s).is_empty(),
+        "nothing before the driver's word"
+    );
+    assert_eq!(events(&mut s), vec![Event::Hello]);
+    assert!(s.is_hello_held());
+    s.acknowledge();
+    assert!(!s.is_hello_held());
+    assert_eq!(take_out(&mut s), at_once);
+    feed(&mut s, &clock, &open).unwrap();
+    let out = take_out(&mut s);
+    assert_eq!(
+        messages(&out)[0].0.message_type,
+        MessageType::OpenSecureChannel
+    );
+
+    // Refused: only the ERR.
+    let mut s = start(&held);
+    feed(&mut s, &clock, &c.hello()).unwrap();
+    s.close_with(StatusCode::BadTcpServerTooBusy, "busy; RetryAfterMs=100");
+    let out = take_out(&mut s);
+    let kinds: Vec<_> = messages(&out).iter().map(|(h, _)| h.message_type).collect();
+    assert_eq!(kinds, vec![MessageType::Error]);
+    assert!(s.is_closed());
+
+    // Not waited for: the Acknowledge, then the OpenSecureChannel's answer.
+    let mut s = start(&held);
+    let mut both = c.hello();
+    both.extend_from_slice(&open);
+    feed(&mut s, &clock, &both).unwrap();
+    let out = take_out(&mut s);
+    let kinds: Vec<_> = messages(&out).iter().map(|(h, _)| h.message_type).collect();
+    assert_eq!(
+        kinds,
+        vec![MessageType::Acknowledge, MessageType::OpenSecureChannel]
+    );
+}

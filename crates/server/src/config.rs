@@ -736,6 +736,17 @@ pub struct AdmissionSection {
     /// time waits a few milliseconds instead of being sent away. 0: never
     /// wait.
     pub handshake_wait_ms: u32,
+    /// Whether a Hello is refused when a secured OpenSecureChannel coming
+    /// now would be (`refuse_at_hello`): the handshake stage full and its
+    /// waiting room too long. The ERR (`BadTcpServerTooBusy`, the slot as
+    /// the hint, a retry ticket) then comes before the client spends any
+    /// work on an OpenSecureChannel that would be refused - a private-key
+    /// signature for RSA - and before a discovery connection. A ticket
+    /// holder back at its slot is acknowledged. Default true; false
+    /// acknowledges every Hello, so that None-policy connections, which
+    /// need no handshake place, are never refused for the secured ones'
+    /// storm.
+    pub refuse_at_hello: bool,
     /// File descriptors kept free (`open_files_headroom`): a new
     /// connection is refused busy when fewer than this many would remain
     /// below the soft open-files limit (which the server raises to the
@@ -760,6 +771,7 @@ impl Default for AdmissionSection {
             session_establishment_queue_limit: 1024,
             establishment_wait_ms: 500,
             handshake_wait_ms: 200,
+            refuse_at_hello: true,
             open_files_headroom: 64,
         }
     }

@@ -222,6 +222,10 @@ impl ServerState {
         });
         managers.set_observer(&observer);
         let mut channel_config = config.limits.channel_config();
+        // Admission may refuse a Hello (`[admission] refuse_at_hello`):
+        // the endpoint acknowledges it or closes.
+        channel_config.hold_acknowledge =
+            config.admission.enabled && config.admission.refuse_at_hello;
         channel_config.security = uascale_proto::security::ServerSecurity {
             identity: security.identity.clone(),
             ecc_identities: security.ecc_identities.clone(),

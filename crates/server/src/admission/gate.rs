@@ -229,6 +229,29 @@ impl HandshakeGate {
         Verdict::Refuse { slot }
     }
 
+    /// Whether a handshake without priority that came at `now` would be
+    /// refused ([`HandshakeGate::decide`]'s refusal for a full gate whose
+    /// waiting room would keep it too long): the slot promised to it if
+    /// so, booked as that refusal's would be; `None` if it would be
+    /// admitted or wait. Takes no place and leaves no trace otherwise, so
+    /// a connection can be refused at its Hello, before the client works
+    /// on an OpenSecureChannel that would be refused.
+    pub fn refuses_now(&self, now: Instant) -> Option<Instant> {
+        let cap = self.inner.capacity;
+        let mut s = lock(&self.inner.state);
+        if s.in_flight < cap && s.room.is_empty() {
+            return None;
+        }
+        let ahead = s.ahead(false);
+        let rate = s.schedule.rate(now, s.in_flight, cap);
+        let limit = wait_limit(self.inner.wait, false);
+        if !limit.is_zero() && SlotSchedule::wait(ahead, cap, rate) <= limit {
+            return None;
+        }
+        let in_flight = s.in_flight;
+        Some(s.schedule.promise(now, ahead, in_flight, cap))
+    }
+
     /// A wait given up at `now` (the shell's `until` passed): the slot
     /// promised instead.
     pub fn timed_out(&self, now: Instant) -> Instant {

@@ -212,6 +212,8 @@ struct Closes {
 #[derive(Debug)]
 pub struct Admission {
     enabled: bool,
+    /// `refuse_at_hello`.
+    refuse_at_hello: bool,
     accept: Mutex<AcceptState>,
     handshakes: HandshakeGate,
     establishment: EstablishmentGate,
@@ -249,6 +251,7 @@ impl Admission {
     pub fn disabled() -> Self {
         Admission {
             enabled: false,
+            refuse_at_hello: false,
             accept: Mutex::new(AcceptState {
                 global: TokenBucket::new(u32::MAX, u32::MAX),
                 next_free: None,
@@ -287,6 +290,7 @@ impl Admission {
         let per_address_burst = e.connection_burst_per_address;
         Admission {
             enabled: true,
+            refuse_at_hello: a.refuse_at_hello,
             accept: Mutex::new(AcceptState {
                 global: TokenBucket::new(a.connections_per_second, a.connection_burst),
                 next_free: None,
@@ -494,6 +498,54 @@ impl Admission {
             now,
             verdict,
         )
+    }
+
+    /// Decides on a Hello from `peer` at `now` (`ticket`: the
+    /// `RetryTicket` its endpoint URL echoed, if any), before the client
+    /// spends work on an OpenSecureChannel: the refusal, with a slot and a
+    /// ticket, when the handshake stage would refuse a secured
+    /// OpenSecureChannel without priority coming now (see
+    /// [`HandshakeGate::refuses_now`]); `None` to acknowledge it. A ticket
+    /// holder within its window passes (its OpenSecureChannel presents the
+    /// ticket); one early for its slot is answered as its
+    /// OpenSecureChannel would be, its own slot moved back.
+    pub fn hello(
+        &self,
+        peer: Option<IpAddr>,
+        ticket: Option<&str>,
+        now: Instant,
+    ) -> Option<Refusal> {
+        if !self.refuse_at_hello {
+            return None;
+        }
+        let peer = peer.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let mut desk = lock(&self.handshake_desk);
+        if let Some(t) = ticket.and_then(Ticket::parse) {
+            if desk
+                .book
+                .would_honour(TicketStage::Handshake, &t, peer, now)
+            {
+                return None;
+            }
+            if let Presented::Early { wait } =
+                desk.book.present(TicketStage::Handshake, &t, peer, now)
+            {
+                return Some(Refusal {
+                    status: StatusCode::BadTcpServerTooBusy,
+                    retry_after: wait,
+                    ticket: Some(t),
+                });
+            }
+        }
+        let slot = self.handshakes.refuses_now(now)?;
+        Some(Self::refuse_with_ticket(
+            &mut desk,
+            TicketStage::Handshake,
+            StatusCode::BadTcpServerTooBusy,
+            peer,
+            now,
+            slot,
+        ))
     }
 
     /// A handshake's wait given up at `now` (its `until` passed): the
@@ -1017,6 +1069,71 @@ mod tests {
         assert_eq!(c.tickets.forged, 1);
         assert_eq!(c.tickets.early, 1);
         assert_eq!(a.stage_counts(Stage::Accept), StageCounts::default());
+    }
+
+    /// A Hello is refused exactly when a secured OpenSecureChannel coming
+    /// now would be: acknowledged while the stage has room or its waiting
+    /// room is short; refused with a slot and a ticket when full, the slot
+    /// booked as the OpenSecureChannel's refusal would be; a ticket holder
+    /// at its slot is acknowledged without using its ticket, which its
+    /// OpenSecureChannel then presents; `refuse_at_hello = false`
+    /// acknowledges every Hello.
+    #[test]
+    fn a_hello_is_refused_when_its_handshake_would_be() {
+        let t0 = Instant::now();
+        let full = |refuse_at_hello| {
+            Admission::with_seed(
+                &config(|a| {
+                    a.max_concurrent_handshakes = Some(1);
+                    a.handshake_wait_ms = 0;
+                    a.refuse_at_hello = refuse_at_hello;
+                }),
+                2,
+                7,
+            )
+        };
+        let a = full(true);
+        let ip: IpAddr = "192.0.2.9".parse().unwrap();
+        assert!(a.hello(Some(ip), None, t0).is_none(), "room: acknowledged");
+        let StageDecision::Admit(held) = a.handshake(Some(ip), None, t0) else {
+            panic!("a free place")
+        };
+        let first = a.hello(Some(ip), None, t0).expect("full: refused");
+        assert_eq!(first.status, StatusCode::BadTcpServerTooBusy);
+        // Each Hello's refusal booked its slot: the later ones are later
+        // (30 slots of 10 ms each, nothing measured yet).
+        let mut r = first;
+        for _ in 0..29 {
+            r = a.hello(Some(ip), None, t0).expect("refused");
+        }
+        assert!(
+            r.retry_after >= first.retry_after + ms(250),
+            "{r:?} {first:?}"
+        );
+        let ticket = r.ticket.clone().expect("a ticket").to_string();
+        // Early with the ticket: refused, its own slot moved back.
+        let early = a.hello(Some(ip), Some(&ticket), t0).expect("early");
+        assert!(early.retry_after > r.retry_after, "{early:?}");
+        // At its slot: acknowledged, the ticket still good for the
+        // OpenSecureChannel, which waits for the place as a ticket holder.
+        let back = t0 + early.retry_after;
+        assert!(a.hello(Some(ip), Some(&ticket), back).is_none());
+        assert!(
+            a.hello(Some(ip), None, back).is_some(),
+            "the others still refused"
+        );
+        let StageDecision::Wait { waiting, .. } = a.handshake(Some(ip), Some(&ticket), back) else {
+            panic!("the ticket holder's OpenSecureChannel waits")
+        };
+        assert_eq!(a.stage_counts(Stage::Handshake).tickets.honoured, 1);
+        drop((held, waiting));
+        // Off: every Hello acknowledged, even with the stage full.
+        let off = full(false);
+        let StageDecision::Admit(held) = off.handshake(Some(ip), None, t0) else {
+            panic!("a free place")
+        };
+        assert!(off.hello(Some(ip), None, t0).is_none());
+        drop(held);
     }
 
     #[test]

@@ -331,6 +331,27 @@ impl TicketBook {
         Ticket(t)
     }
 
+    /// Whether `ticket` would be honoured at `stage` from `peer` at `now`
+    /// ([`TicketBook::present`] answering `Honoured`), without using it
+    /// or counting anything: the Hello of a ticket holder passes to the
+    /// OpenSecureChannel that presents it.
+    pub fn would_honour(
+        &self,
+        stage: TicketStage,
+        ticket: &Ticket,
+        peer: IpAddr,
+        now: Instant,
+    ) -> bool {
+        let serial = ticket.serial();
+        let expected = self.mac(serial, ticket.stage_byte(), AddressKey::of(peer));
+        if ticket.stage_byte() != stage.byte() || ticket.0[9..] != expected {
+            return false;
+        }
+        self.issued
+            .get(&serial)
+            .is_some_and(|i| !i.used && i.opens <= now && now < i.closes)
+    }
+
     /// `ticket` presented at `stage` by `peer` at `now`. A ticket back well
     /// before its slot keeps its place in the book, its slot moved later by
     /// as much as it came early (its own slot only: no other client's

@@ -245,6 +245,24 @@ impl Endpoint {
         }
     }
 
+    /// Decides on the Hello of `channel`'s connection at `now`
+    /// ([`crate::admission::Admission::hello`]): acknowledged, or closed
+    /// with the shed's ERR (counted) before the client works on an
+    /// OpenSecureChannel that would be refused.
+    fn hello(&self, conn: &mut ServerConnection, channel: &Channel, now: Instant) {
+        if !conn.is_hello_held() {
+            return;
+        }
+        let ticket = conn.hello_retry_ticket();
+        match self.state.admission.hello(channel.peer, ticket, now) {
+            None => conn.acknowledge(),
+            Some(refusal) => {
+                let shed = self.handshake_shed(&refusal);
+                conn.close_with(shed.status(), &shed.err_reason());
+            }
+        }
+    }
+
     /// The place a handshake that waited got (`guard`).
     pub fn handshake_admitted(&self, guard: crate::admission::HandshakeGuard) -> HandshakePlace {
         self.place(guard)
@@ -286,6 +304,10 @@ impl Endpoint {
         while let Some(event) = conn.poll_event() {
             let (request_id, body) = match event {
                 Event::Request { request_id, body } => (request_id, body),
+                Event::Hello => {
+                    self.hello(conn, channel, now.instant);
+                    continue;
+                }
                 Event::Opened { .. } => {
                     if !channel.channel_open.swap(true, Ordering::Relaxed) {
                         self.state.metrics.channel_opened();

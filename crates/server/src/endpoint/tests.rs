@@ -550,3 +550,113 @@ fn poll_once(mut task: Spawn) {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let _ = task.as_mut().poll(&mut cx);
 }
+
+/// A Hello, as the bytes a client sends.
+fn hello_bytes(url: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    uascale_proto::tcp::Hello {
+        protocol_version: 0,
+        receive_buffer_size: 65535,
+        send_buffer_size: 65535,
+        max_message_size: 0,
+        max_chunk_count: 0,
+        endpoint_url: uascale_types::UaString::from(url),
+    }
+    .encode_message(&mut b);
+    b
+}
+
+/// Feeds `bytes` to a new connection of `endpoint` from `peer` and hands
+/// its events over; what it sends, as message types and the ERR's reason.
+fn hello_answer(
+    endpoint: &Arc<Endpoint>,
+    peer: SocketAddr,
+    url: &str,
+    now: Instant,
+) -> (Vec<uascale_proto::tcp::MessageType>, String) {
+    let channel = endpoint.accept(peer, None, now).expect("accepted");
+    let clock = Now {
+        instant: now,
+        utc: DateTime::from_ticks(1),
+    };
+    let mut conn = endpoint.connection(&channel, clock);
+    let mut bytes = hello_bytes(url);
+    conn.handle_input(clock, &mut bytes).expect("a valid Hello");
+    endpoint.handle_events(&mut conn, &channel, clock, &mut |_| {});
+    let mut out = Vec::new();
+    conn.poll_transmit(&mut out);
+    let (mut kinds, mut reason, mut at) = (Vec::new(), String::new(), 0);
+    while let Ok(Some(h)) = uascale_proto::tcp::MessageHeader::parse(&out[at..], 1 << 20) {
+        let end = at + h.message_size as usize;
+        if h.message_type == uascale_proto::tcp::MessageType::Error {
+            let e = uascale_proto::tcp::ErrorMessage::decode_body(&out[at + 8..end]).expect("ERR");
+            reason = e.reason.as_str().unwrap_or_default().to_owned();
+        }
+        kinds.push(h.message_type);
+        at = end;
+    }
+    endpoint.teardown(&channel, now);
+    (kinds, reason)
+}
+
+/// While the handshake stage would refuse a secured OpenSecureChannel,
+/// a Hello is answered with the busy ERR (its hint and a retry ticket,
+/// counted at the handshake stage) instead of the Acknowledge, so the
+/// client spends nothing on an OpenSecureChannel; with room, and for a
+/// ticket holder at its slot, the Acknowledge.
+#[test]
+fn a_hello_is_refused_while_its_handshake_would_be() {
+    use uascale_proto::tcp::MessageType;
+    let mut config = config(requests(IsolationProfile::Balanced));
+    config.admission.max_concurrent_handshakes = Some(1);
+    config.admission.handshake_wait_ms = 0;
+    let state = ServerState::new(config).expect("state");
+    let endpoint = Endpoint::new(state, None);
+    let now = Instant::now();
+    let peer = SocketAddr::from(([127, 0, 0, 9], 1));
+    let url = "opc.tcp://127.0.0.1:4840/";
+    assert_eq!(
+        hello_answer(&endpoint, peer, url, now).0,
+        [MessageType::Acknowledge]
+    );
+    let busy = endpoint.accept(peer, None, now).expect("accepted");
+    let HandshakeDecision::Admit(place) = endpoint.handshake(&busy, None, now) else {
+        panic!("the one place")
+    };
+    let (kinds, reason) = hello_answer(&endpoint, peer, url, now);
+    assert_eq!(kinds, [MessageType::Error]);
+    assert!(reason.contains("RetryAfterMs="), "{reason}");
+    let ticket = reason
+        .split("RetryTicket=")
+        .nth(1)
+        .and_then(|t| t.split([';', ' ']).next())
+        .expect("a ticket")
+        .to_owned();
+    assert_eq!(
+        endpoint
+            .state()
+            .metrics
+            .shed_count(Stage::Handshake, Reason::HandshakeLimit),
+        1
+    );
+    let hint: u64 = reason
+        .split("RetryAfterMs=")
+        .nth(1)
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .expect("a hint");
+    let back = now + Duration::from_millis(hint);
+    let with_ticket = format!("{url}?RetryTicket={ticket}");
+    assert_eq!(
+        hello_answer(&endpoint, peer, &with_ticket, back).0,
+        [MessageType::Acknowledge],
+        "a ticket holder at its slot"
+    );
+    drop(place);
+    endpoint.teardown(&busy, now);
+    assert_eq!(
+        hello_answer(&endpoint, peer, url, back).0,
+        [MessageType::Acknowledge],
+        "room again"
+    );
+}
