@@ -122,6 +122,8 @@ fn serve(mut stream: TcpStream, mut conn: ServerConnection) -> Seen {
                     conn.send_response(request_id, &fault_for(&body)).unwrap();
                 }
                 Event::Closed { status } => seen.closed = Some(status),
+                // Not held here (`hold_acknowledge` off).
+                Event::Hello => conn.acknowledge(),
             }
         }
         if conn.poll_transmit(&mut out) {
