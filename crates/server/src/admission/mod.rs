@@ -1110,7 +1110,7 @@ mod tests {
             r.retry_after >= first.retry_after + ms(250),
             "{r:?} {first:?}"
         );
-        let ticket = r.ticket.clone().expect("a ticket").to_string();
+        let ticket = r.ticket.expect("a ticket").to_string();
         // Early with the ticket: refused, its own slot moved back.
         let early = a.hello(Some(ip), Some(&ticket), t0).expect("early");
         assert!(early.retry_after > r.retry_after, "{early:?}");
