@@ -188,21 +188,6 @@ impl HandshakeGate {
         priority: bool,
         now: Instant,
     ) -> Verdict<HandshakeGuard, HandshakeWait> {
-        self.decide_with(peer, priority, false, now)
-    }
-
-    /// [`HandshakeGate::decide`]; with `promised` (refused clients hold
-    /// tickets they may come back with) a request without priority does
-    /// not wait when the places are taken: the waiting room is kept for
-    /// the clients promised a slot, the others are refused with their own
-    /// slot and ticket.
-    pub fn decide_with(
-        &self,
-        peer: IpAddr,
-        priority: bool,
-        promised: bool,
-        now: Instant,
-    ) -> Verdict<HandshakeGuard, HandshakeWait> {
         let key = AddressKey::of(peer);
         let cap = self.inner.capacity;
         let mut s = lock(&self.inner.state);
@@ -228,7 +213,7 @@ impl HandshakeGate {
         let rate = s.schedule.rate(now, s.in_flight, cap);
         let wait = SlotSchedule::wait(ahead, cap, rate);
         let limit = wait_limit(self.inner.wait, priority);
-        if !limit.is_zero() && wait <= limit && (priority || !promised) {
+        if !limit.is_zero() && wait <= limit {
             let id = s.room.push(priority);
             return Verdict::Wait {
                 waiting: HandshakeWait {
@@ -245,13 +230,13 @@ impl HandshakeGate {
     }
 
     /// Whether a handshake without priority that came at `now` would be
-    /// refused ([`HandshakeGate::decide_with`]'s refusal for a full gate whose
+    /// refused ([`HandshakeGate::decide`]'s refusal for a full gate whose
     /// waiting room would keep it too long): the slot promised to it if
     /// so, booked as that refusal's would be; `None` if it would be
     /// admitted or wait. Takes no place and leaves no trace otherwise, so
     /// a connection can be refused at its Hello, before the client works
     /// on an OpenSecureChannel that would be refused.
-    pub fn refuses_now(&self, promised: bool, now: Instant) -> Option<Instant> {
+    pub fn refuses_now(&self, now: Instant) -> Option<Instant> {
         let cap = self.inner.capacity;
         let mut s = lock(&self.inner.state);
         if s.in_flight < cap && s.room.is_empty() {
@@ -260,7 +245,7 @@ impl HandshakeGate {
         let ahead = s.ahead(false);
         let rate = s.schedule.rate(now, s.in_flight, cap);
         let limit = wait_limit(self.inner.wait, false);
-        if !promised && !limit.is_zero() && SlotSchedule::wait(ahead, cap, rate) <= limit {
+        if !limit.is_zero() && SlotSchedule::wait(ahead, cap, rate) <= limit {
             return None;
         }
         let in_flight = s.in_flight;
@@ -583,17 +568,6 @@ impl EstablishmentGate {
     /// holder back at its slot. Beyond the wait limit (or a full room): a
     /// slot is promised and booked.
     pub fn decide(&self, priority: bool, now: Instant) -> Verdict<EstablishmentGuard, Enter> {
-        self.decide_with(priority, false, now)
-    }
-
-    /// [`EstablishmentGate::decide`]; with `promised` the waiting room is
-    /// kept for ticket holders, as [`HandshakeGate::decide_with`]'s.
-    pub fn decide_with(
-        &self,
-        priority: bool,
-        promised: bool,
-        now: Instant,
-    ) -> Verdict<EstablishmentGuard, Enter> {
         let cap = self.inner.capacity;
         let mut s = lock(&self.inner.state);
         if s.occupancy() < cap && s.room.is_empty() {
@@ -610,7 +584,7 @@ impl EstablishmentGate {
         let limit = wait_limit(self.inner.wait, priority);
         let room =
             s.room.len() < self.inner.queue_limit || (priority && self.inner.queue_limit > 0);
-        if room && !limit.is_zero() && wait <= limit && (priority || !promised) {
+        if room && !limit.is_zero() && wait <= limit {
             let id = s.room.push(priority);
             return Verdict::Wait {
                 waiting: Enter {

@@ -488,8 +488,7 @@ impl Admission {
             gate.ticket_returned();
         }
         // Disabled, the gate is unlimited: counted, never refused.
-        let promised = desk.book.outstanding(now) > 0;
-        let verdict = gate.decide_with(peer, priority, promised, now);
+        let verdict = gate.decide(peer, priority, now);
         Self::settle(
             &mut desk,
             TicketStage::Handshake,
@@ -538,8 +537,7 @@ impl Admission {
                 });
             }
         }
-        let promised = desk.book.outstanding(now) > 0;
-        let slot = self.handshakes.refuses_now(promised, now)?;
+        let slot = self.handshakes.refuses_now(now)?;
         Some(Self::refuse_with_ticket(
             &mut desk,
             TicketStage::Handshake,
@@ -591,8 +589,7 @@ impl Admission {
         if priority {
             gate.ticket_returned();
         }
-        let promised = desk.book.outstanding(now) > 0;
-        let verdict = gate.decide_with(priority, promised, now);
+        let verdict = gate.decide(priority, now);
         Self::settle(
             &mut desk,
             TicketStage::Establishment,
@@ -1137,47 +1134,6 @@ mod tests {
         };
         assert!(off.hello(Some(ip), None, t0).is_none());
         drop(held);
-    }
-
-    /// While refused clients hold tickets they may come back with, the
-    /// waiting room is theirs: a request without a ticket that would have
-    /// waited is refused (with a slot and a ticket of its own); with no
-    /// ticket outstanding it waits as before, so a bulk connect that was
-    /// never refused keeps its waiting room.
-    #[test]
-    fn the_waiting_room_is_kept_for_ticket_holders_while_tickets_are_out() {
-        let t0 = Instant::now();
-        let a = Admission::with_seed(
-            &config(|a| {
-                a.max_concurrent_handshakes = Some(1);
-                a.handshake_wait_ms = 10_000;
-            }),
-            2,
-            7,
-        );
-        let ip: IpAddr = "192.0.2.9".parse().unwrap();
-        let StageDecision::Admit(held) = a.handshake(Some(ip), None, t0) else {
-            panic!("a free place")
-        };
-        // No ticket out: the next one waits.
-        let StageDecision::Wait { waiting, until } = a.handshake(Some(ip), None, t0) else {
-            panic!("waits while no ticket is out")
-        };
-        // Its wait given up: refused with a ticket, which is now out.
-        drop(waiting);
-        let r = a.handshake_timed_out(Some(ip), until);
-        let ticket = r.ticket.expect("a ticket").to_string();
-        assert!(matches!(
-            a.handshake(Some(ip), None, until),
-            StageDecision::Refuse(_)
-        ));
-        assert!(a.hello(Some(ip), None, until).is_some(), "and at the Hello");
-        // The ticket holder at its slot waits for the place.
-        let back = until + r.retry_after;
-        let StageDecision::Wait { waiting, .. } = a.handshake(Some(ip), Some(&ticket), back) else {
-            panic!("the ticket holder waits")
-        };
-        drop((held, waiting));
     }
 
     #[test]

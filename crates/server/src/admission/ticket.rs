@@ -179,8 +179,6 @@ pub struct TicketBook {
     counts: TicketCounts,
     /// Expired unused since last asked ([`TicketBook::take_expired`]).
     expired_since: u64,
-    /// Tickets in `issued` already used (kept until they close).
-    used_held: usize,
 }
 
 impl TicketBook {
@@ -195,7 +193,6 @@ impl TicketBook {
             closing: VecDeque::new(),
             counts: TicketCounts::default(),
             expired_since: 0,
-            used_held: 0,
         }
     }
 
@@ -275,9 +272,6 @@ impl TicketBook {
         // one forgets the ticket.
         if self.issued.get(&serial).is_some_and(|i| i.closes == closes) {
             if let Some(i) = self.issued.remove(&serial) {
-                if i.used {
-                    self.used_held = self.used_held.saturating_sub(1);
-                }
                 if !i.used {
                     self.counts.expired += 1;
                     self.expired_since += 1;
@@ -335,13 +329,6 @@ impl TicketBook {
         t[8] = stage.byte();
         t[9..].copy_from_slice(&self.mac(serial, stage.byte(), AddressKey::of(peer)));
         Ticket(t)
-    }
-
-    /// Tickets issued at `now` and neither used nor closed: clients
-    /// promised a slot that may still come back for it.
-    pub fn outstanding(&mut self, now: Instant) -> usize {
-        self.sweep(now);
-        self.issued.len().saturating_sub(self.used_held)
     }
 
     /// Whether `ticket` would be honoured at `stage` from `peer` at `now`
@@ -410,7 +397,6 @@ impl TicketBook {
             return Presented::Expired;
         }
         i.used = true;
-        self.used_held += 1;
         self.counts.honoured += 1;
         Presented::Honoured
     }
