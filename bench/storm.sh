@@ -7,7 +7,9 @@
 # on core 0, the storm on core 1; every client connects to 127.0.0.1 from
 # 127.0.0.2-7; the run is bounded by --duration-s and stops the server.
 # Output in target/storm/: NAME.json, NAME.html, the server's log and, for
-# uascale, /metrics scraped 25 s in and after.
+# uascale, /metrics scraped 25 s in and after. For uascale-secured,
+# STORM_CONFIG (TOML lines) is added to the server's configuration, e.g.
+# STORM_CONFIG=$'[admission]\nrefuse_at_hello = false'.
 set -u
 name=$1; port=$2; shift 2
 cd "$(dirname "$0")/.."
@@ -19,7 +21,7 @@ uascale)
   ;;
 uascale-secured)
   # Every RSA policy published; the storm's client certificate trusted.
-  printf '[security]\ntrust_all_client_certificates = true\n' > $OUT/secured.toml
+  printf '[security]\ntrust_all_client_certificates = true\n%s\n' "${STORM_CONFIG:-}" > $OUT/secured.toml
   RUST_LOG=warn taskset -c 0 $UA serve --bind 127.0.0.1 --port $port --pki $OUT/pki-uascale-secured --config $OUT/secured.toml --metrics 127.0.0.1:9464 > $OUT/$name-server.log 2>&1 &
   ;;
 async-opcua)
