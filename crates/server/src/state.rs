@@ -423,10 +423,10 @@ impl ServerState {
             return self.cluster.get().map_or(node, Arc::clone);
         }
         let weak = Arc::downgrade(self);
-        node.set_images(Box::new(move |id| {
+        node.set_images(Box::new(move |id, unsent| {
             let state = weak.upgrade()?;
             let session = state.subscriptions.session_of(id)?;
-            let images = state.subscriptions.images_of(&session);
+            let images = state.subscriptions.images_of(&session, unsent);
             Some((session, images))
         }));
         if let Some(pki) = &self.security.pki {

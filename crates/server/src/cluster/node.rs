@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use uascale_types::{NodeId, Variant};
 
 use super::record::{
-    bounded, is_plain_file_name, session_key, trust_key, value_key, ContinuationRecord, EccRecord,
-    NodeRecord, SessionRecord, StatusRecord, SubscriptionsRecord, TrustRecord, ValueRecord,
-    FORMAT_CONTINUATION,
+    bounded, fit_unsent, is_plain_file_name, session_key, trust_key, value_key, ContinuationRecord,
+    EccRecord, NodeRecord, SessionRecord, StatusRecord, SubscriptionsRecord, TrustRecord,
+    ValueRecord, FORMAT_CONTINUATION, FORMAT_QUEUES,
 };
 use super::store::{Bucket, Store, StoreError};
 use super::takeover::{self, ClaimError, Claimed, Leases};
@@ -41,9 +41,9 @@ const RETRY: Duration = Duration::from_millis(500);
 pub type Evict = Box<dyn Fn(&NodeId) + Send + Sync>;
 
 /// The subscriptions of a session now (the subscription engine's images),
-/// by subscription id: the session and its images (set by the server
-/// state).
-pub type Images = Box<dyn Fn(u32) -> Option<(NodeId, Vec<SubscriptionImage>)> + Send + Sync>;
+/// by subscription id: the session and its images, with the items'
+/// unsent values when the flag is set (set by the server state).
+pub type Images = Box<dyn Fn(u32, bool) -> Option<(NodeId, Vec<SubscriptionImage>)> + Send + Sync>;
 
 /// This node's own ServiceLevel and ServerState now (set by the server
 /// state): what its heartbeat tells the others.
@@ -159,6 +159,10 @@ pub struct ClusterNode {
     degraded: AtomicBool,
     evict: Evict,
     images: std::sync::OnceLock<Images>,
+    /// Set by the first [`ClusterNode::write_all_now`]: the node publishes
+    /// nothing more, so its subscriptions records carry the items' unsent
+    /// values from then on.
+    draining: AtomicBool,
     apply: std::sync::OnceLock<ApplyValue>,
     /// The PKI's `trusted/certs`, when the server has a PKI.
     trust_dir: std::sync::OnceLock<std::path::PathBuf>,
@@ -304,6 +308,7 @@ impl ClusterNode {
             degraded: AtomicBool::new(false),
             evict,
             images: std::sync::OnceLock::new(),
+            draining: AtomicBool::new(false),
             apply: std::sync::OnceLock::new(),
             trust_dir: std::sync::OnceLock::new(),
             trust_known: Mutex::default(),
@@ -533,8 +538,14 @@ impl ClusterNode {
         };
         let dirty: Vec<u32> = lock(&self.mirror).dirty_subscriptions.drain().collect();
         let mut done: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+        // Unsent values only once publishing stopped (else a message sent
+        // after the write would be restored twice) and every live node
+        // reads their format.
+        let unsent = !dirty.is_empty()
+            && self.draining.load(Ordering::Acquire)
+            && self.all_read(FORMAT_QUEUES);
         for (i, id) in dirty.iter().enumerate() {
-            let Some((session_id, subs)) = images(*id) else {
+            let Some((session_id, mut subs)) = images(*id, unsent) else {
                 continue;
             };
             if !done.insert(session_id.clone()) {
@@ -547,6 +558,21 @@ impl ClusterNode {
                     _ => continue,
                 }
             };
+            if unsent {
+                let dropped = fit_unsent(
+                    &self.me,
+                    &session_id,
+                    &mut subs,
+                    super::store::MAX_RECORD_BYTES,
+                );
+                if dropped > 0 {
+                    tracing::warn!(
+                        session = %session_id,
+                        dropped,
+                        "unsent values over the record size left out (the first kept is marked Overflow)"
+                    );
+                }
+            }
             let rec = SubscriptionsRecord {
                 owner: self.me.clone(),
                 version: 0,
@@ -795,6 +821,7 @@ impl ClusterNode {
     /// it before it closes channels: what a survivor restores is then what
     /// the clients were last sent.
     pub async fn write_all_now(&self, subscriptions: impl IntoIterator<Item = u32>) -> bool {
+        self.draining.store(true, Ordering::Release);
         lock(&self.mirror).dirty_subscriptions.extend(subscriptions);
         let _turn = self.write_turn.lock().await;
         self.write_pending().await && self.write_subscriptions().await && self.write_values().await

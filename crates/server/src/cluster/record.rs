@@ -34,6 +34,14 @@ const FORMAT_ECC: u8 = 2;
 /// format 1 only.
 const FORMAT_EVENTS: u8 = 2;
 
+/// The subscriptions record layout whose items carry, after the event
+/// filter, the values a draining node had not yet published (the last
+/// value that passed the filter, and the queued ones). Written only in
+/// the final records of a drain, only for sessions with such values, and
+/// only once every live node reads it ([`READS`]): the other records stay
+/// formats 1 and 2.
+pub const FORMAT_QUEUES: u8 = 4;
+
 /// The session record layout with the session's Browse continuation
 /// points appended (after a flag and, when set, the ECC state). Written
 /// only for sessions that hold continuation points, and only once every
@@ -43,7 +51,7 @@ pub const FORMAT_CONTINUATION: u8 = 3;
 
 /// The newest record format of any kind this build reads, told to the
 /// other nodes in its status record ([`StatusRecord::reads`]).
-pub const READS: u8 = FORMAT_CONTINUATION;
+pub const READS: u8 = FORMAT_QUEUES;
 
 /// The most bytes the continuation points of one session record may
 /// take; points beyond are not mirrored (a point of a numeric node takes
@@ -537,7 +545,107 @@ fn encode_image(w: &mut Vec<u8>, s: &SubscriptionImage, format: u8) {
                 f.encode(w);
             }
         }
+        if format >= FORMAT_QUEUES {
+            i.last.is_some().encode(w);
+            if let Some(v) = &i.last {
+                v.encode(w);
+            }
+            Some(i.queued.clone()).encode(w);
+        }
     }
+}
+
+/// True when some item of `subs` carries unsent values (the record is
+/// then format 4).
+fn has_unsent(subs: &[SubscriptionImage]) -> bool {
+    subs.iter().any(|s| {
+        s.items
+            .iter()
+            .any(|i| i.last.is_some() || !i.queued.is_empty())
+    })
+}
+
+fn value_len(v: &uascale_types::DataValue) -> usize {
+    let mut w = Vec::new();
+    v.encode(&mut w);
+    w.len()
+}
+
+/// Makes the record of `subs` fit into `limit` bytes by dropping unsent
+/// values: from the item whose queue takes the most bytes, its oldest
+/// first, the first value it keeps marked Overflow (as a queue overflow
+/// is, Part 4 §7.39.1: the client learns that values are missing). Each
+/// item keeps its newest value while that is enough; only when it is not
+/// do the items lose every unsent value and their last one (the node
+/// that restores them then reports each item's current value, as without
+/// them). Returns how many queued values were dropped.
+pub fn fit_unsent(
+    owner: &str,
+    session_id: &NodeId,
+    subs: &mut [SubscriptionImage],
+    limit: usize,
+) -> usize {
+    let size = |subs: &[SubscriptionImage]| {
+        SubscriptionsRecord {
+            owner: owner.to_owned(),
+            version: u64::MAX,
+            session_id: session_id.clone(),
+            subscriptions: subs.to_vec(),
+        }
+        .encode()
+        .len()
+    };
+    let mut dropped = 0;
+    let mut total = size(subs);
+    while total > limit {
+        let mut excess = total - limit;
+        // (bytes queued, subscription, item) of every item that can lose
+        // a value and still keep one.
+        let mut heap: std::collections::BinaryHeap<(usize, usize, usize)> = subs
+            .iter()
+            .enumerate()
+            .flat_map(|(si, s)| {
+                s.items
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, i)| i.queued.len() > 1)
+                    .map(move |(ii, i)| (i.queued.iter().map(value_len).sum(), si, ii))
+            })
+            .collect();
+        if heap.is_empty() {
+            for i in subs.iter_mut().flat_map(|s| s.items.iter_mut()) {
+                dropped += i.queued.len();
+                i.queued.clear();
+                i.last = None;
+            }
+            return dropped;
+        }
+        while excess > 0 {
+            let Some((bytes, si, ii)) = heap.pop() else {
+                break;
+            };
+            let Some(item) = subs.get_mut(si).and_then(|s| s.items.get_mut(ii)) else {
+                continue;
+            };
+            if item.queued.len() < 2 {
+                continue;
+            }
+            let gone = value_len(&item.queued.remove(0));
+            dropped += 1;
+            excess = excess.saturating_sub(gone);
+            if let Some(first) = item.queued.first_mut() {
+                first.status = Some(uascale_types::StatusCode(
+                    first.status_or_good().0 | crate::subscription::item::OVERFLOW_BITS,
+                ));
+            }
+            if item.queued.len() > 1 {
+                heap.push((bytes.saturating_sub(gone), si, ii));
+            }
+        }
+        // The Overflow marks may have added a few bytes: measure again.
+        total = size(subs);
+    }
+    dropped
 }
 
 /// The most subscriptions, and items per subscription, a record may hold.
@@ -584,7 +692,26 @@ fn decode_image(r: &mut Reader<'_>, format: u8) -> Result<SubscriptionImage, Rec
             } else {
                 None
             },
+            last: None,
+            queued: Vec::new(),
         });
+        if format >= FORMAT_QUEUES {
+            let Some(item) = items.last_mut() else {
+                return Err(RecordError::Field("items"));
+            };
+            if bool::decode(r)? {
+                item.last = Some(uascale_types::DataValue::decode(r)?);
+            }
+            let queued = Option::<Vec<uascale_types::DataValue>>::decode(r)?.unwrap_or_default();
+            // Never more than the item's queue holds; an event item hands
+            // over no values.
+            if queued.len() > item.queue_size as usize
+                || (item.event_filter.is_some() && (item.last.is_some() || !queued.is_empty()))
+            {
+                return Err(RecordError::Field("queued"));
+            }
+            item.queued = queued;
+        }
     }
     if interval.is_zero() {
         return Err(RecordError::Field("interval"));
@@ -612,7 +739,13 @@ impl SubscriptionsRecord {
             .subscriptions
             .iter()
             .any(|s| s.items.iter().any(|i| i.event_filter.is_some()));
-        let format = if events { FORMAT_EVENTS } else { FORMAT };
+        let format = if has_unsent(&self.subscriptions) {
+            FORMAT_QUEUES
+        } else if events {
+            FORMAT_EVENTS
+        } else {
+            FORMAT
+        };
         header_of(&mut w, SUBSCRIPTIONS_TAG, format, &self.owner, self.version);
         self.session_id.encode(&mut w);
         u32::try_from(self.subscriptions.len())
@@ -633,7 +766,11 @@ impl SubscriptionsRecord {
             ..limits()
         };
         let mut r = Reader::new(bytes, &limits)?;
-        let (owner, version, format) = read_header_of(&mut r, SUBSCRIPTIONS_TAG, FORMAT_EVENTS)?;
+        let (owner, version, format) = read_header_of(&mut r, SUBSCRIPTIONS_TAG, FORMAT_QUEUES)?;
+        // Format 3 is a session record layout only.
+        if format == FORMAT_CONTINUATION {
+            return Err(RecordError::Format(format));
+        }
         let session_id = NodeId::decode(&mut r)?;
         let n = u32::decode(&mut r)?;
         if n > MAX_IMAGES || n as usize > r.remaining() / 40 {
@@ -1254,6 +1391,8 @@ pub(crate) mod tests {
                     trigger: uascale_types::DataChangeTrigger::StatusValue,
                     deadband: 0.5,
                     event_filter: None,
+                    last: None,
+                    queued: Vec::new(),
                 }],
             }],
         }
@@ -1289,6 +1428,8 @@ pub(crate) mod tests {
             trigger: uascale_types::DataChangeTrigger::default(),
             deadband: 0.0,
             event_filter: Some(Box::new(filter)),
+            last: None,
+            queued: Vec::new(),
         });
         r
     }
@@ -1309,6 +1450,155 @@ pub(crate) mod tests {
             SubscriptionsRecord::decode(&newer),
             Err(RecordError::Format(FORMAT_EVENTS + 1))
         );
+    }
+
+    fn stamped(x: i32) -> uascale_types::DataValue {
+        uascale_types::DataValue {
+            value: Some(uascale_types::Variant::Int32(x)),
+            source_timestamp: Some(DateTime::from_ticks(i64::from(x))),
+            ..Default::default()
+        }
+    }
+
+    /// [`subscriptions`] as a drain writes it: its item (queue 10) with
+    /// three values queued and its last one.
+    fn with_unsent() -> SubscriptionsRecord {
+        let mut r = subscriptions();
+        let item = &mut r.subscriptions[0].items[0];
+        item.queue_size = 10;
+        item.last = Some(stamped(3));
+        item.queued = (1..=3).map(stamped).collect();
+        r
+    }
+
+    /// The bytes of [`subscriptions`] in format 1, as the build before
+    /// format 4 wrote them (captured from it).
+    const SUBSCRIPTIONS_FORMAT_1: &str = "5541537501020000006e31030000000000000001010700010000000500000190d00300000000003c0000000a0000000000000001012a00000001000000290000000900000000000000000000000300000001000000020000004d0000000302001400000044656d6f2e44796e616d69632e436f756e7465720d000000ffffffff02000000a0860100000000000001000000010200000001000000000000000000e03f";
+
+    #[test]
+    fn unsent_values_travel_in_format_4_and_only_they_need_it() {
+        assert_eq!(subscriptions().encode()[4], FORMAT);
+        assert_eq!(with_event_item().encode()[4], FORMAT_EVENTS);
+        let r = with_unsent();
+        let bytes = r.encode();
+        assert_eq!(bytes[4], FORMAT_QUEUES);
+        assert_eq!(SubscriptionsRecord::decode(&bytes).unwrap(), r);
+        damaged_fail_cleanly(&bytes, 0x5a, SubscriptionsRecord::decode);
+        // Beside an event item; a last value alone; queued values alone.
+        let mut both = with_event_item();
+        both.subscriptions[0].items[0] = r.subscriptions[0].items[0].clone();
+        assert_eq!(SubscriptionsRecord::decode(&both.encode()).unwrap(), both);
+        let mut last_only = with_unsent();
+        last_only.subscriptions[0].items[0].queued.clear();
+        assert_eq!(last_only.encode()[4], FORMAT_QUEUES);
+        assert_eq!(
+            SubscriptionsRecord::decode(&last_only.encode()).unwrap(),
+            last_only
+        );
+        let mut queued_only = with_unsent();
+        queued_only.subscriptions[0].items[0].last = None;
+        assert_eq!(
+            SubscriptionsRecord::decode(&queued_only.encode()).unwrap(),
+            queued_only
+        );
+        // The older formats still read: the frozen bytes of format 1.
+        let frozen: Vec<u8> = (0..SUBSCRIPTIONS_FORMAT_1.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&SUBSCRIPTIONS_FORMAT_1[i..i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(subscriptions().encode(), frozen, "format 1 is unchanged");
+        assert_eq!(
+            SubscriptionsRecord::decode(&frozen).unwrap(),
+            subscriptions()
+        );
+        // More values than the item's queue holds, values of an event
+        // item, a session record's format, a newer format: bad records.
+        let mut over = with_unsent();
+        over.subscriptions[0].items[0].queue_size = 2;
+        assert_eq!(
+            SubscriptionsRecord::decode(&over.encode()),
+            Err(RecordError::Field("queued"))
+        );
+        let mut event_values = with_event_item();
+        event_values.subscriptions[0].items[1].last = Some(stamped(1));
+        assert_eq!(
+            SubscriptionsRecord::decode(&event_values.encode()),
+            Err(RecordError::Field("queued"))
+        );
+        for format in [FORMAT_CONTINUATION, FORMAT_QUEUES + 1] {
+            let mut b = bytes.clone();
+            b[4] = format;
+            assert_eq!(
+                SubscriptionsRecord::decode(&b),
+                Err(RecordError::Format(format))
+            );
+        }
+        assert!(READS >= FORMAT_QUEUES, "told to the other nodes");
+    }
+
+    #[test]
+    fn unsent_values_over_the_record_size_go_oldest_first_marked() {
+        let text = |x: u32| uascale_types::DataValue {
+            value: Some(uascale_types::Variant::String(UaString::from(
+                format!("{x:>100}").as_str(),
+            ))),
+            ..Default::default()
+        };
+        let mut r = with_unsent();
+        let small = r.subscriptions[0].items[0].clone();
+        let mut big = small.clone();
+        big.id = 3;
+        big.queue_size = 1000;
+        big.queued = (0..200).map(text).collect();
+        big.last = big.queued.last().cloned();
+        r.subscriptions[0].items.push(big.clone());
+        let full = r.encode().len();
+        let limit = full - 5_000;
+        let (owner, sid) = (r.owner.clone(), r.session_id.clone());
+        // A record that fits is left as it is.
+        let mut same = r.subscriptions.clone();
+        assert_eq!(fit_unsent(&owner, &sid, &mut same, full), 0);
+        assert_eq!(same, r.subscriptions);
+
+        let mut subs = r.subscriptions.clone();
+        let dropped = fit_unsent(&owner, &sid, &mut subs, limit);
+        let fitted = SubscriptionsRecord {
+            subscriptions: subs.clone(),
+            version: u64::MAX,
+            ..r.clone()
+        };
+        assert!(fitted.encode().len() <= limit);
+        let kept = &subs[0].items[1].queued;
+        assert_eq!(dropped, 200 - kept.len());
+        assert!(dropped >= 40 && !kept.is_empty(), "{dropped}");
+        // The newest kept, in order; the first kept marked Overflow.
+        let overflow = crate::subscription::item::OVERFLOW_BITS;
+        assert_eq!(kept[0].status_or_good().0 & overflow, overflow);
+        let unmarked: Vec<_> = kept.iter().map(|v| v.value.clone()).collect();
+        let newest: Vec<_> = big.queued[dropped..]
+            .iter()
+            .map(|v| v.value.clone())
+            .collect();
+        assert_eq!(unmarked, newest);
+        assert!(kept[1..]
+            .iter()
+            .all(|v| v.status_or_good().0 & overflow == 0));
+        // The small queue lost nothing.
+        assert_eq!(subs[0].items[0], small);
+        assert_eq!(
+            SubscriptionsRecord::decode(&fitted.encode()).unwrap(),
+            fitted
+        );
+
+        // Too small for even one value per item: no unsent value goes,
+        // and no last one (the restoring node reports current values).
+        let mut subs = r.subscriptions.clone();
+        let dropped = fit_unsent(&owner, &sid, &mut subs, 200);
+        assert_eq!(dropped, 203);
+        assert!(subs[0]
+            .items
+            .iter()
+            .all(|i| i.queued.is_empty() && i.last.is_none()));
     }
 
     #[test]

@@ -346,6 +346,66 @@ impl MonitoredItem {
         }
     }
 
+    /// What a draining node hands over of this data-change item: the last
+    /// value that passed its filter (what the next is compared to) and the
+    /// values waiting for a Publish, oldest first - none of them in a
+    /// NotificationMessage yet. An event item hands over nothing.
+    pub fn unsent(&self) -> (Option<DataValue>, Vec<DataValue>) {
+        if self.is_event() {
+            return (None, Vec::new());
+        }
+        let queued = match &self.pending {
+            Pending::Empty => Vec::new(),
+            Pending::Last => self
+                .last
+                .clone()
+                .map(|v| vec![strip_timestamps(v, self.timestamps)])
+                .unwrap_or_default(),
+            Pending::Queue(q) => q
+                .iter()
+                .filter_map(|q| match q {
+                    Queued::Value(v) => Some(v.clone()),
+                    Queued::Event(_) => None,
+                })
+                .collect(),
+        };
+        (self.last.clone(), queued)
+    }
+
+    /// Puts back what a draining node handed over ([`Self::unsent`]): `last`
+    /// becomes the value the next one is compared to (an unchanged current
+    /// value is then not reported again), and `queued` waits for the next
+    /// Publish, before any newer value. Queued through the ordinary path,
+    /// so the queue size and the session's queued-bytes quota bound them
+    /// (the oldest go first, the next kept one marked Overflow): the queue
+    /// counts against `account`, the session's.
+    pub fn restore_unsent(
+        &mut self,
+        last: Option<DataValue>,
+        queued: Vec<DataValue>,
+        account: &Arc<Account>,
+    ) {
+        if self.mode == MonitoringMode::Disabled || self.is_event() {
+            return;
+        }
+        if last.is_some() {
+            self.last = last;
+        }
+        if self.keeps_last_only() {
+            if let Some(v) = queued.into_iter().last() {
+                if self.last.is_none() {
+                    self.last = Some(v);
+                }
+                self.pending = Pending::Last;
+            }
+            return;
+        }
+        for v in queued {
+            self.push(Queued::Value(v));
+            self.bind_if_unbound(account);
+        }
+    }
+
     fn push(&mut self, q: Queued) {
         let size = self.queue_size as usize;
         let queue = self.queue_mut();

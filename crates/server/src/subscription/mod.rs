@@ -397,11 +397,25 @@ pub struct ItemImage {
     /// An event item's EventFilter as the client sent it (then `trigger`
     /// and `deadband` mean nothing); None for a data-change item.
     pub event_filter: Option<Box<uascale_types::EventFilter>>,
+    /// Only in the final records of a drain (else None): the last value
+    /// that passed the item's filter, what the next is compared to.
+    pub last: Option<uascale_types::DataValue>,
+    /// Only in the final records of a drain (else empty): the values
+    /// queued and not yet published, oldest first.
+    pub queued: Vec<uascale_types::DataValue>,
 }
 
 impl Subscription {
-    /// What a cluster mirror keeps of it.
+    /// What a cluster mirror keeps of it after a Publish answer: no
+    /// queued values (a node that fails later may have sent them).
     pub fn image(&self) -> SubscriptionImage {
+        self.image_of(false)
+    }
+
+    /// What a cluster mirror keeps of it; with `unsent`, also each
+    /// data-change item's last and queued values ([`MonitoredItem::unsent`]):
+    /// the final record of a node that publishes nothing more.
+    pub fn image_of(&self, unsent: bool) -> SubscriptionImage {
         SubscriptionImage {
             id: self.id,
             interval: self.interval,
@@ -425,6 +439,11 @@ impl Subscription {
                             Some(Box::new(c.source.clone())),
                         ),
                     };
+                    let (last, queued) = if unsent {
+                        i.unsent()
+                    } else {
+                        (None, Vec::new())
+                    };
                     ItemImage {
                         id: i.id,
                         client_handle: i.client_handle,
@@ -438,6 +457,8 @@ impl Subscription {
                         trigger,
                         deadband,
                         event_filter,
+                        last,
+                        queued,
                     }
                 })
                 .collect(),
@@ -446,8 +467,9 @@ impl Subscription {
 
     /// The subscription an image describes, restored at `now` on another
     /// node: the same id, parameters, next sequence number and
-    /// retransmission queue; its items have no value yet (the caller
-    /// offers each its current one).
+    /// retransmission queue; its items have no value yet (the caller puts
+    /// back the unsent ones, [`Self::restore_unsent`], once it counts
+    /// against its session, then offers each item its current value).
     pub fn from_image(img: &SubscriptionImage, now: Instant) -> Self {
         let mut items: Vec<MonitoredItem> = img
             .items
@@ -513,6 +535,26 @@ impl Subscription {
         s.list_all();
         s.items_changed();
         s
+    }
+
+    /// Puts back the unsent values of `img`'s items (the final record of
+    /// a drain) into the items of the same id, ahead of any newer value.
+    pub fn restore_unsent(&mut self, img: &SubscriptionImage) {
+        let mut any = false;
+        let account = Arc::clone(self.account());
+        for i in &img.items {
+            if i.last.is_none() && i.queued.is_empty() {
+                continue;
+            }
+            if let Some(item) = self.items.iter_mut().find(|m| m.id == i.id) {
+                item.restore_unsent(i.last.clone(), i.queued.clone(), &account);
+                any = true;
+            }
+        }
+        if any {
+            self.list_all();
+            self.items_changed();
+        }
     }
 
     /// The items, to change (a restored subscription's first values).

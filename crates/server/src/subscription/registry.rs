@@ -580,13 +580,14 @@ impl<P: PublishSink> Registry<P> {
     }
 
     /// What a cluster mirror keeps of `session`'s subscriptions (empty
-    /// when it has none).
-    pub fn images_of(&self, session: &NodeId) -> Vec<super::SubscriptionImage> {
+    /// when it has none); with `unsent`, also the items' unsent values
+    /// ([`Subscription::image_of`]).
+    pub fn images_of(&self, session: &NodeId, unsent: bool) -> Vec<super::SubscriptionImage> {
         match self.set_of(session) {
             Some(set) => lock(&set)
                 .subscriptions()
                 .iter()
-                .map(Subscription::image)
+                .map(|s| s.image_of(unsent))
                 .collect(),
             None => Vec::new(),
         }
@@ -641,6 +642,11 @@ impl<P: PublishSink> Registry<P> {
             }
             let mut g = lock(&set);
             g.insert(sub);
+            // Counted against the session from here on: the queued-bytes
+            // quota bounds what is put back.
+            if let Some(s) = g.get_mut(img.id) {
+                s.restore_unsent(img);
+            }
             self.schedule(&set, &mut g);
             restored.push(img.id);
         }
@@ -1128,6 +1134,10 @@ mod tests {
         }
         /// A subscription with one pushed item on `node`.
         fn subscribe(&self, session: &NodeId, node: &NodeId) -> u32 {
+            self.subscribe_queued(session, node, 1)
+        }
+        /// A subscription with one pushed item on `node`, queue `queue`.
+        fn subscribe_queued(&self, session: &NodeId, node: &NodeId, queue: u32) -> u32 {
             let req = every_100ms();
             let (id, _) = self.reg.create(self.t0, session, &req, true).unwrap();
             assert!(self.reg.reserve_items(1));
@@ -1144,7 +1154,7 @@ mod tests {
                         MonitoringMode::Reporting,
                         Duration::ZERO,
                         false,
-                        1,
+                        queue,
                         true,
                         TimestampsToReturn::Both,
                         Filter::default(),
@@ -1476,13 +1486,73 @@ mod tests {
         let old = Fixture::new(SubscriptionLimits::default());
         let a = NodeId::numeric(1, 1);
         let (id, server) = event_item(&old, &a);
-        let images = old.reg.images_of(&a);
+        let images = old.reg.images_of(&a, false);
         let items = &images[0].items;
         assert_eq!(items.len(), 2, "the data-change item and the event item");
         assert_eq!(items.iter().filter(|i| i.event_filter.is_some()).count(), 1);
         let new = Fixture::new(SubscriptionLimits::default());
         assert_eq!(new.reg.restore(new.t0, &a, &images), vec![id]);
         event_reaches(&new, &a, &server);
+    }
+
+    /// A drain hands over what its items had not published: the image
+    /// with unsent values carries the queued values (not the one already
+    /// in a sent message), and the registry that restores it publishes
+    /// them first, in order, then newer values - an unchanged current
+    /// value offered on restore is not reported again.
+    #[test]
+    fn a_drained_items_unsent_values_go_out_first_on_the_new_node() {
+        let old = Fixture::new(SubscriptionLimits::default());
+        let a = NodeId::numeric(1, 1);
+        let node = NodeId::string(2, "v");
+        let id = old.subscribe_queued(&a, &node, 10);
+        old.reg.value_changed(old.at(0), &node, &Variant::Int32(1));
+        old.publish(&a, 1, 0);
+        old.run(100);
+        let sent = old.take();
+        assert_eq!(values(&sent[0].1), vec![Variant::Int32(1)]);
+        for x in 2..=5 {
+            old.reg
+                .value_changed(old.at(100 + x as u64), &node, &Variant::Int32(x));
+        }
+        // The image after a Publish answer carries none of them.
+        assert!(old.reg.images_of(&a, false)[0].items[0].queued.is_empty());
+        let images = old.reg.images_of(&a, true);
+        let item = &images[0].items[0];
+        let queued: Vec<_> = item.queued.iter().map(|v| v.value.clone()).collect();
+        assert_eq!(
+            queued,
+            (2..=5).map(|x| Some(Variant::Int32(x))).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            item.last.as_ref().and_then(|v| v.value.clone()),
+            Some(Variant::Int32(5))
+        );
+
+        let new = Fixture::new(SubscriptionLimits::default());
+        assert_eq!(new.reg.restore(new.t0, &a, &images), vec![id]);
+        // What a takeover does next: offer each item its current value.
+        let offered = new
+            .reg
+            .with_subscription(&a, id, |s| {
+                let r = s.items_mut()[0].offer(DataValue::value(Variant::Int32(5)));
+                s.items_changed();
+                r
+            })
+            .unwrap();
+        assert!(
+            !offered,
+            "the current value, unchanged, is not queued again"
+        );
+        new.reg.value_changed(new.at(10), &node, &Variant::Int32(6));
+        new.publish(&a, 2, 10);
+        new.run(200);
+        let got = new.take();
+        assert_eq!(
+            values(&got[0].1),
+            (2..=6).map(Variant::Int32).collect::<Vec<_>>(),
+            "the unsent values first, in order, then the newer one"
+        );
     }
 
     #[test]

@@ -1516,3 +1516,75 @@ fn over_the_values_quota_pushed_values_are_dropped_marked_where_queues_are_kept(
         .collect();
     assert_eq!(marked, [false, true, false]);
 }
+
+/// The unsent values a drain hands over are put back through the item's
+/// ordinary queue: on a session with a smaller queued-bytes quota the
+/// oldest go and the first kept says so (Overflow), never silently.
+#[test]
+fn restored_unsent_values_are_bounded_by_the_sessions_queued_bytes_quota() {
+    use crate::quota::{Budget, Quotas, Stage};
+    let clock = Clock::new();
+    let one = item::Queued::Value(dv(0.0));
+    let each = crate::quota::KeptSize::kept_size(&one);
+    let mut original = sub(&clock, 1, 100.0, 300, 10);
+    let id = original.add_item(item(&original, 1, 100, true, Filter::default()));
+    for x in 0..20 {
+        assert!(original.offer(id, dv(f64::from(x))));
+    }
+    let image = original.image_of(true);
+    assert_eq!(image.items[0].queued.len(), 20);
+    let budget = std::sync::Arc::new(Budget::new(
+        Quotas {
+            max_queued_notification_bytes_per_session: 5 * each,
+            ..Quotas::default()
+        },
+        0,
+    ));
+    let mut set = session_set(&budget, 1);
+    set.insert(Subscription::from_image(&image, clock.now().instant));
+    set.get_mut(1).unwrap().restore_unsent(&image);
+    assert!(set.account().bytes(Stage::Queued) <= 6 * each);
+    let values = queued_values(&mut set, 1, id);
+    assert!(values.len() < 20 && values.len() >= 4, "{}", values.len());
+    assert_eq!(
+        values.last().and_then(|v| v.value.clone()),
+        Some(Variant::Double(19.0)),
+        "the newest are kept"
+    );
+    assert_eq!(values[0].status_or_good().0 & OVERFLOW_BITS, OVERFLOW_BITS);
+    assert!(values[1..]
+        .iter()
+        .all(|v| v.status_or_good().0 & OVERFLOW_BITS == 0));
+    let xs: Vec<_> = values.iter().filter_map(|v| v.value.clone()).collect();
+    let first = 20 - xs.len() as u32;
+    assert_eq!(
+        xs,
+        (first..20)
+            .map(|x| Variant::Double(f64::from(x)))
+            .collect::<Vec<_>>(),
+        "in order, none twice"
+    );
+}
+
+/// A queue of one hands over its waiting value; restored, it waits again
+/// (once), and the same value offered again is no change.
+#[test]
+fn a_queue_of_one_hands_over_its_waiting_value() {
+    let clock = Clock::new();
+    let mut original = sub(&clock, 1, 100.0, 300, 10);
+    let id = original.add_item(item(&original, 1, 1, true, Filter::default()));
+    assert!(original.offer(id, dv(7.0)));
+    let image = original.image_of(true);
+    assert_eq!(image.items[0].queued, vec![dv(7.0)]);
+    assert_eq!(image.items[0].last, Some(dv(7.0)));
+    let mut set = Set::default();
+    set.insert(Subscription::from_image(&image, clock.now().instant));
+    let s = set.get_mut(1).unwrap();
+    s.restore_unsent(&image);
+    assert!(!s.offer(id, dv(7.0)), "unchanged");
+    assert_eq!(queued_values(&mut set, 1, id), vec![dv(7.0)]);
+    // Nothing waiting: an image hands over only the last value.
+    let image = set.get(1).unwrap().image_of(true);
+    assert!(image.items[0].queued.is_empty());
+    assert_eq!(image.items[0].last, Some(dv(7.0)));
+}
