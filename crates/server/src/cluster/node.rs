@@ -1295,6 +1295,75 @@ mod tests {
         (r.token.clone(), session_of(&r, Instant::now(), 10))
     }
 
+    /// The items' unsent values reach the store only in a drain's final
+    /// records (once publishing stopped: [`ClusterNode::write_all_now`])
+    /// and only while every other live node reads their format 4; from
+    /// then on the node's later writes keep them.
+    #[test]
+    fn unsent_values_are_written_only_by_a_drain_every_node_reads() {
+        use uascale_types::ServerState as S;
+        let store = Arc::new(MemoryStore::new());
+        let (a, _) = node(&store, "a");
+        let (token, s) = session();
+        let key = session_key(&token).unwrap();
+        let ev = SessionEvent::Created {
+            session_id: s.session_id.clone(),
+            channel_id: 1,
+        };
+        a.heard(&ev, &token, Some(&s));
+        assert!(now(a.write_pending()));
+        let full = crate::cluster::record::tests::with_unsent().subscriptions;
+        let id = full[0].id;
+        let session_id = s.session_id.clone();
+        a.set_images(Box::new(move |_, unsent| {
+            let mut subs = full.clone();
+            if !unsent {
+                for i in subs.iter_mut().flat_map(|s| s.items.iter_mut()) {
+                    i.last = None;
+                    i.queued.clear();
+                }
+            }
+            Some((session_id.clone(), subs))
+        }));
+        let stored = || {
+            let e = now(store.get(Bucket::Subscriptions, &key)).unwrap().unwrap();
+            let rec = SubscriptionsRecord::decode(&e.value).unwrap();
+            (e.value[4], rec.subscriptions[0].items[0].queued.len())
+        };
+        // Serving: after a Publish answer, no unsent values.
+        a.subscription_answered(id);
+        assert!(now(a.write_subscriptions()));
+        assert_eq!(stored(), (1, 0));
+        // A peer of an older build, then one reading format 3: a drain
+        // leaves them out (the peer could not read the record).
+        let t0 = Instant::now();
+        a.heartbeat_seen("b", Some(&beat_of("b", 4)), t0);
+        let status = |reads: u8| {
+            StatusRecord {
+                node_id: "b".into(),
+                beat: 4,
+                service_level: 255,
+                state: S::Running,
+                reads,
+            }
+            .encode()
+        };
+        assert!(now(a.write_all_now([id])));
+        assert_eq!(stored(), (1, 0));
+        a.status_seen("b", Some(&status(3)));
+        assert!(!a.all_read(FORMAT_QUEUES));
+        assert!(now(a.write_all_now([id])));
+        assert_eq!(stored(), (1, 0));
+        // Every node reads format 4: the drain writes them, and so does
+        // every later write of this node (it publishes nothing more).
+        a.status_seen("b", Some(&status(4)));
+        assert!(now(a.write_all_now([id])));
+        assert_eq!(stored(), (FORMAT_QUEUES, 3));
+        a.subscription_answered(id);
+        assert!(now(a.write_subscriptions()));
+        assert_eq!(stored(), (FORMAT_QUEUES, 3));
+    }
+
     #[test]
     fn transitions_are_coalesced_and_written() {
         let store = Arc::new(MemoryStore::new());

@@ -1462,7 +1462,7 @@ pub(crate) mod tests {
 
     /// [`subscriptions`] as a drain writes it: its item (queue 10) with
     /// three values queued and its last one.
-    fn with_unsent() -> SubscriptionsRecord {
+    pub(crate) fn with_unsent() -> SubscriptionsRecord {
         let mut r = subscriptions();
         let item = &mut r.subscriptions[0].items[0];
         item.queue_size = 10;
