@@ -1037,6 +1037,56 @@ fn browse_next_of(c: &mut RawClient, cp: &ByteString, release: bool) -> BrowseRe
         .expect("one result")
 }
 
+/// A nats-server, two cluster nodes (PROXY protocol on) and HAProxy in
+/// front of them (`front`). Dropped in this order (and bound by the
+/// tests in the reverse order, so dropped the same way): the nodes
+/// first, the server last.
+struct HaproxyCluster {
+    front: std::net::SocketAddr,
+    _haproxy: haproxy::Haproxy,
+    nodes: [Node; 2],
+    url: String,
+    rt: tokio::runtime::Runtime,
+    _nats: nats::Nats,
+}
+
+/// [`HaproxyCluster`], once each node sees the other serving and reading
+/// record format `format`; None when nats-server or haproxy cannot be had
+/// (the test then skips).
+fn behind_haproxy(format: u8) -> Option<HaproxyCluster> {
+    let nats = nats::start()?;
+    let rt = runtime();
+    let url = nats.url();
+    let proxied = |c: &mut uascale_server::ServerConfig| c.cluster.proxy_protocol = true;
+    let nodes = [
+        start_node_with(&rt, &url, "n1", proxied),
+        start_node_with(&rt, &url, "n2", proxied),
+    ];
+    for n in &nodes {
+        assert!(nats::wait_listening(n.addr, LIMIT));
+    }
+    let front = nats::free_port();
+    let ports: Vec<u16> = nodes.iter().map(|n| n.addr.port()).collect();
+    let haproxy = haproxy::haproxy(front, &ports)?;
+    let start = Instant::now();
+    while !nodes.iter().all(|n| {
+        n.state
+            .cluster()
+            .is_some_and(|c| c.serving_peer_count() == 1 && c.all_read(format))
+    }) {
+        assert!(start.elapsed() < LIMIT, "the nodes never saw each other");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(HaproxyCluster {
+        _nats: nats,
+        rt,
+        url,
+        nodes,
+        _haproxy: haproxy,
+        front: ([127, 0, 0, 1], front).into(),
+    })
+}
+
 /// Browse continuation points move with their session: a client behind
 /// HAProxy browses the Server object three references at a time and an
 /// Objects folder too, holding two continuation points; they reach the
@@ -1047,36 +1097,19 @@ fn browse_next_of(c: &mut RawClient, cp: &ByteString, release: bool) -> BrowseRe
 /// both leave the mirror.
 #[test]
 fn browse_next_goes_on_on_the_node_that_took_the_session_over() {
-    let Some(_nats) = nats::start() else {
-        return;
-    };
-    let rt = runtime();
-    let url = _nats.url();
-    let proxied = |c: &mut uascale_server::ServerConfig| c.cluster.proxy_protocol = true;
-    let mut nodes = [
-        start_node_with(&rt, &url, "n1", proxied),
-        start_node_with(&rt, &url, "n2", proxied),
-    ];
-    for n in &nodes {
-        assert!(nats::wait_listening(n.addr, LIMIT));
-    }
-    let front = nats::free_port();
-    let ports: Vec<u16> = nodes.iter().map(|n| n.addr.port()).collect();
-    let Some(_haproxy) = haproxy::haproxy(front, &ports) else {
-        return;
-    };
-    let front: std::net::SocketAddr = ([127, 0, 0, 1], front).into();
     // Each node sees the other serving and reading the continuation
     // points' record format (it writes them only then).
-    let start = Instant::now();
-    while !nodes.iter().all(|n| {
-        n.state
-            .cluster()
-            .is_some_and(|c| c.serving_peer_count() == 1 && c.all_read(record::FORMAT_CONTINUATION))
-    }) {
-        assert!(start.elapsed() < LIMIT, "the nodes never saw each other");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let Some(HaproxyCluster {
+        _nats,
+        rt,
+        url,
+        mut nodes,
+        _haproxy,
+        front,
+    }) = behind_haproxy(record::FORMAT_CONTINUATION)
+    else {
+        return;
+    };
 
     let mut c = RawClient::connect(front);
     c.session();
@@ -1178,6 +1211,219 @@ fn browse_next_goes_on_on_the_node_that_took_the_session_over() {
             "the mirror still holds continuation points"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(nodes);
+}
+
+fn create_subscription(c: &mut RawClient, interval_ms: f64) -> u32 {
+    let h = c.header();
+    c.send(&uascale_types::CreateSubscriptionRequest {
+        request_header: h,
+        requested_publishing_interval: interval_ms,
+        requested_lifetime_count: 600,
+        requested_max_keep_alive_count: 10,
+        publishing_enabled: true,
+        ..Default::default()
+    });
+    c.read_subscription_id()
+}
+
+/// A pushed item (no sampling) on `node`'s Value with a queue of `queue`,
+/// every timestamp returned.
+fn monitor_queued(c: &mut RawClient, sub: u32, node: NodeId, queue: u32) {
+    let h = c.header();
+    c.send(&uascale_types::CreateMonitoredItemsRequest {
+        request_header: h,
+        subscription_id: sub,
+        timestamps_to_return: uascale_types::TimestampsToReturn::Both,
+        items_to_create: Some(vec![uascale_types::MonitoredItemCreateRequest {
+            item_to_monitor: ReadValueId {
+                node_id: node,
+                attribute_id: AttributeId::Value as u32,
+                ..Default::default()
+            },
+            monitoring_mode: uascale_types::MonitoringMode::Reporting,
+            requested_parameters: uascale_types::MonitoringParameters {
+                client_handle: 7,
+                sampling_interval: 0.0,
+                queue_size: queue,
+                discard_oldest: true,
+                ..Default::default()
+            },
+        }]),
+    });
+    let (_, m) = c.read_response();
+    let r = m
+        .as_any()
+        .downcast_ref::<uascale_types::CreateMonitoredItemsResponse>()
+        .unwrap_or_else(|| panic!("a CreateMonitoredItemsResponse: {m:?}"));
+    let result = &r.results.as_ref().expect("a result")[0];
+    assert_eq!(result.status_code, StatusCode::Good);
+    assert!(result.revised_queue_size >= queue, "{result:?}");
+}
+
+/// The data values of a NotificationMessage, in order.
+fn data_values(p: &PublishResponse) -> Vec<uascale_types::DataValue> {
+    p.notification_message
+        .notification_data
+        .iter()
+        .flatten()
+        .filter_map(|e| e.downcast_ref::<DataChangeNotification>())
+        .flat_map(|d| d.monitored_items.iter().flatten().map(|m| m.value.clone()))
+        .collect()
+}
+
+/// The values a draining node had not yet published move with their
+/// session: a client behind HAProxy has an item with a queue of 50 on a
+/// value written every 20 ms, ten times inside one publishing interval of
+/// 1.5 s; its node drains in the middle of that interval; the final
+/// record holds the ten queued values; the client activates its session
+/// through HAProxy on the survivor, and what it receives there - the ten,
+/// then newer values written on the survivor - follows what it received
+/// before with no value missing and none twice (values and source
+/// timestamps checked), the sequence numbers without a gap.
+#[test]
+fn values_queued_at_a_drain_are_delivered_by_the_survivor() {
+    let Some(HaproxyCluster {
+        _nats,
+        rt,
+        url,
+        mut nodes,
+        _haproxy,
+        front,
+    }) = behind_haproxy(record::FORMAT_QUEUES)
+    else {
+        return;
+    };
+    let var = NodeId::string(2, "Demo.Static.Scalar.Double");
+    let write = |node: &Node, x: f64| {
+        node.state
+            .managers
+            .write_value(&var, uascale_types::Variant::Double(x))
+            .expect("a demo variable takes a Double");
+    };
+    for n in &nodes {
+        write(n, 0.0);
+    }
+    let mut c = RawClient::connect(front);
+    c.session();
+    let sub = create_subscription(&mut c, 1500.0);
+    monitor_queued(&mut c, sub, var.clone(), 50);
+    let start = Instant::now();
+    let owner = loop {
+        if let Some(r) = stored(&rt, &url, &c.auth) {
+            break if r.owner == "n1" { 0 } else { 1 };
+        }
+        assert!(start.elapsed() < LIMIT, "the session was never mirrored");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let survivor = 1 - owner;
+    // The first message: the item's first value, 0. A publishing
+    // interval starts with it.
+    let mut got = Vec::new();
+    let mut seqs = Vec::new();
+    while got.is_empty() {
+        let p = publish_response(&mut c, vec![]);
+        let values = data_values(&p);
+        if !values.is_empty() {
+            seqs.push(p.notification_message.sequence_number);
+            got.extend(values);
+        }
+    }
+    // Ten values inside the interval (200 ms of its 1.5 s), none published.
+    for x in 1..=10 {
+        write(&nodes[owner], f64::from(x));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nodes[owner]
+        .state
+        .shutdown
+        .plan(Instant::now(), Duration::ZERO, "queue test", None);
+    assert_eq!(c.read_error(), StatusCode::BadShutdown);
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut nodes[owner].task).await;
+    });
+    // The final record holds the ten, oldest first.
+    let record = subscriptions_record(&rt, &url, &c.auth).expect("mirrored");
+    let queued: Vec<_> = record.subscriptions[0].items[0]
+        .queued
+        .iter()
+        .map(|v| v.value.clone())
+        .collect();
+    assert_eq!(
+        queued,
+        (1..=10)
+            .map(|x| Some(uascale_types::Variant::Double(f64::from(x))))
+            .collect::<Vec<_>>(),
+        "the unsent values in the drain's final record"
+    );
+    // The survivor follows the written values (the cluster's value feed):
+    // its current value is the last one queued.
+    let start = Instant::now();
+    while nodes[survivor].state.managers.read_value(&var)
+        != Some(Ok(uascale_types::Variant::Double(10.0)))
+    {
+        assert!(start.elapsed() < LIMIT, "the survivor never had value 10");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let mut moved = reactivate_on(front, &c.auth);
+    assert_eq!(
+        stored(&rt, &url, &c.auth).map(|r| r.owner),
+        Some(["n1", "n2"][survivor].to_owned()),
+        "taken over by the survivor"
+    );
+    for x in 11..=13 {
+        write(&nodes[survivor], f64::from(x));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut acks: Vec<_> = seqs
+        .iter()
+        .map(|s| SubscriptionAcknowledgement {
+            subscription_id: sub,
+            sequence_number: *s,
+        })
+        .collect();
+    let start = Instant::now();
+    while got.last().and_then(|v| v.value.clone()) != Some(uascale_types::Variant::Double(13.0)) {
+        assert!(start.elapsed() < LIMIT, "value 13 never came: {got:?}");
+        let p = publish_response(&mut moved, std::mem::take(&mut acks));
+        assert_eq!(p.subscription_id, sub, "the same subscription");
+        let values = data_values(&p);
+        if !values.is_empty() {
+            let seq = p.notification_message.sequence_number;
+            acks.push(SubscriptionAcknowledgement {
+                subscription_id: sub,
+                sequence_number: seq,
+            });
+            seqs.push(seq);
+            got.extend(values);
+        }
+    }
+    let xs: Vec<_> = got.iter().map(|v| v.value.clone()).collect();
+    assert_eq!(
+        xs,
+        (0..=13)
+            .map(|x| Some(uascale_types::Variant::Double(f64::from(x))))
+            .collect::<Vec<_>>(),
+        "every value once, in order, across the move"
+    );
+    for pair in got.windows(2) {
+        assert!(
+            pair[0].source_timestamp < pair[1].source_timestamp,
+            "source timestamps in order, none twice: {pair:?}"
+        );
+    }
+    assert!(
+        got.iter().all(|v| v.status_or_good() == StatusCode::Good),
+        "no value marked Overflow: none was dropped"
+    );
+    for pair in seqs.windows(2) {
+        assert_eq!(
+            pair[1],
+            pair[0] + 1,
+            "sequence numbers without a gap: {seqs:?}"
+        );
     }
     drop(nodes);
 }

@@ -1326,7 +1326,9 @@ mod tests {
             Some((session_id.clone(), subs))
         }));
         let stored = || {
-            let e = now(store.get(Bucket::Subscriptions, &key)).unwrap().unwrap();
+            let e = now(store.get(Bucket::Subscriptions, &key))
+                .unwrap()
+                .unwrap();
             let rec = SubscriptionsRecord::decode(&e.value).unwrap();
             (e.value[4], rec.subscriptions[0].items[0].queued.len())
         };
