@@ -53,6 +53,9 @@ pub const FORMAT_CONTINUATION: u8 = 3;
 /// other nodes in its status record ([`StatusRecord::reads`]).
 pub const READS: u8 = FORMAT_QUEUES;
 
+// Every format this build writes is one it reads and says it reads.
+const _: () = assert!(READS >= FORMAT_QUEUES && READS >= FORMAT_CONTINUATION);
+
 /// The most bytes the continuation points of one session record may
 /// take; points beyond are not mirrored (a point of a numeric node takes
 /// about 50, so the default 10 points per session take about 500).
@@ -1533,7 +1536,6 @@ pub(crate) mod tests {
                 Err(RecordError::Format(format))
             );
         }
-        assert!(READS >= FORMAT_QUEUES, "told to the other nodes");
     }
 
     #[test]
