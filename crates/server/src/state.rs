@@ -429,6 +429,12 @@ impl ServerState {
             let images = state.subscriptions.images_of(&session, unsent);
             Some((session, images))
         }));
+        let weak = Arc::downgrade(self);
+        node.set_on_drain(Box::new(move || {
+            if let Some(state) = weak.upgrade() {
+                state.subscriptions.hold();
+            }
+        }));
         if let Some(pki) = &self.security.pki {
             node.set_trust_dir(pki.root());
         }

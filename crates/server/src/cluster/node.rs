@@ -159,6 +159,10 @@ pub struct ClusterNode {
     degraded: AtomicBool,
     evict: Evict,
     images: std::sync::OnceLock<Images>,
+    /// Told by [`ClusterNode::write_all_now`] before it writes: this node
+    /// answers no Publish with a message from now on (set by the server
+    /// state).
+    on_drain: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Set by the first [`ClusterNode::write_all_now`]: the node publishes
     /// nothing more, so its subscriptions records carry the items' unsent
     /// values from then on.
@@ -309,6 +313,7 @@ impl ClusterNode {
             evict,
             images: std::sync::OnceLock::new(),
             draining: AtomicBool::new(false),
+            on_drain: std::sync::OnceLock::new(),
             apply: std::sync::OnceLock::new(),
             trust_dir: std::sync::OnceLock::new(),
             trust_known: Mutex::default(),
@@ -502,6 +507,12 @@ impl ClusterNode {
     /// Sets where the subscriptions' images come from (once).
     pub fn set_images(&self, images: Images) {
         let _ = self.images.set(images);
+    }
+
+    /// Sets what stops this node's Publish answers when it drains, before
+    /// its final records are taken (once).
+    pub fn set_on_drain(&self, hold: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_drain.set(hold);
     }
 
     /// A Publish of subscription `id` was answered: its session's
@@ -821,7 +832,12 @@ impl ClusterNode {
     /// it before it closes channels: what a survivor restores is then what
     /// the clients were last sent.
     pub async fn write_all_now(&self, subscriptions: impl IntoIterator<Item = u32>) -> bool {
-        self.draining.store(true, Ordering::Release);
+        if !self.draining.swap(true, Ordering::AcqRel) {
+            // No message leaves after the images the records are made of.
+            if let Some(hold) = self.on_drain.get() {
+                hold();
+            }
+        }
         lock(&self.mirror).dirty_subscriptions.extend(subscriptions);
         let _turn = self.write_turn.lock().await;
         self.write_pending().await && self.write_subscriptions().await && self.write_values().await
@@ -1315,6 +1331,11 @@ mod tests {
         let full = crate::cluster::record::tests::with_unsent().subscriptions;
         let id = full[0].id;
         let session_id = s.session_id.clone();
+        let holds = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let h = Arc::clone(&holds);
+        a.set_on_drain(Box::new(move || {
+            h.fetch_add(1, Ordering::Relaxed);
+        }));
         a.set_images(Box::new(move |_, unsent| {
             let mut subs = full.clone();
             if !unsent {
@@ -1336,6 +1357,11 @@ mod tests {
         a.subscription_answered(id);
         assert!(now(a.write_subscriptions()));
         assert_eq!(stored(), (1, 0));
+        assert_eq!(
+            holds.load(Ordering::Relaxed),
+            0,
+            "serving: publishing goes on"
+        );
         // A peer of an older build, then one reading format 3: a drain
         // leaves them out (the peer could not read the record).
         let t0 = Instant::now();
@@ -1352,6 +1378,11 @@ mod tests {
         };
         assert!(now(a.write_all_now([id])));
         assert_eq!(stored(), (1, 0));
+        assert_eq!(
+            holds.load(Ordering::Relaxed),
+            1,
+            "the drain stops the Publish answers before its first write"
+        );
         a.status_seen("b", Some(&status(3)));
         assert!(!a.all_read(FORMAT_QUEUES));
         assert!(now(a.write_all_now([id])));
@@ -1364,6 +1395,7 @@ mod tests {
         a.subscription_answered(id);
         assert!(now(a.write_subscriptions()));
         assert_eq!(stored(), (FORMAT_QUEUES, 3));
+        assert_eq!(holds.load(Ordering::Relaxed), 1, "once");
     }
 
     #[test]

@@ -1544,6 +1544,63 @@ impl<P> SubscriptionSet<P> {
         limits: &SubscriptionLimits,
         out: &mut Vec<Reply<P>>,
     ) {
+        self.publish_or_park(
+            now,
+            channel_id,
+            request_handle,
+            acks,
+            deadline,
+            to,
+            limits,
+            false,
+            out,
+        );
+    }
+
+    /// A Publish on a node that publishes nothing more (a cluster node
+    /// that wrote its final records, [`registry::Registry::hold`]): its
+    /// acknowledgements are applied and it is parked, never answered with
+    /// a NotificationMessage here - what the records say the client was
+    /// sent stays true. Its channel closes; the client publishes again on
+    /// the node that takes its session over.
+    #[allow(clippy::too_many_arguments)]
+    pub fn park(
+        &mut self,
+        now: Now,
+        channel_id: u32,
+        request_handle: u32,
+        acks: &[SubscriptionAcknowledgement],
+        deadline: Option<Instant>,
+        to: P,
+        limits: &SubscriptionLimits,
+        out: &mut Vec<Reply<P>>,
+    ) {
+        self.publish_or_park(
+            now,
+            channel_id,
+            request_handle,
+            acks,
+            deadline,
+            to,
+            limits,
+            true,
+            out,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn publish_or_park(
+        &mut self,
+        now: Now,
+        channel_id: u32,
+        request_handle: u32,
+        acks: &[SubscriptionAcknowledgement],
+        deadline: Option<Instant>,
+        to: P,
+        limits: &SubscriptionLimits,
+        park: bool,
+        out: &mut Vec<Reply<P>>,
+    ) {
         let results = acks
             .iter()
             .map(|a| match self.get_mut(a.subscription_id) {
@@ -1562,7 +1619,7 @@ impl<P> SubscriptionSet<P> {
         // earlier one (before the client reconnected and re-activated) can
         // never be answered, and must not take messages meant for this one.
         self.queue.retain(|q| q.channel_id == channel_id);
-        if !self.status_changes.is_empty() {
+        if !park && !self.status_changes.is_empty() {
             self.answer_status_change(now, w, out);
             return;
         }
@@ -1584,7 +1641,7 @@ impl<P> SubscriptionSet<P> {
             .subs
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.state == State::Late)
+            .filter(|(_, s)| !park && s.state == State::Late)
             .max_by_key(|(_, s)| (s.priority, std::cmp::Reverse(s.late_since)))
             .map(|(i, _)| i);
         match late {

@@ -130,6 +130,8 @@ pub struct Registry<P> {
     /// When the last line about sessions over their share was logged, and
     /// the drops counted then (the line is rate-limited).
     over_logged: Mutex<(Option<Instant>, u64)>,
+    /// Set by [`Registry::hold`]: nothing is published any more.
+    held: std::sync::atomic::AtomicBool,
 }
 
 /// How often at most the line about sessions over a quota or their share
@@ -212,7 +214,24 @@ impl<P: PublishSink> Registry<P> {
             targets: Mutex::new(Targets::default()),
             budget,
             over_logged: Mutex::new((None, 0)),
+            held: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// From now on no Publish request is answered with a
+    /// NotificationMessage (nor a keep-alive): each is parked with its
+    /// acknowledgements applied ([`SubscriptionSet::park`]; the caller has
+    /// stopped the publishing timers). A
+    /// draining cluster node holds it before it writes its final records,
+    /// so that what they say the clients were sent - sequence numbers and
+    /// the values still queued - stays true until its channels close.
+    pub fn hold(&self) {
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// True once [`Registry::hold`] was called.
+    pub fn held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
     }
 
     /// The quotas, the memory budget and what is kept against it.
@@ -850,16 +869,32 @@ impl<P: PublishSink> Registry<P> {
     ) {
         let limits = &self.limits;
         self.with_set(session, |set, out| {
-            set.publish(
-                now,
-                channel_id,
-                request_handle,
-                acks,
-                deadline,
-                to,
-                limits,
-                out,
-            )
+            // Read under the set's lock: a drain's image of this set is
+            // taken after the hold, so a Publish either came before the
+            // image (which shows what it sent) or is parked.
+            if self.held() {
+                set.park(
+                    now,
+                    channel_id,
+                    request_handle,
+                    acks,
+                    deadline,
+                    to,
+                    limits,
+                    out,
+                );
+            } else {
+                set.publish(
+                    now,
+                    channel_id,
+                    request_handle,
+                    acks,
+                    deadline,
+                    to,
+                    limits,
+                    out,
+                );
+            }
         });
     }
 
@@ -1553,6 +1588,68 @@ mod tests {
             (2..=6).map(Variant::Int32).collect::<Vec<_>>(),
             "the unsent values first, in order, then the newer one"
         );
+    }
+
+    /// Held (a drain wrote its final records), the registry answers no
+    /// Publish: a late subscription keeps its queued value - the one the
+    /// record holds - and the acknowledgement is applied. Not held, the
+    /// same Publish is answered at once with that value.
+    #[test]
+    fn a_held_registry_parks_publishes_and_keeps_what_is_queued() {
+        for hold in [false, true] {
+            let f = Fixture::new(SubscriptionLimits::default());
+            let a = NodeId::numeric(1, 1);
+            let node = NodeId::string(2, "v");
+            let id = f.subscribe_queued(&a, &node, 10);
+            f.reg.value_changed(f.at(0), &node, &Variant::Int32(1));
+            f.publish(&a, 1, 0);
+            f.run(100);
+            let Answer::Publish(first) = &f.take()[0].1 else {
+                panic!("a message");
+            };
+            let seq = first.notification_message.sequence_number;
+            f.reg.value_changed(f.at(110), &node, &Variant::Int32(2));
+            // No Publish parked at the end of the interval: late.
+            f.run(200);
+            assert!(f.take().is_empty());
+            if hold {
+                f.reg.hold();
+            }
+            let ack = SubscriptionAcknowledgement {
+                subscription_id: id,
+                sequence_number: seq,
+            };
+            f.reg.publish(
+                f.at(210),
+                1,
+                &a,
+                2,
+                &[ack],
+                None,
+                Sink(2, Arc::clone(&f.inbox)),
+            );
+            let got = f.take();
+            let image = &f.reg.images_of(&a, true)[0];
+            if hold {
+                assert!(got.is_empty(), "nothing answered: {got:?}");
+                let queued: Vec<_> = image.items[0]
+                    .queued
+                    .iter()
+                    .map(|v| v.value.clone())
+                    .collect();
+                assert_eq!(queued, vec![Some(Variant::Int32(2))]);
+            } else {
+                assert_eq!(values(&got[0].1), vec![Variant::Int32(2)]);
+                assert!(image.items[0].queued.is_empty());
+            }
+            assert!(
+                image
+                    .retransmission
+                    .iter()
+                    .all(|m| m.sequence_number != seq),
+                "the acknowledgement was applied"
+            );
+        }
     }
 
     #[test]
