@@ -1310,9 +1310,9 @@ fn values_queued_at_a_drain_are_delivered_by_the_survivor() {
     let sub = create_subscription(&mut c, 1500.0);
     monitor_queued(&mut c, sub, var.clone(), 50);
     let start = Instant::now();
-    let owner = loop {
+    let (owner, session_id) = loop {
         if let Some(r) = stored(&rt, &url, &c.auth) {
-            break if r.owner == "n1" { 0 } else { 1 };
+            break (if r.owner == "n1" { 0 } else { 1 }, r.session_id);
         }
         assert!(start.elapsed() < LIMIT, "the session was never mirrored");
         std::thread::sleep(Duration::from_millis(20));
@@ -1369,9 +1369,9 @@ fn values_queued_at_a_drain_are_delivered_by_the_survivor() {
 
     let mut moved = reactivate_on(front, &c.auth);
     assert_eq!(
-        stored(&rt, &url, &c.auth).map(|r| r.owner),
-        Some(["n1", "n2"][survivor].to_owned()),
-        "taken over by the survivor"
+        stored(&rt, &url, &c.auth).map(|r| (r.owner, r.session_id)),
+        Some((["n1", "n2"][survivor].to_owned(), session_id)),
+        "the same session, taken over by the survivor"
     );
     for x in 11..=13 {
         write(&nodes[survivor], f64::from(x));
