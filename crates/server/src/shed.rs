@@ -101,7 +101,8 @@ pub enum Reason {
     /// An idle channel without a session was closed to make room for a
     /// newer one (the evicted channel gets the busy ERR).
     Evicted,
-    /// Too many OpenSecureChannel handshakes in flight.
+    /// Too many OpenSecureChannel handshakes in flight (refused at the
+    /// OpenSecureChannel, or at the Hello that would bring one).
     HandshakeLimit,
     /// Too many unfinished handshakes from one source address
     /// (`max_unfinished_handshakes_per_address`).
