@@ -4,23 +4,13 @@
 
 use std::time::Duration;
 
+use common::loopback_config;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use uascale_server::{Server, ServerConfig};
+use uascale_server::Server;
 use uascale_types::StatusCode;
 
-/// A server on 127.0.0.1, a port the kernel chooses, None security only.
-fn loopback_config() -> ServerConfig {
-    ServerConfig {
-        server: uascale_server::config::ServerSection {
-            bind: [127, 0, 0, 1].into(),
-            port: 0,
-            ..Default::default()
-        },
-        security: uascale_server::config::SecurityConfig::none_only(),
-        ..Default::default()
-    }
-}
+mod common;
 
 /// Reads one whole message (header and body) from `s`.
 async fn read_message(s: &mut TcpStream) -> (uascale_proto::tcp::MessageHeader, Vec<u8>) {
