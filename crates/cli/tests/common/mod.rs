@@ -87,7 +87,16 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let port = free_port();
+    serve_on(free_port(), args)
+}
+
+/// [`serve`] on `port` (a node started again in its predecessor's place,
+/// where the front end expects it).
+pub fn serve_on<I, S>(port: u16, args: I) -> Served
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let child = Command::new(BIN)
         .args(["serve", "--bind", "127.0.0.1", "--port", &port.to_string()])
         .args(args)
