@@ -108,6 +108,22 @@ impl HandshakeState {
         self.in_flight + self.room.ahead_of(priority)
     }
 
+    /// Whether a request (with `priority` or not) that finds every place
+    /// taken at `now` may wait: its predicted wait is within the room's
+    /// limit `wait` (its own for a ticket holder). The limit when so.
+    fn may_wait(
+        &self,
+        cap: usize,
+        wait: Duration,
+        priority: bool,
+        now: Instant,
+    ) -> Option<Duration> {
+        let rate = self.schedule.rate(now, self.in_flight, cap);
+        let limit = wait_limit(wait, priority);
+        (!limit.is_zero() && SlotSchedule::wait(self.ahead(priority), cap, rate) <= limit)
+            .then_some(limit)
+    }
+
     /// Hands free places to waiters; the wakers to wake once unlocked.
     fn hand_over(&mut self, capacity: usize) -> Vec<Option<std::task::Waker>> {
         let mut wake = Vec::new();
@@ -209,11 +225,7 @@ impl HandshakeGate {
             });
         }
         s.schedule.note_full(now);
-        let ahead = s.ahead(priority);
-        let rate = s.schedule.rate(now, s.in_flight, cap);
-        let wait = SlotSchedule::wait(ahead, cap, rate);
-        let limit = wait_limit(self.inner.wait, priority);
-        if !limit.is_zero() && wait <= limit {
+        if let Some(limit) = s.may_wait(cap, self.inner.wait, priority, now) {
             let id = s.room.push(priority);
             return Verdict::Wait {
                 waiting: HandshakeWait {
@@ -225,6 +237,7 @@ impl HandshakeGate {
             };
         }
         s.by_address.remove(key);
+        let ahead = s.ahead(priority);
         let slot = s.schedule.promise(now, ahead, s.in_flight, cap);
         Verdict::Refuse { slot }
     }
@@ -242,13 +255,10 @@ impl HandshakeGate {
         if s.in_flight < cap && s.room.is_empty() {
             return None;
         }
-        let ahead = s.ahead(false);
-        let rate = s.schedule.rate(now, s.in_flight, cap);
-        let limit = wait_limit(self.inner.wait, false);
-        if !limit.is_zero() && SlotSchedule::wait(ahead, cap, rate) <= limit {
+        if s.may_wait(cap, self.inner.wait, false, now).is_some() {
             return None;
         }
-        let in_flight = s.in_flight;
+        let (ahead, in_flight) = (s.ahead(false), s.in_flight);
         Some(s.schedule.promise(now, ahead, in_flight, cap))
     }
 

@@ -331,6 +331,13 @@ impl TicketBook {
         Ticket(t)
     }
 
+    /// Whether `ticket` was made by this book for `stage` and `peer` (its
+    /// MAC matches).
+    fn genuine(&self, stage: TicketStage, ticket: &Ticket, peer: IpAddr) -> bool {
+        let expected = self.mac(ticket.serial(), ticket.stage_byte(), AddressKey::of(peer));
+        ticket.stage_byte() == stage.byte() && ticket.0[9..] == expected
+    }
+
     /// Whether `ticket` would be honoured at `stage` from `peer` at `now`
     /// ([`TicketBook::present`] answering `Honoured`), without using it
     /// or counting anything: the Hello of a ticket holder passes to the
@@ -342,13 +349,11 @@ impl TicketBook {
         peer: IpAddr,
         now: Instant,
     ) -> bool {
-        let serial = ticket.serial();
-        let expected = self.mac(serial, ticket.stage_byte(), AddressKey::of(peer));
-        if ticket.stage_byte() != stage.byte() || ticket.0[9..] != expected {
+        if !self.genuine(stage, ticket, peer) {
             return false;
         }
         self.issued
-            .get(&serial)
+            .get(&ticket.serial())
             .is_some_and(|i| !i.used && i.opens <= now && now < i.closes)
     }
 
@@ -364,8 +369,7 @@ impl TicketBook {
         now: Instant,
     ) -> Presented {
         let serial = ticket.serial();
-        let expected = self.mac(serial, ticket.stage_byte(), AddressKey::of(peer));
-        if ticket.stage_byte() != stage.byte() || ticket.0[9..] != expected {
+        if !self.genuine(stage, ticket, peer) {
             self.counts.forged += 1;
             return Presented::Forged;
         }

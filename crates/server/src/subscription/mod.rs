@@ -1557,39 +1557,14 @@ impl<P> SubscriptionSet<P> {
         );
     }
 
-    /// A Publish on a node that publishes nothing more (a cluster node
-    /// that wrote its final records, [`registry::Registry::hold`]): its
-    /// acknowledgements are applied and it is parked, never answered with
-    /// a NotificationMessage here - what the records say the client was
-    /// sent stays true. Its channel closes; the client publishes again on
-    /// the node that takes its session over.
+    /// [`SubscriptionSet::publish`]; with `park`, on a node that
+    /// publishes nothing more (a cluster node that wrote its final records,
+    /// [`registry::Registry::hold`]): its acknowledgements are applied and
+    /// it is parked, never answered with a NotificationMessage here - what
+    /// the records say the client was sent stays true. Its channel closes;
+    /// the client publishes again on the node that takes its session over.
     #[allow(clippy::too_many_arguments)]
-    pub fn park(
-        &mut self,
-        now: Now,
-        channel_id: u32,
-        request_handle: u32,
-        acks: &[SubscriptionAcknowledgement],
-        deadline: Option<Instant>,
-        to: P,
-        limits: &SubscriptionLimits,
-        out: &mut Vec<Reply<P>>,
-    ) {
-        self.publish_or_park(
-            now,
-            channel_id,
-            request_handle,
-            acks,
-            deadline,
-            to,
-            limits,
-            true,
-            out,
-        );
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn publish_or_park(
+    pub(super) fn publish_or_park(
         &mut self,
         now: Now,
         channel_id: u32,

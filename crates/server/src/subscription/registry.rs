@@ -872,29 +872,17 @@ impl<P: PublishSink> Registry<P> {
             // Read under the set's lock: a drain's image of this set is
             // taken after the hold, so a Publish either came before the
             // image (which shows what it sent) or is parked.
-            if self.held() {
-                set.park(
-                    now,
-                    channel_id,
-                    request_handle,
-                    acks,
-                    deadline,
-                    to,
-                    limits,
-                    out,
-                );
-            } else {
-                set.publish(
-                    now,
-                    channel_id,
-                    request_handle,
-                    acks,
-                    deadline,
-                    to,
-                    limits,
-                    out,
-                );
-            }
+            set.publish_or_park(
+                now,
+                channel_id,
+                request_handle,
+                acks,
+                deadline,
+                to,
+                limits,
+                self.held(),
+                out,
+            );
         });
     }
 
