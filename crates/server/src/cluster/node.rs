@@ -1290,6 +1290,19 @@ impl ClusterNode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Node b's encoded status record at beat 4: healthy and running,
+    /// reading record formats up to `reads`.
+    fn running_status_of_b(reads: u8) -> Vec<u8> {
+        StatusRecord {
+            node_id: "b".into(),
+            beat: 4,
+            service_level: 255,
+            state: uascale_types::ServerState::Running,
+            reads,
+        }
+        .encode()
+    }
     use crate::cluster::memory::MemoryStore;
     use crate::cluster::record::tests::sample;
     use crate::cluster::testing::now;
@@ -1317,7 +1330,6 @@ mod tests {
     /// then on the node's later writes keep them.
     #[test]
     fn unsent_values_are_written_only_by_a_drain_every_node_reads() {
-        use uascale_types::ServerState as S;
         let store = Arc::new(MemoryStore::new());
         let (a, _) = node(&store, "a");
         let (token, s) = session();
@@ -1366,16 +1378,7 @@ mod tests {
         // leaves them out (the peer could not read the record).
         let t0 = Instant::now();
         a.heartbeat_seen("b", Some(&beat_of("b", 4)), t0);
-        let status = |reads: u8| {
-            StatusRecord {
-                node_id: "b".into(),
-                beat: 4,
-                service_level: 255,
-                state: S::Running,
-                reads,
-            }
-            .encode()
-        };
+        let status = running_status_of_b;
         assert!(now(a.write_all_now([id])));
         assert_eq!(stored(), (1, 0));
         assert_eq!(
@@ -1684,7 +1687,6 @@ mod tests {
     #[test]
     fn continuation_points_wait_until_every_node_reads_their_format() {
         use crate::cluster::record::tests::point;
-        use uascale_types::ServerState as S;
         let store = Arc::new(MemoryStore::new());
         let (a, _) = node(&store, "a");
         let mut r = sample("a", 1);
@@ -1712,16 +1714,7 @@ mod tests {
         assert_eq!(format, 1, "a record the older build reads");
         assert!(rec.continuation_points.is_empty());
         // Its status says it reads format 2 only: still not.
-        let status = |reads: u8| {
-            StatusRecord {
-                node_id: "b".into(),
-                beat: 4,
-                service_level: 255,
-                state: S::Running,
-                reads,
-            }
-            .encode()
-        };
+        let status = running_status_of_b;
         a.status_seen("b", Some(&status(2)));
         assert!(!a.all_read(3));
         assert_eq!(written().0, 1);
