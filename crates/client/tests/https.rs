@@ -205,6 +205,15 @@ async fn services_and_a_subscription_over_https() {
         }
     }
 
+    // HTTP/2 (offered first): the held Publishes and the Reads beside
+    // them were streams of the client's one connection (the other
+    // accepted one is the untrusted connect above).
+    assert_eq!(
+        state.metrics.connections_accepted(),
+        2,
+        "one HTTP/2 connection carried the session"
+    );
+
     // Sessions of different clients never mix: another client's session
     // is not this one's, and a forged token is refused.
     let other = Client::connect(&url, options()).await.expect("connect");
@@ -219,6 +228,11 @@ async fn services_and_a_subscription_over_https() {
 
 /// Runs curl against the listener: the HTTP status code it got.
 fn curl(addr: SocketAddr, args: &[&str]) -> String {
+    curl_at(addr, "/", "%{http_code}", args)
+}
+
+/// Runs curl against `path` of the listener: what `-w format` printed.
+fn curl_at(addr: SocketAddr, path: &str, format: &str, args: &[&str]) -> String {
     let out = Command::new("curl")
         .args([
             "-k",
@@ -226,12 +240,12 @@ fn curl(addr: SocketAddr, args: &[&str]) -> String {
             "-o",
             "/dev/null",
             "-w",
-            "%{http_code}",
+            format,
             "--max-time",
             "10",
         ])
         .args(args)
-        .arg(format!("https://{addr}/"))
+        .arg(format!("https://{addr}{path}"))
         .output()
         .expect("curl runs (the HTTP error tests use it)");
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -316,57 +330,112 @@ async fn http_errors_with_curl() {
         },
     )
     .await;
-    let post = |ct: &str, body: &str| {
-        vec![
-            "-X".to_owned(),
-            "POST".to_owned(),
-            "-H".to_owned(),
-            format!("Content-Type: {ct}"),
-            "--data-binary".to_owned(),
-            body.to_owned(),
-        ]
-    };
-    let status = |args: Vec<String>| {
+    // Each error over HTTP/1.1 and over HTTP/2 (which curl negotiates by
+    // ALPN when asked to).
+    for (flag, version) in [("--http1.1", "1.1"), ("--http2", "2")] {
+        let post = |ct: &str, body: &str| {
+            vec![
+                flag.to_owned(),
+                "-X".to_owned(),
+                "POST".to_owned(),
+                "-H".to_owned(),
+                format!("Content-Type: {ct}"),
+                "--data-binary".to_owned(),
+                body.to_owned(),
+            ]
+        };
+        let status = |args: Vec<String>| {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            curl(addr, &args)
+        };
+        assert_eq!(
+            curl_at(addr, "/", "%{http_version}", &[flag]),
+            version,
+            "the HTTP version curl got"
+        );
+        // GET: 405.
+        assert_eq!(curl(addr, &[flag]), "405", "{flag}");
+        // The wrong content type: 415; a gzip body: 415.
+        assert_eq!(status(post("text/plain", "x")), "415", "{flag}");
+        let mut gz = post("application/octet-stream", "x");
+        gz.extend(["-H".to_owned(), "Content-Encoding: gzip".to_owned()]);
+        assert_eq!(status(gz), "415", "{flag}");
+        // A body that is not a request: 400.
+        assert_eq!(
+            status(post("application/octet-stream", "not a request")),
+            "400",
+            "{flag}"
+        );
+        // Over max_body_size: 413.
+        let big = "a".repeat(4096);
+        assert_eq!(
+            status(post("application/octet-stream", &big)),
+            "413",
+            "{flag}"
+        );
+        // Another path: 404.
+        let args = post("application/octet-stream", "x");
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        curl(addr, &args)
-    };
-    // GET: 405.
-    assert_eq!(curl(addr, &[]), "405");
-    // The wrong content type: 415; a gzip body: 415.
-    assert_eq!(status(post("text/plain", "x")), "415");
-    let mut gz = post("application/octet-stream", "x");
-    gz.extend(["-H".to_owned(), "Content-Encoding: gzip".to_owned()]);
-    assert_eq!(status(gz), "415");
-    // A body that is not a request: 400.
-    assert_eq!(
-        status(post("application/octet-stream", "not a request")),
-        "400"
+        assert_eq!(
+            curl_at(addr, "/other", "%{http_code}", &args),
+            "404",
+            "{flag}"
+        );
+        // An unknown security policy: 400.
+        let mut policy = post("application/octet-stream", "x");
+        policy.extend(["-H".to_owned(), "OPCUA-SecurityPolicy: urn:nope".to_owned()]);
+        assert_eq!(status(policy), "400", "{flag}");
+    }
+}
+
+/// With `[https] http2 = false` the server offers HTTP/1.1 only, and
+/// uascale's client keeps its held Publishes on a pool of connections
+/// while its Reads go over another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http1_the_client_pools_connections() {
+    let (addr, state) = start(
+        "http1",
+        HttpsSection {
+            http2: false,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(curl_at(addr, "/", "%{http_version}", &[]), "1.1");
+    let url = format!("opc.https://{addr}/");
+    let client = Client::connect(&url, options()).await.expect("connect");
+    client.create_session("http1").await.expect("session");
+    let mut sub = client
+        .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
+            100,
+        )))
+        .await
+        .expect("subscribe");
+    sub.monitor(vec![MonitorItem::value(demo("Demo.Dynamic.Counter"))])
+        .await
+        .expect("monitor");
+    let mut changes = 0;
+    while changes < 3 {
+        let event = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+            .await
+            .expect("an event within 10 s")
+            .expect("the stream goes on");
+        if let SubscriptionEvent::Notifications { notifications, .. } = event {
+            changes += notifications.len();
+            client
+                .read_values(&[NodeId::ns0(2258)])
+                .await
+                .expect("Read beside held Publishes");
+        }
+    }
+    // The curl probe, the first connection, and at least one more for
+    // the Reads while a Publish was held.
+    assert!(
+        state.metrics.connections_accepted() >= 3,
+        "accepted {}",
+        state.metrics.connections_accepted()
     );
-    // Over max_body_size: 413.
-    let big = "a".repeat(4096);
-    assert_eq!(status(post("application/octet-stream", &big)), "413");
-    // Another path: 404.
-    let out = Command::new("curl")
-        .args([
-            "-k",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "10",
-        ])
-        .args(["-X", "POST", "-H", "Content-Type: application/octet-stream"])
-        .args(["--data-binary", "x"])
-        .arg(format!("https://{addr}/other"))
-        .output()
-        .expect("curl runs");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "404");
-    // An unknown security policy: 400.
-    let mut policy = post("application/octet-stream", "x");
-    policy.extend(["-H".to_owned(), "OPCUA-SecurityPolicy: urn:nope".to_owned()]);
-    assert_eq!(status(policy), "400");
+    client.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

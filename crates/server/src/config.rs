@@ -108,6 +108,14 @@ pub struct HttpsSection {
     pub address_rate: u32,
     /// The address bucket's size (`address_burst`). Default 100.
     pub address_burst: u32,
+    /// Offer HTTP/2 in the TLS handshake (`http2`, ALPN `h2` before
+    /// `http/1.1`): a client's requests, held Publishes among them, then
+    /// share one connection. Default true; false serves HTTP/1.1 only.
+    pub http2: bool,
+    /// Most requests in flight at once on one HTTP/2 connection
+    /// (`max_streams`, the SETTINGS_MAX_CONCURRENT_STREAMS it announces);
+    /// each held Publish is one. Default 256.
+    pub max_streams: u32,
 }
 
 impl Default for HttpsSection {
@@ -123,6 +131,8 @@ impl Default for HttpsSection {
             session_burst: 400,
             address_rate: 50,
             address_burst: 100,
+            http2: true,
+            max_streams: 256,
         }
     }
 }
@@ -1250,6 +1260,7 @@ impl ServerConfig {
         at_least("https.max_connections", count(h.max_connections), 1)?;
         at_least("https.max_body_size", count(h.max_body_size), 1024)?;
         positive_ms("https.idle_timeout_ms", h.idle_timeout)?;
+        at_least("https.max_streams", u64::from(h.max_streams), 1)?;
         for (key, v) in [
             ("https.session_rate", h.session_rate),
             ("https.session_burst", h.session_burst),

@@ -1,10 +1,13 @@
-//! opc.https (https-uabinary): each request is POSTed over HTTP/1.1 in
-//! TLS, its body the request's encoding id and fields, its answer the
-//! response (or a ServiceFault) in a 200.
+//! opc.https (https-uabinary): each request is POSTed in TLS, its body
+//! the request's encoding id and fields, its answer the response (or a
+//! ServiceFault) in a 200.
 //!
-//! HTTP/1.1 carries one request at a time per connection, so the link
-//! keeps a pool of connections: a held Publish occupies one while the
-//! other requests go over the others (at most [`MAX_CONNECTIONS`]). A 429
+//! The TLS handshake offers HTTP/2 (ALPN `h2`) before HTTP/1.1. Over
+//! HTTP/2 every request of the link, held Publishes among them, is a
+//! stream of one connection. HTTP/1.1 carries one request at a time per
+//! connection, so then the link keeps a pool of connections: a held
+//! Publish occupies one while the other requests go over the others (at
+//! most [`MAX_CONNECTIONS`]). A 429
 //! or 503 is `BadServerTooBusy`, its `Retry-After` the floor of the hint;
 //! after one, the link holds back further requests until the hint has
 //! passed (Publish and CloseSession excepted: they are what the server
@@ -13,6 +16,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
@@ -122,6 +126,8 @@ fn connector(trust: ServerTrust) -> Result<TlsConnector, ClientError> {
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(Verifier { trust, provider }))
         .with_no_client_auth();
+    let mut config = config;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsConnector::from(Arc::new(config)))
 }
 
@@ -165,13 +171,43 @@ impl Target {
     }
 }
 
-/// What the link's requests share: the target, idle connections, the
-/// connection count, and the instant a busy answer said to wait until.
+/// What the link's requests share: the target, the HTTP/2 connection or
+/// the idle HTTP/1.1 ones and their count, and the instant a busy answer
+/// said to wait until.
 struct Pool {
     target: Target,
+    /// The server chose HTTP/2 on the first connection.
+    http2: bool,
+    /// The HTTP/2 connection's request handle (a new connection when the
+    /// old one is gone).
+    h2: tokio::sync::Mutex<Option<h2::client::SendRequest<Bytes>>>,
     idle: Mutex<Vec<TlsStream<tokio::net::TcpStream>>>,
     permits: Semaphore,
     not_before: Mutex<Option<Instant>>,
+}
+
+/// Whether the server chose HTTP/2 on `tls`.
+fn is_h2(tls: &TlsStream<tokio::net::TcpStream>) -> bool {
+    tls.get_ref().1.alpn_protocol() == Some(b"h2")
+}
+
+/// The HTTP/2 handshake on `tls`; its connection runs in a task of its
+/// own until every request handle is dropped.
+async fn h2_handshake(
+    tls: TlsStream<tokio::net::TcpStream>,
+) -> Result<h2::client::SendRequest<Bytes>, ClientError> {
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(4 << 20)
+        .handshake::<_, Bytes>(tls)
+        .await
+        .map_err(|e| ClientError::Io(format!("HTTP/2 handshake: {e}")))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "opc.https: HTTP/2 connection ended");
+        }
+    });
+    Ok(send)
 }
 
 /// Opens the link of an opc.https client: one TLS connection first (so a
@@ -204,9 +240,17 @@ pub(crate) async fn open_link(shared: &Arc<Shared>) -> Result<(u64, Link), Clien
         connect_timeout: shared.options.connect_timeout,
     };
     let first = target.connect().await?;
+    let http2 = is_h2(&first);
+    let (h2, idle) = if http2 {
+        (Some(h2_handshake(first).await?), Vec::new())
+    } else {
+        (None, vec![first])
+    };
     let pool = Arc::new(Pool {
         target,
-        idle: Mutex::new(vec![first]),
+        http2,
+        h2: tokio::sync::Mutex::new(h2),
+        idle: Mutex::new(idle),
         permits: Semaphore::new(MAX_CONNECTIONS),
         not_before: Mutex::new(None),
     });
@@ -276,30 +320,35 @@ async fn exchange(pool: &Pool, message: &[u8], deadline: Instant) -> Result<Vec<
             tokio::time::sleep_until(until.into()).await;
         }
     }
-    let _permit = pool
-        .permits
-        .acquire()
-        .await
-        .map_err(|_| ClientError::Closed)?;
-    let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-    let (mut stream, reused) = match idle {
-        Some(s) => (s, true),
-        None => (pool.target.connect().await?, false),
+    let answer = if pool.http2 {
+        post_h2(pool, message, deadline).await?
+    } else {
+        let _permit = pool
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| ClientError::Closed)?;
+        let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let (mut stream, reused) = match idle {
+            Some(s) => (s, true),
+            None => (pool.target.connect().await?, false),
+        };
+        let mut result = post(&mut stream, &pool.target, message, deadline).await;
+        if reused && matches!(result, Err(ClientError::Io(_))) {
+            // An idle connection the server closed meanwhile: once more on
+            // a new one (the request was not read by the server).
+            stream = pool.target.connect().await?;
+            result = post(&mut stream, &pool.target, message, deadline).await;
+        }
+        let (answer, keep) = result?;
+        if keep {
+            pool.idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(stream);
+        }
+        answer
     };
-    let mut result = post(&mut stream, &pool.target, message, deadline).await;
-    if reused && matches!(result, Err(ClientError::Io(_))) {
-        // An idle connection the server closed meanwhile: once more on a
-        // new one (the request was not read by the server).
-        stream = pool.target.connect().await?;
-        result = post(&mut stream, &pool.target, message, deadline).await;
-    }
-    let (answer, keep) = result?;
-    if keep {
-        pool.idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(stream);
-    }
     match answer {
         Answer::Ok(body) => Ok(body),
         Answer::Busy(hint) => {
@@ -394,20 +443,112 @@ async fn post(
             body.extend_from_slice(chunk.get(..n).unwrap_or_default());
         }
         body.truncate(length);
-        let answer = match status {
-            200 => Answer::Ok(body),
-            429 | 503 => {
-                // The body's hint (milliseconds) where there is one;
-                // Retry-After (whole seconds) is its floor.
-                let floor = Duration::from_secs(retry_after.unwrap_or(1));
-                let hinted = fault_hint(&body).map_or(Duration::ZERO, Duration::from_millis);
-                Answer::Busy(floor.max(hinted))
-            }
-            s => Answer::Http(s),
-        };
+        let answer = answer_of(status, retry_after, body);
         // An error answer closes (the server does); a busy one does not.
         let keep = !close && (status < 400 || status == 429 || status == 503);
         Ok((answer, keep))
+    };
+    tokio::time::timeout_at(deadline.into(), work)
+        .await
+        .map_err(|_| ClientError::Timeout)?
+}
+
+/// What an answer of `status` with `Retry-After` (seconds) and `body`
+/// means.
+fn answer_of(status: u16, retry_after: Option<u64>, body: Vec<u8>) -> Answer {
+    match status {
+        200 => Answer::Ok(body),
+        429 | 503 => {
+            // The body's hint (milliseconds) where there is one;
+            // Retry-After (whole seconds) is its floor.
+            let floor = Duration::from_secs(retry_after.unwrap_or(1));
+            let hinted = fault_hint(&body).map_or(Duration::ZERO, Duration::from_millis);
+            Answer::Busy(floor.max(hinted))
+        }
+        s => Answer::Http(s),
+    }
+}
+
+/// The link's HTTP/2 request handle, ready for a new stream: the one it
+/// has, or a new connection's when that one is gone (`fresh`: the old
+/// one just failed).
+async fn h2_ready(pool: &Pool, fresh: bool) -> Result<h2::client::SendRequest<Bytes>, ClientError> {
+    let mut slot = pool.h2.lock().await;
+    if !fresh {
+        if let Some(send) = slot.clone() {
+            drop(slot);
+            return send
+                .ready()
+                .await
+                .map_err(|e| ClientError::Io(format!("HTTP/2: {e}")));
+        }
+    }
+    let send = h2_handshake(pool.target.connect().await?).await?;
+    *slot = Some(send.clone());
+    drop(slot);
+    send.ready()
+        .await
+        .map_err(|e| ClientError::Io(format!("HTTP/2: {e}")))
+}
+
+/// POSTs `message` as a stream of the link's HTTP/2 connection and reads
+/// the answer (before `deadline`). A connection found gone before the
+/// request went out is replaced once.
+async fn post_h2(pool: &Pool, message: &[u8], deadline: Instant) -> Result<Answer, ClientError> {
+    let io = |e: h2::Error| ClientError::Io(format!("HTTP/2: {e}"));
+    let work = async {
+        let target = &pool.target;
+        let mut request = http::Request::builder()
+            .method("POST")
+            .uri(format!(
+                "https://{}:{}{}",
+                target.host, target.port, target.path
+            ))
+            .header("content-type", "application/octet-stream")
+            .header("content-length", message.len());
+        if let Some(line) = &target.policy_header {
+            let value = line
+                .trim_end()
+                .split_once(':')
+                .map_or("", |(_, v)| v.trim());
+            request = request.header("opcua-securitypolicy", value);
+        }
+        let request = request
+            .body(())
+            .map_err(|e| ClientError::BadUrl(format!("HTTP/2 request: {e}")))?;
+        let (response, mut body) = match h2_ready(pool, false).await {
+            Ok(mut send) => match send.send_request(request.clone(), false) {
+                Ok(sent) => sent,
+                Err(_) => h2_ready(pool, true)
+                    .await?
+                    .send_request(request, false)
+                    .map_err(io)?,
+            },
+            Err(_) => h2_ready(pool, true)
+                .await?
+                .send_request(request, false)
+                .map_err(io)?,
+        };
+        body.send_data(Bytes::copy_from_slice(message), true)
+            .map_err(io)?;
+        let response = response.await.map_err(io)?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
+        let mut recv = response.into_body();
+        let mut out = Vec::new();
+        while let Some(chunk) = recv.data().await {
+            let chunk = chunk.map_err(io)?;
+            let _ = recv.flow_control().release_capacity(chunk.len());
+            if out.len() + chunk.len() > MAX_BODY {
+                return Err(ClientError::Decode("HTTP response body too large".into()));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(answer_of(status, retry_after, out))
     };
     tokio::time::timeout_at(deadline.into(), work)
         .await

@@ -1,6 +1,7 @@
 //! The opc.https (https-uabinary) binding without sockets: the HTTP/1.1
-//! request head parsed and bounded, the HTTP answer decided (400, 404,
-//! 405, 413, 415, 429, 503), the per-client rate limits, and each request
+//! request head parsed and bounded, the HTTP answer decided as a
+//! [`Reply`] either version of HTTP sends (400, 404, 405, 413, 415, 429,
+//! 503), the per-client rate limits, and each request
 //! routed by its authentication token to its session's logical channel and
 //! handed to the same [`submit`](super::submit::submit) as an opc.tcp
 //! request - the same dispatcher, request queue and isolation.
@@ -17,10 +18,10 @@
 //!
 //! HTTP/1.1 is parsed here by hand, not by a library: the server needs
 //! one request shape (a POST with a length), every limit is the server's
-//! own (head size, body size, header count), the parser is sans-IO and
-//! fuzzed like the other decoders, and the shell keeps no second HTTP
-//! stack's connection state per client. HTTP/2 is not offered; a client
-//! keeps its held Publishes on a pool of HTTP/1.1 connections.
+//! own (head size, body size, header count), and the parser is sans-IO
+//! and fuzzed like the other decoders. HTTP/2 (ALPN `h2`) is the h2
+//! crate's in the shell, which turns each stream into the same [`Head`]
+//! and body for [`judge`] and [`Https::request`].
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -101,26 +102,89 @@ pub struct HttpError {
 }
 
 impl HttpError {
-    const fn new(status: u16, why: &'static str) -> Self {
+    /// An error of `status` saying `why`.
+    pub const fn new(status: u16, why: &'static str) -> Self {
         HttpError { status, why }
     }
 
-    /// The whole answer: the status line, a text body, and a close (after
-    /// an error the rest of the connection's bytes are not trusted).
+    /// The answer: a text body saying why, and a close (after an error
+    /// the rest of an HTTP/1.1 connection's bytes are not trusted).
+    pub fn reply(&self) -> Reply {
+        Reply {
+            status: self.status,
+            retry_after: None,
+            body: format!("{}\n", self.why).into_bytes(),
+            text: true,
+            close: true,
+        }
+    }
+
+    /// The whole HTTP/1.1 answer ([`HttpError::reply`]).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let allow = if self.status == 405 {
-            "Allow: POST\r\n"
+        self.reply().to_http1()
+    }
+}
+
+/// An HTTP answer, whichever version of HTTP carries it: HTTP/1.1 writes
+/// it with [`Reply::to_http1`], HTTP/2 as a response's headers and data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The status code.
+    pub status: u16,
+    /// `Retry-After`, whole seconds (the busy answers).
+    pub retry_after: Option<u64>,
+    /// The body: a response message (or ServiceFault), or for an HTTP
+    /// error a line of text saying why.
+    pub body: Vec<u8>,
+    /// The body is text ([`Reply::content_type`] `text/plain`).
+    pub text: bool,
+    /// HTTP/1.1: the connection closes after this answer.
+    pub close: bool,
+}
+
+impl Reply {
+    /// The body's content type.
+    pub fn content_type(&self) -> &'static str {
+        if self.text {
+            "text/plain"
         } else {
-            ""
-        };
-        let body = format!("{}\n", self.why);
-        format!(
-            "HTTP/1.1 {} {}\r\n{allow}Content-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            CONTENT_TYPE
+        }
+    }
+
+    /// `Allow` (a 405 says which method is served).
+    pub fn allow(&self) -> Option<&'static str> {
+        (self.status == 405).then_some("POST")
+    }
+
+    /// The whole HTTP/1.1 answer: status line, headers and body.
+    pub fn to_http1(&self) -> Vec<u8> {
+        use std::fmt::Write as _;
+        let mut head = format!(
+            "HTTP/1.1 {} {}\r\n",
             self.status,
-            reason_phrase(self.status),
-            body.len()
-        )
-        .into_bytes()
+            reason_phrase(self.status)
+        );
+        if let Some(allow) = self.allow() {
+            let _ = write!(head, "Allow: {allow}\r\n");
+        }
+        if let Some(secs) = self.retry_after {
+            let _ = write!(head, "Retry-After: {secs}\r\n");
+        }
+        let _ = write!(
+            head,
+            "Content-Type: {}\r\nContent-Length: {}\r\n{}\r\n",
+            self.content_type(),
+            self.body.len(),
+            if self.close {
+                "Connection: close\r\n"
+            } else {
+                ""
+            }
+        );
+        let mut out = head.into_bytes();
+        out.extend_from_slice(&self.body);
+        out
     }
 }
 
@@ -248,8 +312,8 @@ pub enum Framed {
     },
     /// A whole request: its head and body (taken off `buf`).
     Request(Head, Vec<u8>),
-    /// Refused: answer these bytes and close.
-    Refuse(Vec<u8>),
+    /// Refused: answer this and close.
+    Refuse(Reply),
 }
 
 /// The next request in `buf` (what a connection read and did not use
@@ -264,11 +328,11 @@ pub fn next_request(buf: &mut Vec<u8>, max_body: usize) -> Framed {
                 idle: buf.is_empty(),
             }
         }
-        Err(e) => return Framed::Refuse(e.to_bytes()),
+        Err(e) => return Framed::Refuse(e.reply()),
     };
     let length = match judge(&head, max_body) {
         Ok(n) => n,
-        Err(e) => return Framed::Refuse(e.to_bytes()),
+        Err(e) => return Framed::Refuse(e.reply()),
     };
     if buf.len() < head_len + length {
         return Framed::Need {
@@ -327,34 +391,31 @@ pub fn judge(head: &Head, max_body: usize) -> Result<usize, HttpError> {
 }
 
 /// A 200 answer carrying `message` (a response or a ServiceFault).
-pub fn ok(message: &[u8], close: bool) -> Vec<u8> {
-    let mut out = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\n{}\r\n",
-        message.len(),
-        if close { "Connection: close\r\n" } else { "" }
-    )
-    .into_bytes();
-    out.extend_from_slice(message);
-    out
+pub fn ok(message: Vec<u8>, close: bool) -> Reply {
+    Reply {
+        status: 200,
+        retry_after: None,
+        body: message,
+        text: false,
+        close,
+    }
 }
 
 /// A busy answer for `shed`: 429 (a client over its own limit) or 503
 /// (the server), `Retry-After` in whole seconds rounded up, and the
 /// ServiceFault `BadServerTooBusy` with the `RetryAfterMs` hint as its
 /// body, answering `request_handle` at `now`.
-pub fn busy(shed: Shed, status: u16, request_handle: u32, now: DateTime) -> Vec<u8> {
+pub fn busy(shed: Shed, status: u16, request_handle: u32, now: DateTime) -> Reply {
     let fault = ServiceError::shed(shed).to_fault(now, request_handle);
     let mut body = Vec::with_capacity(96);
     uascale_types::encode_message(&fault, &mut body);
-    let secs = retry_after_secs(shed.retry_after);
-    let mut out = format!(
-        "HTTP/1.1 {status} {}\r\nRetry-After: {secs}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\n\r\n",
-        reason_phrase(status),
-        body.len()
-    )
-    .into_bytes();
-    out.extend_from_slice(&body);
-    out
+    Reply {
+        status,
+        retry_after: Some(retry_after_secs(shed.retry_after)),
+        body,
+        text: false,
+        close: false,
+    }
 }
 
 /// `Retry-After` for a hint: whole seconds, rounded up, at least 1 (HTTP
@@ -458,8 +519,8 @@ impl Drop for HttpsConnection {
 
 /// What became of a request.
 pub enum Outcome {
-    /// The whole HTTP answer, to write now.
-    Respond(Vec<u8>),
+    /// The answer, to send now.
+    Respond(Reply),
     /// The answer comes through `channel`: await [`Channel::poll_ready`]
     /// (running `task` on the runtime, if any), then
     /// [`Https::answered`]; if the connection goes first,
@@ -475,7 +536,9 @@ pub enum Outcome {
 impl std::fmt::Debug for Outcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Outcome::Respond(b) => write!(f, "Outcome::Respond({} bytes)", b.len()),
+            Outcome::Respond(r) => {
+                write!(f, "Outcome::Respond({}, {} bytes)", r.status, r.body.len())
+            }
             Outcome::Wait { task, .. } => write!(f, "Outcome::Wait(task: {})", task.is_some()),
         }
     }
@@ -604,11 +667,11 @@ impl Https {
         }
         let policy = match header_policy(head.policy.as_deref()) {
             Ok(p) => p,
-            Err(e) => return Outcome::Respond(e.to_bytes()),
+            Err(e) => return Outcome::Respond(e.reply()),
         };
         let Some(peek) = peek(body, &state.channel_config.decode) else {
             return Outcome::Respond(
-                HttpError::new(400, "the body is not an encoding id and a request").to_bytes(),
+                HttpError::new(400, "the body is not an encoding id and a request").reply(),
             );
         };
         // The owner: the session the token names, else the address.
@@ -678,7 +741,7 @@ impl Https {
                                 peek.request_handle,
                                 status,
                             );
-                            return Outcome::Respond(ok(&fault, head.close));
+                            return Outcome::Respond(ok(fault, head.close));
                         }
                     }
                 }
@@ -696,7 +759,7 @@ impl Https {
         ctx.peer_ip = Some(conn.peer.ip());
         ctx.request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed).max(1);
         match submit(&mut ctx, &channel, body) {
-            Submit::Answer(message) => Outcome::Respond(ok(&message, head.close)),
+            Submit::Answer(message) => Outcome::Respond(ok(message, head.close)),
             Submit::Spawn(task) => Outcome::Wait {
                 channel,
                 task: Some(task),
@@ -755,10 +818,10 @@ impl Https {
 
     /// The HTTP answer once `channel` is ready: the request's response,
     /// or 503 when the server closes it (shutdown). `None`: nothing yet.
-    pub fn answered(&self, channel: &Channel, close: bool, now: DateTime) -> Option<Vec<u8>> {
+    pub fn answered(&self, channel: &Channel, close: bool, now: DateTime) -> Option<Reply> {
         let (mut answers, closing) = channel.take();
         if let Some((_, message)) = answers.pop() {
-            return Some(ok(&message, close));
+            return Some(ok(message, close));
         }
         closing.map(|_| {
             let shed = Shed::new(Stage::Https, Reason::ShuttingDown, Duration::from_secs(1));
@@ -848,15 +911,13 @@ mod tests {
         assert!(buf.is_empty());
         buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
         match next_request(&mut buf, 100) {
-            Framed::Refuse(bytes) => assert!(bytes.starts_with(b"HTTP/1.1 405")),
+            Framed::Refuse(r) => assert!(r.to_http1().starts_with(b"HTTP/1.1 405")),
             other => panic!("not refused: {other:?}"),
         }
         // Over the body bound: 413 before the body is read.
         let mut big = one.replace("Length: 3", "Length: 101").into_bytes();
         big.truncate(head_len + 2);
-        assert!(
-            matches!(next_request(&mut big, 100), Framed::Refuse(b) if b.starts_with(b"HTTP/1.1 413"))
-        );
+        assert!(matches!(next_request(&mut big, 100), Framed::Refuse(r) if r.status == 413));
     }
 
     #[test]
@@ -929,7 +990,8 @@ mod tests {
             429,
             7,
             DateTime::default(),
-        );
+        )
+        .to_http1();
         let text = String::from_utf8_lossy(&b);
         assert!(
             text.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
@@ -983,7 +1045,7 @@ mod tests {
             out
         };
         let answer = |o: Outcome| match o {
-            Outcome::Respond(bytes) => bytes,
+            Outcome::Respond(reply) => reply.to_http1(),
             other => panic!("answered later: {other:?}"),
         };
         let create = |token: &NodeId| {

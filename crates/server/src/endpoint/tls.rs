@@ -20,14 +20,30 @@ pub fn server_config(state: &ServerState) -> io::Result<Arc<rustls::ServerConfig
     let (chain, key) = certificate(state)?;
     // The ring provider: the one the NATS client's TLS already builds.
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ServerConfig::builder_with_provider(provider)
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| invalid("https", &e.to_string()))?
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .map_err(|e| invalid("https.certificate", &e.to_string()))?;
+    tls.alpn_protocols = alpn(state.config.https.http2);
     Ok(Arc::new(tls))
 }
+
+/// The ALPN protocols offered, in the server's order of preference: `h2`
+/// first when HTTP/2 is on (`[https] http2`), then `http/1.1`. A client
+/// that offers no ALPN gets HTTP/1.1.
+pub fn alpn(http2: bool) -> Vec<Vec<u8>> {
+    let mut protocols = Vec::with_capacity(2);
+    if http2 {
+        protocols.push(H2.to_vec());
+    }
+    protocols.push(b"http/1.1".to_vec());
+    protocols
+}
+
+/// The ALPN id of HTTP/2 over TLS.
+pub const H2: &[u8] = b"h2";
 
 fn invalid(key: &str, why: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, format!("{key}: {why}"))
@@ -87,4 +103,16 @@ fn certificate(
     };
     let key = PrivateKeyDer::try_from(key).map_err(|e| invalid("https.certificate", e))?;
     Ok((vec![CertificateDer::from(cert)], key))
+}
+
+#[cfg(test)]
+mod alpn_tests {
+    #[test]
+    fn h2_is_offered_first_unless_off() {
+        assert_eq!(
+            super::alpn(true),
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+        assert_eq!(super::alpn(false), vec![b"http/1.1".to_vec()]);
+    }
 }

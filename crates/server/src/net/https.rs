@@ -91,14 +91,17 @@ async fn connection(
         }
         Err(_) => return,
     };
+    if tls.get_ref().1.alpn_protocol() == Some(crate::endpoint::tls::H2) {
+        return super::h2::serve(tls, conn, https).await;
+    }
     let idle_timeout = https.config().idle_timeout;
     let max_body = https.config().max_body_size;
     let mut buf: Vec<u8> = Vec::new();
     loop {
         let (head, body) = match next_request(&mut buf, max_body) {
             Framed::Request(head, body) => (head, body),
-            Framed::Refuse(bytes) => {
-                let _ = write(&mut tls, &bytes).await;
+            Framed::Refuse(reply) => {
+                let _ = write(&mut tls, &reply.to_http1()).await;
                 return;
             }
             // The idle timeout before a request's first byte, the
@@ -112,14 +115,14 @@ async fn connection(
             }
         };
         let answer = match https.request(conn, &head, &body, clock()) {
-            Outcome::Respond(bytes) => bytes,
+            Outcome::Respond(reply) => reply.to_http1(),
             Outcome::Wait { channel, task } => {
                 drop(body);
                 if let Some(task) = task {
                     tokio::spawn(task);
                 }
                 match wait(&mut tls, &mut buf, https, &channel, head.close).await {
-                    Ok(bytes) => bytes,
+                    Ok(reply) => reply.to_http1(),
                     Err(End::Gone) => {
                         https.abandon(&channel);
                         return;
@@ -144,13 +147,13 @@ async fn wait(
     https: &Https,
     channel: &crate::endpoint::Channel,
     close: bool,
-) -> Result<Vec<u8>, End> {
+) -> Result<crate::endpoint::https::Reply, End> {
     loop {
         let reading = buf.len() <= MAX_HEAD;
         tokio::select! {
             () = std::future::poll_fn(|cx| channel.poll_ready(cx)) => {
-                if let Some(bytes) = https.answered(channel, close, clock().utc) {
-                    return Ok(bytes);
+                if let Some(reply) = https.answered(channel, close, clock().utc) {
+                    return Ok(reply);
                 }
             }
             read = tls.read_buf(buf), if reading => match read {

@@ -20,6 +20,8 @@ use connection::{refuse, serve, Shell};
 mod connection;
 mod crypto;
 #[cfg(feature = "https")]
+mod h2;
+#[cfg(feature = "https")]
 mod https;
 mod metrics_http;
 mod planned;
