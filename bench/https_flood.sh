@@ -9,9 +9,13 @@
 # pinned to core 0; `uascale bench publish` (the subscribed sessions) and
 # `uascale bench read --client library` (the flooder, FLOOD Reads in
 # flight) run on core 1 at the same time for DURATION_S seconds. The
-# flooder's client honours each 429's Retry-After; the subscribed sessions'
-# Publishes are not charged to any bucket. Results (the two JSON reports,
-# the shed counters, the server log) go to OUT.
+# flooder ignores the hints (`bench read --ignore-hints`: its next Read
+# goes at once after a 429), so it offers what it can; with
+# --honour-hints it waits out each Retry-After instead. The subscribed
+# sessions' Publishes are not charged to any bucket. The client offers
+# HTTP/2 and the server takes it (every session's requests on one
+# connection); --http1 turns the server's HTTP/2 off. Results (the two
+# JSON reports, the shed counters, the server log) go to OUT.
 #
 # The Read comparison restarts the server with the [https] buckets raised
 # out of the way (a bucket would measure its refusals, not the Reads) and
@@ -21,7 +25,7 @@
 #
 # usage: bench/https_flood.sh [--sessions N] [--flood W] [--duration-s S]
 #                             [--read-rounds R] [--port P] [--out DIR]
-#                             [--no-build]
+#                             [--honour-hints] [--http1] [--no-build]
 # UASCALE_BIN overrides the binary (with --no-build). Loopback only; the
 # server it starts is stopped by its PID on exit.
 set -euo pipefail
@@ -35,6 +39,8 @@ READ_ROUNDS=3
 PORT=48950
 OUT=target/https-flood/$(date -u +%Y%m%dT%H%M%S)
 BUILD=1
+IGNORE=--ignore-hints
+HTTP2=true
 while [ $# -gt 0 ]; do
   case "$1" in
     --sessions) SESSIONS=$2; shift 2 ;;
@@ -44,7 +50,9 @@ while [ $# -gt 0 ]; do
     --port) PORT=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --honour-hints) IGNORE=; shift ;;
+    --http1) HTTP2=false; shift ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -58,7 +66,7 @@ HTTPS=$((PORT + 1)); METRICS=$((PORT + 2))
 {
   relaxed_config "$PORT" "$((SESSIONS + 100))"
   printf '[metrics]\nlisten = "127.0.0.1:%s"\n' "$METRICS"
-  printf '[https]\nlisten = "127.0.0.1:%s"\n' "$HTTPS"
+  printf '[https]\nlisten = "127.0.0.1:%s"\nhttp2 = %s\n' "$HTTPS" "$HTTP2"
 } > "$OUT/server.toml"
 start_server "$OUT/server.toml" "$OUT/server.log" --pki "$OUT/pki"
 URL=opc.https://127.0.0.1:$HTTPS/
@@ -69,7 +77,7 @@ taskset -c 1 "$BIN" bench publish "$URL" --trust-server --sessions "$SESSIONS" \
 SUBSCRIBED=$!
 # The flood starts once the subscribed sessions are (mostly) in.
 sleep 2
-taskset -c 1 "$BIN" bench read "$URL" --client library --trust-server --connections 1 \
+taskset -c 1 "$BIN" bench read "$URL" --client library --trust-server --connections 1 $IGNORE \
   --inflight "$FLOOD" --warmup-s 0 --duration-s "$DURATION" --json > "$OUT/flood.json" || true
 wait "$SUBSCRIBED" || true
 curl -s "http://127.0.0.1:$METRICS/metrics" | grep 'opcua_server_shed_total{stage="https"' \
@@ -84,7 +92,7 @@ echo "  subscribed sessions: $OUT/publish.json; flooder: $OUT/flood.json"
 stop
 {
   relaxed_config "$PORT"
-  printf '[https]\nlisten = "127.0.0.1:%s"\n' "$HTTPS"
+  printf '[https]\nlisten = "127.0.0.1:%s"\nhttp2 = %s\n' "$HTTPS" "$HTTP2"
   printf 'session_rate = 1000000\nsession_burst = 1000000\n'
   printf 'address_rate = 1000000\naddress_burst = 1000000\n'
 } > "$OUT/read.toml"

@@ -57,8 +57,9 @@ use uascale_types::StatusCode;
 pub const USAGE: &str =
     "       uascale bench read URL [--connections C] [--inflight M] [--values-per-read K]
                           [--node NODE]... [--warmup-s S] [--duration-s S]
-                          [--client pipeline|library] [--server-pid PID]
-                          [--trust-server] [--interval-s S] [--json]
+                          [--client pipeline|library] [--ignore-hints]
+                          [--server-pid PID] [--trust-server] [--interval-s S]
+                          [--json]
                           [--report FILE.html]
        uascale bench sessions URL [--sessions N] [--concurrency C] [--hold-s S]
                           [--processes P] [--source-ips IP,IP,...] [--max-retries R]
@@ -109,6 +110,8 @@ pub const USAGE: &str =
                   server's CPU microseconds per Read and its RSS. --client
                   pipeline (default) keeps the window in one task per
                   connection; library goes through Client::read_values
+                  (over opc.https --ignore-hints sends on after a 429
+                  instead of waiting out its Retry-After: a flooder)
   bench sessions  N sessions (100), each on its own connection, established
                   C at a time (50), each retried up to R times (4) with
                   the client's backoff on failures (docs/scalability.md §7), held
@@ -286,7 +289,7 @@ impl Args {
             match *a {
                 "--json" => json = true,
                 // Switches without a value.
-                "--trust-server" | "--drain" if known.contains(a) => {
+                "--trust-server" | "--drain" | "--ignore-hints" if known.contains(a) => {
                     flags
                         .entry((*a).to_owned())
                         .or_default()

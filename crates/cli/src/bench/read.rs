@@ -35,6 +35,7 @@ pub const FLAGS: &[&str] = &[
     "--server-pid",
     "--client",
     "--trust-server",
+    "--ignore-hints",
 ];
 
 /// How the load is generated.
@@ -229,7 +230,10 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
                 ));
             }
             Mode::Library => {
-                let c = Client::connect(&a.url, super::common::transport_options(a))
+                let mut options = super::common::transport_options(a);
+                // A flooder that does not wait out busy answers' hints.
+                options.hold_after_busy = a.last("--ignore-hints").is_none();
+                let c = Client::connect(&a.url, options)
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
                 c.create_session("uascale bench read")

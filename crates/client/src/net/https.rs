@@ -178,6 +178,9 @@ struct Pool {
     target: Target,
     /// The server chose HTTP/2 on the first connection.
     http2: bool,
+    /// Requests wait out a busy answer's hint
+    /// (`ClientOptions::hold_after_busy`).
+    hold: bool,
     /// The HTTP/2 connection's request handle (a new connection when the
     /// old one is gone).
     h2: tokio::sync::Mutex<Option<h2::client::SendRequest<Bytes>>>,
@@ -249,6 +252,7 @@ pub(crate) async fn open_link(shared: &Arc<Shared>) -> Result<(u64, Link), Clien
     let pool = Arc::new(Pool {
         target,
         http2,
+        hold: shared.options.hold_after_busy,
         h2: tokio::sync::Mutex::new(h2),
         idle: Mutex::new(idle),
         permits: Semaphore::new(MAX_CONNECTIONS),
@@ -310,7 +314,7 @@ fn type_id(message: &[u8]) -> u32 {
 /// once with the rest of the hint when that passes `deadline`), then
 /// POSTed on a pooled connection (a new one when none is idle).
 async fn exchange(pool: &Pool, message: &[u8], deadline: Instant) -> Result<Vec<u8>, ClientError> {
-    if !UNHELD.contains(&type_id(message)) {
+    if pool.hold && !UNHELD.contains(&type_id(message)) {
         let until = *pool.not_before.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(until) = until.filter(|&u| u > Instant::now()) {
             if until > deadline {

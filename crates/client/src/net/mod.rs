@@ -103,6 +103,11 @@ pub struct ClientOptions {
     /// additionalHeader: [`Client::open`] sets it from the busy
     /// ServiceFault of the attempt before. Default none.
     pub session_retry_ticket: Option<String>,
+    /// Over opc.https, after a busy answer (429 or 503), hold the link's
+    /// further requests (Publish and CloseSession excepted) until its hint
+    /// has passed. Default true; false makes a client that ignores hints
+    /// (what `uascale bench read --ignore-hints` floods with).
+    pub hold_after_busy: bool,
 }
 
 /// The secure channel a client asks for.
@@ -157,6 +162,7 @@ impl Default for ClientOptions {
             connect_attempts: 5,
             connect_gate: None,
             publish_requests: 2,
+            hold_after_busy: true,
             on_open_attempt: None,
             retry_ticket: None,
             session_retry_ticket: None,
