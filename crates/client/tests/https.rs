@@ -386,6 +386,18 @@ async fn http_errors_with_curl() {
         policy.extend(["-H".to_owned(), "OPCUA-SecurityPolicy: urn:nope".to_owned()]);
         assert_eq!(status(policy), "400", "{flag}");
     }
+    // Over HTTP/2 an error ends only its stream: a second request goes on
+    // the same connection (curl reuses it: no new connect).
+    let out = Command::new("curl")
+        .args(["-k", "-s", "--http2", "--max-time", "10", "-X", "POST"])
+        .args(["-H", "Content-Type: application/octet-stream"])
+        .args(["--data-binary", "x", "-w", "%{http_code}:%{num_connects} "])
+        .args(["-o", "/dev/null", "-o", "/dev/null"])
+        .arg(format!("https://{addr}/other"))
+        .arg(format!("https://{addr}/"))
+        .output()
+        .expect("curl runs");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "404:1 400:0 ");
 }
 
 /// With `[https] http2 = false` the server offers HTTP/1.1 only, and
