@@ -165,7 +165,7 @@ fn subscribed_clients(
     interval: Duration,
     sampling_ms: f64,
     options: impl Fn(usize) -> ClientOptions,
-) -> (Vec<Client>, Vec<Log>, Vec<NodeId>) {
+) -> (Vec<Client>, Vec<Log>, Vec<(NodeId, u32)>) {
     let time = NodeId::ns0(2258); // Server_ServerStatus_CurrentTime
     let logs: Vec<Log> = (0..n).map(|_| Arc::default()).collect();
     let mut session_ids = Vec::new();
@@ -179,11 +179,11 @@ fn subscribed_clients(
                 .create_session(&format!("{prefix}{i}"))
                 .await
                 .expect("a session");
-            session_ids.push(created.session_id);
             let mut sub = c
                 .subscribe(SubscriptionSettings::with_interval(interval))
                 .await
                 .expect("a subscription");
+            session_ids.push((created.session_id, sub.id()));
             sub.monitor(vec![MonitorItem::value(time.clone()).sampling(sampling_ms)])
                 .await
                 .expect("an item");
@@ -1045,7 +1045,8 @@ fn clients_of_a_draining_node_move_without_a_gap() {
 /// gave it (its node's SessionDiagnosticsArray), no node made a session
 /// after the setup and no client one (each restore `Reactivated`), no
 /// sequence number is missing or there twice, and every value came once
-/// and in order.
+/// and in order; and a subscription each client makes after the roll
+/// has an id no earlier subscription carries.
 #[test]
 fn a_rolling_restart_of_every_node_recreates_no_session() {
     const N: usize = 20;
@@ -1060,7 +1061,7 @@ fn a_rolling_restart_of_every_node_recreates_no_session() {
         .enable_all()
         .build()
         .unwrap();
-    let (clients, logs, session_ids) = subscribed_clients(
+    let (clients, logs, made) = subscribed_clients(
         &rt,
         &front_url,
         N,
@@ -1199,8 +1200,27 @@ fn a_rolling_restart_of_every_node_recreates_no_session() {
             );
             std::thread::sleep(Duration::from_millis(200));
         };
-        assert_eq!(id, session_ids[i], "client {i}: its session id changed");
+        assert_eq!(id, made[i].0, "client {i}: its session id changed");
     }
+    // New subscriptions after the roll, made by the new processes (and
+    // the sessions are spread over all three): no id is one that a
+    // subscription made before the roll still carries.
+    let mut ids: Vec<u32> = made.iter().map(|(_, id)| *id).collect();
+    rt.block_on(async {
+        for c in &clients {
+            let sub = c
+                .subscribe(SubscriptionSettings::with_interval(Duration::from_secs(1)))
+                .await
+                .expect("a subscription after the roll");
+            ids.push(sub.id());
+        }
+    });
+    let distinct: std::collections::HashSet<u32> = ids.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        ids.len(),
+        "a subscription id made twice: {ids:x?}"
+    );
     eprintln!("rolling restart: {moved} sessions moved in {NODES} drains, none recreated");
     rt.block_on(async {
         for c in &clients {

@@ -379,7 +379,15 @@ impl ServerState {
             )
             .await
             .map_err(std::io::Error::other)?;
-            Ok(Some(self.join_cluster(Arc::new(store))))
+            let node = self.join_cluster(Arc::new(store));
+            // Before any subscription is made here: this process's ids
+            // start past every earlier process's of its node index.
+            node.reserve_ids().await.map_err(|e| {
+                std::io::Error::other(format!(
+                    "cluster.url = {url}: reserving subscription ids: {e}"
+                ))
+            })?;
+            Ok(Some(node))
         }
         #[cfg(not(feature = "nats"))]
         {
@@ -422,6 +430,16 @@ impl ServerState {
         if self.cluster.set(Arc::clone(&node)).is_err() {
             return self.cluster.get().map_or(node, Arc::clone);
         }
+        let (now, seed) = (Arc::downgrade(self), Arc::downgrade(self));
+        node.set_id_counter(crate::cluster::node::IdCounter {
+            index: self.config.cluster.node_index_or(node.node_id()),
+            now: Box::new(move || now.upgrade().map_or(0, |s| s.subscriptions.id_counter())),
+            seed: Box::new(move |start| {
+                if let Some(s) = seed.upgrade() {
+                    s.subscriptions.seed_ids(start);
+                }
+            }),
+        });
         let weak = Arc::downgrade(self);
         node.set_images(Box::new(move |id, unsent| {
             let state = weak.upgrade()?;

@@ -45,6 +45,25 @@ pub type Evict = Box<dyn Fn(&NodeId) + Send + Sync>;
 /// unsent values when the flag is set (set by the server state).
 pub type Images = Box<dyn Fn(u32, bool) -> Option<(NodeId, Vec<SubscriptionImage>)> + Send + Sync>;
 
+/// The subscription id counter of this server (set by the server state):
+/// its node index, the counter now, and what seeds it.
+pub struct IdCounter {
+    /// The node index (the ids' top byte).
+    pub index: u8,
+    /// The counter now (the low 24 bits of the next id).
+    pub now: Box<dyn Fn() -> u32 + Send + Sync>,
+    /// Makes the counter go on from a value.
+    pub seed: Box<dyn Fn(u32) + Send + Sync>,
+}
+
+/// Subscription ids reserved in the store at a time, per process: a
+/// process that comes within half of it of its reservation's end
+/// reserves the next (each heartbeat looks).
+pub const ID_BLOCK: u32 = 1 << 16;
+
+/// The largest id counter (24 bits; the top byte is the node index).
+const ID_COUNTER_MAX: u32 = 0x00FF_FFFF;
+
 /// This node's own ServiceLevel and ServerState now (set by the server
 /// state): what its heartbeat tells the others.
 pub type OwnStatus = Box<dyn Fn() -> (u8, uascale_types::ServerState) + Send + Sync>;
@@ -159,6 +178,10 @@ pub struct ClusterNode {
     degraded: AtomicBool,
     evict: Evict,
     images: std::sync::OnceLock<Images>,
+    /// The subscription id counter, and the end of the ids reserved for
+    /// it in the store (0: none reserved yet).
+    ids: std::sync::OnceLock<IdCounter>,
+    ids_reserved_to: std::sync::atomic::AtomicU32,
     /// Told by [`ClusterNode::write_all_now`] before it writes: this node
     /// answers no Publish with a message from now on (set by the server
     /// state).
@@ -312,6 +335,8 @@ impl ClusterNode {
             degraded: AtomicBool::new(false),
             evict,
             images: std::sync::OnceLock::new(),
+            ids: std::sync::OnceLock::new(),
+            ids_reserved_to: std::sync::atomic::AtomicU32::new(0),
             draining: AtomicBool::new(false),
             on_drain: std::sync::OnceLock::new(),
             apply: std::sync::OnceLock::new(),
@@ -523,6 +548,68 @@ impl ClusterNode {
         if fresh {
             self.wake.notify_one();
         }
+    }
+
+    /// Sets the subscription id counter that
+    /// [`ClusterNode::reserve_ids`] keeps within the store's reservations
+    /// (once).
+    pub fn set_id_counter(&self, ids: IdCounter) {
+        let _ = self.ids.set(ids);
+    }
+
+    /// Keeps the subscription ids of this process out of every earlier
+    /// process's of the same node index: the first call reserves
+    /// [`ID_BLOCK`] ids from the store's mark for the index and seeds the
+    /// counter at their start; a later one reserves the next block once
+    /// the counter is within half a block of the reservation's end (each
+    /// heartbeat calls it). The mark moves by compare-and-set, and past
+    /// the 24-bit counter's end it starts again from 1.
+    pub async fn reserve_ids(&self) -> Result<(), StoreError> {
+        let Some(ids) = self.ids.get() else {
+            return Ok(());
+        };
+        let reserved_to = self.ids_reserved_to.load(Ordering::Acquire);
+        let now = (ids.now)();
+        let first = reserved_to == 0;
+        if !first && now.wrapping_add(ID_BLOCK / 2) < reserved_to {
+            return Ok(());
+        }
+        let key = format!("n{}", ids.index);
+        let (start, end) = loop {
+            let current = self.store.get(Bucket::Ids, &key).await?;
+            let mark = current
+                .as_ref()
+                .and_then(|e| e.value.get(..4))
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map_or(1, u32::from_be_bytes);
+            // At the mark, or where the counter already is if that is
+            // higher (a later block of this process; ids made before the
+            // first reservation).
+            let mut start = mark.max(now).max(1);
+            if start > ID_COUNTER_MAX - ID_BLOCK {
+                start = 1;
+            }
+            let end = start + ID_BLOCK;
+            let value = end.to_be_bytes().to_vec();
+            let written = match &current {
+                None => self.store.create(Bucket::Ids, &key, value).await,
+                Some(e) => {
+                    self.store
+                        .update(Bucket::Ids, &key, value, e.revision)
+                        .await
+                }
+            };
+            match written {
+                Ok(_) => break (start, end),
+                Err(StoreError::Conflict) => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        if first || start < now {
+            (ids.seed)(start);
+        }
+        self.ids_reserved_to.store(end, Ordering::Release);
+        Ok(())
     }
 
     /// The subscriptions record of the session under `key`, if any.
@@ -1204,6 +1291,9 @@ impl ClusterNode {
                 loop {
                     tick.tick().await;
                     beat = beat.wrapping_add(1);
+                    if let Err(e) = node.reserve_ids().await {
+                        node.store_failed(&e);
+                    }
                     match node.beat(beat).await {
                         Ok(()) => {
                             if node.pending_writes() == 0 {
@@ -1322,6 +1412,73 @@ mod tests {
     fn session() -> (NodeId, Session) {
         let r = sample("x", 4);
         (r.token.clone(), session_of(&r, Instant::now(), 10))
+    }
+
+    /// A node's id counter, shared with the test.
+    fn counter(n: &ClusterNode, index: u8) -> Arc<std::sync::atomic::AtomicU32> {
+        let c = Arc::new(std::sync::atomic::AtomicU32::new(1));
+        let (get, set) = (Arc::clone(&c), Arc::clone(&c));
+        n.set_id_counter(IdCounter {
+            index,
+            now: Box::new(move || get.load(Ordering::Relaxed)),
+            seed: Box::new(move |v| set.store(v, Ordering::Relaxed)),
+        });
+        c
+    }
+
+    /// Each process of a node index counts its subscription ids from past
+    /// every earlier one's reservation: a node started again does not
+    /// reuse its predecessor's ids; a process that uses half its block
+    /// reserves the next; another index is apart; past the 24-bit end
+    /// the counter starts again from 1.
+    #[test]
+    fn a_restarted_node_counts_subscription_ids_past_its_predecessors() {
+        let store = Arc::new(MemoryStore::new());
+        let (first, _) = node(&store, "a");
+        let ids = counter(&first, 3);
+        now(first.reserve_ids()).expect("reserved");
+        assert_eq!(
+            ids.load(Ordering::Relaxed),
+            1,
+            "a fresh cluster starts at 1"
+        );
+        // Used a little: no new reservation.
+        ids.store(1000, Ordering::Relaxed);
+        now(first.reserve_ids()).expect("nothing to do");
+        assert_eq!(first.ids_reserved_to.load(Ordering::Relaxed), 1 + ID_BLOCK);
+        // Within half a block of the end: the next block.
+        ids.store(1 + ID_BLOCK / 2 + 5, Ordering::Relaxed);
+        now(first.reserve_ids()).expect("reserved");
+        let end = first.ids_reserved_to.load(Ordering::Relaxed);
+        assert!(end > 1 + ID_BLOCK, "the next block: {end}");
+        assert_eq!(
+            ids.load(Ordering::Relaxed),
+            1 + ID_BLOCK / 2 + 5,
+            "not reseeded"
+        );
+        // The same index again (a restart): it starts past everything the
+        // first process reserved, so past every id it made.
+        let (second, _) = node(&store, "a");
+        let again = counter(&second, 3);
+        now(second.reserve_ids()).expect("reserved");
+        assert_eq!(again.load(Ordering::Relaxed), end);
+        // Another index has its own range.
+        let (other, _) = node(&store, "b");
+        let apart = counter(&other, 4);
+        now(other.reserve_ids()).expect("reserved");
+        assert_eq!(apart.load(Ordering::Relaxed), 1);
+        // Near the 24-bit end: the next process starts again from 1.
+        now(store.put(
+            Bucket::Ids,
+            "n3",
+            (ID_COUNTER_MAX - 10).to_be_bytes().to_vec(),
+        ))
+        .expect("put");
+        let (third, _) = node(&store, "a");
+        let wrapped = counter(&third, 3);
+        wrapped.store(7, Ordering::Relaxed);
+        now(third.reserve_ids()).expect("reserved");
+        assert_eq!(wrapped.load(Ordering::Relaxed), 1);
     }
 
     /// The items' unsent values reach the store only in a drain's final

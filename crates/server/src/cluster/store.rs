@@ -38,17 +38,23 @@ pub enum Bucket {
     /// One status record per node beside its heartbeat, keyed by node id
     /// (its ServiceLevel, ServerState and the record formats it reads).
     Status,
+    /// The subscription ids reserved per node index (`n<index>`: the
+    /// counter value the next process of that index starts from), so that
+    /// a node started again does not hand out ids its predecessor's
+    /// subscriptions still carry.
+    Ids,
 }
 
 impl Bucket {
     /// Every bucket.
-    pub const ALL: [Bucket; 6] = [
+    pub const ALL: [Bucket; 7] = [
         Bucket::Sessions,
         Bucket::Nodes,
         Bucket::Subscriptions,
         Bucket::Values,
         Bucket::Trust,
         Bucket::Status,
+        Bucket::Ids,
     ];
 
     /// Its name in the store.
@@ -60,6 +66,7 @@ impl Bucket {
             Bucket::Values => "uascale_values",
             Bucket::Trust => "uascale_trust",
             Bucket::Status => "uascale_status",
+            Bucket::Ids => "uascale_ids",
         }
     }
 }

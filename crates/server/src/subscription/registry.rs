@@ -326,6 +326,20 @@ impl<P: PublishSink> Registry<P> {
         self.node_index.store(index, Ordering::Relaxed);
     }
 
+    /// The counter (the low 24 bits) the next subscription id is made
+    /// from.
+    pub fn id_counter(&self) -> u32 {
+        self.next_id.load(Ordering::Relaxed) & ID_COUNTER_MASK
+    }
+
+    /// Makes the counter go on from `start` (its low 24 bits; 0 is
+    /// skipped): a cluster node seeds it from the range the store
+    /// reserved for this process.
+    pub fn seed_ids(&self, start: u32) {
+        self.next_id
+            .store((start & ID_COUNTER_MASK).max(1), Ordering::Relaxed);
+    }
+
     /// Sets the function called when a deadline earlier than every other
     /// is scheduled (the timer task's wake-up). Only the first call counts.
     pub fn set_waker(&self, wake: Box<dyn Fn() + Send + Sync>) {
