@@ -7,11 +7,7 @@
 //! watching the Server object (the registry's watcher index), so it adds
 //! no scan and no global lock to establishment.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use uascale_types::{
-    ByteString, NodeId, QualifiedName, RequestHeader, StatusCode, UaString, Variant,
-};
+use uascale_types::{NodeId, QualifiedName, RequestHeader, StatusCode, UaString, Variant};
 
 use crate::subscription::event::Event;
 
@@ -75,10 +71,6 @@ impl SessionAction {
     }
 }
 
-/// Event ids: the server's start time and a counter, unique per server run
-/// and across restarts.
-static NEXT_EVENT: AtomicU64 = AtomicU64::new(0);
-
 /// The audit event of `action`, as raised on the Server object.
 /// `session_id` is null when the request failed before a session was
 /// known; `revised_timeout_ms` is CreateSession's RevisedSessionTimeout.
@@ -91,16 +83,14 @@ pub fn session_event(
     user_id: &str,
     revised_timeout_ms: Option<f64>,
 ) -> Event {
-    let mut id = Vec::with_capacity(16);
-    id.extend_from_slice(&ctx.start_time.ticks().to_be_bytes());
-    id.extend_from_slice(&NEXT_EVENT.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+    let id = crate::subscription::event::new_event_id();
     let (message, severity) = match result {
         Ok(()) => (format!("{} succeeded", action.name()), 100),
         Err(s) => (format!("{} failed: {s}", action.name()), 500),
     };
     let f = |n: &str| QualifiedName::new(0, n);
     let mut e = Event::new(
-        ByteString::new(id),
+        id,
         NodeId::ns0(action.event_type()),
         NodeId::ns0(SERVER_OBJECT),
         &format!("Session/{}", action.name()),

@@ -473,10 +473,8 @@ pub fn tick(values: &InMemoryNodeManager, dynamic: &Dynamic, n: u64, seed: &mut 
 /// folder, Severity cycling 100..=1000, Message `Demo event <n>`), and the
 /// notifiers it is reported through: the Demo folder and the Server object.
 pub fn event(n: u64, utc: DateTime) -> (crate::subscription::event::Event, [NodeId; 2]) {
-    let mut event_id = b"uascale-demo-evt".to_vec();
-    event_id.extend_from_slice(&n.to_be_bytes());
     let e = crate::subscription::event::Event::new(
-        ByteString::new(event_id),
+        crate::subscription::event::new_event_id(),
         NodeId::ns0(crate::subscription::event::BASE_EVENT_TYPE),
         id("Demo"),
         "Demo",
