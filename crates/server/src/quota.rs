@@ -763,6 +763,15 @@ impl<T: KeptSize> KeptQueue<T> {
         self.items.push_back(v);
     }
 
+    /// Puts `v` before the oldest entry.
+    pub fn push_front(&mut self, v: T) {
+        if let Some(a) = &self.account {
+            a.add(T::STAGE, v.kept_size());
+        }
+        self.items.reserve_exact(1);
+        self.items.push_front(v);
+    }
+
     /// Takes the oldest entry.
     pub fn pop_front(&mut self) -> Option<T> {
         let v = self.items.pop_front()?;

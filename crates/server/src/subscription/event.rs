@@ -11,6 +11,9 @@ use uascale_types::{
 
 /// BaseEventType (i=2041).
 pub const BASE_EVENT_TYPE: u32 = 2041;
+/// EventQueueOverflowEventType (i=3035): what an event item's full queue
+/// reports in place of the events it discarded.
+pub const EVENT_QUEUE_OVERFLOW_EVENT_TYPE: u32 = 3035;
 /// Most elements a where clause may have (keeps evaluation bounded).
 pub const MAX_FILTER_ELEMENTS: usize = 64;
 /// Most select clauses.
@@ -249,6 +252,17 @@ pub fn compile(
 }
 
 impl CompiledEventFilter {
+    /// The selected fields of `event`, without the where clause (the
+    /// server's own EventQueueOverflow events are reported whatever the
+    /// where clause says). A select clause naming a type applies only to
+    /// that type and BaseEventType.
+    pub fn select(&self, event: &Event) -> Vec<Variant> {
+        self.select
+            .iter()
+            .map(|s| field(s, event, &|a, b| a == b))
+            .collect()
+    }
+
     /// The selected fields when `event` passes the where clause, else
     /// `None`. `is_subtype(a, b)`: type `a` is `b` or derives from it.
     pub fn apply(

@@ -148,6 +148,10 @@ pub struct MonitoredItem {
     /// memory for every value dropped, which cost a rogue's 250,000 items
     /// more than the values it was spared.
     missed: bool,
+    /// An event item's queue holds the EventQueueOverflow event it made
+    /// at its overflow end (the front when `discard_oldest`, else the
+    /// back): the next overflow makes no second one.
+    overflow_event: bool,
 }
 
 impl MonitoredItem {
@@ -183,6 +187,7 @@ impl MonitoredItem {
             triggered: false,
             listed: false,
             missed: false,
+            overflow_event: false,
         }
     }
 
@@ -408,19 +413,78 @@ impl MonitoredItem {
 
     fn push(&mut self, q: Queued) {
         let size = self.queue_size as usize;
+        let event = self.is_event();
         let queue = self.queue_mut();
         queue.push_back(q);
         if queue.len() > size {
-            self.drop_one();
-        } else if queue.len() > 1 && queue.must_shed() {
-            // The session is over its queued-bytes quota, or over its fair
-            // share of the memory budget: the item keeps its newest values
-            // and loses its oldest, marked (at most two a value, so that a
-            // queue over the line shrinks while it is fed).
-            self.drop_oldest();
-            if self.queued() > 1 && self.pending_queue().is_some_and(KeptQueue::must_shed) {
-                self.drop_oldest();
+            if event {
+                self.event_overflow();
+            } else {
+                self.drop_one();
             }
+        } else if queue.len() > 1 && queue.must_shed() {
+            self.shed_for_quota();
+        } else if event && !self.discard_oldest {
+            // An event came after an overflow event at the back.
+            self.overflow_event = false;
+        }
+    }
+
+    /// A full event queue (Part 4 §5.12.1.5): the event `discard_oldest`
+    /// says is dropped, and an event of EventQueueOverflowEventType
+    /// (i=3035), with the item's select clauses, takes the place of one
+    /// more at that end - the front when `discard_oldest`, else the back -
+    /// unless the one made at the last overflow is still there. A queue of
+    /// one keeps its newest event and makes none.
+    fn event_overflow(&mut self) {
+        let size = self.queue_size as usize;
+        let discard_oldest = self.discard_oldest;
+        let had = self.overflow_event;
+        let marker = match &self.filter {
+            Filter::Event(f) if size >= 2 && !had => Some(f.select(&overflow_event())),
+            _ => None,
+        };
+        let queue = self.queue_mut();
+        match (discard_oldest, had, marker) {
+            (true, true, _) => {
+                // The overflow event stays first; the oldest event after it goes.
+                queue.remove(1);
+            }
+            (false, true, _) => {
+                // The overflow event stays last; the new event goes.
+                let n = queue.len();
+                queue.remove(n - 1);
+            }
+            (true, false, Some(m)) => {
+                queue.pop_front();
+                queue.pop_front();
+                queue.push_front(Queued::Event(m));
+            }
+            (false, false, Some(m)) => {
+                let n = queue.len();
+                queue.remove(n - 1);
+                queue.remove(n - 2);
+                queue.push_back(Queued::Event(m));
+            }
+            (true, false, None) => {
+                queue.pop_front();
+            }
+            (false, false, None) => {
+                let n = queue.len();
+                queue.remove(n - 2);
+            }
+        }
+        self.overflow_event = had || size >= 2;
+    }
+
+    /// The session is over its queued-bytes quota, or over its fair share
+    /// of the memory budget: the item keeps its newest values and loses
+    /// its oldest, marked (at most two a value, so that a queue over the
+    /// line shrinks while it is fed).
+    fn shed_for_quota(&mut self) {
+        self.drop_oldest();
+        if self.queued() > 1 && self.pending_queue().is_some_and(KeptQueue::must_shed) {
+            self.drop_oldest();
         }
     }
 
@@ -434,6 +498,10 @@ impl MonitoredItem {
     /// Drops the oldest queued notification, the next one getting the
     /// Overflow bit (a value; an event queue drops its oldest event).
     fn drop_oldest(&mut self) {
+        if self.discard_oldest {
+            // An overflow event at the front goes first.
+            self.overflow_event = false;
+        }
         let queue = self.queue_mut();
         queue.pop_front();
         if let Some(first) = queue.front_mut() {
@@ -500,6 +568,10 @@ impl MonitoredItem {
         let n = if max == 0 { len } else { max.min(len) };
         if n == len {
             self.triggered = false;
+        }
+        if n == len || (n > 0 && self.discard_oldest) {
+            // An overflow event at its end left with these.
+            self.overflow_event = false;
         }
         match std::mem::take(&mut self.pending) {
             Pending::Empty => Drained::One(None),
@@ -713,6 +785,20 @@ pub fn variant_heap(v: &Variant) -> u64 {
         }
         _ => 0,
     }
+}
+
+/// An event of EventQueueOverflowEventType (i=3035), raised by the Server
+/// object now (Part 5 §6.4.32).
+fn overflow_event() -> super::event::Event {
+    super::event::Event::new(
+        super::event::new_event_id(),
+        uascale_types::NodeId::ns0(super::event::EVENT_QUEUE_OVERFLOW_EVENT_TYPE),
+        uascale_types::NodeId::ns0(2253),
+        "Server",
+        uascale_types::DateTime::from_system_time(std::time::SystemTime::now()),
+        "Event queue overflow: events were discarded",
+        1,
+    )
 }
 
 fn set_overflow(q: &mut Queued) {

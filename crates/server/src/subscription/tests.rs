@@ -1588,3 +1588,92 @@ fn a_queue_of_one_hands_over_its_waiting_value() {
     assert!(image.items[0].queued.is_empty());
     assert_eq!(image.items[0].last, Some(dv(7.0)));
 }
+
+/// An event item whose select clauses are EventType and Message.
+fn event_item(queue: u32, discard_oldest: bool) -> MonitoredItem {
+    use uascale_types::{ContentFilter, EventFilter, QualifiedName, SimpleAttributeOperand};
+    let sel = |n: &str| SimpleAttributeOperand {
+        type_definition_id: NodeId::ns0(super::event::BASE_EVENT_TYPE),
+        browse_path: Some(vec![QualifiedName::new(0, n)]),
+        attribute_id: 13,
+        index_range: UaString::null(),
+    };
+    let (f, _) = super::event::compile(
+        &EventFilter {
+            select_clauses: Some(vec![sel("EventType"), sel("Message")]),
+            where_clause: ContentFilter { elements: None },
+        },
+        &|_| true,
+    )
+    .expect("a valid filter");
+    MonitoredItem::new(
+        1,
+        1,
+        ItemTarget {
+            node_id: NodeId::ns0(2253),
+            attribute_id: 12,
+            index_range: UaString::null(),
+        },
+        MonitoringMode::Reporting,
+        Duration::ZERO,
+        false,
+        queue,
+        discard_oldest,
+        TimestampsToReturn::Both,
+        Filter::Event(Box::new(f)),
+    )
+}
+
+/// What an event item's queue holds: each entry's EventType id (3035 for
+/// the overflow event) or its Message text.
+fn event_queue(item: &mut MonitoredItem) -> Vec<String> {
+    item.drain(0)
+        .map(|q| match q {
+            item::Queued::Event(fields) => match (&fields[0], &fields[1]) {
+                (Variant::NodeId(t), _) if **t == NodeId::ns0(3035) => "overflow".to_owned(),
+                (_, Variant::LocalizedText(m)) => m.text.as_str_or_empty().to_owned(),
+                other => format!("{other:?}"),
+            },
+            item::Queued::Value(v) => format!("a value {v:?}"),
+        })
+        .collect()
+}
+
+fn raise(item: &mut MonitoredItem, text: &str) {
+    use uascale_types::LocalizedText;
+    assert!(item.offer_event(vec![
+        Variant::from(NodeId::ns0(2041)),
+        Variant::from(LocalizedText::new("", text)),
+    ]));
+}
+
+/// A full event queue reports EventQueueOverflowEventType (i=3035) in
+/// place of what it discarded (Part 4 §5.12.1.5): first when it discards
+/// the oldest, last when it discards the newest, one at a time - the
+/// next overflow makes no second while the first is still queued; a
+/// queue of one keeps its newest event and makes none.
+#[test]
+fn a_full_event_queue_reports_an_overflow_event() {
+    let mut oldest = event_item(3, true);
+    for e in ["e1", "e2", "e3", "e4", "e5", "e6"] {
+        raise(&mut oldest, e);
+    }
+    assert_eq!(event_queue(&mut oldest), ["overflow", "e5", "e6"]);
+    // Drained: the next overflow makes a new one.
+    for e in ["e7", "e8", "e9", "e10"] {
+        raise(&mut oldest, e);
+    }
+    assert_eq!(event_queue(&mut oldest), ["overflow", "e9", "e10"]);
+
+    let mut newest = event_item(3, false);
+    for e in ["e1", "e2", "e3", "e4", "e5"] {
+        raise(&mut newest, e);
+    }
+    assert_eq!(event_queue(&mut newest), ["e1", "e2", "overflow"]);
+
+    let mut one = event_item(1, true);
+    for e in ["e1", "e2"] {
+        raise(&mut one, e);
+    }
+    assert_eq!(event_queue(&mut one), ["e2"]);
+}
