@@ -9,7 +9,10 @@
 # Output in target/storm/: NAME.json, NAME.html, the server's log and, for
 # uascale, /metrics scraped 25 s in and after. For uascale-secured,
 # STORM_CONFIG (TOML lines) is added to the server's configuration, e.g.
-# STORM_CONFIG=$'[admission]\nrefuse_at_hello = false'.
+# STORM_CONFIG=$'[admission]\nrefuse_at_hello = false'. With RENICE_STORM=1
+# the storm's worker processes (not the bench's own, which holds the
+# steady sessions) run at nice +10, so that the steady sessions' lateness
+# shows the server's delay rather than the load generator's CPU on core 1.
 set -u
 name=$1; port=$2; shift 2
 cd "$(dirname "$0")/.."
@@ -46,7 +49,12 @@ echo "server $name pid $pid; load $(cat /proc/loadavg)"
 ) &
 taskset -c 1 $UA bench storm opc.tcp://127.0.0.1:$port --processes 2 \
   --source-ips 127.0.0.2,127.0.0.3,127.0.0.4,127.0.0.5,127.0.0.6,127.0.0.7 \
-  --server-pid $pid --json --report $OUT/$name.html "$@" > $OUT/$name.json 2> $OUT/$name-bench.err
+  --server-pid $pid --json --report $OUT/$name.html "$@" > $OUT/$name.json 2> $OUT/$name-bench.err &
+bench=$!
+if [ -n "${RENICE_STORM:-}" ]; then
+  for _ in $(seq 40); do sleep 0.25; for c in $(pgrep -P $bench); do renice -n 10 -p $c >/dev/null; done; done &
+fi
+wait $bench
 echo "bench exit $?"
 sleep 5
 # CPU after: idle?
