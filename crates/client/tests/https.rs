@@ -80,6 +80,42 @@ fn demo(path: &str) -> NodeId {
     NodeId::string(2, path)
 }
 
+/// Subscribes to the demo counter at 100 ms and waits for three of its
+/// data changes, reading the server's time after each message: the Reads
+/// pass while the subscription's Publishes are held.
+async fn three_changes_with_reads_between(client: &Client) {
+    let mut sub = client
+        .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
+            100,
+        )))
+        .await
+        .expect("subscribe");
+    sub.monitor(vec![MonitorItem::value(demo("Demo.Dynamic.Counter"))])
+        .await
+        .expect("monitor");
+    let mut changes = 0;
+    while changes < 3 {
+        let event = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+            .await
+            .expect("an event within 10 s")
+            .expect("the stream goes on");
+        match event {
+            SubscriptionEvent::Notifications { notifications, .. } => {
+                changes += notifications
+                    .iter()
+                    .filter(|n| matches!(n, Notification::DataChange { .. }))
+                    .count();
+                client
+                    .read_values(&[NodeId::ns0(2258)])
+                    .await
+                    .expect("Read beside held Publishes");
+            }
+            SubscriptionEvent::KeepAlive { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn services_and_a_subscription_over_https() {
     let (addr, state) = start("services", HttpsSection::default()).await;
@@ -171,39 +207,8 @@ async fn services_and_a_subscription_over_https() {
         Some(vec![Variant::Double(3.75)])
     );
 
-    // A subscription: its Publishes are held on pooled connections while
-    // Reads go on over others.
-    let mut sub = client
-        .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
-            100,
-        )))
-        .await
-        .expect("subscribe");
-    sub.monitor(vec![MonitorItem::value(demo("Demo.Dynamic.Counter"))])
-        .await
-        .expect("monitor");
-    let mut changes = 0;
-    while changes < 3 {
-        let event = tokio::time::timeout(Duration::from_secs(10), sub.recv())
-            .await
-            .expect("an event within 10 s")
-            .expect("the stream goes on");
-        match event {
-            SubscriptionEvent::Notifications { notifications, .. } => {
-                changes += notifications
-                    .iter()
-                    .filter(|n| matches!(n, Notification::DataChange { .. }))
-                    .count();
-                // Requests still pass while Publishes are held.
-                client
-                    .read_values(&[NodeId::ns0(2258)])
-                    .await
-                    .expect("Read beside held Publishes");
-            }
-            SubscriptionEvent::KeepAlive { .. } => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    // A subscription: its Publishes are held while Reads go on beside.
+    three_changes_with_reads_between(&client).await;
 
     // HTTP/2 (offered first): the held Publishes and the Reads beside
     // them were streams of the client's one connection (the other
@@ -417,29 +422,7 @@ async fn over_http1_the_client_pools_connections() {
     let url = format!("opc.https://{addr}/");
     let client = Client::connect(&url, options()).await.expect("connect");
     client.create_session("http1").await.expect("session");
-    let mut sub = client
-        .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
-            100,
-        )))
-        .await
-        .expect("subscribe");
-    sub.monitor(vec![MonitorItem::value(demo("Demo.Dynamic.Counter"))])
-        .await
-        .expect("monitor");
-    let mut changes = 0;
-    while changes < 3 {
-        let event = tokio::time::timeout(Duration::from_secs(10), sub.recv())
-            .await
-            .expect("an event within 10 s")
-            .expect("the stream goes on");
-        if let SubscriptionEvent::Notifications { notifications, .. } = event {
-            changes += notifications.len();
-            client
-                .read_values(&[NodeId::ns0(2258)])
-                .await
-                .expect("Read beside held Publishes");
-        }
-    }
+    three_changes_with_reads_between(&client).await;
     // The curl probe, the first connection, and at least one more for
     // the Reads while a Publish was held.
     assert!(
