@@ -382,7 +382,9 @@ impl ServerState {
             let node = self.join_cluster(Arc::new(store));
             // Before any subscription is made here: this process's ids
             // start past every earlier process's of its node index.
-            node.reserve_ids().await.map_err(|e| {
+            // As patient as the connect: a bucket just created on a NATS
+            // cluster answers once its replicas have a leader.
+            node.reserve_ids_patiently(limit).await.map_err(|e| {
                 std::io::Error::other(format!(
                     "cluster.url = {url}: reserving subscription ids: {e}"
                 ))

@@ -612,6 +612,21 @@ impl ClusterNode {
         Ok(())
     }
 
+    /// [`ClusterNode::reserve_ids`], tried again while the store does not
+    /// answer, for up to `limit` (then its error).
+    pub async fn reserve_ids_patiently(&self, limit: Duration) -> Result<(), StoreError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            match self.reserve_ids().await {
+                Err(StoreError::Unreachable(e)) if Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "reserving subscription ids: again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                done => return done,
+            }
+        }
+    }
+
     /// The subscriptions record of the session under `key`, if any.
     pub async fn read_subscriptions(
         &self,
