@@ -346,6 +346,45 @@ pub fn next_request(buf: &mut Vec<u8>, max_body: usize) -> Framed {
     Framed::Request(head, body)
 }
 
+/// The [`Head`] of a request that came as an HTTP/2 stream: its method,
+/// path and headers (lowercase names, as HTTP/2 has them; a value that is
+/// not text as `None`), at most [`MAX_HEADERS`] of them (431 over); a
+/// `Content-Length` that is not a number is 400. HTTP/2 has no
+/// `Connection` or `Transfer-Encoding` (h2 refuses them), so a head of
+/// this kind never asks to close and is never chunked.
+pub fn head_of_stream(
+    method: &str,
+    path: &str,
+    headers: &[(&str, Option<&str>)],
+) -> Result<Head, HttpError> {
+    if headers.len() > MAX_HEADERS {
+        return Err(HttpError::new(431, "too many header lines"));
+    }
+    let mut head = Head {
+        method: method.to_owned(),
+        path: path.to_owned(),
+        ..Head::default()
+    };
+    for &(name, value) in headers {
+        let Some(value) = value.map(str::trim) else {
+            continue;
+        };
+        match name {
+            "content-length" => {
+                let n = value
+                    .parse()
+                    .map_err(|_| HttpError::new(400, "Content-Length is not a number"))?;
+                head.content_length = Some(n);
+            }
+            "content-type" => head.content_type = Some(value.to_ascii_lowercase()),
+            "content-encoding" => head.content_encoding = Some(value.to_ascii_lowercase()),
+            POLICY_HEADER => head.policy = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+    Ok(head)
+}
+
 /// Judges a parsed head: the body length to read next, or the error to
 /// answer (then close). `max_body` is `[https] max_body_size`.
 pub fn judge(head: &Head, max_body: usize) -> Result<usize, HttpError> {
@@ -973,6 +1012,35 @@ mod tests {
             )),
             200
         );
+    }
+
+    #[test]
+    fn an_http2_head_is_read_like_an_http1_one() {
+        let h = head_of_stream(
+            "POST",
+            "/",
+            &[
+                ("content-type", Some("Application/Octet-Stream")),
+                ("content-length", Some("12")),
+                (
+                    "opcua-securitypolicy",
+                    Some("http://opcfoundation.org/UA/SecurityPolicy#None"),
+                ),
+                ("x-binary", None),
+            ],
+        )
+        .expect("a head");
+        assert_eq!(h.content_type.as_deref(), Some(CONTENT_TYPE));
+        assert_eq!(h.content_length, Some(12));
+        assert!(h.policy.is_some() && !h.close && !h.transfer_encoding);
+        assert_eq!(judge(&h, 100), Ok(12));
+        let bad = head_of_stream("POST", "/", &[("content-length", Some("x"))]);
+        assert_eq!(bad.map_err(|e| e.status), Err(400));
+        let many: Vec<(&str, Option<&str>)> = (0..=MAX_HEADERS).map(|_| ("x", Some("y"))).collect();
+        let over = head_of_stream("POST", "/", &many);
+        assert_eq!(over.map_err(|e| e.status), Err(431));
+        let get = head_of_stream("GET", "/", &[]).expect("a head");
+        assert_eq!(judge(&get, 100).map_err(|e| e.status), Err(405));
     }
 
     #[test]

@@ -14,8 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Semaphore;
 
 use crate::endpoint::https::{
-    judge, Head, HttpError, Https, HttpsConnection, Outcome, Reply, MAX_HEAD, MAX_HEADERS,
-    POLICY_HEADER,
+    head_of_stream, judge, Head, HttpError, Https, HttpsConnection, Outcome, Reply, MAX_HEAD,
 };
 use crate::endpoint::Channel;
 use crate::state::clock;
@@ -201,37 +200,14 @@ async fn read_body(
     Ok(body)
 }
 
-/// The [`Head`] of an HTTP/2 request: what its pseudo-headers and headers
-/// say, at most [`MAX_HEADERS`] of them (431 over); a `Content-Length`
-/// that is not a number is 400.
+/// The [`Head`] of an HTTP/2 request ([`head_of_stream`]).
 fn head_of(parts: &http::request::Parts) -> Result<Head, HttpError> {
-    if parts.headers.len() > MAX_HEADERS {
-        return Err(HttpError::new(431, "too many header lines"));
-    }
-    let text = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    };
-    let content_length = match text("content-length") {
-        None => None,
-        Some(v) => Some(
-            v.parse()
-                .map_err(|_| HttpError::new(400, "Content-Length is not a number"))?,
-        ),
-    };
-    Ok(Head {
-        method: parts.method.as_str().to_owned(),
-        path: parts.uri.path().to_owned(),
-        content_type: text("content-type").map(str::to_ascii_lowercase),
-        content_length,
-        content_encoding: text("content-encoding").map(str::to_ascii_lowercase),
-        transfer_encoding: false,
-        policy: text(POLICY_HEADER).map(str::to_owned),
-        close: false,
-    })
+    let headers: Vec<(&str, Option<&str>)> = parts
+        .headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.to_str().ok()))
+        .collect();
+    head_of_stream(parts.method.as_str(), parts.uri.path(), &headers)
 }
 
 /// Sends `reply` as the stream's response (headers, then the body).
