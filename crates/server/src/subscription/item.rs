@@ -481,11 +481,47 @@ impl MonitoredItem {
     /// of the memory budget: the item keeps its newest values and loses
     /// its oldest, marked (at most two a value, so that a queue over the
     /// line shrinks while it is fed).
+    /// An event queue loses its oldest events the same way, and an
+    /// EventQueueOverflow event stands first in their place (one: the one
+    /// already first stays).
     fn shed_for_quota(&mut self) {
-        self.drop_oldest();
-        if self.queued() > 1 && self.pending_queue().is_some_and(KeptQueue::must_shed) {
-            self.drop_oldest();
+        let event = self.is_event() && self.queue_size >= 2;
+        for _ in 0..2 {
+            if event {
+                self.shed_oldest_event();
+            } else {
+                self.drop_oldest();
+            }
+            if self.queued() <= 1 || !self.pending_queue().is_some_and(KeptQueue::must_shed) {
+                break;
+            }
         }
+    }
+
+    /// Drops an event queue's oldest event for the quota: with an
+    /// overflow event first (a queue discarding its oldest keeps one
+    /// there) the one after it goes; else the first two make way for a
+    /// new overflow event (a first entry that was one is replaced). Of two
+    /// events the newest stays, with no overflow event.
+    fn shed_oldest_event(&mut self) {
+        let marked = self.discard_oldest && self.overflow_event;
+        let marker = match &self.filter {
+            Filter::Event(f) if !marked => Some(f.select(&overflow_event())),
+            _ => None,
+        };
+        let queue = self.queue_mut();
+        let room = queue.len() > 2;
+        if marked && room {
+            queue.remove(1);
+        } else if let (Some(m), true) = (marker, room) {
+            queue.pop_front();
+            queue.pop_front();
+            queue.push_front(Queued::Event(m));
+        } else {
+            // Two left: the newest stays, alone.
+            queue.pop_front();
+        }
+        self.overflow_event = self.discard_oldest && room;
     }
 
     fn pending_queue(&self) -> Option<&KeptQueue<Queued>> {

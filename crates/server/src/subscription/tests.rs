@@ -1677,3 +1677,39 @@ fn a_full_event_queue_reports_an_overflow_event() {
     }
     assert_eq!(event_queue(&mut one), ["e2"]);
 }
+
+/// Over its session's queued-bytes quota an event item loses its oldest
+/// events, and an EventQueueOverflow event stands first in their place -
+/// one, however many went.
+#[test]
+fn over_the_quota_an_event_queue_reports_an_overflow_event() {
+    use crate::quota::{Account, Budget, KeptSize, Quotas};
+    let probe = item::Queued::Event(vec![
+        Variant::from(NodeId::ns0(2041)),
+        Variant::from(uascale_types::LocalizedText::new("", "e10")),
+    ]);
+    let each = probe.kept_size();
+    let budget = std::sync::Arc::new(Budget::new(
+        Quotas {
+            max_queued_notification_bytes_per_session: 5 * each,
+            ..Quotas::default()
+        },
+        0,
+    ));
+    let account = std::sync::Arc::new(Account::new(budget, NodeId::ns0(1)));
+    let mut it = event_item(100, true);
+    raise(&mut it, "e0");
+    it.bind_if_unbound(&account);
+    for n in 1..20 {
+        raise(&mut it, &format!("e{n}"));
+    }
+    let got = event_queue(&mut it);
+    assert_eq!(got[0], "overflow", "{got:?}");
+    assert_eq!(
+        got.iter().filter(|e| *e == "overflow").count(),
+        1,
+        "{got:?}"
+    );
+    assert_eq!(got.last().map(String::as_str), Some("e19"), "{got:?}");
+    assert!(got.len() <= 6, "about the quota's five: {got:?}");
+}
