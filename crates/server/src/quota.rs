@@ -738,6 +738,16 @@ impl<T: KeptSize> KeptQueue<T> {
         self.items.iter()
     }
 
+    /// The oldest entry.
+    pub fn front(&self) -> Option<&T> {
+        self.items.front()
+    }
+
+    /// The newest entry.
+    pub fn back(&self) -> Option<&T> {
+        self.items.back()
+    }
+
     /// The oldest entry, to change (its estimate must stay).
     pub fn front_mut(&mut self) -> Option<&mut T> {
         self.items.front_mut()

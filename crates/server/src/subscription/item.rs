@@ -66,6 +66,10 @@ pub enum Queued {
     Value(DataValue),
     /// An event's selected fields.
     Event(Vec<Variant>),
+    /// The selected fields of the EventQueueOverflow event an event item
+    /// put in place of the events it discarded (its own variant, so that
+    /// the queue tells where it stands and a second one is not made).
+    Overflow(Vec<Variant>),
 }
 
 /// An item's notifications waiting for a Publish. A data-change item with
@@ -148,10 +152,6 @@ pub struct MonitoredItem {
     /// memory for every value dropped, which cost a rogue's 250,000 items
     /// more than the values it was spared.
     missed: bool,
-    /// An event item's queue holds the EventQueueOverflow event it made
-    /// at its overflow end (the front when `discard_oldest`, else the
-    /// back): the next overflow makes no second one.
-    overflow_event: bool,
 }
 
 impl MonitoredItem {
@@ -187,7 +187,6 @@ impl MonitoredItem {
             triggered: false,
             listed: false,
             missed: false,
-            overflow_event: false,
         }
     }
 
@@ -370,7 +369,7 @@ impl MonitoredItem {
                 .iter()
                 .filter_map(|q| match q {
                     Queued::Value(v) => Some(v.clone()),
-                    Queued::Event(_) => None,
+                    Queued::Event(_) | Queued::Overflow(_) => None,
                 })
                 .collect(),
         };
@@ -424,70 +423,67 @@ impl MonitoredItem {
             }
         } else if queue.len() > 1 && queue.must_shed() {
             self.shed_for_quota();
-        } else if event && !self.discard_oldest {
-            // An event came after an overflow event at the back.
-            self.overflow_event = false;
+        }
+    }
+
+    /// The EventQueueOverflow event this event item reports in place of
+    /// discarded events (its select clauses applied); `None` for a queue
+    /// of one, which keeps its newest event and makes none.
+    fn overflow_marker(&self) -> Option<Queued> {
+        match &self.filter {
+            Filter::Event(f) if self.queue_size >= 2 => {
+                Some(Queued::Overflow(f.select(&overflow_event())))
+            }
+            _ => None,
         }
     }
 
     /// A full event queue (Part 4 §5.12.1.5): the event `discard_oldest`
-    /// says is dropped, and an event of EventQueueOverflowEventType
-    /// (i=3035), with the item's select clauses, takes the place of one
-    /// more at that end - the front when `discard_oldest`, else the back -
-    /// unless the one made at the last overflow is still there. A queue of
-    /// one keeps its newest event and makes none.
+    /// says is dropped, and an EventQueueOverflow event takes the place of
+    /// one more at that end - the front when `discard_oldest`, else the
+    /// back - unless one is there already.
     fn event_overflow(&mut self) {
-        let size = self.queue_size as usize;
+        let marker = self.overflow_marker();
         let discard_oldest = self.discard_oldest;
-        let had = self.overflow_event;
-        let marker = match &self.filter {
-            Filter::Event(f) if size >= 2 && !had => Some(f.select(&overflow_event())),
-            _ => None,
-        };
         let queue = self.queue_mut();
-        match (discard_oldest, had, marker) {
-            (true, true, _) => {
-                // The overflow event stays first; the oldest event after it goes.
+        let n = queue.len();
+        let Some(marker) = marker else {
+            if discard_oldest {
+                queue.pop_front();
+            } else {
+                queue.remove(n - 2);
+            }
+            return;
+        };
+        if discard_oldest {
+            if matches!(queue.front(), Some(Queued::Overflow(_))) {
+                // It stays first; the oldest event after it goes.
                 queue.remove(1);
-            }
-            (false, true, _) => {
-                // The overflow event stays last; the new event goes.
-                let n = queue.len();
-                queue.remove(n - 1);
-            }
-            (true, false, Some(m)) => {
+            } else {
                 queue.pop_front();
                 queue.pop_front();
-                queue.push_front(Queued::Event(m));
+                queue.push_front(marker);
             }
-            (false, false, Some(m)) => {
-                let n = queue.len();
-                queue.remove(n - 1);
+        } else {
+            // The new event goes; the one before it makes way unless it
+            // is the overflow event already.
+            queue.remove(n - 1);
+            if !matches!(queue.back(), Some(Queued::Overflow(_))) {
                 queue.remove(n - 2);
-                queue.push_back(Queued::Event(m));
-            }
-            (true, false, None) => {
-                queue.pop_front();
-            }
-            (false, false, None) => {
-                let n = queue.len();
-                queue.remove(n - 2);
+                queue.push_back(marker);
             }
         }
-        self.overflow_event = had || size >= 2;
     }
 
     /// The session is over its queued-bytes quota, or over its fair share
     /// of the memory budget: the item keeps its newest values and loses
     /// its oldest, marked (at most two a value, so that a queue over the
-    /// line shrinks while it is fed).
-    /// An event queue loses its oldest events the same way, and an
-    /// EventQueueOverflow event stands first in their place (one: the one
-    /// already first stays).
+    /// line shrinks while it is fed). An event queue loses its oldest
+    /// events the same way, with an EventQueueOverflow event first in
+    /// their place.
     fn shed_for_quota(&mut self) {
-        let event = self.is_event() && self.queue_size >= 2;
         for _ in 0..2 {
-            if event {
+            if self.is_event() {
                 self.shed_oldest_event();
             } else {
                 self.drop_oldest();
@@ -499,29 +495,25 @@ impl MonitoredItem {
     }
 
     /// Drops an event queue's oldest event for the quota: with an
-    /// overflow event first (a queue discarding its oldest keeps one
-    /// there) the one after it goes; else the first two make way for a
-    /// new overflow event (a first entry that was one is replaced). Of two
-    /// events the newest stays, with no overflow event.
+    /// overflow event first, the one after it goes; else the first two
+    /// make way for one. Of two entries (or in a queue of one) the newest
+    /// stays, alone.
     fn shed_oldest_event(&mut self) {
-        let marked = self.discard_oldest && self.overflow_event;
-        let marker = match &self.filter {
-            Filter::Event(f) if !marked => Some(f.select(&overflow_event())),
-            _ => None,
-        };
+        let marker = self.overflow_marker();
         let queue = self.queue_mut();
-        let room = queue.len() > 2;
-        if marked && room {
-            queue.remove(1);
-        } else if let (Some(m), true) = (marker, room) {
-            queue.pop_front();
-            queue.pop_front();
-            queue.push_front(Queued::Event(m));
-        } else {
-            // Two left: the newest stays, alone.
-            queue.pop_front();
+        match marker {
+            Some(_) if queue.len() > 2 && matches!(queue.front(), Some(Queued::Overflow(_))) => {
+                queue.remove(1);
+            }
+            Some(m) if queue.len() > 2 => {
+                queue.pop_front();
+                queue.pop_front();
+                queue.push_front(m);
+            }
+            _ => {
+                queue.pop_front();
+            }
         }
-        self.overflow_event = self.discard_oldest && room;
     }
 
     fn pending_queue(&self) -> Option<&KeptQueue<Queued>> {
@@ -534,10 +526,6 @@ impl MonitoredItem {
     /// Drops the oldest queued notification, the next one getting the
     /// Overflow bit (a value; an event queue drops its oldest event).
     fn drop_oldest(&mut self) {
-        if self.discard_oldest {
-            // An overflow event at the front goes first.
-            self.overflow_event = false;
-        }
         let queue = self.queue_mut();
         queue.pop_front();
         if let Some(first) = queue.front_mut() {
@@ -604,10 +592,6 @@ impl MonitoredItem {
         let n = if max == 0 { len } else { max.min(len) };
         if n == len {
             self.triggered = false;
-        }
-        if n == len || (n > 0 && self.discard_oldest) {
-            // An overflow event at its end left with these.
-            self.overflow_event = false;
         }
         match std::mem::take(&mut self.pending) {
             Pending::Empty => Drained::One(None),
@@ -778,7 +762,7 @@ impl KeptSize for Queued {
         let own = std::mem::size_of::<Queued>() as u64;
         match self {
             Queued::Value(v) => own + v.value.as_ref().map_or(0, variant_heap),
-            Queued::Event(fields) => {
+            Queued::Event(fields) | Queued::Overflow(fields) => {
                 own + fields
                     .iter()
                     .map(|f| std::mem::size_of::<Variant>() as u64 + variant_heap(f))

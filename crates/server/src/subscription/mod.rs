@@ -1207,10 +1207,12 @@ impl Subscription {
                         client_handle: handle,
                         value,
                     }),
-                    Queued::Event(fields) => events.push(EventFieldList {
-                        client_handle: handle,
-                        event_fields: Some(fields),
-                    }),
+                    Queued::Event(fields) | Queued::Overflow(fields) => {
+                        events.push(EventFieldList {
+                            client_handle: handle,
+                            event_fields: Some(fields),
+                        })
+                    }
                 }
             }
             if limit != 0 {

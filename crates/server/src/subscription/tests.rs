@@ -1225,7 +1225,7 @@ fn queued_values(set: &mut Set, n: u32, id: u32) -> Vec<DataValue> {
     it.drain(0)
         .filter_map(|q| match q {
             item::Queued::Value(v) => Some(v),
-            item::Queued::Event(_) => None,
+            item::Queued::Event(_) | item::Queued::Overflow(_) => None,
         })
         .collect()
 }
@@ -1629,8 +1629,11 @@ fn event_item(queue: u32, discard_oldest: bool) -> MonitoredItem {
 fn event_queue(item: &mut MonitoredItem) -> Vec<String> {
     item.drain(0)
         .map(|q| match q {
+            item::Queued::Overflow(fields) => match &fields[0] {
+                Variant::NodeId(t) if **t == NodeId::ns0(3035) => "overflow".to_owned(),
+                other => format!("an overflow event of type {other:?}"),
+            },
             item::Queued::Event(fields) => match (&fields[0], &fields[1]) {
-                (Variant::NodeId(t), _) if **t == NodeId::ns0(3035) => "overflow".to_owned(),
                 (_, Variant::LocalizedText(m)) => m.text.as_str_or_empty().to_owned(),
                 other => format!("{other:?}"),
             },
