@@ -80,10 +80,8 @@ fn demo(path: &str) -> NodeId {
     NodeId::string(2, path)
 }
 
-/// Subscribes to the demo counter at 100 ms and waits for three of its
-/// data changes, reading the server's time after each message: the Reads
-/// pass while the subscription's Publishes are held.
-async fn three_changes_with_reads_between(client: &Client) {
+/// A subscription at 100 ms monitoring the demo counter.
+async fn counter_subscription(client: &Client) -> uascale_client::Subscription {
     let mut sub = client
         .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
             100,
@@ -93,6 +91,14 @@ async fn three_changes_with_reads_between(client: &Client) {
     sub.monitor(vec![MonitorItem::value(demo("Demo.Dynamic.Counter"))])
         .await
         .expect("monitor");
+    sub
+}
+
+/// Subscribes to the demo counter at 100 ms and waits for three of its
+/// data changes, reading the server's time after each message: the Reads
+/// pass while the subscription's Publishes are held.
+async fn three_changes_with_reads_between(client: &Client) {
+    let mut sub = counter_subscription(client).await;
     let mut changes = 0;
     while changes < 3 {
         let event = tokio::time::timeout(Duration::from_secs(10), sub.recv())
@@ -448,15 +454,7 @@ async fn a_flood_gets_429_and_the_client_honours_retry_after() {
     let flooder = Client::connect(&url, options()).await.expect("connect");
     flooder.create_session("flooder").await.expect("session");
     // Subscribed before the flood (two of its four tokens).
-    let mut sub = flooder
-        .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
-            100,
-        )))
-        .await
-        .expect("subscribe");
-    sub.monitor(vec![MonitorItem::value(demo("Demo.Dynamic.Counter"))])
-        .await
-        .expect("monitor");
+    let mut sub = counter_subscription(&flooder).await;
     let calm = Client::connect(&url, options()).await.expect("connect");
     calm.create_session("calm").await.expect("session");
 

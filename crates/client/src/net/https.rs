@@ -140,8 +140,9 @@ struct Target {
     connector: TlsConnector,
     name: ServerName<'static>,
     connect_timeout: Duration,
-    /// The `OPCUA-SecurityPolicy` header line, for a secured policy.
-    policy_header: Option<String>,
+    /// The `OPCUA-SecurityPolicy` header's value (the policy URI), for a
+    /// secured policy.
+    policy: Option<&'static str>,
 }
 
 impl Target {
@@ -232,8 +233,7 @@ pub(crate) async fn open_link(shared: &Arc<Shared>) -> Result<(u64, Link), Clien
     let target = Target {
         // The policy of the session signatures (TLS secures the
         // transport); absent means None.
-        policy_header: (!policy.is_none())
-            .then(|| format!("OPCUA-SecurityPolicy: {}\r\n", policy.uri())),
+        policy: (!policy.is_none()).then(|| policy.uri()),
         connector: connector(shared.options.security.trust.clone())?,
         path: url_path(url).to_owned(),
         host,
@@ -407,12 +407,15 @@ async fn post(
 ) -> Result<(Answer, bool), ClientError> {
     let io = |e: std::io::Error| ClientError::Io(e.to_string());
     let work = async {
+        let policy = target
+            .policy
+            .map(|uri| format!("OPCUA-SecurityPolicy: {uri}\r\n"))
+            .unwrap_or_default();
         let head = format!(
-            "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/octet-stream\r\n{}Content-Length: {}\r\n\r\n",
+            "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/octet-stream\r\n{policy}Content-Length: {}\r\n\r\n",
             target.path,
             target.host,
             target.port,
-            target.policy_header.as_deref().unwrap_or_default(),
             message.len()
         );
         let mut out = Vec::with_capacity(head.len() + message.len());
@@ -477,19 +480,17 @@ fn answer_of(status: u16, retry_after: Option<u64>, body: Vec<u8>) -> Answer {
 /// has, or a new connection's when that one is gone (`fresh`: the old
 /// one just failed).
 async fn h2_ready(pool: &Pool, fresh: bool) -> Result<h2::client::SendRequest<Bytes>, ClientError> {
-    let mut slot = pool.h2.lock().await;
-    if !fresh {
-        if let Some(send) = slot.clone() {
-            drop(slot);
-            return send
-                .ready()
-                .await
-                .map_err(|e| ClientError::Io(format!("HTTP/2: {e}")));
+    let send = {
+        let mut slot = pool.h2.lock().await;
+        match slot.clone().filter(|_| !fresh) {
+            Some(send) => send,
+            None => {
+                let send = h2_handshake(pool.target.connect().await?).await?;
+                *slot = Some(send.clone());
+                send
+            }
         }
-    }
-    let send = h2_handshake(pool.target.connect().await?).await?;
-    *slot = Some(send.clone());
-    drop(slot);
+    };
     send.ready()
         .await
         .map_err(|e| ClientError::Io(format!("HTTP/2: {e}")))
@@ -510,25 +511,21 @@ async fn post_h2(pool: &Pool, message: &[u8], deadline: Instant) -> Result<Answe
             ))
             .header("content-type", "application/octet-stream")
             .header("content-length", message.len());
-        if let Some(line) = &target.policy_header {
-            let value = line
-                .trim_end()
-                .split_once(':')
-                .map_or("", |(_, v)| v.trim());
-            request = request.header("opcua-securitypolicy", value);
+        if let Some(uri) = target.policy {
+            request = request.header("opcua-securitypolicy", uri);
         }
         let request = request
             .body(())
             .map_err(|e| ClientError::BadUrl(format!("HTTP/2 request: {e}")))?;
-        let (response, mut body) = match h2_ready(pool, false).await {
-            Ok(mut send) => match send.send_request(request.clone(), false) {
-                Ok(sent) => sent,
-                Err(_) => h2_ready(pool, true)
-                    .await?
-                    .send_request(request, false)
-                    .map_err(io)?,
-            },
-            Err(_) => h2_ready(pool, true)
+        // A connection found gone before the request went out: once more
+        // on a new one.
+        let sent = match h2_ready(pool, false).await {
+            Ok(mut send) => send.send_request(request.clone(), false).ok(),
+            Err(_) => None,
+        };
+        let (response, mut body) = match sent {
+            Some(sent) => sent,
+            None => h2_ready(pool, true)
                 .await?
                 .send_request(request, false)
                 .map_err(io)?,

@@ -126,24 +126,25 @@ async fn stream(
     };
     // Method, path, media type and a declared length judged before any
     // of the body is read.
-    let declared = head.content_length;
     let early = Head {
-        content_length: Some(declared.unwrap_or(1)),
+        content_length: Some(head.content_length.unwrap_or(1)),
         ..head.clone()
     };
     if let Err(e) = judge(&early, max_body) {
         return refuse(respond, recv, e).await;
     }
-    let body = {
+    let read = {
         let Ok(_permit) = bodies.acquire().await else {
             return;
         };
-        match tokio::time::timeout(body_timeout, read_body(&mut recv, max_body)).await {
-            Ok(Ok(body)) => body,
-            Ok(Err(Some(e))) => return refuse(respond, recv, e).await,
-            Ok(Err(None)) => return,
-            Err(_) => return respond.send_reset(h2::Reason::CANCEL),
-        }
+        tokio::time::timeout(body_timeout, read_body(&mut recv, max_body)).await
+    };
+    // The permit is back before a refused body is drained.
+    let body = match read {
+        Ok(Ok(body)) => body,
+        Ok(Err(Some(e))) => return refuse(respond, recv, e).await,
+        Ok(Err(None)) => return,
+        Err(_) => return respond.send_reset(h2::Reason::CANCEL),
     };
     head.content_length = Some(body.len());
     if let Err(e) = judge(&head, max_body) {
