@@ -82,7 +82,7 @@ fn demo(path: &str) -> NodeId {
 
 /// A subscription at 100 ms monitoring the demo counter.
 async fn counter_subscription(client: &Client) -> uascale_client::Subscription {
-    let mut sub = client
+    let sub = client
         .subscribe(SubscriptionSettings::with_interval(Duration::from_millis(
             100,
         )))
