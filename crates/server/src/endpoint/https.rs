@@ -118,11 +118,6 @@ impl HttpError {
             close: true,
         }
     }
-
-    /// The whole HTTP/1.1 answer ([`HttpError::reply`]).
-    pub fn to_bytes(&self) -> Vec<u8> {
-        self.reply().to_http1()
-    }
 }
 
 /// An HTTP answer, whichever version of HTTP carries it: HTTP/1.1 writes
