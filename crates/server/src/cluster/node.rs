@@ -1306,9 +1306,6 @@ impl ClusterNode {
                 loop {
                     tick.tick().await;
                     beat = beat.wrapping_add(1);
-                    if let Err(e) = node.reserve_ids().await {
-                        node.store_failed(&e);
-                    }
                     match node.beat(beat).await {
                         Ok(()) => {
                             if node.pending_writes() == 0 {
@@ -1318,6 +1315,11 @@ impl ClusterNode {
                             }
                         }
                         Err(e) => node.store_failed(&e),
+                    }
+                    // After the heartbeat, so that it is never late for
+                    // this (a store round trip only near a block's end).
+                    if let Err(e) = node.reserve_ids().await {
+                        node.store_failed(&e);
                     }
                     if last_sweep.elapsed() >= node.settings.lease / 2 {
                         last_sweep = Instant::now();
