@@ -23,6 +23,10 @@ use uascale_types::{DateTime, LocalizedText, ServerState, StatusCode, Variant};
 pub struct Planned {
     /// When the channels close.
     pub due: Instant,
+    /// When the shutdown was planned: a request stamped before it (decoded
+    /// earlier, answered after) counts from here, so it never reads more
+    /// than the delay.
+    pub planned_at: Instant,
     /// Why (`ShutdownReason`).
     pub reason: String,
     /// When the server expects to serve again (`EstimatedReturnTime`), if
@@ -34,7 +38,7 @@ impl Planned {
     /// `SecondsTillShutdown` at `now`: the seconds left, rounded up (0 once
     /// due).
     pub fn seconds_till(&self, now: Instant) -> u32 {
-        let left = self.due.saturating_duration_since(now);
+        let left = self.due.saturating_duration_since(now.max(self.planned_at));
         let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
         u32::try_from(secs).unwrap_or(u32::MAX)
     }
@@ -77,6 +81,7 @@ impl Shutdown {
     ) -> Planned {
         let planned = Planned {
             due: now + delay,
+            planned_at: now,
             reason: reason.to_owned(),
             estimated_return,
         };
@@ -256,6 +261,11 @@ mod tests {
         assert_eq!(p.seconds_till(t0 + Duration::from_millis(2500)), 1);
         assert_eq!(p.seconds_till(t0 + Duration::from_secs(3)), 0);
         assert_eq!(p.seconds_till(t0 + Duration::from_secs(9)), 0);
+        // A request stamped before the plan reads at most the delay.
+        let later = t0 + Duration::from_millis(300);
+        let p = s.plan(later, Duration::from_secs(3), "test", None);
+        assert_eq!(p.seconds_till(t0), 3);
+        let p = s.plan(t0, Duration::from_secs(3), "test", None);
         assert_eq!(s.due(), Some(t0 + Duration::from_secs(3)));
     }
 
