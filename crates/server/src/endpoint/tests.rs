@@ -340,6 +340,65 @@ fn protected_places_take_control_requests_a_flood_cannot() {
     }
 }
 
+/// With the queue full of A's Reads, a new client's CreateSession and an
+/// established client's CloseSession take their protected places under
+/// `balanced` (queued, not shed) and are refused busy with a hint under
+/// `shared_only`.
+#[test]
+fn session_management_gets_through_a_full_queue_under_balanced_only() {
+    for (profile, protected) in [
+        (IsolationProfile::Balanced, true),
+        (IsolationProfile::SharedOnly, false),
+    ] {
+        let mut sim = Sim::new(RequestsSection {
+            max_queued_request_count: 100,
+            max_queued_requests_per_owner: 1000,
+            ..requests(profile)
+        });
+        let mut a = sim.client(1);
+        let mut b = sim.client(2);
+        let _held = sim.saturate(&mut a, 2);
+        for _ in 0..99 {
+            let read = a.read(fast());
+            assert!(matches!(sim.submit(&a, &read).1, Submit::Queued));
+        }
+        let read = a.read(fast());
+        assert!(matches!(sim.submit(&a, &read).1, Submit::Answer(_)), "queue full");
+        let peer = SocketAddr::from(([127, 0, 0, 3], 40_000));
+        let channel = sim.endpoint.accept(peer, None, sim.now).expect("admitted");
+        let mut c = Client {
+            channel,
+            token: NodeId::default(),
+            handle: 0,
+        };
+        let create = CreateSessionRequest {
+            request_header: c.header(),
+            session_name: UaString::from("late"),
+            requested_session_timeout: 60_000.0,
+            ..Default::default()
+        };
+        let close = CloseSessionRequest {
+            request_header: b.header(),
+            delete_subscriptions: true,
+        };
+        for (what, outcome) in [
+            ("CreateSession", sim.submit(&c, &create).1),
+            ("CloseSession", sim.submit(&b, &close).1),
+        ] {
+            match outcome {
+                Submit::Queued => assert!(protected, "{profile:?}: {what} queued"),
+                Submit::Answer(m) => {
+                    assert!(!protected, "{profile:?}: {what} answered at once");
+                    let (status, hint) = fault_of(&m).expect("a ServiceFault");
+                    assert_eq!(status, StatusCode::BadServerTooBusy, "{what}");
+                    assert!(hint.is_some_and(|h| h > Duration::ZERO), "{what}: no hint");
+                }
+                other => panic!("{profile:?}: {what} became {other:?}"),
+            }
+        }
+    }
+}
+
 /// An owner with `max_queued_requests_per_owner` waiting is shed (reason
 /// `owner_limit`) while another owner still gets in.
 #[test]
