@@ -13,7 +13,8 @@
 //!   acknowledged, so every retransmission queue fills;
 //! - `continuation`: `--sessions` sessions, each Browsing with one
 //!   reference per page until the server refuses another continuation
-//!   point;
+//!   point (when the server refuses a session, the rogue keeps the ones
+//!   it has and the refusal is reported);
 //! - `events`: `--items` event items on the Server object, each with an
 //!   EventFilter of `--select` select clauses, queues of `--queue`, no
 //!   Publish.
@@ -317,7 +318,22 @@ async fn rogue(a: RoguePlan, stats: Arc<RogueStats>, stop: Arc<AtomicBool>) -> R
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let c = open(&a.url, &format!("uascale bench rogue {s}")).await?;
+                let name = format!("uascale bench rogue {s}");
+                let mut report = ConnectReport::default();
+                let c = match Client::open(&a.url, ClientOptions::default(), &name, &mut report)
+                    .await
+                {
+                    Ok(c) => c,
+                    // The server stops taking sessions (a connection
+                    // limit): a refusal the report shows, and the rogue
+                    // keeps what it has.
+                    Err(e) if s > 0 => {
+                        stats.count(e.status_code());
+                        eprintln!("{name}: connect: {e}; keeping the {s} sessions open");
+                        break;
+                    }
+                    Err(e) => return Err(format!("{name}: connect: {e}")),
+                };
                 while !stop.load(Ordering::Relaxed)
                     && park_continuation_point(&c, &node, &stats).await
                 {}
