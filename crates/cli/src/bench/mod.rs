@@ -289,7 +289,9 @@ impl Args {
             match *a {
                 "--json" => json = true,
                 // Switches without a value.
-                "--trust-server" | "--drain" | "--ignore-hints" if known.contains(a) => {
+                "--trust-server" | "--drain" | "--ignore-hints" | "--split-behaviours"
+                    if known.contains(a) =>
+                {
                     flags
                         .entry((*a).to_owned())
                         .or_default()

@@ -363,7 +363,10 @@ fn session_management_gets_through_a_full_queue_under_balanced_only() {
             assert!(matches!(sim.submit(&a, &read).1, Submit::Queued));
         }
         let read = a.read(fast());
-        assert!(matches!(sim.submit(&a, &read).1, Submit::Answer(_)), "queue full");
+        assert!(
+            matches!(sim.submit(&a, &read).1, Submit::Answer(_)),
+            "queue full"
+        );
         let peer = SocketAddr::from(([127, 0, 0, 3], 40_000));
         let channel = sim.endpoint.accept(peer, None, sim.now).expect("admitted");
         let mut c = Client {

@@ -32,6 +32,10 @@ pub struct Plan {
     pub gate_total: usize,
     /// The cooperative clients' connect gate in this process.
     pub gate: usize,
+    /// `--split-behaviours`: with `mixed` over two or more processes, the
+    /// cooperative clients run in the first half of the processes
+    /// (rounded up) and the naive ones in the rest.
+    pub split: bool,
     /// Cooperative: attempts after the first.
     pub max_retries: u32,
     /// Naive: the per-attempt timeout.
@@ -55,24 +59,51 @@ impl Plan {
         if processes == 0 || processes > clients {
             return Err(format!("--processes must be 1 to --clients ({clients})"));
         }
+        let mix = Mix::parse(a.last("--behaviour").unwrap_or("mixed"))?;
+        let split = a.last("--split-behaviours").is_some() && mix == Mix::Mixed && processes > 1;
+        // Split, only the cooperative processes hold the gate.
+        let gated = if split {
+            processes.div_ceil(2)
+        } else {
+            processes
+        };
         Ok(Plan {
             url: a.url.clone(),
             clients,
-            mix: Mix::parse(a.last("--behaviour").unwrap_or("mixed"))?,
+            mix,
             options: client_options(a).await?,
             sources: source_ips(a)?,
             gate_total: gate,
-            gate: gate.div_ceil(processes.max(1)),
+            gate: gate.div_ceil(gated.max(1)),
+            split,
             max_retries: a.num("--max-retries", 4)?,
             timeout,
             duration,
         })
     }
 
-    /// The client indices process `index` of `count` runs (round robin).
+    /// The client indices process `index` of `count` runs: round robin,
+    /// or, split, round robin within the processes of its behaviour.
     pub fn share(&self, index: usize, count: usize) -> Vec<usize> {
+        let count = count.max(1);
+        if !self.split || count < 2 {
+            return (0..self.clients).filter(|i| i % count == index).collect();
+        }
+        let coop_processes = count.div_ceil(2);
+        let (behaviour, group, at) = if index < coop_processes {
+            (Behaviour::Cooperative, coop_processes, index)
+        } else {
+            (
+                Behaviour::Naive,
+                count - coop_processes,
+                index - coop_processes,
+            )
+        };
         (0..self.clients)
-            .filter(|i| i % count.max(1) == index)
+            .filter(|&i| self.mix.of(i, self.clients) == behaviour)
+            .enumerate()
+            .filter(|(n, _)| n % group == at)
+            .map(|(_, i)| i)
             .collect()
     }
 }
@@ -267,4 +298,61 @@ pub async fn close_all(clients: Vec<Client>, concurrency: usize, limit: Duration
         }
     }
     closed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(clients: usize, split: bool) -> Plan {
+        Plan {
+            url: "opc.tcp://127.0.0.1:4840".into(),
+            clients,
+            mix: Mix::Mixed,
+            options: ClientOptions::default(),
+            sources: Vec::new(),
+            gate_total: 50,
+            gate: 25,
+            split,
+            max_retries: 4,
+            timeout: Duration::from_secs(3),
+            duration: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn shares_cover_every_client_once_and_split_by_behaviour() {
+        for (clients, processes) in [(10, 2), (11, 3), (7, 4), (5, 1)] {
+            for split in [false, true] {
+                let p = plan(clients, split);
+                let mut all: Vec<usize> =
+                    (0..processes).flat_map(|k| p.share(k, processes)).collect();
+                all.sort_unstable();
+                assert_eq!(
+                    all,
+                    (0..clients).collect::<Vec<_>>(),
+                    "{clients}/{processes}"
+                );
+                if split && processes > 1 {
+                    for k in 0..processes {
+                        let want = if k < processes.div_ceil(2) {
+                            Behaviour::Cooperative
+                        } else {
+                            Behaviour::Naive
+                        };
+                        assert!(
+                            p.share(k, processes)
+                                .into_iter()
+                                .all(|i| p.mix.of(i, clients) == want),
+                            "process {k} of {processes} runs only {want:?} clients"
+                        );
+                    }
+                }
+            }
+        }
+        // Not split: every process runs both.
+        let p = plan(10, false);
+        let kinds: Vec<_> = p.share(0, 2).into_iter().map(|i| p.mix.of(i, 10)).collect();
+        assert!(kinds.contains(&Behaviour::Cooperative) && kinds.contains(&Behaviour::Naive));
+    }
 }
