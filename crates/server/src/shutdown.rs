@@ -265,7 +265,7 @@ mod tests {
         let later = t0 + Duration::from_millis(300);
         let p = s.plan(later, Duration::from_secs(3), "test", None);
         assert_eq!(p.seconds_till(t0), 3);
-        let p = s.plan(t0, Duration::from_secs(3), "test", None);
+        s.plan(t0, Duration::from_secs(3), "test", None);
         assert_eq!(s.due(), Some(t0 + Duration::from_secs(3)));
     }
 

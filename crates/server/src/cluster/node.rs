@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use uascale_types::{NodeId, Variant};
 
 use super::record::{
-    bounded, fit_unsent, is_plain_file_name, session_key, trust_key, value_key, ContinuationRecord,
-    EccRecord, NodeRecord, SessionRecord, StatusRecord, SubscriptionsRecord, TrustRecord,
-    ValueRecord, FORMAT_CONTINUATION, FORMAT_QUEUES,
+    bounded, drop_unsent_events, fit_unsent, is_plain_file_name, session_key, trust_key, value_key,
+    ContinuationRecord, EccRecord, NodeRecord, SessionRecord, StatusRecord, SubscriptionsRecord,
+    TrustRecord, ValueRecord, FORMAT_CONTINUATION, FORMAT_EVENT_QUEUES, FORMAT_QUEUES,
 };
 use super::store::{Bucket, Store, StoreError};
 use super::takeover::{self, ClaimError, Claimed, Leases};
@@ -671,6 +671,16 @@ impl ClusterNode {
                     _ => continue,
                 }
             };
+            if unsent && !self.all_read(FORMAT_EVENT_QUEUES) {
+                let dropped = drop_unsent_events(&mut subs);
+                if dropped > 0 {
+                    tracing::warn!(
+                        session = %session_id,
+                        dropped,
+                        "unsent events left out: a live node does not read their record format"
+                    );
+                }
+            }
             if unsent {
                 let dropped = fit_unsent(
                     &self.me,
@@ -1573,6 +1583,44 @@ mod tests {
         assert!(now(a.write_subscriptions()));
         assert_eq!(stored(), (FORMAT_QUEUES, 3));
         assert_eq!(holds.load(Ordering::Relaxed), 1, "once");
+    }
+
+    /// A drain hands over an event item's queued events only when every
+    /// live node reads format 5; where a node reads format 4 it writes the
+    /// rest of the final record without them.
+    #[test]
+    fn unsent_events_are_written_only_where_every_node_reads_them() {
+        let store = Arc::new(MemoryStore::new());
+        let (a, _) = node(&store, "a");
+        let (token, s) = session();
+        let key = session_key(&token).unwrap();
+        let ev = SessionEvent::Created {
+            session_id: s.session_id.clone(),
+            channel_id: 1,
+        };
+        a.heard(&ev, &token, Some(&s));
+        assert!(now(a.write_pending()));
+        let full = crate::cluster::record::tests::with_unsent_events().subscriptions;
+        let id = full[0].id;
+        let session_id = s.session_id.clone();
+        a.set_images(Box::new(move |_, _| {
+            Some((session_id.clone(), full.clone()))
+        }));
+        let stored = || {
+            let e = now(store.get(Bucket::Subscriptions, &key))
+                .unwrap()
+                .unwrap();
+            let rec = SubscriptionsRecord::decode(&e.value).unwrap();
+            (e.value[4], rec.subscriptions[0].items[1].events.len())
+        };
+        a.heartbeat_seen("b", Some(&beat_of("b", 4)), Instant::now());
+        a.status_seen("b", Some(&running_status_of_b(FORMAT_QUEUES)));
+        assert!(now(a.write_all_now([id])));
+        // Nothing else unsent: the event item's format 2.
+        assert_eq!(stored(), (2, 0));
+        a.status_seen("b", Some(&running_status_of_b(FORMAT_EVENT_QUEUES)));
+        assert!(now(a.write_all_now([id])));
+        assert_eq!(stored(), (FORMAT_EVENT_QUEUES, 3));
     }
 
     #[test]

@@ -42,6 +42,13 @@ const FORMAT_EVENTS: u8 = 2;
 /// formats 1 and 2.
 pub const FORMAT_QUEUES: u8 = 4;
 
+/// The subscriptions record layout whose event items carry, after their
+/// unsent values (none for an event item), the events a draining node had
+/// queued and not yet published. Written only in the final records of a
+/// drain, only for sessions with such events, and only once every live
+/// node reads it ([`READS`]); else a drain writes format 4 without them.
+pub const FORMAT_EVENT_QUEUES: u8 = 5;
+
 /// The session record layout with the session's Browse continuation
 /// points appended (after a flag and, when set, the ECC state). Written
 /// only for sessions that hold continuation points, and only once every
@@ -51,7 +58,7 @@ pub const FORMAT_CONTINUATION: u8 = 3;
 
 /// The newest record format of any kind this build reads, told to the
 /// other nodes in its status record ([`StatusRecord::reads`]).
-pub const READS: u8 = FORMAT_QUEUES;
+pub const READS: u8 = FORMAT_EVENT_QUEUES;
 
 /// The most bytes the continuation points of one session record may
 /// take; points beyond are not mirrored (a point of a numeric node takes
@@ -552,17 +559,41 @@ fn encode_image(w: &mut Vec<u8>, s: &SubscriptionImage, format: u8) {
             }
             Some(i.queued.clone()).encode(w);
         }
+        if format >= FORMAT_EVENT_QUEUES {
+            u32::try_from(i.events.len()).unwrap_or(u32::MAX).encode(w);
+            for e in &i.events {
+                e.overflow.encode(w);
+                Some(e.fields.clone()).encode(w);
+            }
+        }
     }
 }
 
-/// True when some item of `subs` carries unsent values (the record is
-/// then format 4).
+/// True when some item of `subs` carries unsent values or events (the
+/// record is then format 4, or 5 with events).
 fn has_unsent(subs: &[SubscriptionImage]) -> bool {
     subs.iter().any(|s| {
         s.items
             .iter()
-            .any(|i| i.last.is_some() || !i.queued.is_empty())
+            .any(|i| i.last.is_some() || !i.queued.is_empty() || !i.events.is_empty())
     })
+}
+
+/// True when some item of `subs` carries unsent events (format 5).
+fn has_unsent_events(subs: &[SubscriptionImage]) -> bool {
+    subs.iter()
+        .any(|s| s.items.iter().any(|i| !i.events.is_empty()))
+}
+
+/// Leaves the unsent events out of `subs` (for a set where some live node
+/// does not read format 5); how many were left out.
+pub fn drop_unsent_events(subs: &mut [SubscriptionImage]) -> usize {
+    let mut dropped = 0;
+    for i in subs.iter_mut().flat_map(|s| s.items.iter_mut()) {
+        dropped += i.events.len();
+        i.events.clear();
+    }
+    dropped
 }
 
 fn value_len(v: &uascale_types::DataValue) -> usize {
@@ -576,9 +607,10 @@ fn value_len(v: &uascale_types::DataValue) -> usize {
 /// first, the first value it keeps marked Overflow (as a queue overflow
 /// is, Part 4 §7.39.1: the client learns that values are missing). Each
 /// item keeps its newest value while that is enough; only when it is not
-/// do the items lose every unsent value and their last one (the node
-/// that restores them then reports each item's current value, as without
-/// them). Returns how many queued values were dropped.
+/// do the items lose every unsent value and event and their last value
+/// (the node that restores them then reports each item's current value,
+/// as without them). Returns how many queued values and events were
+/// dropped.
 pub fn fit_unsent(
     owner: &str,
     session_id: &NodeId,
@@ -614,8 +646,9 @@ pub fn fit_unsent(
             .collect();
         if heap.is_empty() {
             for i in subs.iter_mut().flat_map(|s| s.items.iter_mut()) {
-                dropped += i.queued.len();
+                dropped += i.queued.len() + i.events.len();
                 i.queued.clear();
+                i.events.clear();
                 i.last = None;
             }
             return dropped;
@@ -694,6 +727,7 @@ fn decode_image(r: &mut Reader<'_>, format: u8) -> Result<SubscriptionImage, Rec
             },
             last: None,
             queued: Vec::new(),
+            events: Vec::new(),
         });
         if format >= FORMAT_QUEUES {
             let Some(item) = items.last_mut() else {
@@ -711,6 +745,26 @@ fn decode_image(r: &mut Reader<'_>, format: u8) -> Result<SubscriptionImage, Rec
                 return Err(RecordError::Field("queued"));
             }
             item.queued = queued;
+        }
+        if format >= FORMAT_EVENT_QUEUES {
+            let Some(item) = items.last_mut() else {
+                return Err(RecordError::Field("items"));
+            };
+            let n = u32::decode(r)?;
+            // Never more than the item's queue holds, only for an event
+            // item, and each at least 5 bytes.
+            if n > item.queue_size
+                || (n > 0 && item.event_filter.is_none())
+                || n as usize > r.remaining() / 5
+            {
+                return Err(RecordError::Field("events"));
+            }
+            for _ in 0..n {
+                let overflow = bool::decode(r)?;
+                let fields = Option::<Vec<uascale_types::Variant>>::decode(r)?.unwrap_or_default();
+                item.events
+                    .push(crate::subscription::UnsentEvent { overflow, fields });
+            }
         }
     }
     if interval.is_zero() {
@@ -739,7 +793,9 @@ impl SubscriptionsRecord {
             .subscriptions
             .iter()
             .any(|s| s.items.iter().any(|i| i.event_filter.is_some()));
-        let format = if has_unsent(&self.subscriptions) {
+        let format = if has_unsent_events(&self.subscriptions) {
+            FORMAT_EVENT_QUEUES
+        } else if has_unsent(&self.subscriptions) {
             FORMAT_QUEUES
         } else if events {
             FORMAT_EVENTS
@@ -766,7 +822,8 @@ impl SubscriptionsRecord {
             ..limits()
         };
         let mut r = Reader::new(bytes, &limits)?;
-        let (owner, version, format) = read_header_of(&mut r, SUBSCRIPTIONS_TAG, FORMAT_QUEUES)?;
+        let (owner, version, format) =
+            read_header_of(&mut r, SUBSCRIPTIONS_TAG, FORMAT_EVENT_QUEUES)?;
         // Format 3 is a session record layout only.
         if format == FORMAT_CONTINUATION {
             return Err(RecordError::Format(format));
@@ -1392,6 +1449,7 @@ pub(crate) mod tests {
                     event_filter: None,
                     last: None,
                     queued: Vec::new(),
+                    events: Vec::new(),
                 }],
             }],
         }
@@ -1429,6 +1487,7 @@ pub(crate) mod tests {
             event_filter: Some(Box::new(filter)),
             last: None,
             queued: Vec::new(),
+            events: Vec::new(),
         });
         r
     }
@@ -1524,8 +1583,8 @@ pub(crate) mod tests {
             SubscriptionsRecord::decode(&event_values.encode()),
             Err(RecordError::Field("queued"))
         );
-        assert_eq!(READS, FORMAT_QUEUES, "what the other nodes are told");
-        for format in [FORMAT_CONTINUATION, FORMAT_QUEUES + 1] {
+        assert_eq!(READS, FORMAT_EVENT_QUEUES, "what the other nodes are told");
+        for format in [FORMAT_CONTINUATION, FORMAT_EVENT_QUEUES + 1] {
             let mut b = bytes.clone();
             b[4] = format;
             assert_eq!(
@@ -1533,6 +1592,56 @@ pub(crate) mod tests {
                 Err(RecordError::Format(format))
             );
         }
+    }
+
+    /// [`with_event_item`] as a drain writes it: its event item with two
+    /// events queued behind the EventQueueOverflow event it made.
+    pub(crate) fn with_unsent_events() -> SubscriptionsRecord {
+        let mut r = with_event_item();
+        let event = |overflow: bool, severity: u16| crate::subscription::UnsentEvent {
+            overflow,
+            fields: vec![
+                uascale_types::Variant::UInt16(severity),
+                uascale_types::Variant::String(UaString::from("m")),
+            ],
+        };
+        r.subscriptions[0].items[1].events =
+            vec![event(true, 1), event(false, 300), event(false, 500)];
+        r
+    }
+
+    #[test]
+    fn unsent_events_travel_in_format_5_and_only_they_need_it() {
+        assert_eq!(with_unsent().encode()[4], FORMAT_QUEUES);
+        let r = with_unsent_events();
+        let bytes = r.encode();
+        assert_eq!(bytes[4], FORMAT_EVENT_QUEUES);
+        assert_eq!(SubscriptionsRecord::decode(&bytes).unwrap(), r);
+        damaged_fail_cleanly(&bytes, 0x5a, SubscriptionsRecord::decode);
+        // Beside a data-change item's unsent values.
+        let mut both = r.clone();
+        both.subscriptions[0].items[0] = with_unsent().subscriptions[0].items[0].clone();
+        assert_eq!(SubscriptionsRecord::decode(&both.encode()).unwrap(), both);
+        // Left out for a set where some node reads format 4 only: the
+        // record is format 4 then.
+        let mut older = both.clone();
+        assert_eq!(drop_unsent_events(&mut older.subscriptions), 3);
+        assert_eq!(older.encode()[4], FORMAT_QUEUES);
+        // More events than the item's queue holds, events on a data-change
+        // item: bad records.
+        let mut over = r.clone();
+        over.subscriptions[0].items[1].queue_size = 2;
+        assert_eq!(
+            SubscriptionsRecord::decode(&over.encode()),
+            Err(RecordError::Field("events"))
+        );
+        let mut on_data = r.clone();
+        on_data.subscriptions[0].items[0].queue_size = 10;
+        on_data.subscriptions[0].items[0].events = r.subscriptions[0].items[1].events.clone();
+        assert_eq!(
+            SubscriptionsRecord::decode(&on_data.encode()),
+            Err(RecordError::Field("events"))
+        );
     }
 
     #[test]

@@ -376,6 +376,54 @@ impl MonitoredItem {
         (self.last.clone(), queued)
     }
 
+    /// What a draining node hands over of this event item: the events
+    /// waiting for a Publish, oldest first, each with whether it is the
+    /// EventQueueOverflow event the item put in place of those it
+    /// discarded. A data-change item hands over none.
+    pub fn unsent_events(&self) -> Vec<super::UnsentEvent> {
+        let Pending::Queue(q) = &self.pending else {
+            return Vec::new();
+        };
+        if !self.is_event() {
+            return Vec::new();
+        }
+        q.iter()
+            .filter_map(|q| match q {
+                Queued::Event(fields) => Some(super::UnsentEvent {
+                    overflow: false,
+                    fields: fields.clone(),
+                }),
+                Queued::Overflow(fields) => Some(super::UnsentEvent {
+                    overflow: true,
+                    fields: fields.clone(),
+                }),
+                Queued::Value(_) => None,
+            })
+            .collect()
+    }
+
+    /// Puts back the events a draining node handed over
+    /// ([`Self::unsent_events`]), ahead of any newer event, through the
+    /// ordinary path: the queue size and the session's queued-bytes quota
+    /// bound them (the queue counts against `account`, the session's).
+    pub fn restore_unsent_events(
+        &mut self,
+        events: Vec<super::UnsentEvent>,
+        account: &Arc<Account>,
+    ) {
+        if self.mode == MonitoringMode::Disabled || !self.is_event() {
+            return;
+        }
+        for e in events {
+            self.push(if e.overflow {
+                Queued::Overflow(e.fields)
+            } else {
+                Queued::Event(e.fields)
+            });
+            self.bind_if_unbound(account);
+        }
+    }
+
     /// Puts back what a draining node handed over ([`Self::unsent`]): `last`
     /// becomes the value the next one is compared to (an unchanged current
     /// value is then not reported again), and `queued` waits for the next

@@ -369,6 +369,17 @@ pub struct SubscriptionImage {
     pub items: Vec<ItemImage>,
 }
 
+/// An event an event item had queued and not yet published, handed over
+/// by a draining node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnsentEvent {
+    /// True for the EventQueueOverflow event the item put in place of the
+    /// events it discarded.
+    pub overflow: bool,
+    /// The event's selected fields, as the item's select clauses made them.
+    pub fields: Vec<uascale_types::Variant>,
+}
+
 /// What a cluster mirror keeps of a monitored item (data-change or event).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ItemImage {
@@ -403,6 +414,9 @@ pub struct ItemImage {
     /// Only in the final records of a drain (else empty): the values
     /// queued and not yet published, oldest first.
     pub queued: Vec<uascale_types::DataValue>,
+    /// Only in the final records of a drain (else empty), and only for an
+    /// event item: the events queued and not yet published, oldest first.
+    pub events: Vec<UnsentEvent>,
 }
 
 impl Subscription {
@@ -413,8 +427,10 @@ impl Subscription {
     }
 
     /// What a cluster mirror keeps of it; with `unsent`, also each
-    /// data-change item's last and queued values ([`MonitoredItem::unsent`]):
-    /// the final record of a node that publishes nothing more.
+    /// data-change item's last and queued values ([`MonitoredItem::unsent`])
+    /// and each event item's queued events
+    /// ([`MonitoredItem::unsent_events`]): the final record of a node that
+    /// publishes nothing more.
     pub fn image_of(&self, unsent: bool) -> SubscriptionImage {
         SubscriptionImage {
             id: self.id,
@@ -439,10 +455,11 @@ impl Subscription {
                             Some(Box::new(c.source.clone())),
                         ),
                     };
-                    let (last, queued) = if unsent {
-                        i.unsent()
+                    let (last, queued, events) = if unsent {
+                        let (last, queued) = i.unsent();
+                        (last, queued, i.unsent_events())
                     } else {
-                        (None, Vec::new())
+                        (None, Vec::new(), Vec::new())
                     };
                     ItemImage {
                         id: i.id,
@@ -459,6 +476,7 @@ impl Subscription {
                         event_filter,
                         last,
                         queued,
+                        events,
                     }
                 })
                 .collect(),
@@ -543,11 +561,12 @@ impl Subscription {
         let mut any = false;
         let account = Arc::clone(self.account());
         for i in &img.items {
-            if i.last.is_none() && i.queued.is_empty() {
+            if i.last.is_none() && i.queued.is_empty() && i.events.is_empty() {
                 continue;
             }
             if let Some(item) = self.items.iter_mut().find(|m| m.id == i.id) {
                 item.restore_unsent(i.last.clone(), i.queued.clone(), &account);
+                item.restore_unsent_events(i.events.clone(), &account);
                 any = true;
             }
         }

@@ -1532,6 +1532,90 @@ mod tests {
         event_reaches(&new, &a, &server);
     }
 
+    /// Raises an event of `severity` on `server` at `f`'s start.
+    fn raise(f: &Fixture, server: &NodeId, severity: u16) {
+        let event = crate::subscription::event::Event::new(
+            uascale_types::ByteString::new(vec![severity as u8]),
+            NodeId::ns0(2041),
+            server.clone(),
+            "S",
+            DateTime::from_ticks(1),
+            "m",
+            severity,
+        );
+        let select = |i: &MonitoredItem| match &i.filter {
+            Filter::Event(c) => c.apply(&event, &|_, _| true),
+            Filter::DataChange { .. } => None,
+        };
+        assert_eq!(
+            f.reg
+                .raise_event(f.t0, std::slice::from_ref(server), &select),
+            1
+        );
+    }
+
+    /// A drain hands over the events an event item had queued and not
+    /// published: the image with unsent values carries them (the image
+    /// after a Publish answer does not), and the registry that restores it
+    /// publishes them first, in order, then the newer ones.
+    #[test]
+    fn a_drained_event_items_queued_events_go_out_first_on_the_new_node() {
+        let old = Fixture::new(SubscriptionLimits::default());
+        let a = NodeId::numeric(1, 1);
+        let (id, server) = event_item(&old, &a);
+        for severity in [100, 200, 300] {
+            raise(&old, &server, severity);
+        }
+        let event_image = |images: &[crate::subscription::SubscriptionImage]| {
+            images[0]
+                .items
+                .iter()
+                .find(|i| i.event_filter.is_some())
+                .cloned()
+                .expect("the event item")
+        };
+        assert!(event_image(&old.reg.images_of(&a, false)).events.is_empty());
+        let images = old.reg.images_of(&a, true);
+        let fields: Vec<_> = event_image(&images)
+            .events
+            .iter()
+            .map(|e| (e.overflow, e.fields.clone()))
+            .collect();
+        assert_eq!(
+            fields,
+            [100, 200, 300]
+                .map(|s| (false, vec![Variant::UInt16(s)]))
+                .to_vec()
+        );
+
+        let new = Fixture::new(SubscriptionLimits::default());
+        assert_eq!(new.reg.restore(new.t0, &a, &images), vec![id]);
+        raise(&new, &server, 400);
+        new.publish(&a, 1, 0);
+        new.run(100);
+        let got = new.take();
+        let Answer::Publish(p) = &got[0].1 else {
+            panic!("{got:?}");
+        };
+        let list = p.notification_message.notification_data.as_ref().unwrap()[0]
+            .downcast_ref::<uascale_types::EventNotificationList>()
+            .unwrap();
+        let severities: Vec<_> = list
+            .events
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|e| e.event_fields.clone())
+            .collect();
+        assert_eq!(
+            severities,
+            [100, 200, 300, 400]
+                .map(|s| Some(vec![Variant::UInt16(s)]))
+                .to_vec(),
+            "the unsent events first, in order, then the newer one"
+        );
+    }
+
     /// A drain hands over what its items had not published: the image
     /// with unsent values carries the queued values (not the one already
     /// in a sent message), and the registry that restores it publishes
