@@ -1508,12 +1508,14 @@ mod tests {
         assert_eq!(wrapped.load(Ordering::Relaxed), 1);
     }
 
-    /// The items' unsent values reach the store only in a drain's final
-    /// records (once publishing stopped: [`ClusterNode::write_all_now`])
-    /// and only while every other live node reads their format 4; from
-    /// then on the node's later writes keep them.
-    #[test]
-    fn unsent_values_are_written_only_by_a_drain_every_node_reads() {
+    /// A node "a" on a memory store with one session written: the store,
+    /// the node, the session and its key.
+    fn node_with_a_session() -> (
+        Arc<MemoryStore>,
+        Arc<ClusterNode>,
+        crate::session::Session,
+        String,
+    ) {
         let store = Arc::new(MemoryStore::new());
         let (a, _) = node(&store, "a");
         let (token, s) = session();
@@ -1524,6 +1526,16 @@ mod tests {
         };
         a.heard(&ev, &token, Some(&s));
         assert!(now(a.write_pending()));
+        (store, a, s, key)
+    }
+
+    /// The items' unsent values reach the store only in a drain's final
+    /// records (once publishing stopped: [`ClusterNode::write_all_now`])
+    /// and only while every other live node reads their format 4; from
+    /// then on the node's later writes keep them.
+    #[test]
+    fn unsent_values_are_written_only_by_a_drain_every_node_reads() {
+        let (store, a, s, key) = node_with_a_session();
         let full = crate::cluster::record::tests::with_unsent().subscriptions;
         let id = full[0].id;
         let session_id = s.session_id.clone();
@@ -1590,16 +1602,7 @@ mod tests {
     /// rest of the final record without them.
     #[test]
     fn unsent_events_are_written_only_where_every_node_reads_them() {
-        let store = Arc::new(MemoryStore::new());
-        let (a, _) = node(&store, "a");
-        let (token, s) = session();
-        let key = session_key(&token).unwrap();
-        let ev = SessionEvent::Created {
-            session_id: s.session_id.clone(),
-            channel_id: 1,
-        };
-        a.heard(&ev, &token, Some(&s));
-        assert!(now(a.write_pending()));
+        let (store, a, s, key) = node_with_a_session();
         let full = crate::cluster::record::tests::with_unsent_events().subscriptions;
         let id = full[0].id;
         let session_id = s.session_id.clone();

@@ -113,24 +113,24 @@ impl Sim {
         (request_id, submit::submit(&mut ctx, &c.channel, &body))
     }
 
-    /// A connection from 127.0.0.`host` with an activated session.
-    fn client(&mut self, host: u8) -> Client {
+    /// A connection from 127.0.0.`host`, admitted, with no session.
+    fn bare(&mut self, host: u8) -> Client {
         let peer = SocketAddr::from(([127, 0, 0, host], 40_000));
         let channel = self
             .endpoint
             .accept(peer, None, self.now)
             .expect("admitted");
-        let mut c = Client {
+        Client {
             channel,
             token: NodeId::default(),
             handle: 0,
-        };
-        let create = CreateSessionRequest {
-            request_header: c.header(),
-            session_name: UaString::from("sim"),
-            requested_session_timeout: 60_000.0,
-            ..Default::default()
-        };
+        }
+    }
+
+    /// A connection from 127.0.0.`host` with an activated session.
+    fn client(&mut self, host: u8) -> Client {
+        let mut c = self.bare(host);
+        let create = c.create_session("sim");
         let Submit::Answer(m) = self.submit(&c, &create).1 else {
             panic!("CreateSession not answered at once");
         };
@@ -190,6 +190,16 @@ impl Sim {
 }
 
 impl Client {
+    /// A CreateSession request named `name`.
+    fn create_session(&mut self, name: &str) -> CreateSessionRequest {
+        CreateSessionRequest {
+            request_header: self.header(),
+            session_name: UaString::from(name),
+            requested_session_timeout: 60_000.0,
+            ..Default::default()
+        }
+    }
+
     fn header(&mut self) -> RequestHeader {
         self.handle += 1;
         RequestHeader {
@@ -294,6 +304,25 @@ fn shared_only_starves_the_lone_request() {
     assert_eq!(order.last(), Some(&2), "{order:?}");
 }
 
+/// A queue of 100 full of A's Reads (both workers held by A's slow
+/// Reads, 99 fast ones waiting behind one more slow one) under `profile`;
+/// B has a session and nothing queued.
+fn full_queue(profile: IsolationProfile) -> (Sim, Client, Client, Vec<Spawn>) {
+    let mut sim = Sim::new(RequestsSection {
+        max_queued_request_count: 100,
+        max_queued_requests_per_owner: 1000,
+        ..requests(profile)
+    });
+    let mut a = sim.client(1);
+    let b = sim.client(2);
+    let held = sim.saturate(&mut a, 2);
+    for _ in 0..99 {
+        let read = a.read(fast());
+        assert!(matches!(sim.submit(&a, &read).1, Submit::Queued));
+    }
+    (sim, a, b, held)
+}
+
 /// A full queue sheds an ordinary request with a hint, counted by stage and
 /// reason; under `balanced` a control request (CloseSession) still finds
 /// its protected place, and under `fair_share` it does not.
@@ -303,18 +332,7 @@ fn protected_places_take_control_requests_a_flood_cannot() {
         (IsolationProfile::Balanced, true),
         (IsolationProfile::FairShare, false),
     ] {
-        let mut sim = Sim::new(RequestsSection {
-            max_queued_request_count: 100,
-            max_queued_requests_per_owner: 1000,
-            ..requests(profile)
-        });
-        let mut a = sim.client(1);
-        let mut b = sim.client(2);
-        let _held = sim.saturate(&mut a, 2);
-        for _ in 0..99 {
-            let read = a.read(fast());
-            assert!(matches!(sim.submit(&a, &read).1, Submit::Queued));
-        }
+        let (mut sim, _a, mut b, _held) = full_queue(profile);
         let read = b.read(fast());
         let Submit::Answer(m) = sim.submit(&b, &read).1 else {
             panic!("{profile:?}: B's Read was not shed");
@@ -350,36 +368,14 @@ fn session_management_gets_through_a_full_queue_under_balanced_only() {
         (IsolationProfile::Balanced, true),
         (IsolationProfile::SharedOnly, false),
     ] {
-        let mut sim = Sim::new(RequestsSection {
-            max_queued_request_count: 100,
-            max_queued_requests_per_owner: 1000,
-            ..requests(profile)
-        });
-        let mut a = sim.client(1);
-        let mut b = sim.client(2);
-        let _held = sim.saturate(&mut a, 2);
-        for _ in 0..99 {
-            let read = a.read(fast());
-            assert!(matches!(sim.submit(&a, &read).1, Submit::Queued));
-        }
+        let (mut sim, mut a, mut b, _held) = full_queue(profile);
         let read = a.read(fast());
         assert!(
             matches!(sim.submit(&a, &read).1, Submit::Answer(_)),
             "queue full"
         );
-        let peer = SocketAddr::from(([127, 0, 0, 3], 40_000));
-        let channel = sim.endpoint.accept(peer, None, sim.now).expect("admitted");
-        let mut c = Client {
-            channel,
-            token: NodeId::default(),
-            handle: 0,
-        };
-        let create = CreateSessionRequest {
-            request_header: c.header(),
-            session_name: UaString::from("late"),
-            requested_session_timeout: 60_000.0,
-            ..Default::default()
-        };
+        let mut c = sim.bare(3);
+        let create = c.create_session("late");
         let close = CloseSessionRequest {
             request_header: b.header(),
             delete_subscriptions: true,
