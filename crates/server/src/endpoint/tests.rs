@@ -7,7 +7,8 @@
 //!
 //! Each policy was broken on purpose once to see its test fail (and put
 //! back): lanes that never give up their turn, the per-owner limit
-//! ignored, no protected places, Cancel leaving the queued job in the
+//! ignored, no protected places (for CloseSession, and for a new
+//! client's CreateSession: the bootstrap stage), Cancel leaving the queued job in the
 //! scheduler, teardown keeping a held Publish's worker, no limit of
 //! unfinished handshakes per address - each failed exactly its test.
 
