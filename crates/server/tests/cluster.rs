@@ -1054,10 +1054,21 @@ struct HaproxyCluster {
 /// record format `format`; None when nats-server or haproxy cannot be had
 /// (the test then skips).
 fn behind_haproxy(format: u8) -> Option<HaproxyCluster> {
+    behind_haproxy_with(format, |_| {})
+}
+
+/// [`behind_haproxy`] with `change` made to both nodes' configuration.
+fn behind_haproxy_with(
+    format: u8,
+    change: fn(&mut uascale_server::ServerConfig),
+) -> Option<HaproxyCluster> {
     let nats = nats::start()?;
     let rt = runtime();
     let url = nats.url();
-    let proxied = |c: &mut uascale_server::ServerConfig| c.cluster.proxy_protocol = true;
+    let proxied = |c: &mut uascale_server::ServerConfig| {
+        c.cluster.proxy_protocol = true;
+        change(c);
+    };
     let nodes = [
         start_node_with(&rt, &url, "n1", proxied),
         start_node_with(&rt, &url, "n2", proxied),
@@ -1425,5 +1436,177 @@ fn values_queued_at_a_drain_are_delivered_by_the_survivor() {
             "sequence numbers without a gap: {seqs:?}"
         );
     }
+    drop(nodes);
+}
+
+/// The events of a NotificationMessage, each one's fields, in order.
+fn event_fields(p: &PublishResponse) -> Vec<Vec<uascale_types::Variant>> {
+    p.notification_message
+        .notification_data
+        .iter()
+        .flatten()
+        .filter_map(|e| e.downcast_ref::<uascale_types::EventNotificationList>())
+        .flat_map(|l| {
+            l.events
+                .iter()
+                .flatten()
+                .map(|e| e.event_fields.clone().unwrap_or_default())
+        })
+        .collect()
+}
+
+/// The events an event item had queued at a drain move with their
+/// session: with auditing on, a client behind HAProxy watches the Server
+/// object's events (EventId and EventType, a queue of 50, publishing every
+/// 1.5 s, no Publish sent); sessions opened through the front end until
+/// three landed on its node raise their audit events there, into its
+/// queue; its node drains; the final record holds those events, and the
+/// survivor's first notifications after the client activates its session
+/// there are exactly them, in order - then only newer events, none twice.
+#[test]
+fn events_queued_at_a_drain_are_delivered_by_the_survivor() {
+    use uascale_types::{
+        ContentFilter, CreateMonitoredItemsRequest, CreateMonitoredItemsResponse, EventFilter,
+        MonitoredItemCreateRequest, MonitoringMode, MonitoringParameters, QualifiedName,
+        SimpleAttributeOperand, TimestampsToReturn, Variant,
+    };
+    let Some(HaproxyCluster {
+        _nats,
+        rt,
+        url,
+        mut nodes,
+        _haproxy,
+        front,
+    }) = behind_haproxy_with(record::FORMAT_EVENT_QUEUES, |c| c.server.auditing = true)
+    else {
+        return;
+    };
+    let mut c = RawClient::connect(front);
+    c.session();
+    let sub = create_subscription(&mut c, 1500.0);
+    let field = |name: &str| SimpleAttributeOperand {
+        type_definition_id: NodeId::ns0(2041),
+        browse_path: Some(vec![QualifiedName::new(0, name)]),
+        attribute_id: AttributeId::Value as u32,
+        index_range: UaString::null(),
+    };
+    let h = c.header();
+    c.send(&CreateMonitoredItemsRequest {
+        request_header: h,
+        subscription_id: sub,
+        timestamps_to_return: TimestampsToReturn::Both,
+        items_to_create: Some(vec![MonitoredItemCreateRequest {
+            item_to_monitor: ReadValueId {
+                node_id: NodeId::ns0(2253),
+                attribute_id: AttributeId::EventNotifier as u32,
+                ..Default::default()
+            },
+            monitoring_mode: MonitoringMode::Reporting,
+            requested_parameters: MonitoringParameters {
+                client_handle: 9,
+                queue_size: 50,
+                discard_oldest: true,
+                filter: ExtensionObject::new(EventFilter {
+                    select_clauses: Some(vec![field("EventId"), field("EventType")]),
+                    where_clause: ContentFilter { elements: None },
+                }),
+                ..Default::default()
+            },
+        }]),
+    });
+    let (_, m) = c.read_response();
+    let created = m
+        .as_any()
+        .downcast_ref::<CreateMonitoredItemsResponse>()
+        .unwrap_or_else(|| panic!("{m:?}"));
+    assert_eq!(
+        created.results.as_deref().unwrap_or_default()[0].status_code,
+        StatusCode::Good
+    );
+    let start = Instant::now();
+    let owner = loop {
+        if let Some(r) = stored(&rt, &url, &c.auth) {
+            break if r.owner == "n1" { 0 } else { 1 };
+        }
+        assert!(start.elapsed() < LIMIT, "the session was never mirrored");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let survivor = 1 - owner;
+    // Sessions through the front end until three landed on the owner.
+    let mut others = Vec::new();
+    let mut landed = 0;
+    while landed < 3 {
+        assert!(others.len() < 40, "sessions never landed on the owner");
+        let before = nodes[owner].state.sessions.len();
+        let mut o = RawClient::connect(front);
+        o.session();
+        if nodes[owner].state.sessions.len() > before {
+            landed += 1;
+        }
+        others.push(o);
+    }
+
+    nodes[owner]
+        .state
+        .shutdown
+        .plan(Instant::now(), Duration::ZERO, "event queue test", None);
+    assert_eq!(c.read_error(), StatusCode::BadShutdown);
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut nodes[owner].task).await;
+    });
+    // The final record: the audit events of the three, in order.
+    let record = subscriptions_record(&rt, &url, &c.auth).expect("mirrored");
+    let queued: Vec<Vec<Variant>> = record.subscriptions[0]
+        .items
+        .iter()
+        .find(|i| i.event_filter.is_some())
+        .expect("the event item")
+        .events
+        .iter()
+        .map(|e| {
+            assert!(!e.overflow, "nothing discarded");
+            e.fields.clone()
+        })
+        .collect();
+    // Each of the three raised AuditCreateSession and AuditActivateSession.
+    assert!(
+        queued.len() >= 6,
+        "the three sessions' audit events: {queued:?}"
+    );
+
+    let mut moved = reactivate_on(front, &c.auth);
+    assert_eq!(
+        stored(&rt, &url, &c.auth).map(|r| r.owner),
+        Some(["n1", "n2"][survivor].to_owned()),
+        "taken over by the survivor"
+    );
+    let mut got: Vec<Vec<Variant>> = Vec::new();
+    let mut acks = Vec::new();
+    let start = Instant::now();
+    while got.len() < queued.len() {
+        assert!(
+            start.elapsed() < LIMIT,
+            "the queued events never came: {got:?}"
+        );
+        let p = publish_response(&mut moved, std::mem::take(&mut acks));
+        assert_eq!(p.subscription_id, sub, "the same subscription");
+        let events = event_fields(&p);
+        if !events.is_empty() {
+            acks.push(SubscriptionAcknowledgement {
+                subscription_id: sub,
+                sequence_number: p.notification_message.sequence_number,
+            });
+            got.extend(events);
+        }
+    }
+    assert_eq!(
+        &got[..queued.len()],
+        &queued[..],
+        "the events queued at the drain first, in order"
+    );
+    let ids: std::collections::HashSet<String> =
+        got.iter().map(|f| format!("{:?}", f[0])).collect();
+    assert_eq!(ids.len(), got.len(), "no event twice: {got:?}");
+    drop(others);
     drop(nodes);
 }
