@@ -1225,7 +1225,7 @@ impl ClusterNode {
             session.server_nonce,
             |rec| {
                 let version = rec.version;
-                *rec = now;
+                *rec = now.clone();
                 rec.version = version;
             },
         )

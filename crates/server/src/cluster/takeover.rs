@@ -104,31 +104,45 @@ pub async fn claim(
     key: &str,
     expected_nonce: &[u8; 32],
     next_nonce: [u8; 32],
-    update: impl FnOnce(&mut SessionRecord),
+    update: impl Fn(&mut SessionRecord),
 ) -> Result<Claimed, ClaimError> {
-    let (mut record, revision) = read(store, key).await?.ok_or(ClaimError::Unknown)?;
-    if record.server_nonce != *expected_nonce {
-        return Err(ClaimError::NonceConsumed);
-    }
-    let previous_owner = std::mem::replace(&mut record.owner, me.to_owned());
-    update(&mut record);
-    record.server_nonce = next_nonce;
-    record.activated = true;
-    record.version = record.version.wrapping_add(1);
-    match store
-        .update(Bucket::Sessions, key, record.encode(), revision)
-        .await
-    {
-        Ok(revision) => Ok(Claimed {
-            record,
-            revision,
-            previous_owner,
-        }),
-        // Whoever wrote in between consumed the nonce or took the session.
-        Err(StoreError::Conflict) => Err(ClaimError::NonceConsumed),
-        Err(e) => Err(e.into()),
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let (mut record, revision) = read(store, key).await?.ok_or(ClaimError::Unknown)?;
+        if record.server_nonce != *expected_nonce {
+            return Err(ClaimError::NonceConsumed);
+        }
+        let previous_owner = std::mem::replace(&mut record.owner, me.to_owned());
+        update(&mut record);
+        record.server_nonce = next_nonce;
+        record.activated = true;
+        record.version = record.version.wrapping_add(1);
+        match store
+            .update(Bucket::Sessions, key, record.encode(), revision)
+            .await
+        {
+            Ok(revision) => {
+                return Ok(Claimed {
+                    record,
+                    revision,
+                    previous_owner,
+                })
+            }
+            // Someone wrote in between: a survivor adopting the session
+            // of a dead node changes its owner and leaves the nonce, so
+            // the claim reads again and goes on while the nonce is the
+            // one the client signed; a consumed nonce ends it above.
+            Err(StoreError::Conflict) if attempts < CLAIM_ATTEMPTS => {}
+            Err(StoreError::Conflict) => return Err(ClaimError::NonceConsumed),
+            Err(e) => return Err(e.into()),
+        }
     }
 }
+
+/// How often a claim reads the record again after a concurrent write that
+/// left the nonce alone (an adoption, a transition of the old owner).
+const CLAIM_ATTEMPTS: u32 = 4;
 
 /// Writes the record of a session this node serves: created when
 /// `revision` is `None`, else compared against it. [`ClaimError::Lost`]
@@ -276,6 +290,7 @@ mod tests {
     use super::*;
     use crate::cluster::memory::MemoryStore;
     use crate::cluster::record::tests::sample;
+    use crate::cluster::store::{Change, Entry, StoreFuture};
     use crate::cluster::testing::now;
 
     const KEY: &str = "s.01";
@@ -343,6 +358,87 @@ mod tests {
             Err(ClaimError::NonceConsumed)
         );
         assert_eq!(now(read(&store, KEY)).unwrap().unwrap().0.owner, "b");
+    }
+
+    /// A store that, before the first compare-and-set it is asked for,
+    /// lets another node adopt the session (owner changed, nonce left).
+    #[derive(Debug)]
+    struct AdoptedInBetween {
+        inner: MemoryStore,
+        adopted: std::sync::atomic::AtomicBool,
+    }
+
+    impl Store for AdoptedInBetween {
+        fn get<'a>(&'a self, bucket: Bucket, key: &'a str) -> StoreFuture<'a, Option<Entry>> {
+            self.inner.get(bucket, key)
+        }
+        fn create<'a>(
+            &'a self,
+            bucket: Bucket,
+            key: &'a str,
+            value: Vec<u8>,
+        ) -> StoreFuture<'a, u64> {
+            self.inner.create(bucket, key, value)
+        }
+        fn update<'a>(
+            &'a self,
+            bucket: Bucket,
+            key: &'a str,
+            value: Vec<u8>,
+            revision: u64,
+        ) -> StoreFuture<'a, u64> {
+            Box::pin(async move {
+                if !self.adopted.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    let e = self.inner.get(bucket, key).await?.expect("a record");
+                    let mut r = SessionRecord::decode(&e.value).expect("decodes");
+                    r.owner = "c".into();
+                    self.inner
+                        .update(bucket, key, r.encode(), e.revision)
+                        .await?;
+                }
+                self.inner.update(bucket, key, value, revision).await
+            })
+        }
+        fn put<'a>(&'a self, bucket: Bucket, key: &'a str, value: Vec<u8>) -> StoreFuture<'a, u64> {
+            self.inner.put(bucket, key, value)
+        }
+        fn delete<'a>(
+            &'a self,
+            bucket: Bucket,
+            key: &'a str,
+            revision: Option<u64>,
+        ) -> StoreFuture<'a, ()> {
+            self.inner.delete(bucket, key, revision)
+        }
+        fn keys(&self, bucket: Bucket) -> StoreFuture<'_, Vec<String>> {
+            self.inner.keys(bucket)
+        }
+        fn watch(&self, bucket: Bucket) -> StoreFuture<'_, tokio::sync::mpsc::Receiver<Change>> {
+            self.inner.watch(bucket)
+        }
+    }
+
+    /// A survivor adopting the dead node's session between a claim's read
+    /// and its write leaves the nonce: the claim reads again and wins; a
+    /// write that consumed the nonce still ends it.
+    #[test]
+    fn an_adoption_between_a_claims_read_and_write_does_not_end_it() {
+        let store = AdoptedInBetween {
+            inner: MemoryStore::new(),
+            adopted: std::sync::atomic::AtomicBool::new(false),
+        };
+        now(write_owned(&store.inner, KEY, &sample("a", 1), None)).unwrap();
+        let c = now(claim(&store, "b", KEY, &[1; 32], [2; 32], |_| {})).unwrap();
+        assert_eq!(
+            c.previous_owner, "c",
+            "the adopter it took the session from"
+        );
+        let (r, _) = now(read(&store, KEY)).unwrap().unwrap();
+        assert_eq!((r.owner.as_str(), r.server_nonce), ("b", [2; 32]));
+        assert_eq!(
+            now(claim(&store, "c", KEY, &[1; 32], [3; 32], |_| {})),
+            Err(ClaimError::NonceConsumed)
+        );
     }
 
     #[test]
