@@ -1,7 +1,8 @@
 //! A [`Store`] in memory: the takeover logic's unit tests run against it
 //! (its futures are ready at once, so no runtime is needed), and so can
 //! several in-process nodes. It can be switched unreachable to test what
-//! a node does while its store is away.
+//! a node does while its store is away, and told to let another writer in
+//! before a compare-and-set, to test what a race does.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,12 +21,26 @@ struct Inner {
     watchers: Vec<(Bucket, mpsc::Sender<Change>)>,
 }
 
+/// A write to make over a record before the next compare-and-set
+/// ([`MemoryStore::write_before_next_update`]).
+type Interloper = Box<dyn FnOnce(Vec<u8>) -> Vec<u8> + Send>;
+
 /// Records in a map under one lock, one revision counter for all buckets
 /// (as a NATS stream numbers its messages).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
     down: AtomicBool,
+    interloper: Mutex<Option<Interloper>>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("inner", &self.inner)
+            .field("down", &self.down)
+            .finish_non_exhaustive()
+    }
 }
 
 impl MemoryStore {
@@ -38,6 +53,17 @@ impl MemoryStore {
     /// or work again (false).
     pub fn set_unreachable(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Before the next compare-and-set ([`Store::update`]) of any record,
+    /// writes `change` of that record's bytes over it, as another writer
+    /// coming between the caller's read and its write would: the
+    /// caller's compare-and-set then meets the newer revision.
+    pub fn write_before_next_update(
+        &self,
+        change: impl FnOnce(Vec<u8>) -> Vec<u8> + Send + 'static,
+    ) {
+        *self.interloper.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(change));
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, StoreError> {
@@ -124,6 +150,21 @@ impl Store for MemoryStore {
         value: Vec<u8>,
         revision: u64,
     ) -> StoreFuture<'a, u64> {
+        let interloper = self
+            .interloper
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(change) = interloper {
+            let current = self
+                .lock()
+                .map(|i| i.records.get(&(bucket, key.to_owned())).cloned());
+            if let Ok(Some(e)) = current {
+                if let Err(e) = self.write(bucket, key, Some(change(e.value)), |_| true) {
+                    return ready(Err(e));
+                }
+            }
+        }
         ready(self.write(bucket, key, Some(value), |e| {
             e.is_some_and(|e| e.revision == revision)
         }))

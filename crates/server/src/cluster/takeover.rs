@@ -290,7 +290,6 @@ mod tests {
     use super::*;
     use crate::cluster::memory::MemoryStore;
     use crate::cluster::record::tests::sample;
-    use crate::cluster::store::{Change, Entry, StoreFuture};
     use crate::cluster::testing::now;
 
     const KEY: &str = "s.01";
@@ -360,74 +359,18 @@ mod tests {
         assert_eq!(now(read(&store, KEY)).unwrap().unwrap().0.owner, "b");
     }
 
-    /// A store that, before the first compare-and-set it is asked for,
-    /// lets another node adopt the session (owner changed, nonce left).
-    #[derive(Debug)]
-    struct AdoptedInBetween {
-        inner: MemoryStore,
-        adopted: std::sync::atomic::AtomicBool,
-    }
-
-    impl Store for AdoptedInBetween {
-        fn get<'a>(&'a self, bucket: Bucket, key: &'a str) -> StoreFuture<'a, Option<Entry>> {
-            self.inner.get(bucket, key)
-        }
-        fn create<'a>(
-            &'a self,
-            bucket: Bucket,
-            key: &'a str,
-            value: Vec<u8>,
-        ) -> StoreFuture<'a, u64> {
-            self.inner.create(bucket, key, value)
-        }
-        fn update<'a>(
-            &'a self,
-            bucket: Bucket,
-            key: &'a str,
-            value: Vec<u8>,
-            revision: u64,
-        ) -> StoreFuture<'a, u64> {
-            Box::pin(async move {
-                if !self.adopted.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                    let e = self.inner.get(bucket, key).await?.expect("a record");
-                    let mut r = SessionRecord::decode(&e.value).expect("decodes");
-                    r.owner = "c".into();
-                    self.inner
-                        .update(bucket, key, r.encode(), e.revision)
-                        .await?;
-                }
-                self.inner.update(bucket, key, value, revision).await
-            })
-        }
-        fn put<'a>(&'a self, bucket: Bucket, key: &'a str, value: Vec<u8>) -> StoreFuture<'a, u64> {
-            self.inner.put(bucket, key, value)
-        }
-        fn delete<'a>(
-            &'a self,
-            bucket: Bucket,
-            key: &'a str,
-            revision: Option<u64>,
-        ) -> StoreFuture<'a, ()> {
-            self.inner.delete(bucket, key, revision)
-        }
-        fn keys(&self, bucket: Bucket) -> StoreFuture<'_, Vec<String>> {
-            self.inner.keys(bucket)
-        }
-        fn watch(&self, bucket: Bucket) -> StoreFuture<'_, tokio::sync::mpsc::Receiver<Change>> {
-            self.inner.watch(bucket)
-        }
-    }
-
     /// A survivor adopting the dead node's session between a claim's read
     /// and its write leaves the nonce: the claim reads again and wins; a
     /// write that consumed the nonce still ends it.
     #[test]
     fn an_adoption_between_a_claims_read_and_write_does_not_end_it() {
-        let store = AdoptedInBetween {
-            inner: MemoryStore::new(),
-            adopted: std::sync::atomic::AtomicBool::new(false),
-        };
-        now(write_owned(&store.inner, KEY, &sample("a", 1), None)).unwrap();
+        let store = MemoryStore::new();
+        stored(&store, "a");
+        store.write_before_next_update(|bytes| {
+            let mut r = SessionRecord::decode(&bytes).expect("decodes");
+            r.owner = "c".into();
+            r.encode()
+        });
         let c = now(claim(&store, "b", KEY, &[1; 32], [2; 32], |_| {})).unwrap();
         assert_eq!(
             c.previous_owner, "c",
