@@ -517,26 +517,20 @@ fn sessions_survive_a_restart_of_the_whole_cluster() {
     drop((n1, n2));
 }
 
-/// An event item moves with its subscription: created on n1 (an
-/// EventFilter on the Server object), mirrored with its filter, and there
-/// on n2 after the takeover - SetMonitoringMode on its id succeeds, as it
-/// does only for an item the subscription holds.
-#[test]
-fn an_event_item_moves_with_its_subscription() {
+/// An event item on the Server object in `sub`, selecting the
+/// BaseEventType fields `select`, with a queue of `queue`; its id.
+fn monitor_events(c: &mut RawClient, sub: u32, queue: u32, select: &[&str]) -> u32 {
     use uascale_types::{
         ContentFilter, CreateMonitoredItemsRequest, CreateMonitoredItemsResponse, EventFilter,
         MonitoredItemCreateRequest, MonitoringMode, MonitoringParameters, QualifiedName,
-        SetMonitoringModeRequest, SetMonitoringModeResponse, SimpleAttributeOperand,
-        TimestampsToReturn,
+        SimpleAttributeOperand, TimestampsToReturn,
     };
-    let Some((_nats, rt, url, mut n1, n2)) = two_nodes() else {
-        return;
+    let field = |name: &&str| SimpleAttributeOperand {
+        type_definition_id: NodeId::ns0(2041),
+        browse_path: Some(vec![QualifiedName::new(0, *name)]),
+        attribute_id: AttributeId::Value as u32,
+        index_range: UaString::null(),
     };
-
-    let mut c = RawClient::connect(n1.addr);
-    c.session();
-    c.send_create_subscription(600, 10);
-    let sub = c.read_subscription_id();
     let h = c.header();
     c.send(&CreateMonitoredItemsRequest {
         request_header: h,
@@ -551,15 +545,10 @@ fn an_event_item_moves_with_its_subscription() {
             monitoring_mode: MonitoringMode::Reporting,
             requested_parameters: MonitoringParameters {
                 client_handle: 9,
-                queue_size: 10,
+                queue_size: queue,
                 discard_oldest: true,
                 filter: ExtensionObject::new(EventFilter {
-                    select_clauses: Some(vec![SimpleAttributeOperand {
-                        type_definition_id: NodeId::ns0(2041),
-                        browse_path: Some(vec![QualifiedName::new(0, "Severity")]),
-                        attribute_id: AttributeId::Value as u32,
-                        index_range: UaString::null(),
-                    }]),
+                    select_clauses: Some(select.iter().map(field).collect()),
                     where_clause: ContentFilter { elements: None },
                 }),
                 ..Default::default()
@@ -573,7 +562,50 @@ fn an_event_item_moves_with_its_subscription() {
         .unwrap_or_else(|| panic!("{m:?}"));
     let result = &created.results.as_deref().unwrap_or_default()[0];
     assert_eq!(result.status_code, StatusCode::Good);
-    let item = result.monitored_item_id;
+    result.monitored_item_id
+}
+
+/// Drains `node` at once (a planned shutdown due now): `c`, a client of
+/// it, is closed with `BadShutdown`, and the node's task ends.
+fn drain_now(rt: &tokio::runtime::Runtime, node: &mut Node, c: &mut RawClient, why: &str) {
+    node.state
+        .shutdown
+        .plan(Instant::now(), Duration::ZERO, why, None);
+    assert_eq!(c.read_error(), StatusCode::BadShutdown);
+    rt.block_on(async {
+        let _ = tokio::time::timeout(LIMIT, &mut node.task).await;
+    });
+}
+
+/// Which of `n1`, `n2` owns the session of `token` once it is mirrored
+/// (0 or 1), and its session id.
+fn owner_of(rt: &tokio::runtime::Runtime, url: &str, token: &NodeId) -> (usize, NodeId) {
+    let start = Instant::now();
+    loop {
+        if let Some(r) = stored(rt, url, token) {
+            return (if r.owner == "n1" { 0 } else { 1 }, r.session_id);
+        }
+        assert!(start.elapsed() < LIMIT, "the session was never mirrored");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// An event item moves with its subscription: created on n1 (an
+/// EventFilter on the Server object), mirrored with its filter, and there
+/// on n2 after the takeover - SetMonitoringMode on its id succeeds, as it
+/// does only for an item the subscription holds.
+#[test]
+fn an_event_item_moves_with_its_subscription() {
+    use uascale_types::{MonitoringMode, SetMonitoringModeRequest, SetMonitoringModeResponse};
+    let Some((_nats, rt, url, mut n1, n2)) = two_nodes() else {
+        return;
+    };
+
+    let mut c = RawClient::connect(n1.addr);
+    c.session();
+    c.send_create_subscription(600, 10);
+    let sub = c.read_subscription_id();
+    let item = monitor_events(&mut c, sub, 10, &["Severity"]);
     // A Publish answer writes the record; wait for the item in it.
     let _ = publish_response(&mut c, vec![]);
     mirrored(&rt, &url, &c.auth, "the event item", |r| {
@@ -1156,14 +1188,7 @@ fn browse_next_goes_on_on_the_node_that_took_the_session_over() {
     };
 
     // Its node drains: the final records, then the close.
-    nodes[owner]
-        .state
-        .shutdown
-        .plan(Instant::now(), Duration::ZERO, "browse test", None);
-    assert_eq!(c.read_error(), StatusCode::BadShutdown);
-    rt.block_on(async {
-        let _ = tokio::time::timeout(LIMIT, &mut nodes[owner].task).await;
-    });
+    drain_now(&rt, &mut nodes[owner], &mut c, "browse test");
 
     // Back through the front end, on the survivor.
     let mut moved = reactivate_on(front, &c.auth);
@@ -1320,14 +1345,7 @@ fn values_queued_at_a_drain_are_delivered_by_the_survivor() {
     c.session();
     let sub = create_subscription(&mut c, 1500.0);
     monitor_queued(&mut c, sub, var.clone(), 50);
-    let start = Instant::now();
-    let (owner, session_id) = loop {
-        if let Some(r) = stored(&rt, &url, &c.auth) {
-            break (if r.owner == "n1" { 0 } else { 1 }, r.session_id);
-        }
-        assert!(start.elapsed() < LIMIT, "the session was never mirrored");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (owner, session_id) = owner_of(&rt, &url, &c.auth);
     let survivor = 1 - owner;
     // The first message: the item's first value, 0. A publishing
     // interval starts with it.
@@ -1346,14 +1364,7 @@ fn values_queued_at_a_drain_are_delivered_by_the_survivor() {
         write(&nodes[owner], f64::from(x));
         std::thread::sleep(Duration::from_millis(20));
     }
-    nodes[owner]
-        .state
-        .shutdown
-        .plan(Instant::now(), Duration::ZERO, "queue test", None);
-    assert_eq!(c.read_error(), StatusCode::BadShutdown);
-    rt.block_on(async {
-        let _ = tokio::time::timeout(LIMIT, &mut nodes[owner].task).await;
-    });
+    drain_now(&rt, &mut nodes[owner], &mut c, "queue test");
     // The final record holds the ten, oldest first.
     let record = subscriptions_record(&rt, &url, &c.auth).expect("mirrored");
     let queued: Vec<_> = record.subscriptions[0].items[0]
@@ -1465,11 +1476,7 @@ fn event_fields(p: &PublishResponse) -> Vec<Vec<uascale_types::Variant>> {
 /// there are exactly them, in order - then only newer events, none twice.
 #[test]
 fn events_queued_at_a_drain_are_delivered_by_the_survivor() {
-    use uascale_types::{
-        ContentFilter, CreateMonitoredItemsRequest, CreateMonitoredItemsResponse, EventFilter,
-        MonitoredItemCreateRequest, MonitoringMode, MonitoringParameters, QualifiedName,
-        SimpleAttributeOperand, TimestampsToReturn, Variant,
-    };
+    use uascale_types::Variant;
     let Some(HaproxyCluster {
         _nats,
         rt,
@@ -1484,53 +1491,8 @@ fn events_queued_at_a_drain_are_delivered_by_the_survivor() {
     let mut c = RawClient::connect(front);
     c.session();
     let sub = create_subscription(&mut c, 1500.0);
-    let field = |name: &str| SimpleAttributeOperand {
-        type_definition_id: NodeId::ns0(2041),
-        browse_path: Some(vec![QualifiedName::new(0, name)]),
-        attribute_id: AttributeId::Value as u32,
-        index_range: UaString::null(),
-    };
-    let h = c.header();
-    c.send(&CreateMonitoredItemsRequest {
-        request_header: h,
-        subscription_id: sub,
-        timestamps_to_return: TimestampsToReturn::Both,
-        items_to_create: Some(vec![MonitoredItemCreateRequest {
-            item_to_monitor: ReadValueId {
-                node_id: NodeId::ns0(2253),
-                attribute_id: AttributeId::EventNotifier as u32,
-                ..Default::default()
-            },
-            monitoring_mode: MonitoringMode::Reporting,
-            requested_parameters: MonitoringParameters {
-                client_handle: 9,
-                queue_size: 50,
-                discard_oldest: true,
-                filter: ExtensionObject::new(EventFilter {
-                    select_clauses: Some(vec![field("EventId"), field("EventType")]),
-                    where_clause: ContentFilter { elements: None },
-                }),
-                ..Default::default()
-            },
-        }]),
-    });
-    let (_, m) = c.read_response();
-    let created = m
-        .as_any()
-        .downcast_ref::<CreateMonitoredItemsResponse>()
-        .unwrap_or_else(|| panic!("{m:?}"));
-    assert_eq!(
-        created.results.as_deref().unwrap_or_default()[0].status_code,
-        StatusCode::Good
-    );
-    let start = Instant::now();
-    let owner = loop {
-        if let Some(r) = stored(&rt, &url, &c.auth) {
-            break if r.owner == "n1" { 0 } else { 1 };
-        }
-        assert!(start.elapsed() < LIMIT, "the session was never mirrored");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    monitor_events(&mut c, sub, 50, &["EventId", "EventType"]);
+    let (owner, _) = owner_of(&rt, &url, &c.auth);
     let survivor = 1 - owner;
     // Sessions through the front end until three landed on the owner.
     let mut others = Vec::new();
@@ -1546,14 +1508,7 @@ fn events_queued_at_a_drain_are_delivered_by_the_survivor() {
         others.push(o);
     }
 
-    nodes[owner]
-        .state
-        .shutdown
-        .plan(Instant::now(), Duration::ZERO, "event queue test", None);
-    assert_eq!(c.read_error(), StatusCode::BadShutdown);
-    rt.block_on(async {
-        let _ = tokio::time::timeout(LIMIT, &mut nodes[owner].task).await;
-    });
+    drain_now(&rt, &mut nodes[owner], &mut c, "event queue test");
     // The final record: the audit events of the three, in order.
     let record = subscriptions_record(&rt, &url, &c.auth).expect("mirrored");
     let queued: Vec<Vec<Variant>> = record.subscriptions[0]
