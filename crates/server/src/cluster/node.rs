@@ -657,6 +657,8 @@ impl ClusterNode {
         let unsent = !dirty.is_empty()
             && self.draining.load(Ordering::Acquire)
             && self.all_read(FORMAT_QUEUES);
+        // Queued events only where every live node reads their format too.
+        let without_events = unsent && !self.all_read(FORMAT_EVENT_QUEUES);
         for (i, id) in dirty.iter().enumerate() {
             let Some((session_id, mut subs)) = images(*id, unsent) else {
                 continue;
@@ -671,7 +673,7 @@ impl ClusterNode {
                     _ => continue,
                 }
             };
-            if unsent && !self.all_read(FORMAT_EVENT_QUEUES) {
+            if without_events {
                 let dropped = drop_unsent_events(&mut subs);
                 if dropped > 0 {
                     tracing::warn!(
