@@ -353,7 +353,7 @@ impl MonitoredItem {
     /// What a draining node hands over of this data-change item: the last
     /// value that passed its filter (what the next is compared to) and the
     /// values waiting for a Publish, oldest first - none of them in a
-    /// NotificationMessage yet. An event item hands over nothing.
+    /// NotificationMessage yet. An event item hands over no values (its events: [`Self::unsent_events`]).
     pub fn unsent(&self) -> (Option<DataValue>, Vec<DataValue>) {
         if self.is_event() {
             return (None, Vec::new());
