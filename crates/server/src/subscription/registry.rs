@@ -680,6 +680,7 @@ impl<P: PublishSink> Registry<P> {
             if let Some(s) = g.get_mut(img.id) {
                 s.restore_unsent(img);
             }
+            g.sweep();
             self.schedule(&set, &mut g);
             restored.push(img.id);
         }
@@ -829,6 +830,7 @@ impl<P: PublishSink> Registry<P> {
                 };
                 queued |= s.offer_at(now.instant, item, dv);
             }
+            g.sweep();
             if queued {
                 // A subscription idling between keep-alives wakes for it.
                 self.schedule(&set, &mut g);
@@ -861,6 +863,7 @@ impl<P: PublishSink> Registry<P> {
                 };
                 if s.offer_event_at(now, item, fields) {
                     n += 1;
+                    g.sweep();
                     self.schedule(&set, &mut g);
                 }
             }
