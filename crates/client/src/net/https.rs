@@ -1,6 +1,6 @@
 //! opc.https (https-uabinary): each request is POSTed in TLS, its body
 //! the request's encoding id and fields, its answer the response (or a
-//! ServiceFault) in a 200.
+//! ServiceFault) in a 200, or a busy answer (429, 503).
 //!
 //! The TLS handshake offers HTTP/2 (ALPN `h2`) before HTTP/1.1. Over
 //! HTTP/2 every request of the link, held Publishes among them, is a

@@ -9,7 +9,8 @@
 //! The wire: a POST with `Content-Type: application/octet-stream` whose
 //! body is the binary encoding id of the request followed by the request
 //! (no ExtensionObject mask or length), answered 200 with the response or
-//! a ServiceFault. The `OPCUA-SecurityPolicy` header names the policy of
+//! a ServiceFault - a busy one (a shed, with its hint) 429 with
+//! `Retry-After` ([`answer`]). The `OPCUA-SecurityPolicy` header names the policy of
 //! the session signatures (absent: None). TLS carries the transport
 //! security; there is no secure channel, so every CreateSession gets a
 //! logical channel of its own (sessions, nonces and tokens never mix) and
