@@ -1,8 +1,11 @@
 //! opc.https (https-uabinary) end to end: uascale's client against the
 //! server's HTTPS listener for every service family and a subscription;
 //! the HTTP errors with curl; 429 with Retry-After under a flood, honoured
-//! by the client while another session goes on; and asyncua's encoder
-//! over Python's own HTTP client (tests/interop/https_asyncua.py).
+//! by the client while another session goes on; a flood of concurrent
+//! Reads that ignores the hints beside session establishment, a
+//! subscription and a CloseSession; a TLS certificate of its own
+//! (`[https] certificate`); and asyncua's encoder over Python's own HTTP
+//! client (tests/interop/https_asyncua.py), bytes checked both ways.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -526,6 +529,147 @@ async fn a_flood_gets_429_and_the_client_honours_retry_after() {
     assert_eq!(state.sessions.len(), 0, "both sessions closed");
 }
 
+/// One session floods - 80 Reads in flight at once, each sent again as
+/// soon as it is answered, hints ignored (`hold_after_busy` off) - of a
+/// slow node that holds one of the server's two workers 20 ms, so its
+/// Reads pile up in the request queue to its per-owner share and past
+/// it, and its session's bucket empties: it gets 429s. Meanwhile,
+/// answered through the same queue in their own lanes: a new client
+/// creates and activates a session, another session's subscription goes
+/// on delivering its data changes, and a third session's CloseSession
+/// passes. Outcomes only, each with a generous timeout; the flood is
+/// stopped when they are done (at most a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_flood_starves_neither_establishment_nor_publishes_nor_close() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let mut config = config("concurrent", HttpsSection::default());
+    config.requests.min_request_thread_count = 2;
+    config.requests.max_request_thread_count = 2;
+    config.demo.slow = Duration::from_millis(20);
+    let server = Server::bind(config).expect("server binds");
+    let addr = server.https_addr().expect("https listening");
+    let state = Arc::clone(server.state());
+    tokio::spawn(server.run(std::future::pending()));
+    let url = format!("opc.https://{addr}/");
+    let limit = Duration::from_secs(30);
+
+    // Before the flood: the subscriber and the session to close.
+    let subscriber = Client::connect(&url, options()).await.expect("connect");
+    subscriber
+        .create_session("subscriber")
+        .await
+        .expect("session");
+    let mut sub = counter_subscription(&subscriber).await;
+    let closer = Client::connect(&url, options()).await.expect("connect");
+    closer.create_session("closer").await.expect("session");
+
+    let flooder = ClientOptions {
+        hold_after_busy: false,
+        ..options()
+    };
+    let flooder = Arc::new(Client::connect(&url, flooder).await.expect("connect"));
+    flooder.create_session("flooder").await.expect("session");
+    assert_eq!(state.sessions.len(), 3);
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    let busy = Arc::new(AtomicU64::new(0));
+    let mut flood = Vec::new();
+    for _ in 0..80 {
+        let (flooder, stop, served, busy) = (
+            Arc::clone(&flooder),
+            Arc::clone(&stop),
+            Arc::clone(&served),
+            Arc::clone(&busy),
+        );
+        flood.push(tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while !stop.load(Ordering::Relaxed) && tokio::time::Instant::now() < deadline {
+                match flooder.read_values(&[demo("Demo.Slow.0")]).await {
+                    Ok(_) => served.fetch_add(1, Ordering::Relaxed),
+                    Err(e) if e.status_code() == StatusCode::BadServerTooBusy => {
+                        busy.fetch_add(1, Ordering::Relaxed)
+                    }
+                    Err(e) => panic!("the flooder's Read: {e:?}"),
+                };
+            }
+        }));
+    }
+    // The flood is on once it is refused.
+    tokio::time::timeout(limit, async {
+        while busy.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the flood gets 429s");
+    let busy_before = busy.load(Ordering::Relaxed);
+
+    // Establishment is not starved: a new client's CreateSession and
+    // ActivateSession, then a Read.
+    let newcomer = tokio::time::timeout(limit, async {
+        let c = Client::connect(&url, options()).await.expect("connect");
+        c.create_session("newcomer")
+            .await
+            .expect("a session amid the flood");
+        c.read_values(&[NodeId::ns0(2259)])
+            .await
+            .expect("the newcomer reads");
+        c
+    })
+    .await
+    .expect("a session established within 30 s");
+    assert_eq!(state.sessions.len(), 4);
+
+    // Publishes are not starved: three data changes keep coming.
+    let mut changes = 0;
+    while changes < 3 {
+        let event = tokio::time::timeout(limit, sub.recv())
+            .await
+            .expect("notifications go on amid the flood")
+            .expect("the stream goes on");
+        match event {
+            SubscriptionEvent::Notifications { notifications, .. } => {
+                changes += notifications
+                    .iter()
+                    .filter(|n| matches!(n, Notification::DataChange { .. }))
+                    .count();
+            }
+            SubscriptionEvent::KeepAlive { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    // CloseSession passes.
+    tokio::time::timeout(limit, closer.close())
+        .await
+        .expect("CloseSession answered within 30 s");
+    assert_eq!(state.sessions.len(), 3, "the closer's session is gone");
+
+    // All of it while the flooder was being refused.
+    assert!(
+        busy.load(Ordering::Relaxed) > busy_before,
+        "the flood went on meanwhile"
+    );
+    stop.store(true, Ordering::Relaxed);
+    for task in flood {
+        tokio::time::timeout(limit, task)
+            .await
+            .expect("the flood stops")
+            .expect("a flooding task");
+    }
+    assert!(
+        served.load(Ordering::Relaxed) > 0,
+        "some of the flood is served"
+    );
+    let refused = state.metrics.shed_count(Stage::Https, Reason::SessionRate)
+        + state.metrics.shed_count(Stage::Queue, Reason::OwnerLimit)
+        + state.metrics.shed_count(Stage::Queue, Reason::Full);
+    assert!(refused > 0, "the refusals are counted");
+    for c in [&newcomer, &subscriber, &*flooder] {
+        c.close().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asyncua_encoder_over_python_http_client() {
     let python = root().join("target/venv/bin/python");
@@ -575,6 +719,98 @@ fn client_identity(uri: &str) -> Arc<uascale_proto::security::Identity> {
         )
         .expect("identity"),
     )
+}
+
+/// `[https] certificate` and `private_key` (DER, PKCS#8): the listener
+/// serves that TLS certificate, not the application certificate. A client
+/// trusting only the TLS certificate connects, creates a session and
+/// reads; one trusting only the application certificate is refused at the
+/// TLS handshake; GetEndpoints still names the application certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_separate_tls_certificate_is_served() {
+    use uascale_client::TrustListValidator;
+    use uascale_crypto::x509::{create_self_signed, SelfSignedParams, TrustList};
+    let dir = pki_dir("tls-certificate-files");
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let not_before = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let made = create_self_signed(&SelfSignedParams::new(
+        "urn:uascale:https-tls",
+        "https tls",
+        not_before,
+    ))
+    .expect("a TLS certificate");
+    let (cert_path, key_path) = (dir.join("tls.der"), dir.join("tls.key.der"));
+    std::fs::write(&cert_path, made.certificate.der()).expect("write the certificate");
+    std::fs::write(&key_path, &made.private_key_pkcs8_der).expect("write the key");
+    let mut config = config(
+        "tls-certificate",
+        HttpsSection {
+            certificate: Some(cert_path),
+            private_key: Some(key_path),
+            ..Default::default()
+        },
+    );
+    // The secured policies too: the server has an application certificate.
+    config.security = SecurityConfig {
+        pki_dir: pki_dir("tls-certificate"),
+        allow_security_none: true,
+        ..SecurityConfig::default()
+    };
+    let server = Server::bind(config).expect("server binds");
+    let addr = server.https_addr().expect("https listening");
+    let state = Arc::clone(server.state());
+    tokio::spawn(server.run(std::future::pending()));
+    let application = state
+        .security
+        .identity
+        .as_ref()
+        .expect("the application certificate")
+        .certificate()
+        .clone();
+    assert_ne!(application.der(), made.certificate.der());
+    let trusting = |cert: uascale_crypto::x509::Certificate| ClientOptions {
+        security: SecurityOptions {
+            trust: ServerTrust::Validator(Arc::new(TrustListValidator::new(TrustList::new(
+                vec![cert],
+                vec![],
+                vec![],
+            )))),
+            ..Default::default()
+        },
+        reconnect: false,
+        ..Default::default()
+    };
+    let url = format!("opc.https://{addr}/");
+
+    let refused = Client::connect(&url, trusting(application.clone()))
+        .await
+        .expect_err("the application certificate is not the one presented");
+    assert_eq!(
+        refused.status_code(),
+        StatusCode::BadCertificateUntrusted,
+        "{refused:?}"
+    );
+
+    let client = Client::connect(&url, trusting(made.certificate.clone()))
+        .await
+        .expect("the TLS certificate is trusted");
+    client.create_session("tls").await.expect("session");
+    let values = client
+        .read_values(&[NodeId::ns0(2259)])
+        .await
+        .expect("Read");
+    assert_eq!(values[0].value, Some(Variant::Int32(0)), "Running");
+    let endpoints = client.get_endpoints().await.expect("GetEndpoints");
+    let https = endpoints
+        .iter()
+        .find(|e| e.endpoint_url.as_str() == Some(url.as_str()))
+        .expect("the opc.https endpoint");
+    assert_eq!(
+        https.server_certificate.as_bytes(),
+        Some(application.der()),
+        "endpoints name the application certificate"
+    );
+    client.close().await;
 }
 
 /// `OPCUA-SecurityPolicy` names a secured policy: CreateSession and

@@ -958,7 +958,8 @@ pub struct RequestsSection {
     /// `balanced`.
     pub isolation_profile: IsolationProfile,
     /// Requests one owner (its session; the channel before a session
-    /// exists) may have waiting (`max_queued_requests_per_owner`; not
+    /// exists, over opc.https the source address) may have waiting
+    /// (`max_queued_requests_per_owner`; not
     /// applied under `shared_only`). Default 64: a third of the default
     /// queue, so two flooding clients cannot fill it.
     pub max_queued_requests_per_owner: usize,

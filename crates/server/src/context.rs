@@ -49,6 +49,12 @@ pub struct ServiceContext {
     /// The client's address (`None` for the server's own work): retry
     /// tickets are bound to it.
     pub peer_ip: Option<std::net::IpAddr>,
+    /// Set when the request's channel is a logical one made for it alone
+    /// (opc.https without a session): then it waits in the request queue
+    /// as its source address (`peer_ip`) rather than as that channel, so
+    /// one client's session-less requests share one lane and one
+    /// per-owner limit.
+    pub owned_by_address: bool,
 }
 
 impl std::fmt::Debug for ServiceContext {
@@ -83,6 +89,7 @@ impl ServiceContext {
             session: None,
             local_ip: None,
             peer_ip: None,
+            owned_by_address: false,
         }
     }
 

@@ -35,7 +35,8 @@ pub enum Stage {
     /// Held Publishes (`max_parked_request_count`).
     Parked,
     /// The opc.https listener's own limits: its connection count and the
-    /// per-session and per-address request buckets (answered HTTP 429).
+    /// per-session and per-address request buckets (answered HTTP 429),
+    /// and the requests it refuses while the server shuts down (503).
     Https,
 }
 

@@ -5,15 +5,44 @@ use uascale_client::{Client, ClientOptions};
 use super::Args;
 use crate::client_security::{parse_security, user_identity, SecurityArgs};
 
-/// Default client options, but for an opc.https URL with
-/// `--trust-server`: the server's TLS certificate accepted unchecked
-/// (unsafe; the benches that take `--security` judge it by `--pki` too).
-pub(super) fn transport_options(a: &Args) -> ClientOptions {
-    let mut options = ClientOptions::default();
-    if a.last("--trust-server").is_some() {
-        options.security.trust = uascale_client::ServerTrust::UnsafeAcceptAny;
+/// Default client options (SecurityPolicy None, anonymous), with the
+/// trust an opc.https server's TLS certificate is judged by: the trust
+/// list of `--pki DIR` (default `pki-client`), or with `--trust-server`
+/// any certificate (unsafe) - as for the client commands.
+pub(super) fn transport_options(a: &Args) -> Result<ClientOptions, String> {
+    let (policy, mode) = parse_security("None")?;
+    let trust_any = a.last("--trust-server").is_some();
+    let mut security = SecurityArgs {
+        policy,
+        mode,
+        pki: a.last("--pki").unwrap_or("pki-client").into(),
+        trust_any,
     }
-    options
+    .options_for(&a.url)?;
+    if trust_any {
+        security.trust = uascale_client::ServerTrust::UnsafeAcceptAny;
+    }
+    Ok(ClientOptions {
+        security,
+        ..Default::default()
+    })
+}
+
+/// True for an `opc.https://` URL.
+pub(super) fn is_https(url: &str) -> bool {
+    uascale_client::net::https::is_https(url)
+}
+
+/// Refuses an opc.https URL for a bench that takes opc.tcp only,
+/// saying why.
+pub(super) fn tcp_only(a: &Args, why: &str) -> Result<(), String> {
+    if is_https(&a.url) {
+        return Err(format!(
+            "bench {} takes opc.tcp URLs only, not {}: {why}",
+            a.kind, a.url
+        ));
+    }
+    Ok(())
 }
 
 /// The client options of the security and identity flags; for a secured

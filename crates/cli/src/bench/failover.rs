@@ -211,6 +211,12 @@ fn percent(part: u64, whole: u64) -> f64 {
 
 /// Runs `bench failover`.
 pub async fn run(a: &Args) -> Result<Outcome, String> {
+    super::common::tcp_only(
+        a,
+        "sessions moving between cluster nodes are built and tested over \
+         opc.tcp only (the opc.https listener reads no PROXY protocol header \
+         from a front end)",
+    )?;
     let sessions: usize = a.num("--sessions", 50)?;
     let interval_ms: f64 = a.num("--interval-ms", 500.0)?;
     let concurrency: usize = a.num("--concurrency", 20)?;

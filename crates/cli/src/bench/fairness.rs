@@ -143,6 +143,11 @@ fn role(name: &str, clients: &[Interval], secs: f64) -> (Vec<(String, String)>, 
 
 /// Runs `bench fairness`.
 pub async fn run(a: &Args) -> Result<Outcome, String> {
+    super::common::tcp_only(
+        a,
+        "its load is the pipelined client's (one task per connection keeping \
+         W Reads in flight), which speaks opc.tcp only",
+    )?;
     let flooders: usize = a.num("--flooders", 1)?;
     let window: usize = a.num("--flood-inflight", 500)?;
     let victims: usize = a.num("--victims", 1)?;

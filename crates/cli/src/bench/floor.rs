@@ -88,6 +88,13 @@ pub async fn serve(args: &[&str]) -> Result<(), String> {
 
 /// Runs the `bench floor` client.
 pub async fn run(a: &Args) -> Result<Outcome, String> {
+    if a.url.contains("://") {
+        return Err(format!(
+            "bench floor takes HOST:PORT of a `bench floor serve` echo server \
+             (plain TCP, no OPC UA), not the URL {}",
+            a.url
+        ));
+    }
     let sockets: usize = a.num("--sockets", 1000)?;
     let interval_ms: u64 = a.num("--interval-ms", 1000)?;
     let size: usize = a.num("--size", 100)?;

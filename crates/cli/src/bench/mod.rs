@@ -58,8 +58,8 @@ pub const USAGE: &str =
     "       uascale bench read URL [--connections C] [--inflight M] [--values-per-read K]
                           [--node NODE]... [--warmup-s S] [--duration-s S]
                           [--client pipeline|library] [--ignore-hints]
-                          [--server-pid PID] [--trust-server] [--interval-s S]
-                          [--json]
+                          [--server-pid PID] [--pki DIR] [--trust-server]
+                          [--interval-s S] [--json]
                           [--report FILE.html]
        uascale bench sessions URL [--sessions N] [--concurrency C] [--hold-s S]
                           [--processes P] [--source-ips IP,IP,...] [--max-retries R]
@@ -71,9 +71,9 @@ pub const USAGE: &str =
        uascale bench publish URL [--sessions S] [--subscriptions N] [--items K]
                           [--node NODE]... [--load-nodes L] [--interval-ms MS]
                           [--sampling-ms MS] [--concurrency C] [--warmup-s S]
-                          [--duration-s S] [--max-retries R] [--server-pid PID]
-                          [--trust-server] [--interval-s S] [--json]
-                          [--report FILE.html]
+                          [--duration-s S] [--max-retries R] [--on-time-ms MS]
+                          [--server-pid PID] [--pki DIR] [--trust-server]
+                          [--interval-s S] [--json] [--report FILE.html]
        uascale bench storm URL [--clients N] [--processes P]
                           [--source-ips IP,IP,...] [--behaviour naive|cooperative|mixed]
                           [--gate C] [--split-behaviours] [--max-retries R]
@@ -108,10 +108,12 @@ pub const USAGE: &str =
                   --duration-s (5) measured: reads/s, values/s, latency
                   percentiles, errors by status, and with --server-pid the
                   server's CPU microseconds per Read and its RSS. --client
-                  pipeline (default) keeps the window in one task per
-                  connection; library goes through Client::read_values
-                  (over opc.https --ignore-hints sends on after a 429
-                  instead of waiting out its Retry-After: a flooder)
+                  pipeline (the default for opc.tcp) keeps the window in
+                  one task per connection; library goes through
+                  Client::read_values (the default for an opc.https URL,
+                  which the pipelined client does not speak; there
+                  --ignore-hints sends on after a 429 instead of waiting
+                  out its Retry-After: a flooder)
   bench sessions  N sessions (100), each on its own connection, established
                   C at a time (50), each retried up to R times (4) with
                   the client's backoff on failures (docs/scalability.md §7), held
@@ -132,7 +134,10 @@ pub const USAGE: &str =
                   sampling every --sampling-ms (the publishing interval),
                   C sessions opening at once through the client's connect
                   gate: notifications/s, lateness (arrival minus source
-                  timestamp), lost messages, server CPU per notification
+                  timestamp), how many were on time (lateness within
+                  --on-time-ms, default the publishing interval + 10 %)
+                  and their share, lost messages, server CPU per
+                  notification
   bench storm     N clients (100) connect at once, each on its own connection
                   and session. --behaviour naive: each attempt (TCP,
                   OpenSecureChannel, CreateSession, ActivateSession) gets
@@ -195,6 +200,11 @@ pub const USAGE: &str =
                   lateness from the setup to the kill (run against nodes
                   without --cluster for mirroring off). Security, identity
                   and --source-ips as for bench sessions. No series
+
+  An opc.https URL is taken by bench read, sessions, publish and storm
+  (--pki DIR judges the server's TLS certificate by its trust list,
+  --trust-server accepts any); fairness, rogue and failover refuse one,
+  saying why, and floor takes HOST:PORT.
 
   All sample their series every --interval-s (1). Progress goes to stderr
   (a bar on a terminal, a line per sample otherwise); stdout gets only the

@@ -1,8 +1,10 @@
 //! `bench publish`: S sessions x N subscriptions x K monitored items on
 //! changing nodes. Reports notifications delivered per second, their
-//! lateness (arrival at the client minus the value's source timestamp),
-//! messages lost, and - given the server's PID - the server's CPU per
-//! notification; sampled every `--interval-s` for the JSON and the report.
+//! lateness (arrival at the client minus the value's source timestamp) and
+//! how many came on time (lateness within `--on-time-ms`, by default the
+//! publishing interval plus 10 %), messages lost, and - given the server's
+//! PID - the server's CPU per notification; sampled every `--interval-s`
+//! for the JSON and the report.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,6 +39,8 @@ pub const FLAGS: &[&str] = &[
     "--max-retries",
     "--server-pid",
     "--trust-server",
+    "--pki",
+    "--on-time-ms",
 ];
 
 const SETUP: u8 = 0;
@@ -58,10 +62,63 @@ struct Counters {
     create_items: Mutex<Vec<u64>>,
 }
 
-/// Lateness of the current interval and of the measured window.
+/// Lateness of the current interval and of the measured window, and the
+/// measured window's count of notifications on time.
 struct Lateness {
     interval: Histogram<u64>,
     measured: Histogram<u64>,
+    on_time: OnTime,
+}
+
+/// The notifications of the measured window that came on time: those
+/// whose lateness (arrival minus source timestamp) is within a bound.
+/// Only notifications with a timestamp are judged.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OnTime {
+    /// The bound, microseconds.
+    bound_us: u64,
+    /// Notifications judged.
+    judged: u64,
+    /// Of those, the ones within the bound.
+    on_time: u64,
+}
+
+impl OnTime {
+    fn new(bound: Duration) -> Self {
+        OnTime {
+            bound_us: u64::try_from(bound.as_micros()).unwrap_or(u64::MAX),
+            judged: 0,
+            on_time: 0,
+        }
+    }
+
+    /// One notification `lateness_us` late.
+    fn record(&mut self, lateness_us: u64) {
+        self.judged += 1;
+        if lateness_us <= self.bound_us {
+            self.on_time += 1;
+        }
+    }
+
+    /// The share on time, 0 to 1 (`None` before any was judged).
+    fn share(&self) -> Option<f64> {
+        (self.judged > 0).then(|| self.on_time as f64 / self.judged as f64)
+    }
+}
+
+/// `--on-time-ms`: how late a notification may come and count as on time.
+/// Default the publishing interval plus 10 %: a value may wait up to one
+/// interval for its Publish, and the tenth is a margin for the delivery
+/// (100 ms at a 1 s interval).
+fn on_time_bound(a: &Args, interval: Duration) -> Result<Duration, String> {
+    match a.last("--on-time-ms") {
+        None => Ok(interval + interval / 10),
+        Some(_) => {
+            let ms: f64 = a.num("--on-time-ms", 0.0)?;
+            Duration::try_from_secs_f64(ms / 1000.0)
+                .map_err(|_| format!("--on-time-ms {ms} is not a duration in milliseconds"))
+        }
+    }
 }
 
 /// One sample of the run.
@@ -128,7 +185,9 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         .ok()
         .filter(|d| !d.is_zero())
         .ok_or_else(|| format!("--interval-ms {interval_ms} is not a positive duration"))?;
+    let on_time_bound = on_time_bound(a, interval)?;
 
+    let transport = super::common::transport_options(a)?;
     let counters = Arc::new(Counters::default());
     // The server's RSS before the first session: memory per item is the
     // growth over the run divided by the items.
@@ -136,6 +195,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let lateness = Arc::new(Mutex::new(Lateness {
         interval: lateness_histogram(),
         measured: lateness_histogram(),
+        on_time: OnTime::new(on_time_bound),
     }));
     let phase = Arc::new(AtomicU8::new(SETUP));
     let gate = ConnectGate::new(concurrency);
@@ -145,7 +205,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         let options = ClientOptions {
             connect_gate: Some(gate.clone()),
             connect_attempts: max_retries.saturating_add(1),
-            ..super::common::transport_options(a)
+            ..transport.clone()
         };
         let plan = Plan {
             url: a.url.clone(),
@@ -261,10 +321,11 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
             Err(_) => *failures.entry("task failed".into()).or_insert(0) += 1,
         }
     }
-    let measured = lateness
+    let (measured, on_time) = lateness
         .lock()
-        .map(|l| l.measured.clone())
-        .unwrap_or_else(|_| lateness_histogram());
+        .map(|l| (l.measured.clone(), l.on_time))
+        .unwrap_or_else(|_| (lateness_histogram(), OnTime::new(on_time_bound)));
+    let on_time_ms = on_time_bound.as_secs_f64() * 1000.0;
     let q = |x: f64| (!measured.is_empty()).then(|| measured.value_at_quantile(x) as f64 / 1000.0);
     let server = match (before, after) {
         (Some(b), Some(e)) => Some((
@@ -336,6 +397,8 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         "create_monitored_items_ms": create_ms.map(|c| json!({"p50": c.0, "p99": c.1, "max": c.2})),
         "lateness_ms": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99),
                         "max": (!measured.is_empty()).then(|| measured.max() as f64 / 1000.0)},
+        "on_time": {"within_ms": on_time_ms, "judged": on_time.judged,
+                    "count": on_time.on_time, "share": on_time.share()},
         "server": server.map(|s| json!({
             "cpu_us_per_notification": s.0,
             "cores_busy": s.1,
@@ -389,6 +452,17 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
                 ms(q(0.9)),
                 ms(q(0.99)),
                 ms((!measured.is_empty()).then(|| measured.max() as f64 / 1000.0))
+            ),
+        ),
+        (
+            "on time".to_owned(),
+            format!(
+                "{} of {} notifications ({}) within {on_time_ms:.0} ms of their source timestamp",
+                on_time.on_time,
+                on_time.judged,
+                on_time
+                    .share()
+                    .map_or("-".to_owned(), |s| format!("{:.2} %", s * 100.0)),
             ),
         ),
     ];
@@ -604,6 +678,7 @@ async fn session_task(
                         l.interval.saturating_record(us);
                         if measuring {
                             l.measured.saturating_record(us);
+                            l.on_time.record(us);
                         }
                     }
                 }
@@ -638,4 +713,47 @@ async fn next_event(subs: &mut [Subscription]) -> Option<SubscriptionEvent> {
         std::task::Poll::Pending
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A notification is on time up to the bound, inclusive; the share
+    /// is of the notifications judged.
+    #[test]
+    fn notifications_within_the_bound_are_counted_on_time() {
+        let mut t = OnTime::new(Duration::from_millis(110));
+        assert_eq!(t.share(), None);
+        t.record(1);
+        t.record(110_000);
+        t.record(110_001);
+        t.record(5_000_000);
+        assert_eq!((t.judged, t.on_time), (4, 2));
+        assert_eq!(t.share(), Some(0.5));
+    }
+
+    #[test]
+    fn the_bound_is_the_interval_plus_a_tenth_unless_given() {
+        let args = |extra: &[&str]| {
+            let mut v = vec!["opc.tcp://127.0.0.1:4840"];
+            v.extend_from_slice(extra);
+            Args::parse("publish", &v, FLAGS).expect("valid arguments")
+        };
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            on_time_bound(&args(&[]), second),
+            Ok(Duration::from_millis(1100))
+        );
+        assert_eq!(
+            on_time_bound(&args(&[]), Duration::from_millis(100)),
+            Ok(Duration::from_millis(110))
+        );
+        assert_eq!(
+            on_time_bound(&args(&["--on-time-ms", "250"]), second),
+            Ok(Duration::from_millis(250))
+        );
+        assert!(on_time_bound(&args(&["--on-time-ms", "-1"]), second).is_err());
+        assert!(on_time_bound(&args(&["--on-time-ms", "x"]), second).is_err());
+    }
 }

@@ -7,6 +7,8 @@
 //! value statuses are decoded, so the client costs little next to the
 //! server. `--client library` goes through [`Client::read_values`] with M
 //! tasks per connection - the cost an application using the library sees.
+//! The pipelined client speaks opc.tcp only, so an opc.https URL selects
+//! the library client.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,6 +37,7 @@ pub const FLAGS: &[&str] = &[
     "--server-pid",
     "--client",
     "--trust-server",
+    "--pki",
     "--ignore-hints",
 ];
 
@@ -181,10 +184,20 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     let duration = a.seconds("--duration-s", 5.0)?;
     let pid = a.server_pid()?;
     let every = a.interval()?;
-    let mode = match a.last("--client") {
-        None | Some("pipeline") => Mode::Pipeline,
-        Some("library") => Mode::Library,
-        Some(other) => return Err(format!("--client {other:?}: one of pipeline, library")),
+    // The pipelined client speaks opc.tcp only: an opc.https URL selects
+    // the library client.
+    let https = super::common::is_https(&a.url);
+    let mode = match (a.last("--client"), https) {
+        (None, true) | (Some("library"), _) => Mode::Library,
+        (None | Some("pipeline"), false) => Mode::Pipeline,
+        (Some("pipeline"), true) => {
+            return Err(format!(
+                "--client pipeline speaks opc.tcp only; {} takes --client library \
+                 (the default for an opc.https URL)",
+                a.url
+            ))
+        }
+        (Some(other), _) => return Err(format!("--client {other:?}: one of pipeline, library")),
     };
     if connections == 0 || inflight == 0 || per_read == 0 || duration.is_zero() {
         return Err(
@@ -200,6 +213,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
     };
     let read_nodes: Vec<NodeId> = nodes.iter().cycle().take(per_read).cloned().collect();
 
+    let transport = super::common::transport_options(a)?;
     let mut progress = Progress::new();
     let stats: Vec<Arc<Mutex<Interval>>> = (0..connections)
         .map(|_| Arc::new(Mutex::new(Interval::new())))
@@ -215,7 +229,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
         );
         match mode {
             Mode::Pipeline => {
-                let mut p = Pipeline::connect(&a.url, super::common::transport_options(a))
+                let mut p = Pipeline::connect(&a.url, transport.clone())
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
                 p.create_session("uascale bench read")
@@ -230,7 +244,7 @@ pub async fn run(a: &Args) -> Result<Outcome, String> {
                 ));
             }
             Mode::Library => {
-                let mut options = super::common::transport_options(a);
+                let mut options = transport.clone();
                 // A flooder that does not wait out busy answers' hints.
                 options.hold_after_busy = a.last("--ignore-hints").is_none();
                 let c = Client::connect(&a.url, options)

@@ -454,6 +454,11 @@ fn mb(b: u64) -> String {
 
 /// Runs `bench rogue`.
 pub async fn run(a: &Args) -> Result<Outcome, String> {
+    super::common::tcp_only(
+        a,
+        "its clients connect with the default options, which trust no TLS \
+         certificate (it takes no --pki or --trust-server)",
+    )?;
     let variant = a.last("--variant").unwrap_or("items").to_owned();
     let plan = RoguePlan {
         url: a.url.clone(),

@@ -1,6 +1,6 @@
 //! opc.https (https-uabinary): each request is POSTed in TLS, its body
 //! the request's encoding id and fields, its answer the response (or a
-//! ServiceFault) in a 200.
+//! ServiceFault) in a 200, or a busy answer (429, 503).
 //!
 //! The TLS handshake offers HTTP/2 (ALPN `h2`) before HTTP/1.1. Over
 //! HTTP/2 every request of the link, held Publishes among them, is a
@@ -353,14 +353,20 @@ async fn exchange(pool: &Pool, message: &[u8], deadline: Instant) -> Result<Vec<
         }
         answer
     };
+    if let Answer::Busy(hint) = &answer {
+        let until = Instant::now() + *hint;
+        let mut nb = pool.not_before.lock().unwrap_or_else(|p| p.into_inner());
+        *nb = Some(nb.map_or(until, |n| n.max(until)));
+    }
+    result_of(answer)
+}
+
+/// The request's result from its answer: the response message, or the
+/// error a busy answer or another HTTP status is.
+fn result_of(answer: Answer) -> Result<Vec<u8>, ClientError> {
     match answer {
         Answer::Ok(body) => Ok(body),
-        Answer::Busy(hint) => {
-            let until = Instant::now() + hint;
-            let mut nb = pool.not_before.lock().unwrap_or_else(|p| p.into_inner());
-            *nb = Some(nb.map_or(until, |n| n.max(until)));
-            Err(busy(Some(ms(hint))))
-        }
+        Answer::Busy(hint) => Err(busy(Some(ms(hint)))),
         Answer::Http(status) => Err(ClientError::Service {
             status: match status {
                 413 => StatusCode::BadRequestTooLarge,
@@ -626,5 +632,66 @@ mod tests {
         assert!(parse_response_head(b"SSH-2.0\r\n\r\n").is_err());
         assert_eq!(url_path("opc.https://h:1/a/b"), "/a/b");
         assert_eq!(url_path("opc.https://h:1"), "/");
+    }
+
+    /// A ServiceFault of `status` with the hint `hint_ms`, encoded.
+    fn fault(status: StatusCode, hint_ms: i64) -> Vec<u8> {
+        use uascale_types as t;
+        let fault = t::ServiceFault {
+            response_header: t::ResponseHeader {
+                service_result: status,
+                additional_header: t::ExtensionObject::new(t::AdditionalParametersType {
+                    parameters: Some(vec![t::KeyValuePair {
+                        key: t::QualifiedName::new(0, "RetryAfterMs"),
+                        value: t::Variant::Int64(hint_ms),
+                    }]),
+                }),
+                ..Default::default()
+            },
+        };
+        let mut out = Vec::new();
+        t::encode_message(&fault, &mut out);
+        out
+    }
+
+    fn status_and_hint(r: Result<Vec<u8>, ClientError>) -> (StatusCode, Option<u64>) {
+        match r {
+            Err(ClientError::Service {
+                status,
+                retry_after_ms,
+                ..
+            }) => (status, retry_after_ms),
+            other => panic!("not a service error: {other:?}"),
+        }
+    }
+
+    /// 429 and 503 are `BadServerTooBusy` whatever the body: the fault's
+    /// hint when it has one, `Retry-After` (whole seconds) as its floor,
+    /// 1 s without either. Other statuses are errors of their own.
+    #[test]
+    fn busy_answers_are_server_too_busy_with_a_hint() {
+        let too_busy = StatusCode::BadServerTooBusy;
+        // The server shutting down: 503, Retry-After 1, the fault's 1 s.
+        let shutdown = answer_of(503, Some(1), fault(too_busy, 1000));
+        assert_eq!(shutdown, Answer::Busy(Duration::from_secs(1)));
+        assert_eq!(status_and_hint(result_of(shutdown)), (too_busy, Some(1000)));
+        // A 503 with a text body, or no Retry-After: still busy.
+        let bare = result_of(answer_of(503, Some(4), b"busy\n".to_vec()));
+        assert_eq!(status_and_hint(bare), (too_busy, Some(4000)));
+        let bare = result_of(answer_of(503, None, Vec::new()));
+        assert_eq!(status_and_hint(bare), (too_busy, Some(1000)));
+        // A 429 whose fault says BadTooManySessions with 2.5 s: busy, the
+        // fault's finer hint above the floor of Retry-After 2; a hint
+        // under the floor is raised to it.
+        let sessions = answer_of(429, Some(2), fault(StatusCode::BadTooManySessions, 2500));
+        assert_eq!(status_and_hint(result_of(sessions)), (too_busy, Some(2500)));
+        let floored = answer_of(429, Some(2), fault(too_busy, 1500));
+        assert_eq!(status_and_hint(result_of(floored)), (too_busy, Some(2000)));
+        // Not busy answers.
+        assert_eq!(
+            status_and_hint(result_of(answer_of(413, None, Vec::new()))),
+            (StatusCode::BadRequestTooLarge, None)
+        );
+        assert_eq!(result_of(answer_of(200, None, vec![7])).ok(), Some(vec![7]));
     }
 }

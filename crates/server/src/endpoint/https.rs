@@ -9,7 +9,8 @@
 //! The wire: a POST with `Content-Type: application/octet-stream` whose
 //! body is the binary encoding id of the request followed by the request
 //! (no ExtensionObject mask or length), answered 200 with the response or
-//! a ServiceFault. The `OPCUA-SecurityPolicy` header names the policy of
+//! a ServiceFault - a busy one (a shed, with its hint) 429 with
+//! `Retry-After` ([`answer`]). The `OPCUA-SecurityPolicy` header names the policy of
 //! the session signatures (absent: None). TLS carries the transport
 //! security; there is no secure channel, so every CreateSession gets a
 //! logical channel of its own (sessions, nonces and tokens never mix) and
@@ -33,7 +34,8 @@ use uascale_crypto::x509::PeerCertificate;
 use uascale_proto::security::ChannelSecurity;
 use uascale_proto::Now;
 use uascale_types::{
-    BinaryDecode, DateTime, DecodeLimits, MessageSecurityMode, NodeId, Reader, StatusCode,
+    BinaryDecode, DateTime, DecodeLimits, MessageSecurityMode, NodeId, Reader, ResponseHeader,
+    StatusCode,
 };
 
 use super::channel::Channel;
@@ -436,9 +438,9 @@ pub fn ok(message: Vec<u8>, close: bool) -> Reply {
 }
 
 /// A busy answer for `shed`: 429 (a client over its own limit) or 503
-/// (the server), `Retry-After` in whole seconds rounded up, and the
-/// ServiceFault `BadServerTooBusy` with the `RetryAfterMs` hint as its
-/// body, answering `request_handle` at `now`.
+/// (the server shutting down), `Retry-After` in whole seconds rounded up,
+/// and the ServiceFault `BadServerTooBusy` with the `RetryAfterMs` hint as
+/// its body, answering `request_handle` at `now`.
 pub fn busy(shed: Shed, status: u16, request_handle: u32, now: DateTime) -> Reply {
     let fault = ServiceError::shed(shed).to_fault(now, request_handle);
     let mut body = Vec::with_capacity(96);
@@ -450,6 +452,44 @@ pub fn busy(shed: Shed, status: u16, request_handle: u32, now: DateTime) -> Repl
         text: false,
         close: false,
     }
+}
+
+/// The HTTP answer carrying `message`, a response or a ServiceFault: a
+/// busy ServiceFault - a server-wide stage's shed (the request queue's,
+/// session establishment's, the session count's), `BadServerTooBusy` or
+/// `BadTooManySessions` with its `RetryAfterMs` hint - is a 429 with
+/// `Retry-After` (the hint in whole seconds, rounded up) and the fault as
+/// its body, as the binding's own buckets answer; anything else is a 200.
+/// Only a ServiceFault's header is decoded, and only its.
+pub fn answer(message: Vec<u8>, close: bool) -> Reply {
+    match busy_hint(&message) {
+        Some(hint) => Reply {
+            status: 429,
+            retry_after: Some(retry_after_secs(hint)),
+            body: message,
+            text: false,
+            close,
+        },
+        None => ok(message, close),
+    }
+}
+
+/// The `RetryAfterMs` hint of `message` when it is a busy ServiceFault
+/// (`BadServerTooBusy` or `BadTooManySessions` with a hint).
+fn busy_hint(message: &[u8]) -> Option<Duration> {
+    const SERVICE_FAULT: u32 = uascale_types::ids::object::ServiceFault_Encoding_DefaultBinary;
+    let limits = DecodeLimits::default();
+    let mut r = Reader::new(message, &limits).ok()?;
+    if NodeId::decode(&mut r).ok()?.as_ns0() != Some(SERVICE_FAULT) {
+        return None;
+    }
+    let header = ResponseHeader::decode(&mut r).ok()?;
+    if header.service_result != StatusCode::BadServerTooBusy
+        && header.service_result != StatusCode::BadTooManySessions
+    {
+        return None;
+    }
+    crate::error::retry_after_of(&header)
 }
 
 /// `Retry-After` for a hint: whole seconds, rounded up, at least 1 (HTTP
@@ -696,8 +736,7 @@ impl Https {
     pub fn request(&self, conn: &HttpsConnection, head: &Head, body: &[u8], now: Now) -> Outcome {
         let state = &self.endpoint.state;
         if self.endpoint.stopping.load(Ordering::Acquire) {
-            let shed = Shed::new(Stage::Https, Reason::ShuttingDown, Duration::from_secs(1));
-            return Outcome::Respond(busy(shed, 503, 0, now.utc));
+            return Outcome::Respond(self.shutting_down(now.utc));
         }
         let policy = match header_policy(head.policy.as_deref()) {
             Ok(p) => p,
@@ -742,6 +781,7 @@ impl Https {
             state.metrics.shed(&shed);
             return Outcome::Respond(busy(shed, 429, peek.request_handle, now.utc));
         }
+        let sessionless = session.is_none();
         let (channel_id, security) = match session {
             // The security its CreateSession set up (None if none).
             Some((_, id)) => (
@@ -791,9 +831,12 @@ impl Https {
         );
         ctx.local_ip = conn.local;
         ctx.peer_ip = Some(conn.peer.ip());
+        // Its logical channel lives for this request only: without a
+        // session it waits in the request queue as its address.
+        ctx.owned_by_address = sessionless;
         ctx.request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed).max(1);
         match submit(&mut ctx, &channel, body) {
-            Submit::Answer(message) => Outcome::Respond(ok(message, head.close)),
+            Submit::Answer(message) => Outcome::Respond(answer(message, head.close)),
             Submit::Spawn(task) => Outcome::Wait {
                 channel,
                 task: Some(task),
@@ -850,17 +893,23 @@ impl Https {
         })
     }
 
-    /// The HTTP answer once `channel` is ready: the request's response,
-    /// or 503 when the server closes it (shutdown). `None`: nothing yet.
+    /// The HTTP answer once `channel` is ready: the request's response
+    /// ([`answer`]: 429 for a busy ServiceFault), or 503 when the server
+    /// closes it (shutdown, counted as a shed). `None`: nothing yet.
     pub fn answered(&self, channel: &Channel, close: bool, now: DateTime) -> Option<Reply> {
         let (mut answers, closing) = channel.take();
         if let Some((_, message)) = answers.pop() {
-            return Some(ok(message, close));
+            return Some(answer(message, close));
         }
-        closing.map(|_| {
-            let shed = Shed::new(Stage::Https, Reason::ShuttingDown, Duration::from_secs(1));
-            busy(shed, 503, 0, now)
-        })
+        closing.map(|_| self.shutting_down(now))
+    }
+
+    /// The 503 of a request the server will not serve because it shuts
+    /// down, counted at stage `https` with reason `shutting_down`.
+    fn shutting_down(&self, now: DateTime) -> Reply {
+        let shed = Shed::new(Stage::Https, Reason::ShuttingDown, Duration::from_secs(1));
+        self.endpoint.state.metrics.shed(&shed);
+        busy(shed, 503, 0, now)
     }
 
     /// The connection went away before its request was answered: the
@@ -1195,6 +1244,240 @@ mod tests {
         https.closed(b, at.instant);
         assert_eq!(https.connection_count(), 0);
         assert_eq!(https.endpoint.state.metrics.connections_open(), 0);
+    }
+
+    /// An HTTPS endpoint of `config` (SecurityPolicy None only), the
+    /// clock reading its requests arrive at, and the head of a POST.
+    fn https_of(edit: impl FnOnce(&mut crate::config::ServerConfig)) -> (Arc<Https>, Now, Head) {
+        let mut config = crate::config::ServerConfig {
+            security: crate::config::SecurityConfig::none_only(),
+            ..Default::default()
+        };
+        edit(&mut config);
+        let state = crate::state::ServerState::new(config).expect("state");
+        let at = Now {
+            instant: Instant::now(),
+            utc: DateTime::from_ticks(1),
+        };
+        let head = Head {
+            method: "POST".into(),
+            path: "/".into(),
+            ..Head::default()
+        };
+        (Https::new(Endpoint::new(state, None)), at, head)
+    }
+
+    fn encoded(m: &dyn uascale_types::DynStructure) -> Vec<u8> {
+        let mut out = Vec::new();
+        uascale_types::encode_message(m, &mut out);
+        out
+    }
+
+    fn peer(host: u8) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, host], 40_000))
+    }
+
+    fn respond(o: Outcome) -> Reply {
+        match o {
+            Outcome::Respond(reply) => reply,
+            other => panic!("answered later: {other:?}"),
+        }
+    }
+
+    fn decoded(body: &[u8]) -> Box<dyn uascale_types::DynStructure> {
+        let limits = DecodeLimits::default();
+        let mut r = Reader::new(body, &limits).expect("a body");
+        uascale_types::decode_message(&mut r).expect("a message")
+    }
+
+    /// A busy answer's status, `Retry-After` and its fault's status and
+    /// hint; the hint in whole seconds, rounded up, is the `Retry-After`.
+    fn busy_of(reply: &Reply) -> (u16, StatusCode) {
+        let m = decoded(&reply.body);
+        let fault = m
+            .as_any()
+            .downcast_ref::<uascale_types::ServiceFault>()
+            .expect("a ServiceFault body");
+        let hint = crate::error::retry_after_of(&fault.response_header).expect("a hint");
+        assert_eq!(reply.retry_after, Some(retry_after_secs(hint)), "{hint:?}");
+        let text = String::from_utf8_lossy(&reply.to_http1()).into_owned();
+        assert!(text.contains("\r\nRetry-After: "), "{text}");
+        (reply.status, fault.response_header.service_result)
+    }
+
+    /// A session created and activated over `conn`: its token.
+    fn session(https: &Https, conn: &HttpsConnection, head: &Head, at: Now) -> NodeId {
+        use uascale_types::{
+            ActivateSessionRequest, AnonymousIdentityToken, CreateSessionRequest,
+            CreateSessionResponse, ExtensionObject, RequestHeader, UaString,
+        };
+        let create = encoded(&CreateSessionRequest {
+            requested_session_timeout: 60_000.0,
+            ..Default::default()
+        });
+        let created = decoded(&respond(https.request(conn, head, &create, at)).body);
+        let token = created
+            .as_any()
+            .downcast_ref::<CreateSessionResponse>()
+            .expect("CreateSessionResponse")
+            .authentication_token
+            .clone();
+        let activate = encoded(&ActivateSessionRequest {
+            request_header: RequestHeader {
+                authentication_token: token.clone(),
+                ..Default::default()
+            },
+            user_identity_token: ExtensionObject::new(AnonymousIdentityToken {
+                policy_id: UaString::from("anonymous"),
+            }),
+            ..Default::default()
+        });
+        let activated = decoded(&respond(https.request(conn, head, &activate, at)).body);
+        assert!(
+            activated
+                .as_any()
+                .downcast_ref::<uascale_types::ActivateSessionResponse>()
+                .is_some(),
+            "activated"
+        );
+        token
+    }
+
+    /// Session-less requests (each on a logical channel of its own) wait
+    /// in the request queue as their source address: one address's third
+    /// GetEndpoints is over `max_queued_requests_per_owner` (2) while
+    /// another address's is queued - with an owner per logical channel
+    /// none would ever be. The request queue's shed is a 429 with
+    /// `Retry-After` and the ServiceFault with its hint.
+    #[test]
+    fn a_sessionless_request_waits_as_its_address_and_a_queue_shed_is_429() {
+        use uascale_types::{GetEndpointsRequest, ReadRequest, ReadValueId, RequestHeader};
+        let (https, at, head) = https_of(|c| {
+            c.requests.min_request_thread_count = 2;
+            c.requests.max_request_thread_count = 2;
+            c.requests.max_queued_requests_per_owner = 2;
+            // The demo's slow folder answers after an hour: its Reads
+            // hold their worker until the test drops their task.
+            c.demo.slow = Duration::from_secs(3600);
+        });
+        let a = https.accept(peer(1), None, at.instant).expect("admitted");
+        let b = https.accept(peer(2), None, at.instant).expect("admitted");
+        let token = session(&https, &a, &head, at);
+        // Two slow Reads take both workers, a third waits for one.
+        let mut held = Vec::new();
+        for i in 0..3 {
+            let read = encoded(&ReadRequest {
+                request_header: RequestHeader {
+                    authentication_token: token.clone(),
+                    request_handle: i + 1,
+                    ..Default::default()
+                },
+                nodes_to_read: Some(vec![ReadValueId {
+                    node_id: NodeId::string(2, format!("Demo.Slow.{i}")),
+                    attribute_id: uascale_types::AttributeId::Value as u32,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+            match https.request(&a, &head, &read, at) {
+                Outcome::Wait { channel, task } => held.push((channel, task)),
+                other => panic!("a slow Read became {other:?}"),
+            }
+        }
+        let scheduler = &https.endpoint.state.scheduler;
+        assert_eq!((scheduler.busy(), scheduler.waiting()), (2, 1));
+        let endpoints = encoded(&GetEndpointsRequest::default());
+        for _ in 0..2 {
+            let waits = https.request(&a, &head, &endpoints, at);
+            assert!(
+                matches!(waits, Outcome::Wait { task: None, .. }),
+                "{waits:?}"
+            );
+        }
+        let shed = respond(https.request(&a, &head, &endpoints, at));
+        assert_eq!(busy_of(&shed), (429, StatusCode::BadServerTooBusy));
+        let metrics = &https.endpoint.state.metrics;
+        assert_eq!(metrics.shed_count(Stage::Queue, Reason::OwnerLimit), 1);
+        let other = https.request(&b, &head, &endpoints, at);
+        assert!(matches!(other, Outcome::Wait { .. }), "{other:?}");
+        assert_eq!(scheduler.waiting(), 4);
+        drop(held);
+    }
+
+    /// Session establishment's shed (every place taken, no waiting room)
+    /// and the session count's (`BadTooManySessions`, its fixed hint) are
+    /// 429s with `Retry-After` too, the ServiceFault as the body.
+    #[test]
+    fn establishment_sheds_are_429_with_retry_after() {
+        use uascale_types::CreateSessionRequest;
+        let create = encoded(&CreateSessionRequest {
+            requested_session_timeout: 60_000.0,
+            ..Default::default()
+        });
+        // One place: a session created and not activated holds it.
+        let (https, at, head) = https_of(|c| {
+            c.admission.max_concurrent_session_establishment = Some(1);
+            c.admission.session_establishment_queue_limit = 0;
+            c.admission.establishment_wait_ms = 0;
+        });
+        let a = https.accept(peer(1), None, at.instant).expect("admitted");
+        assert_eq!(respond(https.request(&a, &head, &create, at)).status, 200);
+        let refused = respond(https.request(&a, &head, &create, at));
+        assert_eq!(busy_of(&refused), (429, StatusCode::BadServerTooBusy));
+        let metrics = &https.endpoint.state.metrics;
+        assert_eq!(
+            metrics.shed_count(Stage::Establishment, Reason::EstablishmentLimit),
+            1
+        );
+
+        // One session at most: the second CreateSession is over it.
+        let (https, at, head) = https_of(|c| c.server.max_session_count = 1);
+        let a = https.accept(peer(1), None, at.instant).expect("admitted");
+        session(&https, &a, &head, at);
+        let refused = respond(https.request(&a, &head, &create, at));
+        assert_eq!(busy_of(&refused), (429, StatusCode::BadTooManySessions));
+        assert_eq!(refused.retry_after, Some(1));
+    }
+
+    /// A ServiceFault that is not a busy answer, and a response, stay 200s.
+    #[test]
+    fn only_a_busy_fault_is_429() {
+        let fault = |status: StatusCode, hint: bool| {
+            let mut f = crate::error::ServiceError::client(status).to_fault(DateTime::default(), 1);
+            if hint {
+                f.response_header.additional_header =
+                    crate::error::retry_after_header(Duration::from_millis(2500));
+            }
+            encoded(&f)
+        };
+        let busy = answer(fault(StatusCode::BadServerTooBusy, true), false);
+        assert_eq!((busy.status, busy.retry_after), (429, Some(3)));
+        assert_eq!(
+            answer(fault(StatusCode::BadServerTooBusy, false), false).status,
+            200,
+            "no hint: not a shed"
+        );
+        assert_eq!(
+            answer(fault(StatusCode::BadSessionIdInvalid, true), false).status,
+            200
+        );
+        let response = encoded(&uascale_types::GetEndpointsResponse::default());
+        let ok = answer(response.clone(), true);
+        assert_eq!((ok.status, ok.body, ok.close), (200, response, true));
+    }
+
+    /// While the server shuts down a request is answered 503 with
+    /// `Retry-After`, counted at stage `https` with reason `shutting_down`.
+    #[test]
+    fn a_request_during_shutdown_is_503_and_counted() {
+        let (https, at, head) = https_of(|_| {});
+        let a = https.accept(peer(1), None, at.instant).expect("admitted");
+        https.endpoint.stop_all();
+        let endpoints = encoded(&uascale_types::GetEndpointsRequest::default());
+        let reply = respond(https.request(&a, &head, &endpoints, at));
+        assert_eq!(busy_of(&reply), (503, StatusCode::BadServerTooBusy));
+        let metrics = &https.endpoint.state.metrics;
+        assert_eq!(metrics.shed_count(Stage::Https, Reason::ShuttingDown), 1);
     }
 
     #[test]

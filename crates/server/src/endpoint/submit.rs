@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::channel::Channel;
+use crate::admission::address::AddressKey;
 use crate::context::ServiceContext;
 use crate::dispatch::{dispatch, Dispatched, Request, RequestClass};
 use crate::reply::{BoxFuture, ResponseSink};
@@ -302,7 +303,16 @@ fn owner_of(ctx: &ServiceContext) -> (Owner, bool) {
                     .unwrap_or(false);
             (Owner::Session(s.key.clone()), trusted)
         }
-        None => (Owner::Channel(ctx.channel_id), false),
+        None => (sessionless(ctx), false),
+    }
+}
+
+/// The owner of a request without a session: its channel, or for a
+/// request on a logical channel of its own (opc.https) its source address.
+fn sessionless(ctx: &ServiceContext) -> Owner {
+    match ctx.peer_ip.filter(|_| ctx.owned_by_address) {
+        Some(ip) => Owner::Address(AddressKey::of(ip)),
+        None => Owner::Channel(ctx.channel_id),
     }
 }
 
@@ -346,7 +356,7 @@ fn classify(ctx: &ServiceContext, request: &Request) -> (Owner, Kind, bool) {
                     .remote_certificate
                     .as_ref()
                     .is_some_and(|c| sched.trusts_thumbprint(&c.thumbprint()));
-            (Owner::Channel(channel), kind, trusted)
+            (sessionless(ctx), kind, trusted)
         }
     }
 }

@@ -42,15 +42,24 @@ use queue::{Kind, Limits, Queue};
 const SEQ: Ordering = Ordering::SeqCst;
 const RELAXED: Ordering = Ordering::Relaxed;
 
-/// Who a request waits as: the session it belongs to, or the channel it
-/// came on before a session exists (or when its token names none of this
-/// channel's sessions).
+/// Who a request waits as: the session it belongs to, or before a session
+/// exists (or when its token names none of this channel's sessions) the
+/// channel it came on - or, over a transport without a connection-long
+/// channel (opc.https, where each such request gets a logical channel of
+/// its own), its source address.
+///
+/// The queue keeps a lane only while its owner has requests waiting, so
+/// however many addresses or channels there are, the lanes are at most the
+/// queue's places.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Owner {
-    /// An activated session bound to the request's channel.
+    /// The session the request's token names, bound to its channel.
     Session(SessionKey),
     /// The secure channel.
     Channel(u32),
+    /// The source address (an IPv4 address or an IPv6 /64, as admission
+    /// counts them) of a session-less opc.https request.
+    Address(crate::admission::address::AddressKey),
 }
 
 /// Work a worker hands to the runtime: the rest of a request whose answer

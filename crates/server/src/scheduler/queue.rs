@@ -2,7 +2,8 @@
 //! whose request a free worker takes next (docs/scalability.md §3).
 //!
 //! A request offered to the queue has an owner (the session, or the
-//! channel before a session exists), a [`Kind`] and a size. Under
+//! channel before a session exists - over opc.https the source address),
+//! a [`Kind`] and a size. Under
 //! `shared_only` every request waits in one FIFO. Under the other profiles
 //! each owner has a lane, and workers serve the lanes in weighted turns: a
 //! lane gives up its turn after `weight` requests (1, or
