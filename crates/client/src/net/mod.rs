@@ -418,7 +418,9 @@ impl Client {
     /// bound; each call draws its own jitter) up to
     /// `options.connect_attempts` attempts in all. Each attempt holds a turn
     /// of the options' [`ConnectGate`] (if any) from TCP connect to
-    /// ActivateSession; the waits between attempts hold none. `report`
+    /// ActivateSession, except one that echoes a retry ticket (it comes at
+    /// the slot the server gave it and does not wait for the gate); the
+    /// waits between attempts hold none. `report`
     /// counts the retries and busy answers; `options.on_open_attempt` hears
     /// every attempt.
     pub async fn open(
@@ -438,10 +440,15 @@ impl Client {
             let asked = Instant::now();
             let mut entered = asked;
             let mut stage = OpenStage::Connect;
+            // An attempt that echoes a retry ticket comes at the time the
+            // server gave it, which its window holds for a while only: it
+            // does not queue behind the gate's fresh attempts (the server's
+            // slots already space the ticket holders out).
+            let holds_ticket = ticket.is_some() || session_ticket.is_some();
             let attempt = async {
                 let _turn = match &options.connect_gate {
-                    Some(gate) => Some(gate.enter().await),
-                    None => None,
+                    Some(gate) if !holds_ticket => Some(gate.enter().await),
+                    _ => None,
                 };
                 entered = Instant::now();
                 let attempt_options = ClientOptions {
