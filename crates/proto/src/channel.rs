@@ -367,16 +367,6 @@ impl ServerConnection {
         }
     }
 
-    /// Moves the deadline of a connection still waiting for its Hello to
-    /// `at` when that is earlier (never later, and nothing once the Hello
-    /// came): the server gives a connection it took over a limit less
-    /// time to say what it is.
-    pub fn hello_by(&mut self, at: Instant) {
-        if matches!(self.state, State::ExpectHello) && self.deadline.is_none_or(|d| at < d) {
-            self.deadline = Some(at);
-        }
-    }
-
     /// Whether a Hello's Acknowledge waits for [`Self::acknowledge`]
     /// ([`ChannelConfig::hold_acknowledge`]).
     pub fn is_hello_held(&self) -> bool {

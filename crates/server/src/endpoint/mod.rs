@@ -34,7 +34,7 @@ pub mod tls;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use uascale_proto::{Event, Now, PendingConnection, ServerConnection};
 use uascale_types::{DateTime, StatusCode};
@@ -70,9 +70,9 @@ pub struct Endpoint {
     /// (`max_unfinished_handshakes_per_address`).
     unfinished: Mutex<PerAddressCount>,
     /// Connections per source address accepted over that count, waiting
-    /// for a Hello whose retry ticket would let them past it (at most
-    /// [`PROBATION_PLACES`] times the count, each for at most
-    /// [`PROBATION_HELLO`]).
+    /// for a Hello whose retry ticket would let them past it (as many as
+    /// the count allows: probation does not double what one host holds
+    /// beyond twice the limit).
     probation: Mutex<PerAddressCount>,
 }
 
@@ -80,15 +80,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // One insert, removal or scan at a time: a poisoned lock is still usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
-
-/// Connections one source address may have on probation, waiting for a
-/// Hello that may show a retry ticket, as a multiple of its
-/// `max_unfinished_handshakes_per_address`.
-pub const PROBATION_PLACES: u32 = 4;
-
-/// How long a connection on probation has to send its Hello (a client
-/// sends it as soon as it is connected).
-pub const PROBATION_HELLO: Duration = Duration::from_secs(1);
 
 impl Endpoint {
     /// The endpoint of `state` on this host: under the process's soft
@@ -181,12 +172,8 @@ impl Endpoint {
             if !lock(&self.unfinished).try_add(key, limit) {
                 // Its Hello may still show a ticket that lets it past the
                 // count, when Hellos are decided on: on probation until
-                // then, PROBATION_PLACES times the count at a time, each
-                // for PROBATION_HELLO at most - a client that retries at
-                // once holds a place only until its Hello is refused, so
-                // the ticket holders among its address's clients find one.
-                let room = limit.saturating_mul(PROBATION_PLACES);
-                if !(admission.decides_hellos() && lock(&self.probation).try_add(key, room)) {
+                // then, as many at a time as the count itself.
+                if !(admission.decides_hellos() && lock(&self.probation).try_add(key, limit)) {
                     let hint = admission.hint(crate::admission::Stage::Handshake, now);
                     return refused(Shed::new(Stage::Handshake, Reason::AddressHandshakes, hint));
                 }
@@ -226,19 +213,14 @@ impl Endpoint {
         Ok(channel)
     }
 
-    /// The protocol state of an accepted connection, at `now`. One on
-    /// probation has [`PROBATION_HELLO`] to send its Hello.
+    /// The protocol state of an accepted connection, at `now`.
     pub fn connection(&self, channel: &Channel, now: Now) -> ServerConnection {
-        let mut conn = PendingConnection::new().accept(
+        PendingConnection::new().accept(
             now,
             channel.id(),
             Arc::clone(&self.state.channel_config),
             Arc::clone(&self.state.budget),
-        );
-        if channel.probation.load(Ordering::Relaxed) {
-            conn.hello_by(now.instant + PROBATION_HELLO);
-        }
-        conn
+        )
     }
 
     /// The bytes of the ERR refusing a connection with `shed`.
