@@ -322,60 +322,6 @@ async fn refused_clients_come_back_with_their_tickets() {
     let _ = std::fs::remove_dir_all(pki);
 }
 
-/// The per-address cap's wiring: with one unfinished handshake allowed
-/// per address and it held by a connection that sends nothing, uascale's
-/// client is accepted on probation, refused at its Hello with a hint and a
-/// ticket, echoes the ticket at its slot and gets past the cap - its
-/// session established while the idle connection still holds the place
-/// (with `refuse_at_hello` off, when the cap refuses at accept without a
-/// ticket, the same client gives up after its attempts).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_ticket_gets_a_client_past_its_address_cap() {
-    let config = ServerConfig {
-        server: ServerSection {
-            bind: [127, 0, 0, 1].into(),
-            port: 0,
-            host_name: "127.0.0.1".into(),
-            ..Default::default()
-        },
-        security: SecurityConfig::none_only(),
-        admission: AdmissionSection {
-            max_unfinished_handshakes_per_address: 1,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let (url, state, stop, running) = serve(config);
-    let addr = url
-        .trim_start_matches("opc.tcp://")
-        .trim_end_matches('/')
-        .to_owned();
-    let idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let options = ClientOptions {
-        connect_attempts: 10,
-        ..Default::default()
-    };
-    let mut report = ConnectReport::default();
-    let client = Client::open(&url, options, "past the cap", &mut report)
-        .await
-        .expect("established on its ticket");
-    let hs = state
-        .admission
-        .stage_counts(uascale_server::admission::Stage::Handshake);
-    assert!(report.busy_answers >= 1, "refused at its Hello first");
-    assert!(hs.tickets.issued >= 1, "the refusal carried a ticket");
-    let shed = state.metrics.shed_count(
-        uascale_server::shed::Stage::Handshake,
-        uascale_server::shed::Reason::AddressHandshakes,
-    );
-    assert!(shed >= 1, "counted at the address's cap");
-    client.close().await;
-    drop(idle);
-    let _ = stop.send(());
-    let _ = running.await;
-}
-
 /// Runs a server of `config` on its task: its URL and state, the sender
 /// that stops it and the task.
 fn serve(
