@@ -145,12 +145,10 @@ async fn idle_connections_from_one_address_cannot_hold_every_place() {
         // A connection with an activated session is no longer unfinished.
         let mut served = RawClient::connect(addr);
         served.session();
-        // Two that never send a byte take the address's places, and two
-        // more its places on probation (waiting for a Hello that could
-        // show a retry ticket)...
-        let idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        // Two that never send a byte take the address's places...
+        let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
         std::thread::sleep(Duration::from_millis(200));
-        // ...so a fifth is refused at once, with a hint.
+        // ...so a third is refused at once, with a hint.
         let refused = read_err(&mut TcpStream::connect(addr).unwrap());
         // When one goes, a place frees.
         drop(idle);

@@ -197,12 +197,6 @@ impl PerAddressCount {
         true
     }
 
-    /// Adds one to `key`'s count whatever its limit (a retry ticket let
-    /// one more past it; the tickets bound how many).
-    pub fn add(&mut self, key: AddressKey) {
-        *self.counts.entry(key).or_insert(0) += 1;
-    }
-
     /// Takes one from `key`'s count (nothing when it is 0).
     pub fn remove(&mut self, key: AddressKey) {
         if let Some(n) = self.counts.get_mut(&key) {

@@ -262,9 +262,8 @@ impl HandshakeGate {
         Some(s.schedule.promise(now, ahead, in_flight, cap))
     }
 
-    /// A wait given up at `now` (the shell's `until` passed), or a
-    /// connection refused for its address's count of unfinished
-    /// handshakes: the slot promised instead, booked as a refusal's.
+    /// A wait given up at `now` (the shell's `until` passed): the slot
+    /// promised instead.
     pub fn timed_out(&self, now: Instant) -> Instant {
         let mut s = lock(&self.inner.state);
         let ahead = s.ahead(false);

@@ -68,9 +68,7 @@ use address::{AddressBuckets, AddressVerdict, DEFAULT_ADDRESS_TABLE_CAPACITY};
 use bucket::TokenBucket;
 use gate::{Enter, HandshakeWait, Verdict};
 use hint::{CompletionRate, Jitter};
-use ticket::{
-    Lift, Presented, Ticket, TicketBook, TicketCounts, TicketStage, DEFAULT_TICKET_CAPACITY,
-};
+use ticket::{Presented, Ticket, TicketBook, TicketCounts, TicketStage, DEFAULT_TICKET_CAPACITY};
 
 /// The retry-after hint of `BadTooManySessions` (the server holds
 /// `max_session_count` sessions): sessions end at no rate the server can
@@ -328,60 +326,6 @@ impl Admission {
     /// Whether admission control is on.
     pub fn is_enabled(&self) -> bool {
         self.enabled
-    }
-
-    /// Whether a Hello is decided on before it is acknowledged
-    /// (`refuse_at_hello`): then a connection over its address's count of
-    /// unfinished handshakes is accepted on probation, and its Hello
-    /// decides ([`Admission::hello_on_probation`]).
-    pub fn decides_hellos(&self) -> bool {
-        self.enabled && self.refuse_at_hello
-    }
-
-    /// Decides on the Hello from `peer` at `now` of a connection accepted
-    /// while its address had `max_unfinished_handshakes_per_address`
-    /// unfinished handshakes (`ticket`: the `RetryTicket` its endpoint URL
-    /// echoed, if any). `None`: a handshake ticket within its window lets
-    /// it past the count, once per ticket (the ticket stays for its
-    /// OpenSecureChannel to present). Otherwise the refusal: for a ticket
-    /// back early the time left until its slot (moved back as far as it
-    /// came early), else a slot promised at the handshake stage and a new
-    /// ticket for it - so a client refused for its address's count comes
-    /// back at a time the handshakes can take it, ahead of the clients
-    /// without a ticket.
-    pub fn hello_on_probation(
-        &self,
-        peer: Option<IpAddr>,
-        ticket: Option<&str>,
-        now: Instant,
-    ) -> Option<Refusal> {
-        let peer = peer.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-        let mut desk = lock(&self.handshake_desk);
-        self.handshakes.tickets_unused(desk.book.take_expired());
-        match ticket.map(Ticket::parse) {
-            Some(Some(t)) => match desk.book.lift(TicketStage::Handshake, &t, peer, now) {
-                Lift::Lifted => return None,
-                Lift::Early { wait } => {
-                    return Some(Refusal {
-                        status: StatusCode::BadTcpServerTooBusy,
-                        retry_after: wait,
-                        ticket: Some(t),
-                    })
-                }
-                Lift::No => {}
-            },
-            Some(None) => desk.book.note_forged(),
-            None => {}
-        }
-        let slot = self.handshakes.timed_out(now);
-        Some(Self::refuse_with_ticket(
-            &mut desk,
-            TicketStage::Handshake,
-            StatusCode::BadTcpServerTooBusy,
-            peer,
-            now,
-            slot,
-        ))
     }
 
     /// Decides on a connection from `peer` accepted at `now`, while

@@ -146,27 +146,6 @@ struct Issued {
     /// Expired from here.
     closes: Instant,
     used: bool,
-    /// It let a connection past its address's count of unfinished
-    /// handshakes once ([`TicketBook::lift`]).
-    lifted: bool,
-}
-
-/// What a ticket shown by a connection over its address's count of
-/// unfinished handshakes is worth ([`TicketBook::lift`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lift {
-    /// Within its window, unused, and not used for this before: the
-    /// connection goes past the count (once per ticket).
-    Lifted,
-    /// Well before its slot: the slot moved later by as much as it came
-    /// early, as [`TicketBook::present`] does; come back in `wait`.
-    Early {
-        /// The time from now until its (moved) slot.
-        wait: Duration,
-    },
-    /// Forged, expired, used, or already used to go past the count: as
-    /// no ticket.
-    No,
 }
 
 /// Counts of what happened to tickets.
@@ -341,7 +320,6 @@ impl TicketBook {
             opens: slot.checked_sub(early).unwrap_or(now).max(now),
             closes: slot + late,
             used: false,
-            lifted: false,
         };
         self.push_closing(issued.closes, serial);
         self.issued.insert(serial, issued);
@@ -377,40 +355,6 @@ impl TicketBook {
         self.issued
             .get(&ticket.serial())
             .is_some_and(|i| !i.used && i.opens <= now && now < i.closes)
-    }
-
-    /// `ticket` shown by `peer` at `now` on a connection that its address's
-    /// count of unfinished handshakes would refuse: a ticket of `stage`
-    /// within its window lets that one connection past the count, once
-    /// (the ticket stays unused, for the stage that then honours it); one
-    /// back early is answered as [`TicketBook::present`] answers it.
-    pub fn lift(
-        &mut self,
-        stage: TicketStage,
-        ticket: &Ticket,
-        peer: IpAddr,
-        now: Instant,
-    ) -> Lift {
-        if !self.genuine(stage, ticket, peer) {
-            self.counts.forged += 1;
-            return Lift::No;
-        }
-        self.sweep(now);
-        match self.issued.get_mut(&ticket.serial()) {
-            Some(i) if !i.used && !i.lifted && i.opens <= now && now < i.closes => {
-                i.lifted = true;
-                Lift::Lifted
-            }
-            Some(i) if !i.used && now < i.opens => match self.present(stage, ticket, peer, now) {
-                Presented::Early { wait } => Lift::Early { wait },
-                _ => Lift::No,
-            },
-            Some(i) if i.lifted || i.used => {
-                self.counts.replayed += 1;
-                Lift::No
-            }
-            _ => Lift::No,
-        }
     }
 
     /// `ticket` presented at `stage` by `peer` at `now`. A ticket back well
@@ -584,35 +528,6 @@ mod tests {
         // (at 4 s it was 3 s early again: the slot is now at 10 s)
         assert_eq!(book.present(H, &t, a, t0 + ms(10_000)), Presented::Honoured);
         assert_eq!(book.counts().early, 2);
-    }
-
-    /// A ticket lets one connection past its address's count once, and
-    /// stays for its stage to honour; early, it is told the time left and
-    /// its slot moves back; forged, used or lifted already, it is no
-    /// ticket.
-    #[test]
-    fn a_ticket_lifts_one_connection_once_and_is_still_honoured() {
-        let t0 = Instant::now();
-        let mut book = TicketBook::new([3; 32], 1024);
-        let a = ip("192.0.2.7");
-        let t = book.issue(H, a, t0, t0 + ms(2000));
-        assert_eq!(
-            book.lift(H, &t, a, t0 + ms(500)),
-            Lift::Early { wait: ms(3000) }
-        );
-        assert_eq!(book.lift(H, &t, a, t0 + ms(3500)), Lift::Lifted);
-        assert_eq!(book.lift(H, &t, a, t0 + ms(3500)), Lift::No, "once");
-        assert_eq!(book.lift(H, &t, ip("192.0.2.8"), t0 + ms(3500)), Lift::No);
-        assert_eq!(
-            book.present(H, &t, a, t0 + ms(3600)),
-            Presented::Honoured,
-            "its stage still honours it"
-        );
-        let u = book.issue(H, a, t0, t0 + ms(2000));
-        assert_eq!(book.present(H, &u, a, t0 + ms(2000)), Presented::Honoured);
-        assert_eq!(book.lift(H, &u, a, t0 + ms(2000)), Lift::No, "used");
-        let c = book.counts();
-        assert_eq!((c.forged, c.replayed, c.early), (1, 2, 1));
     }
 
     #[test]

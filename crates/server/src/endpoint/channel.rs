@@ -105,10 +105,6 @@ pub struct Channel {
     /// Set while the connection counts as an unfinished handshake of its
     /// source address (no activated session yet).
     pub(crate) unfinished: AtomicBool,
-    /// Set while the connection waits for its Hello on probation: it came
-    /// when its address had every unfinished-handshake place, and only a
-    /// retry ticket in the Hello lets it take one beyond them.
-    pub(crate) probation: AtomicBool,
     /// The local address the connection arrived on (endpoint URLs name it
     /// to a client that connected with it).
     pub(crate) local: Option<std::net::IpAddr>,

@@ -69,11 +69,6 @@ pub struct Endpoint {
     /// Connections without an activated session yet, per source address
     /// (`max_unfinished_handshakes_per_address`).
     unfinished: Mutex<PerAddressCount>,
-    /// Connections per source address accepted over that count, waiting
-    /// for a Hello whose retry ticket would let them past it (as many as
-    /// the count allows: probation does not double what one host holds
-    /// beyond twice the limit).
-    probation: Mutex<PerAddressCount>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -100,7 +95,6 @@ impl Endpoint {
             stopping: AtomicBool::new(false),
             open_files_soft,
             unfinished: Mutex::default(),
-            probation: Mutex::default(),
         });
         let weak = Arc::downgrade(&endpoint);
         endpoint
@@ -160,25 +154,16 @@ impl Endpoint {
             return refused(Shed::new(Stage::Accept, reason, retry_after));
         }
         self.state.set_shedding_all(false);
-        let mut counted = admission.is_enabled();
-        let mut probation = false;
+        let counted = admission.is_enabled();
         if counted {
             let limit = self
                 .state
                 .config
                 .admission
                 .max_unfinished_handshakes_per_address;
-            let key = AddressKey::of(peer.ip());
-            if !lock(&self.unfinished).try_add(key, limit) {
-                // Its Hello may still show a ticket that lets it past the
-                // count, when Hellos are decided on: on probation until
-                // then, as many at a time as the count itself.
-                if !(admission.decides_hellos() && lock(&self.probation).try_add(key, limit)) {
-                    let hint = admission.hint(crate::admission::Stage::Handshake, now);
-                    return refused(Shed::new(Stage::Handshake, Reason::AddressHandshakes, hint));
-                }
-                counted = false;
-                probation = true;
+            if !lock(&self.unfinished).try_add(AddressKey::of(peer.ip()), limit) {
+                let hint = admission.hint(crate::admission::Stage::Handshake, now);
+                return refused(Shed::new(Stage::Handshake, Reason::AddressHandshakes, hint));
             }
         }
         // `open` counts this connection; the channel decision wants the
@@ -195,9 +180,6 @@ impl Endpoint {
                     if counted {
                         lock(&self.unfinished).remove(AddressKey::of(peer.ip()));
                     }
-                    if probation {
-                        lock(&self.probation).remove(AddressKey::of(peer.ip()));
-                    }
                     return refused(Shed::new(Stage::Channel, Reason::ChannelLimit, hint));
                 }
             }
@@ -205,7 +187,6 @@ impl Endpoint {
         let id = self.next_channel_id.fetch_add(1, Ordering::Relaxed).max(1);
         let channel = Arc::new(Channel::new(id, Some(peer.ip()), local));
         channel.unfinished.store(counted, Ordering::Relaxed);
-        channel.probation.store(probation, Ordering::Relaxed);
         lock(&self.connections).insert(id, Arc::downgrade(&channel));
         if self.stopping.load(Ordering::Acquire) {
             channel.close_with(StatusCode::BadShutdown, "server shutting down".into());
@@ -273,25 +254,6 @@ impl Endpoint {
             return;
         }
         let ticket = conn.hello_retry_ticket();
-        if channel.probation.swap(false, Ordering::AcqRel) {
-            let key = channel.peer.map(AddressKey::of);
-            if let Some(key) = key {
-                lock(&self.probation).remove(key);
-            }
-            let admission = &self.state.admission;
-            if let Some(refusal) = admission.hello_on_probation(channel.peer, ticket, now) {
-                let shed = Shed::refused(Stage::Handshake, Reason::AddressHandshakes, &refusal);
-                self.state.metrics.shed(&shed);
-                conn.close_with(shed.status(), &shed.err_reason());
-                return;
-            }
-            // Past the count on its ticket: an unfinished handshake of its
-            // address from now on, beyond the limit.
-            if let Some(key) = key {
-                lock(&self.unfinished).add(key);
-                channel.unfinished.store(true, Ordering::Release);
-            }
-        }
         match self.state.admission.hello(channel.peer, ticket, now) {
             None => conn.acknowledge(),
             Some(refusal) => {
@@ -428,11 +390,6 @@ impl Endpoint {
         if channel.unfinished.swap(false, Ordering::AcqRel) {
             if let Some(ip) = channel.peer {
                 lock(&self.unfinished).remove(AddressKey::of(ip));
-            }
-        }
-        if channel.probation.swap(false, Ordering::AcqRel) {
-            if let Some(ip) = channel.peer {
-                lock(&self.probation).remove(AddressKey::of(ip));
             }
         }
     }

@@ -521,8 +521,6 @@ fn teardown_releases_every_place() {
 fn unfinished_handshakes_per_address_are_bounded_and_given_back() {
     let mut config = config(requests(IsolationProfile::Balanced));
     config.admission.max_unfinished_handshakes_per_address = 2;
-    // Refused at accept: no Hello decides (see the probation test).
-    config.admission.refuse_at_hello = false;
     let state = ServerState::new(config).expect("state");
     let endpoint = Endpoint::new(state, None);
     let now = Instant::now();
@@ -549,98 +547,6 @@ fn unfinished_handshakes_per_address_are_bounded_and_given_back() {
         .expect("another address");
     endpoint.teardown(&one, now);
     assert!(endpoint.accept(peer, None, now).is_ok(), "place given back");
-}
-
-/// Over its address's count of unfinished handshakes, a connection is
-/// accepted on probation when Hellos are decided on (`refuse_at_hello`):
-/// a Hello without a ticket is refused at the handshake stage (reason
-/// `address_handshakes`) with a hint and a retry ticket; back at its slot
-/// with that ticket, the connection goes past the count once - the same
-/// ticket does not let a second connection past, a forged one lets none
-/// (one back well before its slot: `TicketBook::lift`'s test). Probation itself
-/// is bounded by the same count, beyond which connections are refused at
-/// accept; a connection that goes before its Hello gives its place back.
-#[test]
-fn over_its_address_count_a_ticket_in_the_hello_lets_a_connection_past_once() {
-    use uascale_proto::tcp::MessageType;
-    let mut config = config(requests(IsolationProfile::Balanced));
-    config.admission.max_unfinished_handshakes_per_address = 1;
-    let state = ServerState::new(config).expect("state");
-    let endpoint = Endpoint::new(state, None);
-    let now = Instant::now();
-    let peer = SocketAddr::from(([127, 0, 0, 9], 1));
-    let url = "opc.tcp://127.0.0.1:4840/";
-    let _holder = endpoint
-        .accept(peer, None, now)
-        .expect("the address's place");
-    let shed_count = || {
-        endpoint
-            .state()
-            .metrics
-            .shed_count(Stage::Handshake, Reason::AddressHandshakes)
-    };
-    // On probation: the Hello decides.
-    let (kinds, reason) = hello_answer(&endpoint, peer, url, now);
-    assert_eq!(kinds, [MessageType::Error]);
-    assert_eq!(shed_count(), 1);
-    let ticket = reason
-        .split("RetryTicket=")
-        .nth(1)
-        .and_then(|t| t.split([';', ' ']).next())
-        .expect("a ticket")
-        .to_owned();
-    let hint: u64 = reason
-        .split("RetryAfterMs=")
-        .nth(1)
-        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .expect("a hint");
-    assert!(hint > 0);
-    let with_ticket = format!("{url}?RetryTicket={ticket}");
-    // A forged ticket is no ticket.
-    let mut forged = ticket.clone().into_bytes();
-    forged[33] = if forged[33] == b'0' { b'1' } else { b'0' };
-    let forged = format!("{url}?RetryTicket={}", String::from_utf8(forged).unwrap());
-    let back = now + Duration::from_millis(2 * hint);
-    let (kinds, _) = hello_answer(&endpoint, peer, &forged, back);
-    assert_eq!(kinds, [MessageType::Error], "forged");
-    // Back at its (moved) slot with it: past the count, counted as an
-    // unfinished handshake of the address.
-    let lifted = endpoint.accept(peer, None, back).expect("on probation");
-    let clock = Now {
-        instant: back,
-        utc: DateTime::from_ticks(1),
-    };
-    let mut conn = endpoint.connection(&lifted, clock);
-    let mut bytes = hello_bytes(&with_ticket);
-    conn.handle_input(clock, &mut bytes).expect("a valid Hello");
-    endpoint.handle_events(&mut conn, &lifted, clock, &mut |_| {});
-    let mut out = Vec::new();
-    conn.poll_transmit(&mut out);
-    let h = uascale_proto::tcp::MessageHeader::parse(&out, 1 << 20)
-        .expect("a header")
-        .expect("an answer");
-    assert_eq!(h.message_type, MessageType::Acknowledge, "its ticket");
-    assert!(lifted.unfinished.load(Ordering::Relaxed));
-    assert_eq!(lock(&endpoint.unfinished).get(AddressKey::of(peer.ip())), 2);
-    // The same ticket again: refused.
-    let (kinds, _) = hello_answer(&endpoint, peer, &with_ticket, back);
-    assert_eq!(kinds, [MessageType::Error], "a ticket lifts once");
-    // Probation is bounded by the count too: a second connection waiting
-    // for its Hello is refused at accept.
-    let waiting = endpoint.accept(peer, None, back).expect("on probation");
-    let shed = endpoint
-        .accept(peer, None, back)
-        .expect_err("probation full");
-    assert_eq!(
-        (shed.stage, shed.reason),
-        (Stage::Handshake, Reason::AddressHandshakes)
-    );
-    // Gone before its Hello: its probation place comes back.
-    endpoint.teardown(&waiting, back);
-    assert!(endpoint.accept(peer, None, back).is_ok());
-    endpoint.teardown(&lifted, back);
-    assert_eq!(lock(&endpoint.unfinished).get(AddressKey::of(peer.ip())), 1);
 }
 
 /// A held Publish parks (no worker kept); the parked stage is bounded and
