@@ -47,10 +47,9 @@ pub struct Quotas {
     pub max_monitored_items_per_client: usize,
     /// Bytes of notifications one session may have queued for Publish
     /// beyond each item's latest value (`max_queued_notification_bytes_per_session`,
-    /// estimated from the values); over it the session loses its oldest
-    /// queued values first, across all its items (each keeps its newest),
-    /// and the value next to a gap carries the Overflow bit. Default 64
-    /// MiB.
+    /// estimated from the values); over it an item queuing a value drops
+    /// its oldest one first, and the value next to the gap carries the
+    /// Overflow bit. Default 64 MiB.
     pub max_queued_notification_bytes_per_session: u64,
     /// Bytes of NotificationMessages one session may keep for Republish
     /// (`max_retransmission_bytes_per_session`); over it the oldest
@@ -429,22 +428,7 @@ pub struct Account {
     /// What the budget's totals have been told of `bytes`.
     reported: [AtomicU64; 2],
     active: AtomicBool,
-    /// Set when a queue found the session over what it may keep queued:
-    /// the session's set then drops its oldest values across all its
-    /// items ([`Account::take_sweep`]).
-    sweep: AtomicBool,
 }
-
-/// What a session over its queued-values limit drops below the limit when
-/// its set sweeps: this share of the limit, so that the next sweep is not
-/// needed at the next value.
-const SWEEP_BELOW: u64 = 16;
-
-/// How far over its limit a session's queue may grow before the item
-/// queuing a value drops its own oldest ones (the backstop for values
-/// queued where no sweep follows soon): this share of the limit, and at
-/// least [`SYNC_STEP`].
-const BACKSTOP_OVER: u64 = 8;
 
 impl Account {
     /// The account of `session` under `budget`.
@@ -457,97 +441,6 @@ impl Account {
             bytes: Default::default(),
             reported: Default::default(),
             active: AtomicBool::new(false),
-            sweep: AtomicBool::new(false),
-        }
-    }
-
-    /// What the session may keep of queued values now: the smaller of its
-    /// queued-bytes quota and, while the server nears its budget, its fair
-    /// share less what it keeps for retransmission; `None` when neither
-    /// applies.
-    fn queued_limit(&self) -> Option<(u64, Quota)> {
-        let quota = self.budget.stage_quota(Stage::Queued);
-        let quota = (quota != 0).then_some((quota, Quota::QueuedBytesPerSession));
-        let share = self.budget.near().then(|| {
-            let share = self.budget.fair_share();
-            (
-                share.saturating_sub(self.bytes(Stage::Retransmission)),
-                Quota::BudgetShare,
-            )
-        });
-        match (quota, share) {
-            (Some(q), Some(s)) => Some(if s.0 < q.0 { s } else { q }),
-            (q, s) => q.or(s),
-        }
-    }
-
-    /// Bytes of queued values the session keeps over what it may keep
-    /// now (0 when within), and the quota that says so.
-    pub fn queued_excess(&self) -> (u64, Option<Quota>) {
-        match self.queued_limit() {
-            Some((limit, quota)) => {
-                let kept = self.bytes(Stage::Queued);
-                (kept.saturating_sub(limit), (kept > limit).then_some(quota))
-            }
-            None => (0, None),
-        }
-    }
-
-    /// Bytes of queued values the session's set drops when it sweeps: its
-    /// excess and [`SWEEP_BELOW`]'s share of its limit below it (0 when
-    /// within its limit).
-    pub fn queued_to_free(&self) -> u64 {
-        match self.queued_limit() {
-            Some((limit, _)) => {
-                let kept = self.bytes(Stage::Queued);
-                if kept <= limit {
-                    0
-                } else {
-                    kept - limit + limit / SWEEP_BELOW
-                }
-            }
-            None => 0,
-        }
-    }
-
-    /// Asks the session's set to sweep (a queue found it over its limit).
-    pub fn want_sweep(&self) {
-        if !self.sweep.load(Ordering::Relaxed) {
-            self.sweep.store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether a sweep was asked for since the last call.
-    pub fn take_sweep(&self) -> bool {
-        self.sweep.load(Ordering::Relaxed) && self.sweep.swap(false, Ordering::Relaxed)
-    }
-
-    /// True when the session's queued values are so far over its limit
-    /// ([`BACKSTOP_OVER`]) that the item queuing one drops its own oldest
-    /// first, without waiting for its set's sweep. Counted as the drop it
-    /// leads to.
-    fn queued_past_backstop(&self) -> bool {
-        let Some((limit, quota)) = self.queued_limit() else {
-            return false;
-        };
-        let slack = (limit / BACKSTOP_OVER).max(SYNC_STEP);
-        let kept = self.bytes(Stage::Queued);
-        if kept > limit.saturating_add(slack) {
-            self.budget.count(quota);
-            if quota == Quota::BudgetShare {
-                self.budget.note_over(&self.session, self.kept());
-            }
-            return true;
-        }
-        false
-    }
-
-    /// One queued value dropped by its set's sweep for `quota`: counted,
-    /// and noted for the log line when it is the budget's share.
-    pub fn count_swept(&self, quota: Quota) {
-        self.budget.count(quota);
-        if quota == Quota::BudgetShare {
-            self.budget.note_over(&self.session, self.kept());
         }
     }
 
@@ -770,39 +663,10 @@ impl Drop for Account {
 /// can forget to. It keeps no byte count of its own (an entry's estimate
 /// is computed again as it leaves): it is inside every subscription and
 /// every deep item queue.
-///
-/// Each entry carries the stamp it was queued with ([`next_stamp`]), so
-/// that a session over its quota can find its oldest entries across all
-/// its queues ([`KeptQueue::oldest_stamp`]).
 #[derive(Debug)]
 pub struct KeptQueue<T: KeptSize> {
-    items: std::collections::VecDeque<(u64, T)>,
+    items: std::collections::VecDeque<T>,
     account: Option<Arc<Account>>,
-}
-
-/// The stamps entries are queued with: one counter for the process, so
-/// that entries of different queues compare by when they were queued.
-static STAMPS: AtomicU64 = AtomicU64::new(1);
-
-/// A stamp later than every stamp handed out before.
-pub fn next_stamp() -> u64 {
-    STAMPS.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Entries taken from a [`KeptQueue`], oldest first, without their stamps.
-pub type Taken<T> =
-    std::iter::Map<std::collections::vec_deque::IntoIter<(u64, T)>, fn((u64, T)) -> T>;
-
-/// The entries of a [`KeptQueue`], oldest first, without their stamps.
-pub type Entries<'a, T> =
-    std::iter::Map<std::collections::vec_deque::Iter<'a, (u64, T)>, fn(&(u64, T)) -> &T>;
-
-fn entry<T>(e: (u64, T)) -> T {
-    e.1
-}
-
-fn entry_ref<T>(e: &(u64, T)) -> &T {
-    &e.1
 }
 
 /// What an entry of a [`KeptQueue`] is estimated to hold in memory.
@@ -866,37 +730,32 @@ impl<T: KeptSize> KeptQueue<T> {
 
     /// Bytes held (estimated; visits every entry).
     pub fn bytes(&self) -> u64 {
-        self.items.iter().map(|(_, v)| v.kept_size()).sum()
+        self.items.iter().map(KeptSize::kept_size).sum()
     }
 
     /// The entries, oldest first.
-    pub fn iter(&self) -> Entries<'_, T> {
-        self.items.iter().map(entry_ref as fn(&(u64, T)) -> &T)
+    pub fn iter(&self) -> std::collections::vec_deque::Iter<'_, T> {
+        self.items.iter()
     }
 
     /// The oldest entry.
     pub fn front(&self) -> Option<&T> {
-        self.items.front().map(|(_, v)| v)
+        self.items.front()
     }
 
     /// The newest entry.
     pub fn back(&self) -> Option<&T> {
-        self.items.back().map(|(_, v)| v)
+        self.items.back()
     }
 
     /// The oldest entry, to change (its estimate must stay).
     pub fn front_mut(&mut self) -> Option<&mut T> {
-        self.items.front_mut().map(|(_, v)| v)
+        self.items.front_mut()
     }
 
     /// The newest entry, to change (its estimate must stay).
     pub fn back_mut(&mut self) -> Option<&mut T> {
-        self.items.back_mut().map(|(_, v)| v)
-    }
-
-    /// The stamp entry `i` was queued with ([`next_stamp`]).
-    pub fn stamp(&self, i: usize) -> Option<u64> {
-        self.items.get(i).map(|(s, _)| *s)
+        self.items.back_mut()
     }
 
     fn removed(&self, n: u64) {
@@ -905,42 +764,40 @@ impl<T: KeptSize> KeptQueue<T> {
         }
     }
 
-    /// Appends `v`, stamped now.
+    /// Appends `v`.
     pub fn push_back(&mut self, v: T) {
         if let Some(a) = &self.account {
             a.add(T::STAGE, v.kept_size());
         }
         self.items.reserve_exact(1);
-        self.items.push_back((next_stamp(), v));
+        self.items.push_back(v);
     }
 
-    /// Puts `v` before the oldest entry, with that entry's stamp (it
-    /// stands for what was dropped there, e.g. an overflow event).
+    /// Puts `v` before the oldest entry.
     pub fn push_front(&mut self, v: T) {
         if let Some(a) = &self.account {
             a.add(T::STAGE, v.kept_size());
         }
-        let stamp = self.items.front().map_or_else(next_stamp, |(s, _)| *s);
         self.items.reserve_exact(1);
-        self.items.push_front((stamp, v));
+        self.items.push_front(v);
     }
 
     /// Takes the oldest entry.
     pub fn pop_front(&mut self) -> Option<T> {
-        let (_, v) = self.items.pop_front()?;
+        let v = self.items.pop_front()?;
         self.removed(v.kept_size());
         Some(v)
     }
 
     /// Takes entry `i`.
     pub fn remove(&mut self, i: usize) -> Option<T> {
-        let (_, v) = self.items.remove(i)?;
+        let v = self.items.remove(i)?;
         self.removed(v.kept_size());
         Some(v)
     }
 
     /// Takes the `n` oldest entries (all when `n` is at least the length).
-    pub fn take_front(&mut self, n: usize) -> Taken<T> {
+    pub fn take_front(&mut self, n: usize) -> std::collections::VecDeque<T> {
         let taken = if n >= self.items.len() {
             std::mem::take(&mut self.items)
         } else {
@@ -948,9 +805,9 @@ impl<T: KeptSize> KeptQueue<T> {
             std::mem::replace(&mut self.items, rest)
         };
         if self.account.is_some() {
-            self.removed(taken.iter().map(|(_, v)| v.kept_size()).sum());
+            self.removed(taken.iter().map(KeptSize::kept_size).sum());
         }
-        taken.into_iter().map(entry as fn((u64, T)) -> T)
+        taken
     }
 
     /// Lets the buffer of an empty queue go (an idle subscription keeps
@@ -965,21 +822,6 @@ impl<T: KeptSize> KeptQueue<T> {
     /// share)? False while unbound.
     pub fn must_shed(&self) -> bool {
         self.account.as_ref().is_some_and(|a| a.must_shed(T::STAGE))
-    }
-
-    /// For a queue of notification values: asks the session's set to sweep
-    /// when the session is over its limit of queued values, and true when
-    /// it is so far over that this queue must shrink before it grows (the
-    /// backstop). False while unbound.
-    pub fn over_queued_limit(&self) -> bool {
-        let Some(a) = &self.account else {
-            return false;
-        };
-        if a.queued_excess().0 == 0 {
-            return false;
-        }
-        a.want_sweep();
-        a.queued_past_backstop()
     }
 }
 

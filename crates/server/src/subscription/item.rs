@@ -96,7 +96,7 @@ pub enum Drained {
     /// The last value (or nothing).
     One(Option<Queued>),
     /// Taken from a queue.
-    Many(crate::quota::Taken<Queued>),
+    Many(std::collections::vec_deque::IntoIter<Queued>),
 }
 
 impl Iterator for Drained {
@@ -469,37 +469,8 @@ impl MonitoredItem {
             } else {
                 self.drop_one();
             }
-        } else if queue.len() > 1 && queue.over_queued_limit() {
+        } else if queue.len() > 1 && queue.must_shed() {
             self.shed_for_quota();
-        }
-    }
-
-    /// The stamp of the value (or event) this item would lose first when
-    /// its session sheds for its quota or its share of the budget
-    /// ([`Self::shed_oldest_for_quota`], once it has more than one);
-    /// `None` when nothing is queued or the item keeps its latest value
-    /// only.
-    pub fn oldest_stamp(&self) -> Option<u64> {
-        let q = self.pending_queue().filter(|q| !q.is_empty())?;
-        let marker_first = matches!(q.front(), Some(Queued::Overflow(_)));
-        if self.is_event() && marker_first && q.len() > 2 && self.queue_size >= 2 {
-            q.stamp(1)
-        } else {
-            q.stamp(0)
-        }
-    }
-
-    /// Drops the value (or event) [`Self::oldest_stamp`] names, marked as
-    /// a quota's drop is (the Overflow bit on the next value, an
-    /// EventQueueOverflow event first in an event queue).
-    pub fn shed_oldest_for_quota(&mut self) {
-        if self.queued() <= 1 {
-            return;
-        }
-        if self.is_event() {
-            self.shed_oldest_event();
-        } else {
-            self.drop_oldest();
         }
     }
 
@@ -552,21 +523,20 @@ impl MonitoredItem {
         }
     }
 
-    /// The session is far over its queued-bytes quota, or its fair share
-    /// of the memory budget, with no sweep of its set yet (which drops the
-    /// session's oldest values across its items): the item keeps its
-    /// newest values and loses its own oldest, marked (at most two a
-    /// value, so that a queue over the line shrinks while it is fed). An
-    /// event queue loses its oldest events the same way, with an
-    /// EventQueueOverflow event first in their place.
+    /// The session is over its queued-bytes quota, or over its fair share
+    /// of the memory budget: the item keeps its newest values and loses
+    /// its oldest, marked (at most two a value, so that a queue over the
+    /// line shrinks while it is fed). An event queue loses its oldest
+    /// events the same way, with an EventQueueOverflow event first in
+    /// their place.
     fn shed_for_quota(&mut self) {
         for _ in 0..2 {
-            self.shed_oldest_for_quota();
-            if self.queued() <= 1
-                || !self
-                    .pending_queue()
-                    .is_some_and(KeptQueue::over_queued_limit)
-            {
+            if self.is_event() {
+                self.shed_oldest_event();
+            } else {
+                self.drop_oldest();
+            }
+            if self.queued() <= 1 || !self.pending_queue().is_some_and(KeptQueue::must_shed) {
                 break;
             }
         }
@@ -685,7 +655,7 @@ impl MonitoredItem {
                 if !q.is_empty() {
                     self.pending = Pending::Queue(q);
                 }
-                Drained::Many(taken)
+                Drained::Many(taken.into_iter())
             }
         }
     }
@@ -837,8 +807,7 @@ pub fn aligned_sample(now: Instant, interval: Duration, next_publish: Instant) -
 impl KeptSize for Queued {
     const STAGE: Stage = Stage::Queued;
     fn kept_size(&self) -> u64 {
-        // With the stamp it is queued with.
-        let own = std::mem::size_of::<(u64, Queued)>() as u64;
+        let own = std::mem::size_of::<Queued>() as u64;
         match self {
             Queued::Value(v) => own + v.value.as_ref().map_or(0, variant_heap),
             Queued::Event(fields) | Queued::Overflow(fields) => {

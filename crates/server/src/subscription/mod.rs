@@ -1404,23 +1404,6 @@ pub struct SubscriptionSet<P> {
     /// The session's pushed values this second
     /// (`max_values_per_second_per_session`).
     values: crate::quota::ValueRate,
-    /// The candidates of the last sweep ([`SubscriptionSet::sweep`]): none
-    /// until the session first went over its queued-values limit (boxed:
-    /// every session has a set, few ever sweep).
-    sweep_heap: Option<Box<SweepHeap>>,
-}
-
-/// The most values one [`SubscriptionSet::sweep`] drops.
-pub const SWEEP_DROPS: usize = 4096;
-
-/// The items' oldest stamps, smallest first: (stamp, index of the
-/// subscription when the entry was made, subscription id, item id).
-#[derive(Debug, Default)]
-struct SweepHeap {
-    entries: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, u32, u32)>>,
-    /// The stamp counter when it was built: an item empty then holds only
-    /// values stamped after it.
-    built_at: u64,
 }
 
 impl<P> Default for SubscriptionSet<P> {
@@ -1431,107 +1414,6 @@ impl<P> Default for SubscriptionSet<P> {
 }
 
 impl<P> SubscriptionSet<P> {
-    /// When a queue found the session over what it may keep queued (its
-    /// queued-bytes quota, or near the budget its fair share): drops the
-    /// session's oldest queued values first, across every item of every
-    /// subscription, until it keeps a little less than its limit
-    /// ([`Account::queued_to_free`]), each marked as a quota's drop is
-    /// (the Overflow bit on the next value of its item, an
-    /// EventQueueOverflow event in an event queue). Every item keeps at
-    /// least its newest value. Values compare by when they were queued
-    /// (their stamps).
-    ///
-    /// The candidates are a heap of each item's oldest stamp, built once
-    /// and kept while the session goes over again (an entry whose item
-    /// moved on is put back with its item's stamp when it comes up); it is
-    /// built again once its oldest entry is younger than the heap, as the
-    /// items that were empty then may hold older values than that. At most
-    /// [`SWEEP_DROPS`] values go per call; what is left is swept on the
-    /// next push or timer pass.
-    pub fn sweep(&mut self) {
-        if !self.account.take_sweep() {
-            return;
-        }
-        let (_, Some(quota)) = self.account.queued_excess() else {
-            return;
-        };
-        let to_free = self.account.queued_to_free();
-        let start = self.account.bytes(Stage::Queued);
-        let mut heap = match self.sweep_heap.take() {
-            Some(h) => h,
-            None => Box::new(self.sweep_candidates()),
-        };
-        let mut rebuilt = false;
-        let mut alone = Vec::new();
-        let mut dropped = 0;
-        while let Some(std::cmp::Reverse((stamp, si, sub, id))) = heap.entries.pop() {
-            if stamp > heap.built_at && !rebuilt {
-                *heap = self.sweep_candidates();
-                rebuilt = true;
-                continue;
-            }
-            let si = match self.subs.get(si) {
-                Some(s) if s.id == sub => si,
-                _ => match self.subs.iter().position(|s| s.id == sub) {
-                    Some(i) => i,
-                    None => continue,
-                },
-            };
-            let subscription = &mut self.subs[si];
-            let Some(item) = Subscription::find(&subscription.items, id)
-                .and_then(|i| subscription.items.get_mut(i))
-            else {
-                continue;
-            };
-            match item.oldest_stamp() {
-                Some(now) if now != stamp => {
-                    heap.entries.push(std::cmp::Reverse((now, si, sub, id)));
-                    continue;
-                }
-                None => continue,
-                Some(_) => {}
-            }
-            if item.queued() <= 1 {
-                // Its newest value stays; it comes up again once it has more.
-                alone.push(std::cmp::Reverse((stamp, si, sub, id)));
-                continue;
-            }
-            item.shed_oldest_for_quota();
-            self.account.count_swept(quota);
-            dropped += 1;
-            if let Some(next) = item.oldest_stamp() {
-                heap.entries.push(std::cmp::Reverse((next, si, sub, id)));
-            }
-            if start.saturating_sub(self.account.bytes(Stage::Queued)) >= to_free {
-                break;
-            }
-            if dropped >= SWEEP_DROPS {
-                // The rest on the next push or pass.
-                self.account.want_sweep();
-                break;
-            }
-        }
-        heap.entries.extend(alone);
-        self.sweep_heap = Some(heap);
-    }
-
-    /// Every item's oldest stamp, as a heap, stamped now.
-    fn sweep_candidates(&self) -> SweepHeap {
-        let built_at = crate::quota::next_stamp();
-        let mut entries = Vec::new();
-        for (si, sub) in self.subs.iter().enumerate() {
-            for item in &sub.items {
-                if let Some(stamp) = item.oldest_stamp() {
-                    entries.push(std::cmp::Reverse((stamp, si, sub.id, item.id)));
-                }
-            }
-        }
-        SweepHeap {
-            entries: entries.into(),
-            built_at,
-        }
-    }
-
     /// An empty set counting against `account`.
     pub fn with_account(account: Arc<Account>) -> Self {
         SubscriptionSet {
@@ -1544,7 +1426,6 @@ impl<P> SubscriptionSet<P> {
             user: None,
             account,
             values: crate::quota::ValueRate::default(),
-            sweep_heap: None,
         }
     }
 
@@ -1881,7 +1762,6 @@ impl<P> SubscriptionSet<P> {
         for s in &mut self.subs {
             s.sample(t, sample, stretch, &mut left);
         }
-        self.sweep();
         // Publishing timers, by priority.
         let mut due: Vec<usize> = (0..self.subs.len())
             .filter(|&i| self.subs[i].next_publish <= t)

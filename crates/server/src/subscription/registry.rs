@@ -680,7 +680,6 @@ impl<P: PublishSink> Registry<P> {
             if let Some(s) = g.get_mut(img.id) {
                 s.restore_unsent(img);
             }
-            g.sweep();
             self.schedule(&set, &mut g);
             restored.push(img.id);
         }
@@ -830,7 +829,6 @@ impl<P: PublishSink> Registry<P> {
                 };
                 queued |= s.offer_at(now.instant, item, dv);
             }
-            g.sweep();
             if queued {
                 // A subscription idling between keep-alives wakes for it.
                 self.schedule(&set, &mut g);
@@ -863,7 +861,6 @@ impl<P: PublishSink> Registry<P> {
                 };
                 if s.offer_event_at(now, item, fields) {
                     n += 1;
-                    g.sweep();
                     self.schedule(&set, &mut g);
                 }
             }
