@@ -102,11 +102,21 @@ async fn counter_subscription(client: &Client) -> uascale_client::Subscription {
 /// pass while the subscription's Publishes are held.
 async fn three_changes_with_reads_between(client: &Client) {
     let mut sub = counter_subscription(client).await;
+    three_changes(&mut sub, Duration::from_secs(10), Some(client)).await;
+}
+
+/// Waits for three data changes on `sub`, each message within `limit`,
+/// reading the server's time with `reads` (if given) after each message.
+async fn three_changes(
+    sub: &mut uascale_client::Subscription,
+    limit: Duration,
+    reads: Option<&Client>,
+) {
     let mut changes = 0;
     while changes < 3 {
-        let event = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+        let event = tokio::time::timeout(limit, sub.recv())
             .await
-            .expect("an event within 10 s")
+            .expect("notifications within the limit")
             .expect("the stream goes on");
         match event {
             SubscriptionEvent::Notifications { notifications, .. } => {
@@ -114,10 +124,12 @@ async fn three_changes_with_reads_between(client: &Client) {
                     .iter()
                     .filter(|n| matches!(n, Notification::DataChange { .. }))
                     .count();
-                client
-                    .read_values(&[NodeId::ns0(2258)])
-                    .await
-                    .expect("Read beside held Publishes");
+                if let Some(client) = reads {
+                    client
+                        .read_values(&[NodeId::ns0(2258)])
+                        .await
+                        .expect("Read beside held Publishes");
+                }
             }
             SubscriptionEvent::KeepAlive { .. } => {}
             other => panic!("unexpected {other:?}"),
@@ -621,23 +633,7 @@ async fn a_concurrent_flood_starves_neither_establishment_nor_publishes_nor_clos
     assert_eq!(state.sessions.len(), 4);
 
     // Publishes are not starved: three data changes keep coming.
-    let mut changes = 0;
-    while changes < 3 {
-        let event = tokio::time::timeout(limit, sub.recv())
-            .await
-            .expect("notifications go on amid the flood")
-            .expect("the stream goes on");
-        match event {
-            SubscriptionEvent::Notifications { notifications, .. } => {
-                changes += notifications
-                    .iter()
-                    .filter(|n| matches!(n, Notification::DataChange { .. }))
-                    .count();
-            }
-            SubscriptionEvent::KeepAlive { .. } => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    three_changes(&mut sub, limit, None).await;
 
     // CloseSession passes.
     tokio::time::timeout(limit, closer.close())
