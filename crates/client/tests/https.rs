@@ -61,11 +61,27 @@ fn config(name: &str, https: HttpsSection) -> ServerConfig {
 
 /// Starts a server; its HTTPS address and state.
 async fn start(name: &str, https: HttpsSection) -> (SocketAddr, Arc<ServerState>) {
-    let server = Server::bind(config(name, https)).expect("server binds");
+    serve(config(name, https))
+}
+
+/// A server of `config` on its task: its opc.https address and state.
+fn serve(config: ServerConfig) -> (SocketAddr, Arc<ServerState>) {
+    let server = Server::bind(config).expect("server binds");
     let addr = server.https_addr().expect("https listening");
     let state = Arc::clone(server.state());
     tokio::spawn(server.run(std::future::pending()));
     (addr, state)
+}
+
+/// The server's application certificate.
+fn application_certificate(state: &ServerState) -> uascale_crypto::x509::Certificate {
+    state
+        .security
+        .identity
+        .as_ref()
+        .expect("the application certificate")
+        .certificate()
+        .clone()
 }
 
 fn options() -> ClientOptions {
@@ -294,10 +310,7 @@ async fn the_address_bucket_applies_while_establishment_is_contended() {
     );
     config.admission.max_concurrent_session_establishment = Some(2);
     let dir = config.security.pki_dir.clone();
-    let server = Server::bind(config).expect("server binds");
-    let addr = server.https_addr().expect("https listening");
-    let state = Arc::clone(server.state());
-    tokio::spawn(server.run(std::future::pending()));
+    let (addr, state) = serve(config);
     let body = |name: &str, m: &dyn t::DynStructure| {
         let mut out = Vec::new();
         t::encode_message(m, &mut out);
@@ -558,10 +571,7 @@ async fn a_concurrent_flood_starves_neither_establishment_nor_publishes_nor_clos
     config.requests.min_request_thread_count = 2;
     config.requests.max_request_thread_count = 2;
     config.demo.slow = Duration::from_millis(20);
-    let server = Server::bind(config).expect("server binds");
-    let addr = server.https_addr().expect("https listening");
-    let state = Arc::clone(server.state());
-    tokio::spawn(server.run(std::future::pending()));
+    let (addr, state) = serve(config);
     let url = format!("opc.https://{addr}/");
     let limit = Duration::from_secs(30);
 
@@ -752,17 +762,8 @@ async fn a_separate_tls_certificate_is_served() {
         allow_security_none: true,
         ..SecurityConfig::default()
     };
-    let server = Server::bind(config).expect("server binds");
-    let addr = server.https_addr().expect("https listening");
-    let state = Arc::clone(server.state());
-    tokio::spawn(server.run(std::future::pending()));
-    let application = state
-        .security
-        .identity
-        .as_ref()
-        .expect("the application certificate")
-        .certificate()
-        .clone();
+    let (addr, state) = serve(config);
+    let application = application_certificate(&state);
     assert_ne!(application.der(), made.certificate.der());
     let trusting = |cert: uascale_crypto::x509::Certificate| ClientOptions {
         security: SecurityOptions {
@@ -833,17 +834,8 @@ async fn a_secured_policy_signs_the_session_over_https() {
     std::fs::create_dir_all(&trusted).expect("trusted/certs");
     std::fs::write(trusted.join("https-user.der"), user.certificate().der())
         .expect("trust the user certificate");
-    let server = Server::bind(config).expect("server binds");
-    let addr = server.https_addr().expect("https listening");
-    let state = Arc::clone(server.state());
-    let server_cert = state
-        .security
-        .identity
-        .as_ref()
-        .expect("the application certificate")
-        .certificate()
-        .clone();
-    tokio::spawn(server.run(std::future::pending()));
+    let (addr, state) = serve(config);
+    let server_cert = application_certificate(&state);
     let url = format!("opc.https://{addr}/");
 
     let endpoints = Client::connect(&url, options())

@@ -10,18 +10,13 @@ use crate::client_security::{parse_security, user_identity, SecurityArgs};
 /// list of `--pki DIR` (default `pki-client`), or with `--trust-server`
 /// any certificate (unsafe) - as for the client commands.
 pub(super) fn transport_options(a: &Args) -> Result<ClientOptions, String> {
-    let (policy, mode) = parse_security("None")?;
-    let trust_any = a.last("--trust-server").is_some();
-    let mut security = SecurityArgs {
-        policy,
-        mode,
+    let security = SecurityArgs {
+        policy: uascale_crypto::policy::SecurityPolicy::None,
+        mode: uascale_types::MessageSecurityMode::None,
         pki: a.last("--pki").unwrap_or("pki-client").into(),
-        trust_any,
+        trust_any: a.last("--trust-server").is_some(),
     }
     .options_for(&a.url)?;
-    if trust_any {
-        security.trust = uascale_client::ServerTrust::UnsafeAcceptAny;
-    }
     Ok(ClientOptions {
         security,
         ..Default::default()
